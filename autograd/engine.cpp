@@ -1,0 +1,123 @@
+// Backward in three steps:
+//  1. count, for every node reachable from the roots, how many edges point at it;
+//  2. run nodes whose count has dropped to zero (all their output gradients are in),
+//     latest-created first, summing gradients that arrive at the same input slot;
+//  3. free each node's saved tensors after it ran, unless retain_graph.
+// Nodes run on the calling thread; on a GPU their kernels queue on each device's current
+// stream, so the replicas of DataParallel still run concurrently on their devices.
+#include <minigrad/autograd/engine.h>
+
+#include <queue>
+#include <unordered_map>
+
+#include <minigrad/autograd/grad_mode.h>
+#include <minigrad/autograd/node.h>
+#include <minigrad/core/backend.h>
+#include <minigrad/core/ops.h>
+#include <minigrad/core/stream.h>
+
+namespace mg {
+namespace {
+
+// Gradients waiting for a node, one slot per output of that node.
+struct InputBuffer {
+  std::vector<Tensor> grads;
+  void add(size_t slot, Tensor grad) {
+    Tensor& current = grads[slot];
+    if (!current.defined()) {
+      current = std::move(grad);
+    } else {
+      current = ops::binary(BinaryOp::Add, current, grad);
+    }
+  }
+};
+
+struct LaterFirst {
+  bool operator()(const Node* a, const Node* b) const { return a->sequence_nr() < b->sequence_nr(); }
+};
+
+}  // namespace
+
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
+                  bool retain_graph) {
+  NoGradGuard no_grad;  // backward computes plain tensors; it records no graph of its own
+
+  // Step 1: dependency counts.
+  std::unordered_map<Node*, int> dependencies;
+  std::unordered_map<Node*, std::shared_ptr<Node>> keep_alive;
+  std::vector<Node*> stack;
+  std::vector<Edge> root_edges;
+  for (const Tensor& root : roots) {
+    Edge edge = gradient_edge(root);
+    MG_CHECK(edge.valid(),
+             "backward: tensor of shape {} does not require grad and has no grad_fn (did you "
+             "forget set_requires_grad(true), or run forward under NoGradGuard?)",
+             root.shape());
+    root_edges.push_back(edge);
+    if (keep_alive.emplace(edge.function.get(), edge.function).second)
+      stack.push_back(edge.function.get());
+  }
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const Edge& next : node->next_edges()) {
+      if (!next.valid()) continue;
+      Node* n = next.function.get();
+      ++dependencies[n];
+      if (keep_alive.emplace(n, next.function).second) stack.push_back(n);
+    }
+  }
+
+  // Step 2: run ready nodes.
+  std::unordered_map<Node*, InputBuffer> buffers;
+  auto buffer_of = [&](Node* node) -> InputBuffer& {
+    InputBuffer& b = buffers[node];
+    if (b.grads.empty()) b.grads.resize(std::max<size_t>(node->outputs().size(), 1));
+    return b;
+  };
+  std::priority_queue<Node*, std::vector<Node*>, LaterFirst> ready;
+  for (size_t i = 0; i < root_edges.size(); ++i) {
+    Node* node = root_edges[i].function.get();
+    buffer_of(node).add(root_edges[i].input_nr, grad_roots[i]);
+  }
+  for (const Edge& e : root_edges) {
+    Node* node = e.function.get();
+    if (dependencies[node] == 0) {
+      dependencies[node] = -1;  // queued
+      ready.push(node);
+    }
+  }
+
+  while (!ready.empty()) {
+    Node* node = ready.top();
+    ready.pop();
+    std::vector<Tensor> grad_outputs = std::move(buffer_of(node).grads);
+    buffers.erase(node);
+    // An output nobody differentiated gets a zero gradient of its recorded shape.
+    for (size_t i = 0; i < grad_outputs.size() && i < node->outputs().size(); ++i) {
+      if (!grad_outputs[i].defined()) {
+        const OutputMeta& m = node->outputs()[i];
+        grad_outputs[i] = zeros(m.shape, m.dtype, m.device);
+      }
+    }
+    std::vector<Tensor> grad_inputs;
+    {
+      const Device device = node->outputs().empty() ? Device::cpu() : node->outputs()[0].device;
+      DeviceGuard guard(device);
+      grad_inputs = node->apply(std::move(grad_outputs));
+    }
+    if (!retain_graph) node->release_saved();
+
+    const auto& edges = node->next_edges();
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const Edge& next = edges[i];
+      if (!next.valid()) continue;
+      Node* n = next.function.get();
+      if (i < grad_inputs.size() && grad_inputs[i].defined())
+        buffer_of(n).add(next.input_nr, std::move(grad_inputs[i]));
+      if (--dependencies[n] == 0) ready.push(n);
+    }
+  }
+}
+
+}  // namespace mg

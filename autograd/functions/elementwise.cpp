@@ -1,0 +1,116 @@
+// Elementwise ops: forward and backward side by side.
+// A broadcast input's gradient is summed back to that input's shape (ops::sum_to).
+#include <minigrad/autograd/functions.h>
+#include <minigrad/autograd/node.h>
+#include <minigrad/core/ops.h>
+
+namespace mg {
+
+using ops::sum_to;
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = ops::binary(BinaryOp::Add, a, b);
+  record_function("AddBackward", {a, b}, {out}, [sa = a.shape(), sb = b.shape()](const BackwardArgs& g) {
+    return std::vector<Tensor>{sum_to(g.grad(), sa), sum_to(g.grad(), sb)};
+  });
+  return out;
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor out = ops::binary(BinaryOp::Sub, a, b);
+  record_function("SubBackward", {a, b}, {out}, [sa = a.shape(), sb = b.shape()](const BackwardArgs& g) {
+    Tensor gb = g.needs(1) ? sum_to(ops::unary(UnaryOp::Neg, g.grad()), sb) : Tensor();
+    return std::vector<Tensor>{sum_to(g.grad(), sa), gb};
+  });
+  return out;
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = ops::binary(BinaryOp::Mul, a, b);
+  record_function("MulBackward", {a, b}, {out}, [a = a.detach(), b = b.detach()](const BackwardArgs& g) {
+    Tensor ga = g.needs(0) ? sum_to(ops::binary(BinaryOp::Mul, g.grad(), b), a.shape()) : Tensor();
+    Tensor gb = g.needs(1) ? sum_to(ops::binary(BinaryOp::Mul, g.grad(), a), b.shape()) : Tensor();
+    return std::vector<Tensor>{ga, gb};
+  });
+  return out;
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = ops::binary(BinaryOp::Div, a, b);
+  record_function("DivBackward", {a, b}, {out}, [a = a.detach(), b = b.detach()](const BackwardArgs& g) {
+    // d(a/b)/da = 1/b ; d(a/b)/db = -a/b^2
+    Tensor ga = g.needs(0) ? sum_to(ops::binary(BinaryOp::Div, g.grad(), b), a.shape()) : Tensor();
+    Tensor gb;
+    if (g.needs(1)) {
+      Tensor b2 = ops::binary(BinaryOp::Mul, b, b);
+      Tensor t = ops::binary(BinaryOp::Div, ops::binary(BinaryOp::Mul, g.grad(), a), b2);
+      gb = sum_to(ops::unary(UnaryOp::Neg, t), b.shape());
+    }
+    return std::vector<Tensor>{ga, gb};
+  });
+  return out;
+}
+
+Tensor add(const Tensor& a, double b) {
+  Tensor out = ops::binary_scalar(BinaryOp::Add, a, b);
+  record_function("AddScalarBackward", {a}, {out},
+                  [](const BackwardArgs& g) { return std::vector<Tensor>{g.grad()}; });
+  return out;
+}
+
+Tensor mul(const Tensor& a, double b) {
+  Tensor out = ops::binary_scalar(BinaryOp::Mul, a, b);
+  record_function("MulScalarBackward", {a}, {out}, [b](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::binary_scalar(BinaryOp::Mul, g.grad(), b)};
+  });
+  return out;
+}
+
+Tensor neg(const Tensor& x) {
+  Tensor out = ops::unary(UnaryOp::Neg, x);
+  record_function("NegBackward", {x}, {out}, [](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::unary(UnaryOp::Neg, g.grad())};
+  });
+  return out;
+}
+
+Tensor exp(const Tensor& x) {
+  Tensor out = ops::unary(UnaryOp::Exp, x);
+  // d exp(x) = exp(x): save the output, detached so the node does not own itself.
+  record_function("ExpBackward", {x}, {out}, [y = out.detach()](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::binary(BinaryOp::Mul, g.grad(), y)};
+  });
+  return out;
+}
+
+Tensor log(const Tensor& x) {
+  Tensor out = ops::unary(UnaryOp::Log, x);
+  record_function("LogBackward", {x}, {out}, [x = x.detach()](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::binary(BinaryOp::Div, g.grad(), x)};
+  });
+  return out;
+}
+
+Tensor relu(const Tensor& x) {
+  Tensor out = ops::unary(UnaryOp::Relu, x);
+  // relu(x) > 0 exactly where x > 0, so the output serves as the mask.
+  record_function("ReluBackward", {x}, {out}, [y = out.detach()](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::relu_backward(g.grad(), y)};
+  });
+  return out;
+}
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator-(const Tensor& x) { return neg(x); }
+Tensor operator+(const Tensor& a, double b) { return add(a, b); }
+Tensor operator+(double a, const Tensor& b) { return add(b, a); }
+Tensor operator-(const Tensor& a, double b) { return add(a, -b); }
+Tensor operator-(double a, const Tensor& b) { return add(neg(b), a); }
+Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
+Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
+Tensor operator/(const Tensor& a, double b) { return mul(a, 1.0 / b); }
+
+}  // namespace mg

@@ -1,0 +1,55 @@
+// Sums and means: the gradient of a sum is the output gradient spread back (expanded)
+// over the summed dimensions.
+#include <minigrad/autograd/functions.h>
+#include <minigrad/autograd/node.h>
+#include <minigrad/core/ops.h>
+
+namespace mg {
+namespace {
+
+// The output gradient of a sum, broadcast back to the input's shape.
+Tensor spread(const Tensor& grad, const Shape& input_shape, const std::vector<int64_t>& dims,
+              bool keepdim) {
+  if (keepdim || dims.empty()) return ops::expand(grad.dim() == 0 ? grad : grad, input_shape);
+  // Re-insert the reduced dims as size 1, then expand.
+  std::vector<int64_t> sizes = input_shape.sizes();
+  for (int64_t d : dims) sizes[static_cast<size_t>(wrap_dim(d, input_shape.dim(), "sum"))] = 1;
+  return ops::expand(ops::view(grad, Shape(sizes)), input_shape);
+}
+
+int64_t count_reduced(const Shape& shape, const std::vector<int64_t>& dims) {
+  if (dims.empty()) return shape.numel();
+  int64_t n = 1;
+  for (int64_t d : dims) n *= shape[wrap_dim(d, shape.dim(), "mean")];
+  return n;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  Tensor out = ops::sum(x, dims, keepdim);
+  record_function("SumBackward", {x}, {out}, [shape = x.shape(), dims, keepdim](const BackwardArgs& g) {
+    return std::vector<Tensor>{spread(g.grad(), shape, dims, keepdim)};
+  });
+  return out;
+}
+
+Tensor sum(const Tensor& x) { return sum(x, {}, false); }
+
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  ops::check_float("mean", x);
+  const int64_t n = count_reduced(x.shape(), dims);
+  MG_CHECK(n > 0, "mean: cannot take the mean of an empty tensor of shape {}", x.shape());
+  const double scale = 1.0 / static_cast<double>(n);
+  Tensor out = ops::binary_scalar(BinaryOp::Mul, ops::sum(x, dims, keepdim), scale);
+  record_function("MeanBackward", {x}, {out},
+                  [shape = x.shape(), dims, keepdim, scale](const BackwardArgs& g) {
+                    Tensor scaled = ops::binary_scalar(BinaryOp::Mul, g.grad(), scale);
+                    return std::vector<Tensor>{spread(scaled, shape, dims, keepdim)};
+                  });
+  return out;
+}
+
+Tensor mean(const Tensor& x) { return mean(x, {}, false); }
+
+}  // namespace mg

@@ -1,0 +1,139 @@
+// Views, copies and moves between devices. A view's backward puts the gradient back
+// into the input's shape; to()'s backward carries the gradient back to the input's
+// device, which is what makes model parallelism (layers on different devices) train.
+#include <minigrad/autograd/functions.h>
+#include <minigrad/autograd/node.h>
+#include <minigrad/core/ops.h>
+
+namespace mg {
+namespace {
+Tensor reshape_grad(const Tensor& grad, const Shape& shape) {
+  return ops::can_view(grad, shape) ? ops::view(grad, shape) : ops::view(ops::clone(grad), shape);
+}
+}  // namespace
+
+Tensor view(const Tensor& x, const Shape& shape) {
+  Tensor out = ops::view(x, shape);
+  record_function("ViewBackward", {x}, {out}, [shape = x.shape()](const BackwardArgs& g) {
+    return std::vector<Tensor>{reshape_grad(g.grad(), shape)};
+  });
+  return out;
+}
+
+Tensor reshape(const Tensor& x, const Shape& shape) {
+  const Shape target = ops::infer_shape(shape, x.numel(), "reshape");
+  return ops::can_view(x, target) ? view(x, target) : view(contiguous(x), target);
+}
+
+Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
+  Tensor out = ops::transpose(x, dim0, dim1);
+  record_function("TransposeBackward", {x}, {out}, [dim0, dim1](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::transpose(g.grad(), dim0, dim1)};
+  });
+  return out;
+}
+
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
+  Tensor out = ops::narrow(x, dim, start, length);
+  record_function("NarrowBackward", {x}, {out},
+                  [shape = x.shape(), dim, start, length](const BackwardArgs& g) {
+                    Tensor grad = zeros(shape, g.grad().dtype(), g.grad().device());
+                    ops::copy_(ops::narrow(grad, dim, start, length), g.grad());
+                    return std::vector<Tensor>{grad};
+                  });
+  return out;
+}
+
+Tensor expand(const Tensor& x, const Shape& shape) {
+  Tensor out = ops::expand(x, shape);
+  record_function("ExpandBackward", {x}, {out}, [shape = x.shape()](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::sum_to(g.grad(), shape)};
+  });
+  return out;
+}
+
+Tensor contiguous(const Tensor& x) {
+  if (x.is_contiguous()) return x;
+  Tensor out = ops::clone(x);
+  record_function("ContiguousBackward", {x}, {out},
+                  [](const BackwardArgs& g) { return std::vector<Tensor>{g.grad()}; });
+  return out;
+}
+
+Tensor to(const Tensor& x, Device device) {
+  Tensor out = ops::copy_to(x, device);
+  record_function("ToDeviceBackward", {x}, {out}, [from = x.device()](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::copy_to(g.grad(), from)};
+  });
+  return out;
+}
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  MG_CHECK(!tensors.empty(), "cat: expected a non-empty list of tensors");
+  const Tensor& first = tensors[0];
+  dim = wrap_dim(dim, first.dim(), "cat");
+  std::vector<int64_t> sizes = first.shape().sizes();
+  int64_t total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    ops::check_same_device("cat", first, t);
+    MG_CHECK(t.dtype() == first.dtype(), "cat: tensor {} is {} but tensor 0 is {}", i, t.dtype(),
+             first.dtype());
+    MG_CHECK(t.dim() == first.dim(), "cat: tensor {} has shape {}, tensor 0 has shape {}", i,
+             t.shape(), first.shape());
+    for (int64_t d = 0; d < t.dim(); ++d)
+      MG_CHECK(d == dim || t.size(d) == first.size(d),
+               "cat: sizes must match except in dimension {}, but tensor {} has shape {} and "
+               "tensor 0 has shape {}",
+               dim, i, t.shape(), first.shape());
+    total += t.size(dim);
+  }
+  sizes[static_cast<size_t>(dim)] = total;
+  Tensor out = empty(Shape(sizes), first.dtype(), first.device());
+  std::vector<int64_t> lengths;
+  int64_t offset = 0;
+  for (const Tensor& t : tensors) {
+    ops::copy_(ops::narrow(out, dim, offset, t.size(dim)), t);
+    lengths.push_back(t.size(dim));
+    offset += t.size(dim);
+  }
+  record_function("CatBackward", tensors, {out}, [dim, lengths](const BackwardArgs& g) {
+    std::vector<Tensor> grads;
+    int64_t start = 0;
+    for (int64_t len : lengths) {
+      grads.push_back(ops::narrow(g.grad(), dim, start, len));
+      start += len;
+    }
+    return grads;
+  });
+  return out;
+}
+
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
+  dim = wrap_dim(dim, x.dim(), "split");
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  MG_CHECK(total == x.size(dim),
+           "split: sizes adding up to {} cannot split dimension {} of size {} (shape {})", total,
+           dim, x.size(dim), x.shape());
+  std::vector<Tensor> pieces;
+  int64_t start = 0;
+  for (int64_t s : sizes) {
+    pieces.push_back(narrow(x, dim, start, s));
+    start += s;
+  }
+  return pieces;
+}
+
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
+  MG_CHECK(chunks > 0, "chunk: number of chunks must be positive, got {}", chunks);
+  dim = wrap_dim(dim, x.dim(), "chunk");
+  const int64_t size = x.size(dim);
+  const int64_t piece = (size + chunks - 1) / chunks;
+  std::vector<int64_t> sizes;
+  for (int64_t start = 0; start < size; start += piece) sizes.push_back(std::min(piece, size - start));
+  if (sizes.empty()) sizes.push_back(0);
+  return split(x, sizes, dim);
+}
+
+}  // namespace mg

@@ -1,0 +1,130 @@
+// Tensor's differentiable methods (declared in core/tensor.h) forward to the functions
+// of autograd/functions.h; backward() starts the engine; the in-place methods update
+// values outside the graph, for optimizers and initialisation.
+#include <minigrad/autograd/engine.h>
+#include <minigrad/autograd/functions.h>
+#include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/generator.h>
+#include <minigrad/core/ops.h>
+
+namespace mg {
+
+Tensor Tensor::to(Device device) const { return mg::to(*this, device); }
+Tensor Tensor::reshape(const Shape& shape) const { return mg::reshape(*this, shape); }
+Tensor Tensor::view(const Shape& shape) const { return mg::view(*this, shape); }
+Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
+  return mg::transpose(*this, dim0, dim1);
+}
+Tensor Tensor::t() const {
+  MG_CHECK(dim() <= 2, "t: expects a tensor with at most 2 dimensions, got shape {}", shape());
+  return dim() < 2 ? *this : mg::transpose(*this, 0, 1);
+}
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  return mg::narrow(*this, d, start, length);
+}
+Tensor Tensor::contiguous() const { return mg::contiguous(*this); }
+Tensor Tensor::expand(const Shape& shape) const { return mg::expand(*this, shape); }
+Tensor Tensor::sum() const { return mg::sum(*this); }
+Tensor Tensor::sum(const std::vector<int64_t>& dims, bool keepdim) const {
+  return mg::sum(*this, dims, keepdim);
+}
+Tensor Tensor::mean() const { return mg::mean(*this); }
+Tensor Tensor::mean(const std::vector<int64_t>& dims, bool keepdim) const {
+  return mg::mean(*this, dims, keepdim);
+}
+Tensor Tensor::matmul(const Tensor& other) const { return mg::matmul(*this, other); }
+Tensor Tensor::relu() const { return mg::relu(*this); }
+Tensor Tensor::exp() const { return mg::exp(*this); }
+Tensor Tensor::log() const { return mg::log(*this); }
+Tensor Tensor::neg() const { return mg::neg(*this); }
+Tensor Tensor::log_softmax(int64_t d) const { return mg::log_softmax(*this, d); }
+Tensor Tensor::argmax(int64_t d) const { return ops::argmax(*this, d); }
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+  Tensor seed = gradient;
+  if (!seed.defined()) {
+    MG_CHECK(numel() == 1,
+             "backward: grad can be implicitly created only for scalar outputs, but this "
+             "tensor has shape {}; pass a gradient of that shape",
+             shape());
+    seed = ones(shape(), dtype(), device());
+  } else {
+    MG_CHECK(seed.shape() == shape() && seed.device() == device(),
+             "backward: gradient of shape {} on {} does not match the tensor's shape {} on {}",
+             seed.shape(), seed.device(), shape(), device());
+  }
+  run_backward({*this}, {seed}, retain_graph);
+}
+
+// ---- in-place ----
+
+namespace {
+void check_inplace(const Tensor& t, const char* op) {
+  MG_CHECK(!(GradMode::is_enabled() && t.requires_grad()),
+           "{}: a tensor that requires grad (shape {}) is being modified in place while grad "
+           "mode is on; wrap the update in a NoGradGuard",
+           op, t.shape());
+}
+}  // namespace
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  check_inplace(*this, "copy_");
+  ops::copy_(*this, src);
+  return *this;
+}
+
+Tensor& Tensor::fill_(double value) {
+  check_inplace(*this, "fill_");
+  if (numel() == 0) return *this;
+  if (is_contiguous()) {
+    backend(device()).fill(*this, value);
+  } else {
+    ops::copy_(*this, full(Shape{}, value, dtype(), device()));
+  }
+  return *this;
+}
+
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  check_inplace(*this, "add_");
+  ops::check_same_device("add_", *this, other);
+  MG_CHECK(dtype() == other.dtype(), "add_: dtype mismatch {} vs {}", dtype(), other.dtype());
+  const Tensor b = other.shape() == shape() ? other : ops::expand(other, shape());
+  if (numel() > 0) backend(device()).binary(BinaryOp::Add, *this, *this, b, alpha);
+  return *this;
+}
+
+Tensor& Tensor::mul_(double value) {
+  check_inplace(*this, "mul_");
+  if (numel() > 0) backend(device()).binary_scalar(BinaryOp::Mul, *this, *this, value);
+  return *this;
+}
+
+Tensor& Tensor::mul_(const Tensor& other) {
+  check_inplace(*this, "mul_");
+  ops::check_same_device("mul_", *this, other);
+  const Tensor b = other.shape() == shape() ? other : ops::expand(other, shape());
+  if (numel() > 0) backend(device()).binary(BinaryOp::Mul, *this, *this, b, 1.0);
+  return *this;
+}
+
+Tensor& Tensor::uniform_(double low, double high) {
+  check_inplace(*this, "uniform_");
+  ops::check_float("uniform_", *this);
+  Tensor values = empty(shape(), dtype(), device());
+  const auto draw = default_generator().reserve((static_cast<uint64_t>(numel()) + 3) / 4);
+  if (numel() > 0) backend(device()).random_uniform(values, low, high, draw.seed, draw.offset);
+  ops::copy_(*this, values);
+  return *this;
+}
+
+Tensor& Tensor::normal_(double mean, double stddev) {
+  check_inplace(*this, "normal_");
+  ops::check_float("normal_", *this);
+  Tensor values = empty(shape(), dtype(), device());
+  const auto draw = default_generator().reserve((static_cast<uint64_t>(numel()) + 1) / 2);
+  if (numel() > 0) backend(device()).random_normal(values, mean, stddev, draw.seed, draw.offset);
+  ops::copy_(*this, values);
+  return *this;
+}
+
+}  // namespace mg

@@ -1,0 +1,121 @@
+// Backend: the operations a device type must provide. core/cpu implements it for the
+// host; cuda/ implements it for NVIDIA GPUs and registers itself at start-up.
+//
+// Contract: the ops layer (core/ops.cpp) checks shapes, dtypes and devices, allocates
+// every output and broadcasts inputs (stride-0 views), so a backend only computes:
+// inputs and outputs are already on its device, shapes agree, and any input may be a
+// strided view. Outputs are freshly allocated and contiguous unless stated otherwise.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <minigrad/core/allocator.h>
+#include <minigrad/core/device.h>
+#include <minigrad/core/stream.h>
+#include <minigrad/core/tensor.h>
+
+namespace mg {
+
+enum class UnaryOp { Neg, Exp, Log, Relu };
+enum class BinaryOp { Add, Sub, Mul, Div };
+
+inline const char* op_name(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::Neg: return "neg";
+    case UnaryOp::Exp: return "exp";
+    case UnaryOp::Log: return "log";
+    case UnaryOp::Relu: return "relu";
+  }
+  return "?";
+}
+inline const char* op_name(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::Add: return "add";
+    case BinaryOp::Sub: return "sub";
+    case BinaryOp::Mul: return "mul";
+    case BinaryOp::Div: return "div";
+  }
+  return "?";
+}
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual DeviceType type() const = 0;
+  virtual int device_count() const = 0;
+  virtual Allocator& allocator(int index) = 0;
+
+  // ---- devices, streams, events (no-ops on the CPU) ----
+  virtual int current_device() const = 0;
+  virtual void set_device(int index) = 0;
+  virtual Stream current_stream(int index) = 0;
+  virtual void set_current_stream(const Stream& stream) = 0;
+  virtual Stream compute_stream(int index) = 0;
+  virtual Stream copy_stream(int index) = 0;
+  virtual void synchronize(int index) = 0;
+  virtual void* event_create(int index) = 0;
+  virtual void event_destroy(void* event) = 0;
+  virtual void event_record(void* event, const Stream& stream) = 0;
+  virtual void event_block(void* event, const Stream& stream) = 0;
+  virtual void event_synchronize(void* event) = 0;
+
+  // ---- data ----
+  // dst = src; same shape and dtype; any strides. For copies between device types the
+  // backend of the non-CPU side is called, with one of dst/src on the host.
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+  virtual void fill(const Tensor& dst, double value) = 0;              // dst contiguous
+  virtual void arange(const Tensor& dst, double start, double step) = 0;  // dst contiguous
+  // Counter-based random numbers (core/philox.h) from Philox block `offset` on, so CPU
+  // and CUDA give the same values for the same seed and offset. dst contiguous.
+  virtual void random_uniform(const Tensor& dst, double low, double high, uint64_t seed,
+                              uint64_t offset) = 0;
+  virtual void random_normal(const Tensor& dst, double mean, double stddev, uint64_t seed,
+                             uint64_t offset) = 0;
+
+  // ---- elementwise (float32; add/sub/mul/div also int64) ----
+  virtual void unary(UnaryOp op, const Tensor& out, const Tensor& in) = 0;
+  // out = a op (alpha * b) for Add/Sub; out = a op b otherwise. `out` may alias `a`
+  // (in-place updates), element for element.
+  virtual void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b,
+                      double alpha) = 0;
+  // out = in op scalar (Add or Mul); `out` may alias `in`.
+  virtual void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& in,
+                             double scalar) = 0;
+  // grad_in = grad_out where input > 0, else 0.
+  virtual void relu_backward(const Tensor& grad_in, const Tensor& grad_out,
+                             const Tensor& input) = 0;
+
+  // ---- reductions ----
+  // `out` has in's rank, size 1 in the reduced dims (keepdim form): out = sum over them.
+  virtual void sum(const Tensor& out, const Tensor& in) = 0;
+  // out[i] = argmax_j in[i, j]; in is 2-D, out int64 of size rows.
+  virtual void argmax(const Tensor& out, const Tensor& in) = 0;
+
+  // ---- linear algebra ----
+  // out[m,n] = a[m,k] @ b[k,n]. a and b may be contiguous or transposed views; a
+  // backend should pass transposes to its GEMM rather than copy.
+  virtual void matmul(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+
+  // ---- softmax and cross-entropy over the last dim of 2-D [rows, classes] ----
+  virtual void log_softmax(const Tensor& out, const Tensor& in) = 0;
+  // grad_in = grad_out - exp(output) * sum(grad_out, -1)
+  virtual void log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
+                                    const Tensor& output) = 0;
+  // loss (scalar) = mean_i (logsumexp(logits[i]) - logits[i, targets[i]]).
+  // targets int64 in [0, classes); the CPU backend checks, the CUDA one assumes it.
+  virtual void cross_entropy(const Tensor& loss, const Tensor& logits,
+                             const Tensor& targets) = 0;
+  // grad_logits = (softmax(logits) - onehot(targets)) * grad_loss / rows
+  virtual void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
+                                      const Tensor& logits, const Tensor& targets) = 0;
+};
+
+// The backend table, by DeviceType. The CPU backend is always there; the CUDA entry is
+// the real backend when minigrad was built with CUDA, else one that explains it was not.
+Backend& backend(DeviceType type);
+inline Backend& backend(Device device) { return backend(device.type()); }
+void register_backend(DeviceType type, Backend* backend);
+
+}  // namespace mg

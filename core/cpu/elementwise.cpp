@@ -1,0 +1,98 @@
+// Elementwise ops on the host. Contiguous operands take a flat loop the compiler can
+// vectorise; anything else (views, broadcast stride-0 inputs) goes through
+// for_each_element.
+#include <cmath>
+
+#include <minigrad/core/cpu/cpu_backend.h>
+#include <minigrad/core/cpu/strided_loop.h>
+
+namespace mg {
+namespace {
+
+bool all_contiguous(std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors)
+    if (!t->is_contiguous()) return false;
+  return true;
+}
+
+template <typename T, typename F>
+void map1(const Tensor& out, const Tensor& in, F f) {
+  T* o = static_cast<T*>(out.data_ptr());
+  const T* x = static_cast<const T*>(in.data_ptr());
+  if (all_contiguous({&out, &in})) {
+    const int64_t n = out.numel();
+    for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
+    return;
+  }
+  cpu::for_each_element<2>(out.shape(), {&out.strides(), &in.strides()},
+                           [&](const std::array<int64_t, 2>& k) { o[k[0]] = f(x[k[1]]); });
+}
+
+template <typename T, typename F>
+void map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
+  T* o = static_cast<T*>(out.data_ptr());
+  const T* x = static_cast<const T*>(a.data_ptr());
+  const T* y = static_cast<const T*>(b.data_ptr());
+  if (all_contiguous({&out, &a, &b})) {
+    const int64_t n = out.numel();
+    for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+    return;
+  }
+  cpu::for_each_element<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()},
+                           [&](const std::array<int64_t, 3>& k) { o[k[0]] = f(x[k[1]], y[k[2]]); });
+}
+
+template <typename T>
+void binary_typed(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, T alpha) {
+  switch (op) {
+    case BinaryOp::Add: map2<T>(out, a, b, [alpha](T x, T y) { return x + alpha * y; }); break;
+    case BinaryOp::Sub: map2<T>(out, a, b, [alpha](T x, T y) { return x - alpha * y; }); break;
+    case BinaryOp::Mul: map2<T>(out, a, b, [](T x, T y) { return x * y; }); break;
+    case BinaryOp::Div: map2<T>(out, a, b, [](T x, T y) { return x / y; }); break;
+  }
+}
+
+template <typename T>
+void binary_scalar_typed(BinaryOp op, const Tensor& out, const Tensor& in, T s) {
+  switch (op) {
+    case BinaryOp::Add: map1<T>(out, in, [s](T x) { return x + s; }); break;
+    case BinaryOp::Sub: map1<T>(out, in, [s](T x) { return x - s; }); break;
+    case BinaryOp::Mul: map1<T>(out, in, [s](T x) { return x * s; }); break;
+    case BinaryOp::Div: map1<T>(out, in, [s](T x) { return x / s; }); break;
+  }
+}
+
+}  // namespace
+
+void CpuBackend::unary(UnaryOp op, const Tensor& out, const Tensor& in) {
+  switch (op) {
+    case UnaryOp::Neg: map1<float>(out, in, [](float x) { return -x; }); break;
+    case UnaryOp::Exp: map1<float>(out, in, [](float x) { return std::exp(x); }); break;
+    case UnaryOp::Log: map1<float>(out, in, [](float x) { return std::log(x); }); break;
+    case UnaryOp::Relu: map1<float>(out, in, [](float x) { return x > 0.0f ? x : 0.0f; }); break;
+  }
+}
+
+void CpuBackend::binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b,
+                        double alpha) {
+  if (out.dtype() == DType::Float32) {
+    binary_typed<float>(op, out, a, b, static_cast<float>(alpha));
+  } else {
+    binary_typed<int64_t>(op, out, a, b, static_cast<int64_t>(alpha));
+  }
+}
+
+void CpuBackend::binary_scalar(BinaryOp op, const Tensor& out, const Tensor& in, double scalar) {
+  if (out.dtype() == DType::Float32) {
+    binary_scalar_typed<float>(op, out, in, static_cast<float>(scalar));
+  } else {
+    binary_scalar_typed<int64_t>(op, out, in, static_cast<int64_t>(scalar));
+  }
+}
+
+void CpuBackend::relu_backward(const Tensor& grad_in, const Tensor& grad_out,
+                               const Tensor& input) {
+  map2<float>(grad_in, grad_out, input, [](float g, float x) { return x > 0.0f ? g : 0.0f; });
+}
+
+}  // namespace mg

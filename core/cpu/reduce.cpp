@@ -1,0 +1,64 @@
+// Sums and argmax on the host.
+#include <minigrad/core/cpu/cpu_backend.h>
+#include <minigrad/core/cpu/strided_loop.h>
+
+namespace mg {
+namespace {
+
+template <typename T>
+void sum_typed(const Tensor& out, const Tensor& in) {
+  T* o = static_cast<T*>(out.data_ptr());
+  const T* x = static_cast<const T*>(in.data_ptr());
+  const Shape& shape = in.shape();
+
+  if (out.numel() == 1) {  // a full reduction: accumulate in double for accuracy
+    double total = 0.0;
+    cpu::for_each_element<1>(shape, {&in.strides()},
+                             [&](const std::array<int64_t, 1>& k) { total += static_cast<double>(x[k[0]]); });
+    o[0] = static_cast<T>(total);
+    return;
+  }
+  // Rows of a contiguous 2-D input summed over columns (bias gradients: sum over dim 0).
+  if (shape.dim() == 2 && in.is_contiguous() && out.shape()[0] == 1) {
+    const int64_t rows = shape[0], cols = shape[1];
+    for (int64_t j = 0; j < cols; ++j) o[j] = T(0);
+    for (int64_t i = 0; i < rows; ++i) {
+      const T* row = x + i * cols;
+      for (int64_t j = 0; j < cols; ++j) o[j] += row[j];
+    }
+    return;
+  }
+  // General case: view `out` with stride 0 along reduced dims, accumulate into it.
+  std::vector<int64_t> out_strides(static_cast<size_t>(shape.dim()));
+  for (int64_t d = 0; d < shape.dim(); ++d)
+    out_strides[static_cast<size_t>(d)] = out.shape()[d] == 1 ? 0 : out.stride(d);
+  const int64_t n = out.numel();
+  for (int64_t i = 0; i < n; ++i) o[i] = T(0);
+  cpu::for_each_element<2>(shape, {&out_strides, &in.strides()},
+                           [&](const std::array<int64_t, 2>& k) { o[k[0]] += x[k[1]]; });
+}
+
+}  // namespace
+
+void CpuBackend::sum(const Tensor& out, const Tensor& in) {
+  if (in.dtype() == DType::Float32) {
+    sum_typed<float>(out, in);
+  } else {
+    sum_typed<int64_t>(out, in);
+  }
+}
+
+void CpuBackend::argmax(const Tensor& out, const Tensor& in) {
+  const int64_t rows = in.size(0), cols = in.size(1);
+  const int64_t rs = in.stride(0), cs = in.stride(1);
+  const auto* x = static_cast<const float*>(in.data_ptr());
+  auto* o = static_cast<int64_t*>(out.data_ptr());
+  for (int64_t i = 0; i < rows; ++i) {
+    int64_t best = 0;
+    for (int64_t j = 1; j < cols; ++j)
+      if (x[i * rs + j * cs] > x[i * rs + best * cs]) best = j;
+    o[i] = best;
+  }
+}
+
+}  // namespace mg

@@ -1,0 +1,364 @@
+#include <minigrad/core/ops.h>
+
+#include <algorithm>
+
+#include <fmt/ranges.h>
+
+namespace mg::ops {
+
+// ---------------------------------------------------------------- checks
+
+void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
+  MG_CHECK(a.device() == b.device(),
+           "{}: expected all tensors on the same device, but found {} (shape {}) and {} "
+           "(shape {}); move one with .to()",
+           op, a.device(), a.shape(), b.device(), b.shape());
+}
+
+void check_float(const char* op, const Tensor& t) {
+  MG_CHECK(t.dtype() == DType::Float32, "{}: expected a float32 tensor, got {} (shape {})", op,
+           t.dtype(), t.shape());
+}
+
+namespace {
+Backend& backend_of(const Tensor& t) { return backend(t.device()); }
+}  // namespace
+
+// ---------------------------------------------------------------- views
+
+Tensor as_strided(const Tensor& t, const Shape& shape, std::vector<int64_t> strides,
+                  int64_t offset) {
+  return Tensor(std::make_shared<TensorImpl>(t.storage(), shape, std::move(strides), offset,
+                                             t.dtype()));
+}
+
+Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
+  std::vector<int64_t> sizes = shape.sizes();
+  int64_t known = 1, infer_at = -1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == -1) {
+      MG_CHECK(infer_at < 0, "{}: only one dimension can be -1, got {}", op, shape);
+      infer_at = static_cast<int64_t>(i);
+    } else {
+      MG_CHECK(sizes[i] >= 0, "{}: invalid size {} in shape {}", op, sizes[i], shape);
+      known *= sizes[i];
+    }
+  }
+  if (infer_at >= 0) {
+    MG_CHECK(known != 0 && numel % known == 0,
+             "{}: shape {} is invalid for a tensor of {} elements", op, shape, numel);
+    sizes[static_cast<size_t>(infer_at)] = numel / known;
+  } else {
+    MG_CHECK(known == numel, "{}: shape {} is invalid for a tensor of {} elements", op, shape,
+             numel);
+  }
+  return Shape(std::move(sizes));
+}
+
+namespace {
+// The strides that would let a tensor of (old_shape, old_strides) be seen as new_shape
+// without copying, or false (the algorithm of PyTorch's computeStride: dimensions
+// merge only where they are laid out contiguously with respect to each other).
+bool view_strides(const Shape& old_shape, const std::vector<int64_t>& old_strides,
+                  const Shape& new_shape, std::vector<int64_t>& new_strides) {
+  new_strides.assign(static_cast<size_t>(new_shape.dim()), 0);
+  if (old_shape.dim() == 0 || old_shape.numel() == 0) {
+    new_strides = contiguous_strides(new_shape);
+    return true;
+  }
+  int64_t view_d = new_shape.dim() - 1;
+  int64_t chunk_base_stride = old_strides.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t tensor_d = old_shape.dim() - 1; tensor_d >= 0; --tensor_d) {
+    tensor_numel *= old_shape[tensor_d];
+    const bool chunk_ends =
+        tensor_d == 0 ||
+        (old_shape[tensor_d - 1] != 1 &&
+         old_strides[static_cast<size_t>(tensor_d - 1)] != tensor_numel * chunk_base_stride);
+    if (!chunk_ends) continue;
+    while (view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d] == 1)) {
+      new_strides[static_cast<size_t>(view_d)] = view_numel * chunk_base_stride;
+      view_numel *= new_shape[view_d];
+      --view_d;
+    }
+    if (view_numel != tensor_numel) return false;
+    if (tensor_d > 0) {
+      chunk_base_stride = old_strides[static_cast<size_t>(tensor_d - 1)];
+      tensor_numel = 1;
+      view_numel = 1;
+    }
+  }
+  return view_d == -1;
+}
+}  // namespace
+
+bool can_view(const Tensor& t, const Shape& shape) {
+  std::vector<int64_t> strides;
+  return shape.numel() == t.numel() && view_strides(t.shape(), t.strides(), shape, strides);
+}
+
+Tensor view(const Tensor& t, const Shape& requested) {
+  const Shape shape = infer_shape(requested, t.numel(), "view");
+  std::vector<int64_t> strides;
+  MG_CHECK(view_strides(t.shape(), t.strides(), shape, strides),
+           "view: a tensor of shape {} with strides [{}] cannot be viewed as {} without a "
+           "copy (its memory is not laid out for it); use reshape() or contiguous() first",
+           t.shape(), fmt::join(t.strides(), ", "), shape);
+  return as_strided(t, shape, std::move(strides), t.storage_offset());
+}
+
+Tensor expand(const Tensor& t, const Shape& shape) {
+  const int64_t n = shape.dim();
+  MG_CHECK(n >= t.dim(), "expand: cannot expand shape {} to fewer dimensions {}", t.shape(),
+           shape);
+  std::vector<int64_t> sizes(static_cast<size_t>(n)), strides(static_cast<size_t>(n));
+  for (int64_t i = n - 1; i >= 0; --i) {
+    const int64_t src = i - (n - t.dim());
+    const auto iu = static_cast<size_t>(i);
+    if (src < 0) {
+      MG_CHECK(shape[i] >= 0, "expand: size -1 is not allowed in a new leading dimension ({})",
+               shape);
+      sizes[iu] = shape[i];
+      strides[iu] = 0;
+      continue;
+    }
+    const int64_t have = t.size(src);
+    const int64_t want = shape[i] == -1 ? have : shape[i];
+    MG_CHECK(have == want || have == 1,
+             "expand: the size {} of dimension {} of shape {} cannot be expanded to {} (target {})",
+             have, src, t.shape(), want, shape);
+    sizes[iu] = want;
+    strides[iu] = have == want ? t.stride(src) : 0;
+  }
+  return as_strided(t, Shape(std::move(sizes)), std::move(strides), t.storage_offset());
+}
+
+Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1) {
+  dim0 = wrap_dim(dim0, t.dim(), "transpose");
+  dim1 = wrap_dim(dim1, t.dim(), "transpose");
+  if (t.dim() == 0) return as_strided(t, t.shape(), t.strides(), t.storage_offset());
+  std::vector<int64_t> sizes = t.shape().sizes(), strides = t.strides();
+  std::swap(sizes[static_cast<size_t>(dim0)], sizes[static_cast<size_t>(dim1)]);
+  std::swap(strides[static_cast<size_t>(dim0)], strides[static_cast<size_t>(dim1)]);
+  return as_strided(t, Shape(std::move(sizes)), std::move(strides), t.storage_offset());
+}
+
+Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
+  MG_CHECK(t.dim() > 0, "narrow: cannot narrow a 0-dimensional tensor");
+  dim = wrap_dim(dim, t.dim(), "narrow");
+  const int64_t size = t.size(dim);
+  if (start < 0) start += size;
+  MG_CHECK(start >= 0 && length >= 0 && start + length <= size,
+           "narrow: start {} and length {} are out of range for dimension {} of size {} "
+           "(shape {})",
+           start, length, dim, size, t.shape());
+  std::vector<int64_t> sizes = t.shape().sizes();
+  sizes[static_cast<size_t>(dim)] = length;
+  return as_strided(t, Shape(std::move(sizes)), t.strides(),
+                    t.storage_offset() + start * t.stride(dim));
+}
+
+// ---------------------------------------------------------------- copies
+
+void copy_(const Tensor& dst, const Tensor& src) {
+  MG_CHECK(dst.dtype() == src.dtype(), "copy_: dtype mismatch: destination {} vs source {}",
+           dst.dtype(), src.dtype());
+  const Tensor source = src.shape() == dst.shape() ? src : expand(src, dst.shape());
+  if (dst.numel() == 0) return;
+  // The non-CPU side's backend moves data between the host and its devices.
+  Backend& b = !dst.device().is_cpu() ? backend_of(dst) : backend_of(source);
+  b.copy(dst, source);
+}
+
+Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : clone(t); }
+
+Tensor clone(const Tensor& t) {
+  Tensor out = empty(t.shape(), t.dtype(), t.device());
+  copy_(out, t);
+  return out;
+}
+
+Tensor copy_to(const Tensor& t, Device device) {
+  Tensor out = empty(t.shape(), t.dtype(), device);
+  copy_(out, t);
+  return out;
+}
+
+// ---------------------------------------------------------------- elementwise
+
+Tensor unary(UnaryOp op, const Tensor& x) {
+  check_float(op_name(op), x);
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  if (x.numel() > 0) backend_of(x).unary(op, out, x);
+  return out;
+}
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  const char* name = op_name(op);
+  check_same_device(name, a, b);
+  MG_CHECK(a.dtype() == b.dtype(),
+           "{}: expected both tensors to have the same dtype, but got {} (shape {}) and {} "
+           "(shape {})",
+           name, a.dtype(), a.shape(), b.dtype(), b.shape());
+  const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
+  Tensor out = empty(shape, a.dtype(), a.device());
+  if (out.numel() == 0) return out;
+  const Tensor ea = a.shape() == shape ? a : expand(a, shape);
+  const Tensor eb = b.shape() == shape ? b : expand(b, shape);
+  backend_of(a).binary(op, out, ea, eb, 1.0);
+  return out;
+}
+
+Tensor binary_scalar(BinaryOp op, const Tensor& x, double scalar) {
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  if (x.numel() > 0) backend_of(x).binary_scalar(op, out, x, scalar);
+  return out;
+}
+
+Tensor relu_backward(const Tensor& grad_out, const Tensor& input) {
+  Tensor out = empty(input.shape(), input.dtype(), input.device());
+  if (out.numel() > 0) backend_of(input).relu_backward(out, grad_out, input);
+  return out;
+}
+
+// ---------------------------------------------------------------- reductions
+
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  const int64_t ndim = x.dim();
+  std::vector<bool> reduce(static_cast<size_t>(ndim), dims.empty());
+  for (int64_t d : dims) {
+    const int64_t w = wrap_dim(d, ndim, "sum");
+    MG_CHECK(!reduce[static_cast<size_t>(w)], "sum: dimension {} appears more than once", d);
+    reduce[static_cast<size_t>(w)] = true;
+  }
+  std::vector<int64_t> kept_sizes = x.shape().sizes(), out_sizes;
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (reduce[static_cast<size_t>(d)]) {
+      kept_sizes[static_cast<size_t>(d)] = 1;
+      if (keepdim) out_sizes.push_back(1);
+    } else {
+      out_sizes.push_back(x.size(d));
+    }
+  }
+  Tensor out = empty(Shape(kept_sizes), x.dtype(), x.device());
+  if (out.numel() > 0) {
+    if (x.numel() == 0) {
+      backend_of(x).fill(out, 0.0);
+    } else {
+      backend_of(x).sum(out, x);
+    }
+  }
+  return keepdim ? out : view(out, Shape(out_sizes));
+}
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  const int64_t lead = x.dim() - shape.dim();
+  MG_CHECK(lead >= 0, "sum_to: cannot reduce shape {} to the larger shape {}", x.shape(), shape);
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    if (d < lead || (shape[d - lead] == 1 && x.size(d) != 1)) dims.push_back(d);
+  }
+  Tensor reduced = dims.empty() ? x : sum(x, dims, /*keepdim=*/true);
+  return view(reduced, shape);
+}
+
+Tensor argmax(const Tensor& x, int64_t dim) {
+  check_float("argmax", x);
+  MG_CHECK(x.dim() >= 1 && x.numel() > 0, "argmax: expected a non-empty tensor, got shape {}",
+           x.shape());
+  dim = wrap_dim(dim, x.dim(), "argmax");
+  const Tensor moved = contiguous(transpose(x, dim, x.dim() - 1));
+  const int64_t cols = moved.size(-1);
+  const Tensor rows = view(moved, Shape{moved.numel() / cols, cols});
+  Tensor out = empty(Shape{rows.size(0)}, DType::Int64, x.device());
+  backend_of(x).argmax(out, rows);
+  std::vector<int64_t> out_sizes = moved.shape().sizes();
+  out_sizes.pop_back();
+  Tensor result = view(out, Shape(out_sizes));
+  // `moved` had `dim` and the last dim swapped; with the reduced dim dropped, the old
+  // last dim sits at position `dim`. Walk it back to the end to restore the order.
+  if (dim != x.dim() - 1) {
+    for (int64_t d = dim; d < x.dim() - 2; ++d) result = transpose(result, d, d + 1);
+    result = contiguous(result);
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------- matmul, softmax, loss
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_same_device("matmul", a, b);
+  MG_CHECK(a.dim() == 2 && b.dim() == 2,
+           "matmul: expected 2-D tensors, got shapes {} and {}", a.shape(), b.shape());
+  MG_CHECK(a.size(1) == b.size(0),
+           "matmul: shapes {} and {} cannot be multiplied (inner dimensions {} and {} differ)",
+           a.shape(), b.shape(), a.size(1), b.size(0));
+  MG_CHECK(a.dtype() == DType::Float32 && b.dtype() == DType::Float32,
+           "matmul: expected float32 tensors, got {} and {}", a.dtype(), b.dtype());
+  Tensor out = empty(Shape{a.size(0), b.size(1)}, DType::Float32, a.device());
+  if (out.numel() > 0) backend_of(a).matmul(out, a, b);
+  return out;
+}
+
+namespace {
+// Runs a last-dim op on a tensor of any rank by seeing it as [rows, classes].
+Shape as_rows(const Tensor& x) {
+  const int64_t cols = x.dim() == 0 ? 1 : x.size(-1);
+  return Shape{cols == 0 ? 0 : x.numel() / cols, cols};
+}
+}  // namespace
+
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  check_float("log_softmax", x);
+  dim = wrap_dim(dim, x.dim(), "log_softmax");
+  if (x.dim() > 0 && dim != x.dim() - 1) {
+    return transpose(log_softmax(transpose(x, dim, -1), -1), dim, -1);
+  }
+  const Tensor rows = contiguous(x.dim() == 0 ? view(x, Shape{1}) : x);
+  Tensor out = empty(x.shape(), DType::Float32, x.device());
+  if (x.numel() > 0) backend_of(x).log_softmax(view(out, as_rows(x)), view(rows, as_rows(x)));
+  return out;
+}
+
+Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& output, int64_t dim) {
+  dim = wrap_dim(dim, output.dim(), "log_softmax_backward");
+  if (output.dim() > 0 && dim != output.dim() - 1) {
+    return transpose(
+        log_softmax_backward(transpose(grad_out, dim, -1), transpose(output, dim, -1), -1), dim,
+        -1);
+  }
+  const Tensor g = contiguous(grad_out), y = contiguous(output);
+  Tensor out = empty(output.shape(), DType::Float32, output.device());
+  if (out.numel() > 0)
+    backend_of(output).log_softmax_backward(view(out, as_rows(output)), view(g, as_rows(output)),
+                                            view(y, as_rows(output)));
+  return out;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+  check_same_device("cross_entropy", logits, targets);
+  MG_CHECK(logits.dim() == 2, "cross_entropy: expected logits of shape [batch, classes], got {}",
+           logits.shape());
+  check_float("cross_entropy", logits);
+  MG_CHECK(targets.dtype() == DType::Int64,
+           "cross_entropy: expected int64 class indices as targets, got {} (shape {})",
+           targets.dtype(), targets.shape());
+  MG_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0),
+           "cross_entropy: targets of shape {} do not match logits of shape {} (expected [{}])",
+           targets.shape(), logits.shape(), logits.size(0));
+  MG_CHECK(logits.size(0) > 0 && logits.size(1) > 0,
+           "cross_entropy: expected a non-empty batch, got logits of shape {}", logits.shape());
+  Tensor loss = empty(Shape{}, DType::Float32, logits.device());
+  backend_of(logits).cross_entropy(loss, logits, targets);
+  return loss;
+}
+
+Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits,
+                              const Tensor& targets) {
+  Tensor grad = empty(logits.shape(), DType::Float32, logits.device());
+  backend_of(logits).cross_entropy_backward(grad, grad_loss, logits, targets);
+  return grad;
+}
+
+}  // namespace mg::ops

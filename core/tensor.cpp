@@ -1,0 +1,135 @@
+// The data-level half of Tensor: metadata, element access, printing, autograd fields.
+// (The differentiable methods live in autograd/tensor_methods.cpp.)
+#include <minigrad/core/tensor.h>
+
+#include <fmt/ranges.h>
+
+#include <minigrad/core/ops.h>
+
+namespace mg {
+
+int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
+
+int64_t Tensor::stride(int64_t d) const {
+  return strides()[static_cast<size_t>(wrap_dim(d, dim(), "stride"))];
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int64_t d = dim() - 1; d >= 0; --d) {
+    if (size(d) == 1) continue;  // a size-1 dim's stride never matters
+    if (stride(d) != expected) return false;
+    expected *= size(d);
+  }
+  return true;
+}
+
+void* Tensor::data_ptr() const {
+  const TensorImpl& t = checked();
+  return static_cast<char*>(t.storage.data()) +
+         t.offset * static_cast<int64_t>(element_size(t.dtype));
+}
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  MG_CHECK(dtype() == dtype_of<T>(), "to_vector: tensor is {}, asked for {}", dtype(),
+           dtype_of<T>());
+  const Tensor host = ops::contiguous(device().is_cpu() ? *this : ops::copy_to(*this, Device::cpu()));
+  const T* p = host.data<T>();
+  return std::vector<T>(p, p + numel());
+}
+
+template <typename T>
+T Tensor::item() const {
+  MG_CHECK(numel() == 1, "item: expected a tensor with one element, got shape {}", shape());
+  return to_vector<T>()[0];
+}
+
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template float Tensor::item<float>() const;
+template int64_t Tensor::item<int64_t>() const;
+
+namespace {
+// Nested brackets like PyTorch, eliding the middle of long dimensions.
+template <typename T>
+void format_values(std::string& out, const std::vector<T>& values, const Shape& shape,
+                   int64_t dim, int64_t offset, int64_t block) {
+  constexpr int64_t kEdge = 3;
+  if (shape.dim() == 0) {
+    out += fmt::format("{}", values[0]);
+    return;
+  }
+  const int64_t n = shape[dim];
+  const int64_t inner = block / std::max<int64_t>(n, 1);  // elements per entry of `dim`
+  out += '[';
+  for (int64_t i = 0; i < n; ++i) {
+    if (n > 2 * kEdge && i == kEdge) {
+      out += "..., ";
+      i = n - kEdge;
+    }
+    if (dim == shape.dim() - 1) {
+      const T v = values[static_cast<size_t>(offset + i)];
+      if constexpr (std::is_floating_point_v<T>) {
+        out += fmt::format("{:.4g}", v);
+      } else {
+        out += fmt::format("{}", v);
+      }
+    } else {
+      format_values(out, values, shape, dim + 1, offset + i * inner, inner);
+    }
+    if (i + 1 < n) out += ", ";
+  }
+  out += ']';
+}
+}  // namespace
+
+std::string Tensor::str() const {
+  std::string values;
+  if (dtype() == DType::Float32) {
+    format_values(values, to_vector<float>(), shape(), 0, 0, numel());
+  } else {
+    format_values(values, to_vector<int64_t>(), shape(), 0, 0, numel());
+  }
+  std::string extra;
+  if (dtype() != DType::Float32) extra += fmt::format(", dtype={}", dtype());
+  if (!device().is_cpu()) extra += fmt::format(", device={}", device());
+  if (requires_grad()) extra += ", requires_grad=true";
+  return fmt::format("tensor({}, shape={}{})", values, shape(), extra);
+}
+
+Tensor& Tensor::set_requires_grad(bool requires_grad) {
+  MG_CHECK(!requires_grad || dtype() == DType::Float32,
+           "set_requires_grad: only float32 tensors can require gradients, got {}", dtype());
+  MG_CHECK(is_leaf() || requires_grad,
+           "set_requires_grad: cannot turn off gradients of a non-leaf tensor; use detach()");
+  checked().autograd.requires_grad = requires_grad;
+  return *this;
+}
+
+Tensor Tensor::grad() const {
+  const auto& g = checked().autograd.grad;
+  return g ? Tensor(g) : Tensor();
+}
+
+void Tensor::set_grad(const Tensor& grad) const {
+  if (grad.defined()) {
+    MG_CHECK(grad.shape() == shape() && grad.device() == device() && grad.dtype() == dtype(),
+             "set_grad: gradient of shape {} ({}, {}) does not match tensor of shape {} ({}, {})",
+             grad.shape(), grad.dtype(), grad.device(), shape(), dtype(), device());
+  }
+  checked().autograd.grad = grad.impl_ptr();
+}
+
+Tensor Tensor::detach() const {
+  return ops::as_strided(*this, shape(), strides(), storage_offset());
+}
+
+void Tensor::register_post_accumulate_grad_hook(std::function<void(Tensor&)> hook) const {
+  MG_CHECK(is_leaf() && requires_grad(),
+           "register_post_accumulate_grad_hook: only leaf tensors that require grad accumulate "
+           "gradients");
+  checked().autograd.post_accumulate_grad_hooks.push_back(std::move(hook));
+}
+
+}  // namespace mg

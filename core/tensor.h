@@ -1,0 +1,187 @@
+// Tensor: a view (shape, strides, offset) of a refcounted Storage, plus the autograd
+// state of that view: requires_grad, grad, and grad_fn (the Node that produced it).
+//
+// A Tensor is a cheap handle (one shared_ptr); copies share the same tensor, as in
+// PyTorch. Views (reshape, transpose, narrow, chunk) share storage; contiguous(), to()
+// and the arithmetic ops allocate.
+//
+// The differentiable methods below (to, reshape, t, sum, operators, ...) are defined in
+// autograd/, next to their gradients; the data-level ones in core/tensor.cpp.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <minigrad/core/device.h>
+#include <minigrad/core/dtype.h>
+#include <minigrad/core/error.h>
+#include <minigrad/core/shape.h>
+#include <minigrad/core/storage.h>
+
+namespace mg {
+
+class Node;  // autograd/node.h
+class Tensor;
+
+// What autograd keeps for one tensor. Leaves accumulate into `grad`; non-leaves point
+// at the Node that made them (`grad_fn`) and which of its outputs they are.
+struct AutogradMeta {
+  bool requires_grad = false;
+  std::shared_ptr<class TensorImpl> grad;
+  std::shared_ptr<Node> grad_fn;
+  uint32_t output_nr = 0;
+  // Called after backward accumulated into this leaf's grad (DDP launches buckets here).
+  std::vector<std::function<void(Tensor&)>> post_accumulate_grad_hooks;
+  // A leaf's gradient accumulator is created once and shared by every graph using it.
+  std::weak_ptr<Node> grad_accumulator;
+};
+
+class TensorImpl {
+ public:
+  TensorImpl(Storage storage_, Shape shape_, std::vector<int64_t> strides_, int64_t offset_,
+             DType dtype_)
+      : storage(std::move(storage_)), shape(std::move(shape_)), strides(std::move(strides_)),
+        offset(offset_), dtype(dtype_) {}
+
+  Storage storage;
+  Shape shape;
+  std::vector<int64_t> strides;  // in elements
+  int64_t offset;                // in elements, from storage.data()
+  DType dtype;
+  AutogradMeta autograd;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return impl_ != nullptr; }
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+
+  // ---- metadata ----
+  const Shape& shape() const { return checked().shape; }
+  const std::vector<int64_t>& strides() const { return checked().strides; }
+  int64_t dim() const { return shape().dim(); }
+  int64_t numel() const { return shape().numel(); }
+  int64_t size(int64_t d) const;
+  int64_t stride(int64_t d) const;
+  int64_t storage_offset() const { return checked().offset; }
+  DType dtype() const { return checked().dtype; }
+  Device device() const { return checked().storage.device(); }
+  const Storage& storage() const { return checked().storage; }
+  bool is_contiguous() const;
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * element_size(dtype()); }
+
+  // Pointer to the first element (storage + offset). Device memory on CUDA.
+  void* data_ptr() const;
+  template <typename T>
+  T* data() const {
+    MG_CHECK(dtype() == dtype_of<T>(), "Tensor::data: tensor is {}, asked for {}", dtype(),
+             dtype_of<T>());
+    return static_cast<T*>(data_ptr());
+  }
+
+  // ---- values (copies to the host when needed; waits for the device) ----
+  template <typename T>
+  T item() const;
+  template <typename T>
+  std::vector<T> to_vector() const;
+  std::string str() const;  // values, shape, dtype, device
+
+  // ---- autograd ----
+  bool requires_grad() const { return checked().autograd.requires_grad; }
+  Tensor& set_requires_grad(bool requires_grad);
+  // A leaf: made by the user, not by a differentiable op. Only leaves accumulate grad.
+  bool is_leaf() const { return checked().autograd.grad_fn == nullptr; }
+  Tensor grad() const;
+  void set_grad(const Tensor& grad) const;
+  const std::shared_ptr<Node>& grad_fn() const { return checked().autograd.grad_fn; }
+  uint32_t output_nr() const { return checked().autograd.output_nr; }
+  // Runs backward from this tensor. Gradients *accumulate* into leaves' grad(): zero
+  // them before each step (Module::zero_grad / SGD::zero_grad).
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+  // Shares storage, but is a new leaf cut off from the graph.
+  Tensor detach() const;
+  void register_post_accumulate_grad_hook(std::function<void(Tensor&)> hook) const;
+
+  // ---- differentiable views and copies (autograd/) ----
+  Tensor to(Device device) const;
+  Tensor reshape(const Shape& shape) const;  // a view when strides allow, else a copy
+  Tensor view(const Shape& shape) const;     // always a view, or an mg::Error
+  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  Tensor t() const;
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  Tensor contiguous() const;
+  Tensor expand(const Shape& shape) const;  // broadcast view (stride 0)
+
+  // ---- differentiable math (autograd/) ----
+  Tensor sum() const;
+  Tensor sum(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  Tensor mean() const;
+  Tensor mean(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  Tensor matmul(const Tensor& other) const;
+  Tensor relu() const;
+  Tensor exp() const;
+  Tensor log() const;
+  Tensor neg() const;
+  Tensor log_softmax(int64_t dim = -1) const;
+  Tensor argmax(int64_t dim = -1) const;  // int64, not differentiable
+
+  // ---- in-place, outside the graph (optimizers, initialisation) ----
+  // Refused on a leaf that requires grad while grad mode is on, as in PyTorch.
+  Tensor& copy_(const Tensor& src);
+  Tensor& fill_(double value);
+  Tensor& zero_() { return fill_(0.0); }
+  Tensor& add_(const Tensor& other, double alpha = 1.0);
+  Tensor& mul_(double value);
+  Tensor& mul_(const Tensor& other);
+  Tensor& uniform_(double low, double high);
+  Tensor& normal_(double mean = 0.0, double stddev = 1.0);
+
+ private:
+  TensorImpl& checked() const {
+    MG_CHECK(impl_ != nullptr, "Tensor: use of an undefined tensor");
+    return *impl_;
+  }
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// ---- creation (core/factory.cpp) ----
+Tensor empty(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
+Tensor zeros(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
+Tensor ones(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
+Tensor full(const Shape& shape, double value, DType dtype = DType::Float32,
+            Device device = Device::cpu());
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor empty_like(const Tensor& t);
+Tensor arange(double end, DType dtype = DType::Int64, Device device = Device::cpu());
+Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::Int64,
+              Device device = Device::cpu());
+Tensor from_vector(const std::vector<float>& values, const Shape& shape,
+                   Device device = Device::cpu());
+Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
+                   Device device = Device::cpu());
+Tensor scalar_tensor(double value, DType dtype = DType::Float32, Device device = Device::cpu());
+// Random tensors from the default generator (seed it with manual_seed).
+Tensor rand(const Shape& shape, Device device = Device::cpu());   // uniform [0, 1)
+Tensor randn(const Shape& shape, Device device = Device::cpu());  // standard normal
+// Uniform int64 values in [low, high).
+Tensor randint(int64_t low, int64_t high, const Shape& shape, Device device = Device::cpu());
+
+}  // namespace mg
+
+template <>
+struct fmt::formatter<mg::Tensor> : fmt::formatter<std::string_view> {
+  template <typename Ctx>
+  auto format(const mg::Tensor& t, Ctx& ctx) const {
+    return fmt::formatter<std::string_view>::format(t.defined() ? t.str() : "Tensor(undefined)",
+                                                   ctx);
+  }
+};
