@@ -10,3 +10,6 @@
 #include <minigrad/core/shape.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/core/tensor.h>
+#include <minigrad/nn/init.h>
+#include <minigrad/nn/layers.h>
+#include <minigrad/nn/module.h>

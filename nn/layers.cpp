@@ -1,0 +1,66 @@
+#include <minigrad/nn/layers.h>
+
+#include <cmath>
+
+#include <minigrad/autograd/functions.h>
+#include <minigrad/autograd/grad_mode.h>
+#include <minigrad/nn/init.h>
+
+namespace mg::nn {
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
+    : Cloneable<Linear>("Linear"),
+      in_features_(in_features),
+      out_features_(out_features),
+      has_bias_(bias) {
+  MG_CHECK(in_features > 0 && out_features > 0,
+           "Linear: in_features and out_features must be positive, got {} and {}", in_features,
+           out_features);
+  register_parameter("weight", empty(Shape{out_features, in_features}));
+  if (bias) register_parameter("bias", empty(Shape{out_features}));
+  reset_parameters();
+}
+
+void Linear::reset_parameters() {
+  init::kaiming_uniform_(weight(), std::sqrt(5.0));
+  if (has_bias_) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in_features_));
+    init::uniform_(bias(), -bound, bound);
+  }
+}
+
+Tensor Linear::forward(const Tensor& input) {
+  return linear(input, weight(), has_bias_ ? bias() : Tensor());
+}
+
+std::string Linear::extra_repr() const {
+  return fmt::format("in_features={}, out_features={}, bias={}", in_features_, out_features_,
+                     has_bias_);
+}
+
+Tensor ReLU::forward(const Tensor& input) { return relu(input); }
+
+Sequential::Sequential(std::initializer_list<ModulePtr> modules) : Sequential() {
+  for (const ModulePtr& m : modules) push_back(m);
+}
+
+void Sequential::push_back(ModulePtr module) {
+  register_module(std::to_string(size()), std::move(module));
+}
+
+ModulePtr Sequential::operator[](size_t index) const {
+  MG_CHECK(index < size(), "Sequential: index {} out of range for {} modules", index, size());
+  return named_children()[index].second;
+}
+
+Tensor Sequential::forward(const Tensor& input) {
+  Tensor x = input;
+  for (const auto& child : named_children()) x = child.second->forward(x);
+  return x;
+}
+
+Tensor CrossEntropyLoss::forward(const Tensor& logits, const Tensor& targets) const {
+  return cross_entropy(logits, targets);
+}
+
+}  // namespace mg::nn

@@ -1,0 +1,56 @@
+// The layers of an MLP: Linear, ReLU, Sequential; and the CrossEntropyLoss criterion.
+#pragma once
+
+#include <initializer_list>
+
+#include <minigrad/nn/module.h>
+
+namespace mg::nn {
+
+// y = x W^T + b, with W of shape [out_features, in_features], initialised as PyTorch:
+// W ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming-uniform, a = sqrt(5)), b ~ U(-1/sqrt(in), 1/sqrt(in)).
+class Linear : public Cloneable<Linear> {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  Tensor& weight() { return parameter("weight"); }
+  Tensor& bias() { return parameter("bias"); }  // mg::Error when built without bias
+  bool has_bias() const { return has_bias_; }
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+  void reset_parameters();
+
+ private:
+  int64_t in_features_, out_features_;
+  bool has_bias_;
+};
+
+class ReLU : public Cloneable<ReLU> {
+ public:
+  ReLU() : Cloneable<ReLU>("ReLU") {}
+  Tensor forward(const Tensor& input) override;
+};
+
+// Runs its children in order, each one's output the next one's input.
+class Sequential : public Cloneable<Sequential> {
+ public:
+  Sequential() : Cloneable<Sequential>("Sequential") {}
+  Sequential(std::initializer_list<ModulePtr> modules);
+  Tensor forward(const Tensor& input) override;
+  void push_back(ModulePtr module);
+  size_t size() const { return named_children().size(); }
+  ModulePtr operator[](size_t index) const;
+};
+
+// Mean cross-entropy of [batch, classes] logits against int64 class indices.
+class CrossEntropyLoss {
+ public:
+  Tensor forward(const Tensor& logits, const Tensor& targets) const;
+  Tensor operator()(const Tensor& logits, const Tensor& targets) const {
+    return forward(logits, targets);
+  }
+};
+
+}  // namespace mg::nn

@@ -1,0 +1,206 @@
+#include <minigrad/nn/module.h>
+
+#include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/ops.h>
+
+namespace mg::nn {
+namespace {
+
+NamedTensor* find(std::vector<NamedTensor>& entries, const std::string& name) {
+  for (auto& e : entries)
+    if (e.first == name) return &e;
+  return nullptr;
+}
+
+}  // namespace
+
+Tensor& Module::register_parameter(const std::string& name, Tensor tensor, bool requires_grad) {
+  MG_CHECK(!name.empty() && name.find('.') == std::string::npos,
+           "register_parameter: invalid name '{}' in {} (names are non-empty, without '.')", name,
+           type_name_);
+  MG_CHECK(find(parameters_, name) == nullptr && find(buffers_, name) == nullptr,
+           "register_parameter: {} already has an entry named '{}'", type_name_, name);
+  MG_CHECK(tensor.defined(), "register_parameter: '{}' in {} is an undefined tensor", name,
+           type_name_);
+  tensor.set_requires_grad(requires_grad);
+  parameters_.emplace_back(name, std::move(tensor));
+  return parameters_.back().second;
+}
+
+Tensor& Module::register_buffer(const std::string& name, Tensor tensor) {
+  MG_CHECK(!name.empty() && name.find('.') == std::string::npos,
+           "register_buffer: invalid name '{}' in {}", name, type_name_);
+  MG_CHECK(find(parameters_, name) == nullptr && find(buffers_, name) == nullptr,
+           "register_buffer: {} already has an entry named '{}'", type_name_, name);
+  buffers_.emplace_back(name, std::move(tensor));
+  return buffers_.back().second;
+}
+
+void Module::add_child(const std::string& name, ModulePtr module) {
+  MG_CHECK(module != nullptr, "register_module: '{}' in {} is null", name, type_name_);
+  MG_CHECK(!name.empty() && name.find('.') == std::string::npos,
+           "register_module: invalid name '{}' in {}", name, type_name_);
+  for (const auto& c : children_)
+    MG_CHECK(c.first != name, "register_module: {} already has a child named '{}'", type_name_,
+             name);
+  children_.emplace_back(name, std::move(module));
+}
+
+Tensor& Module::parameter(const std::string& name) {
+  std::string leaf;
+  Module& owner = owner_of(name, leaf);
+  NamedTensor* e = find(owner.parameters_, leaf);
+  MG_CHECK(e != nullptr, "{} has no parameter named '{}'", type_name_, name);
+  return e->second;
+}
+
+const Tensor& Module::parameter(const std::string& name) const {
+  return const_cast<Module*>(this)->parameter(name);
+}
+
+Tensor& Module::buffer(const std::string& name) {
+  std::string leaf;
+  Module& owner = owner_of(name, leaf);
+  NamedTensor* e = find(owner.buffers_, leaf);
+  MG_CHECK(e != nullptr, "{} has no buffer named '{}'", type_name_, name);
+  return e->second;
+}
+
+ModulePtr Module::child(const std::string& name) const {
+  for (const auto& c : children_)
+    if (c.first == name) return c.second;
+  MG_FAIL("{} has no child module named '{}'", type_name_, name);
+}
+
+Module& Module::owner_of(const std::string& dotted_name, std::string& leaf_name) {
+  const auto dot = dotted_name.find('.');
+  if (dot == std::string::npos) {
+    leaf_name = dotted_name;
+    return *this;
+  }
+  return child(dotted_name.substr(0, dot))->owner_of(dotted_name.substr(dot + 1), leaf_name);
+}
+
+void Module::set_parameter(const std::string& dotted_name, Tensor tensor) {
+  parameter(dotted_name) = std::move(tensor);
+}
+
+void Module::set_buffer(const std::string& dotted_name, Tensor tensor) {
+  buffer(dotted_name) = std::move(tensor);
+}
+
+void Module::collect(const std::string& prefix, bool params, bool recurse,
+                     std::vector<NamedTensor>& out) const {
+  for (const auto& e : params ? parameters_ : buffers_) out.emplace_back(prefix + e.first, e.second);
+  if (!recurse) return;
+  for (const auto& c : children_) c.second->collect(prefix + c.first + ".", params, true, out);
+}
+
+std::vector<NamedTensor> Module::named_parameters(bool recurse) const {
+  std::vector<NamedTensor> out;
+  collect("", true, recurse, out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& e : named_parameters(recurse)) out.push_back(e.second);
+  return out;
+}
+
+std::vector<NamedTensor> Module::named_buffers(bool recurse) const {
+  std::vector<NamedTensor> out;
+  collect("", false, recurse, out);
+  return out;
+}
+
+std::vector<Tensor> Module::buffers(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& e : named_buffers(recurse)) out.push_back(e.second);
+  return out;
+}
+
+std::vector<ModulePtr> Module::children() const {
+  std::vector<ModulePtr> out;
+  for (const auto& c : children_) out.push_back(c.second);
+  return out;
+}
+
+std::vector<std::pair<std::string, const Module*>> Module::named_modules() const {
+  std::vector<std::pair<std::string, const Module*>> out{{"", this}};
+  for (const auto& c : children_)
+    for (auto& [name, m] : c.second->named_modules())
+      out.emplace_back(name.empty() ? c.first : c.first + "." + name, m);
+  return out;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& c : children_) c.second->train(on);
+}
+
+void Module::to(Device device) {
+  NoGradGuard no_grad;
+  for (auto& e : parameters_) {
+    Tensor& p = e.second;
+    if (p.device() == device) continue;
+    const Tensor grad = p.grad();
+    Tensor moved = ops::copy_to(p, device);
+    moved.set_requires_grad(p.requires_grad());
+    if (grad.defined()) moved.set_grad(ops::copy_to(grad, device));
+    p = moved;
+  }
+  for (auto& e : buffers_)
+    if (e.second.device() != device) e.second = ops::copy_to(e.second, device);
+  for (auto& c : children_) c.second->to(device);
+}
+
+void Module::zero_grad(bool set_to_none) {
+  for (Tensor& p : parameters()) {
+    if (!p.grad().defined()) continue;
+    if (set_to_none) {
+      p.set_grad(Tensor());
+    } else {
+      Tensor g = p.grad();
+      backend(g.device()).fill(g, 0.0);
+    }
+  }
+}
+
+ModulePtr Module::shallow_clone() const {
+  ModulePtr copy = copy_node();
+  for (auto& c : copy->children_) c.second = c.second->shallow_clone();
+  return copy;
+}
+
+ModulePtr Module::clone(Device device) const {
+  NoGradGuard no_grad;
+  ModulePtr copy = copy_node();
+  for (auto& e : copy->parameters_) {
+    Tensor fresh = ops::copy_to(e.second, device);
+    fresh.set_requires_grad(e.second.requires_grad());
+    e.second = fresh;
+  }
+  for (auto& e : copy->buffers_) e.second = ops::copy_to(e.second, device);
+  for (auto& c : copy->children_) c.second = c.second->clone(device);
+  return copy;
+}
+
+ModulePtr Module::clone() const {
+  const auto params = parameters();
+  return clone(params.empty() ? Device::cpu() : params.front().device());
+}
+
+std::string Module::str_indented(int indent) const {
+  std::string s = type_name_ + "(" + extra_repr();
+  if (children_.empty()) return s + ")";
+  const std::string pad(static_cast<size_t>(indent + 2), ' ');
+  s += "\n";
+  for (const auto& c : children_)
+    s += pad + "(" + c.first + "): " + c.second->str_indented(indent + 2) + "\n";
+  return s + std::string(static_cast<size_t>(indent), ' ') + ")";
+}
+
+std::string Module::str() const { return str_indented(0); }
+
+}  // namespace mg::nn

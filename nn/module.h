@@ -1,0 +1,118 @@
+// nn::Module: a tree of modules, each owning named parameters and buffers.
+//
+// As in PyTorch, parameters live in the module's registry (an ordered list of names),
+// and subclasses read them through it (Linear::weight() is parameter("weight")). That
+// is what lets clone() and DataParallel's replicate() build a copy of the tree and swap
+// in other tensors without the subclass knowing.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <minigrad/core/device.h>
+#include <minigrad/core/tensor.h>
+
+namespace mg::nn {
+
+class Module;
+using ModulePtr = std::shared_ptr<Module>;
+using NamedTensor = std::pair<std::string, Tensor>;
+using NamedModule = std::pair<std::string, ModulePtr>;
+
+class Module {
+ public:
+  explicit Module(std::string type_name = "Module") : type_name_(std::move(type_name)) {}
+  virtual ~Module() = default;
+
+  // The one-input interface every module implements.
+  virtual Tensor forward(const Tensor& input) = 0;
+  Tensor operator()(const Tensor& input) { return forward(input); }
+
+  // ---- registration ----
+  Tensor& register_parameter(const std::string& name, Tensor tensor, bool requires_grad = true);
+  Tensor& register_buffer(const std::string& name, Tensor tensor);
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    add_child(name, module);
+    return module;
+  }
+
+  // ---- lookup: own entries by name; dotted names ("layers.0.weight") reach children ----
+  Tensor& parameter(const std::string& name);
+  const Tensor& parameter(const std::string& name) const;
+  Tensor& buffer(const std::string& name);
+  ModulePtr child(const std::string& name) const;
+  // Replaces an existing parameter or buffer (dotted name) with another tensor.
+  void set_parameter(const std::string& dotted_name, Tensor tensor);
+  void set_buffer(const std::string& dotted_name, Tensor tensor);
+
+  // ---- traversal, in registration order (children after own entries) ----
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  std::vector<NamedTensor> named_parameters(bool recurse = true) const;
+  std::vector<Tensor> buffers(bool recurse = true) const;
+  std::vector<NamedTensor> named_buffers(bool recurse = true) const;
+  std::vector<ModulePtr> children() const;
+  const std::vector<NamedModule>& named_children() const { return children_; }
+  // This module (named "") and every descendant, depth first.
+  std::vector<std::pair<std::string, const Module*>> named_modules() const;
+
+  // ---- state ----
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  // Moves every parameter and buffer to `device` in place (parameters stay leaves and
+  // keep requires_grad; existing gradients move with them).
+  void to(Device device);
+  // Gradients of all parameters: cleared (set_to_none) or filled with zeros.
+  void zero_grad(bool set_to_none = true);
+
+  // ---- copies ----
+  // A deep copy on `device`: new parameter and buffer tensors (leaves, same
+  // requires_grad), no gradients.
+  ModulePtr clone(Device device) const;
+  ModulePtr clone() const;
+  // A copy of the module tree whose parameters and buffers are the same tensors as
+  // this one's; replicate() then swaps in the broadcast copies.
+  ModulePtr shallow_clone() const;
+
+  // ---- printing, as PyTorch: Sequential(\n  (0): Linear(in_features=...) ...) ----
+  const std::string& type_name() const { return type_name_; }
+  virtual std::string extra_repr() const { return ""; }
+  std::string str() const;
+
+ protected:
+  Module(const Module&) = default;
+  Module& operator=(const Module&) = default;
+  // A copy of this object alone (registries copied as handles); see Cloneable.
+  virtual ModulePtr copy_node() const = 0;
+
+ private:
+  void add_child(const std::string& name, ModulePtr module);
+  Module& owner_of(const std::string& dotted_name, std::string& leaf_name);
+  void collect(const std::string& prefix, bool params, bool recurse,
+               std::vector<NamedTensor>& out) const;
+  std::string str_indented(int indent) const;
+
+  std::string type_name_;
+  std::vector<NamedTensor> parameters_;
+  std::vector<NamedTensor> buffers_;
+  std::vector<NamedModule> children_;
+  bool training_ = true;
+};
+
+// Subclasses derive from Cloneable<Self> to get copy_node() for free:
+//   class Linear : public nn::Cloneable<Linear> { ... };
+template <typename Derived>
+class Cloneable : public Module {
+ public:
+  using Module::Module;
+
+ protected:
+  ModulePtr copy_node() const override {
+    return std::make_shared<Derived>(static_cast<const Derived&>(*this));
+  }
+};
+
+}  // namespace mg::nn
