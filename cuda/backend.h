@@ -1,0 +1,92 @@
+// CudaBackend: core's Backend interface on NVIDIA GPUs. Registered into the backend
+// table when libminigrad loads; CUDA itself is initialised lazily, on first use.
+//
+// Every op runs on the device of its output, on this thread's current stream of that
+// device, and returns without waiting for the GPU. Only a copy to the host waits (the
+// host reads the values right after).
+//
+// The methods are spread over files by family: backend.cpp (devices, streams, events),
+// backend_copy.cpp (copies), backend_data.cpp (fill, arange, random),
+// backend_math.cpp (elementwise, reductions, softmax, cross-entropy), blas.cpp (matmul).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <minigrad/core/backend.h>
+#include <minigrad/cuda/device.h>
+
+namespace mg::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  DeviceType type() const override { return DeviceType::CUDA; }
+  int device_count() const override;
+  Allocator& allocator(int index) override;
+
+  // backend.cpp
+  int current_device() const override;
+  void set_device(int index) override;
+  Stream current_stream(int index) override;
+  void set_current_stream(const Stream& stream) override;
+  Stream compute_stream(int index) override;
+  Stream copy_stream(int index) override;
+  void synchronize(int index) override;
+  void* event_create(int index) override;
+  void event_destroy(void* event) override;
+  void event_record(void* event, const Stream& stream) override;
+  void event_block(void* event, const Stream& stream) override;
+  void event_synchronize(void* event) override;
+
+  // backend_copy.cpp
+  void copy(const Tensor& dst, const Tensor& src) override;
+  // backend_data.cpp
+  void fill(const Tensor& dst, double value) override;
+  void arange(const Tensor& dst, double start, double step) override;
+  void random_uniform(const Tensor& dst, double low, double high, uint64_t seed,
+                      uint64_t offset) override;
+  void random_normal(const Tensor& dst, double mean, double stddev, uint64_t seed,
+                     uint64_t offset) override;
+
+  // backend_math.cpp
+  void unary(UnaryOp op, const Tensor& out, const Tensor& in) override;
+  void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b,
+              double alpha) override;
+  void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& in, double scalar) override;
+  void relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& input) override;
+  void sum(const Tensor& out, const Tensor& in) override;
+  void argmax(const Tensor& out, const Tensor& in) override;
+  void log_softmax(const Tensor& out, const Tensor& in) override;
+  void log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
+                            const Tensor& output) override;
+  void cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets) override;
+  void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
+                              const Tensor& logits, const Tensor& targets) override;
+
+  // blas.cpp
+  void matmul(const Tensor& out, const Tensor& a, const Tensor& b) override;
+};
+
+CudaBackend& cuda_backend();
+
+// Everything a device needs before its first op (streams, memory pool, the invalid-
+// target flag), created once. Done eagerly on first use so that nothing is created
+// later inside a CUDA graph capture.
+void prepare_device(int index);
+
+// Opened by every op: checks the device, makes it current for this thread for the
+// op's duration (restoring the caller's device after, as PyTorch's device guard does)
+// and finds the thread's current stream there.
+class OpScope {
+ public:
+  explicit OpScope(int device);
+  explicit OpScope(const Tensor& tensor) : OpScope(tensor.device().index()) {}
+  cudaStream_t stream() const { return stream_; }
+  int device() const { return device_; }
+
+ private:
+  int device_;
+  ScopedDevice scoped_device_;
+  cudaStream_t stream_;
+};
+
+}  // namespace mg::cuda

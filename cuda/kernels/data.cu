@@ -1,0 +1,140 @@
+// Strided copies, fills, ranges and random numbers. Random numbers come from the same
+// Philox functions (core/philox.h) as on the CPU, so a seed gives the same tensor on
+// both: uniform values match bit for bit; normal values within a few ulps (CUDA's
+// logf/sinf/cosf are not glibc's).
+#include <cstring>
+
+#include <minigrad/core/philox.h>
+#include <minigrad/cuda/kernels/elementwise_loop.cuh>
+#include <minigrad/cuda/kernels/launch.h>
+
+namespace mg::cuda::kernels {
+namespace {
+
+// Copies move bits: one kernel per element width serves every dtype of that width.
+template <typename Word>
+struct CopyFunctor {
+  Word* dst;
+  const Word* src;
+  template <typename Index>
+  __device__ void operator()(const Index (&o)[2]) const {
+    dst[o[0]] = src[o[1]];
+  }
+};
+
+template <typename T>
+struct FillFunctor {
+  T* dst;
+  T value;
+  template <typename Index>
+  __device__ void operator()(const Index (&o)[1]) const {
+    dst[o[0]] = value;
+  }
+};
+
+template <typename T>
+struct ArangeFunctor {
+  T* dst;
+  double start;
+  double step;
+  template <typename Index>
+  __device__ void operator()(const Index (&o)[1]) const {
+    // Multiply and add rounded separately, as the CPU computes start + step * i.
+    dst[o[0]] = static_cast<T>(__dadd_rn(start, __dmul_rn(step, static_cast<double>(o[0]))));
+  }
+};
+
+struct UniformFunctor {
+  float* dst;
+  float low;
+  float span;
+  uint64_t seed;
+  uint64_t offset;
+  template <typename Index>
+  __device__ void operator()(const Index (&o)[1]) const {
+    const float u = philox::uniform(seed, offset, static_cast<uint64_t>(o[0]));
+    dst[o[0]] = __fadd_rn(low, __fmul_rn(span, u));
+  }
+};
+
+struct NormalFunctor {
+  float* dst;
+  float mean;
+  float stddev;
+  uint64_t seed;
+  uint64_t offset;
+  template <typename Index>
+  __device__ void operator()(const Index (&o)[1]) const {
+    const float z = philox::normal(seed, offset, static_cast<uint64_t>(o[0]));
+    dst[o[0]] = __fadd_rn(mean, __fmul_rn(stddev, z));
+  }
+};
+
+// A contiguous run of `numel` elements.
+StridedIndexer<1> flat(int64_t numel) {
+  StridedIndexer<1> layout;
+  layout.ndim = 1;
+  layout.sizes[0] = numel;
+  layout.strides[0][0] = 1;
+  return layout;
+}
+
+}  // namespace
+
+void strided_copy(std::size_t element_size, void* dst, const void* src,
+                  const StridedIndexer<2>& layout, int64_t numel, cudaStream_t stream) {
+  if (element_size == 4) {
+    launch_elementwise(layout, numel, stream,
+                       CopyFunctor<uint32_t>{static_cast<uint32_t*>(dst),
+                                             static_cast<const uint32_t*>(src)});
+  } else {
+    launch_elementwise(layout, numel, stream,
+                       CopyFunctor<uint64_t>{static_cast<uint64_t*>(dst),
+                                             static_cast<const uint64_t*>(src)});
+  }
+}
+
+void fill(ElementType type, void* dst, double value, int64_t numel, cudaStream_t stream) {
+  if (numel <= 0) return;
+  if (type == ElementType::Float32) {
+    const float v = static_cast<float>(value);
+    uint32_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    if (bits == 0) {  // +0.0f: a memset is the fastest fill there is
+      MG_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(numel) * 4, stream));
+      return;
+    }
+    launch_elementwise(flat(numel), numel, stream, FillFunctor<float>{static_cast<float*>(dst), v});
+  } else {
+    const auto v = static_cast<int64_t>(value);
+    if (v == 0) {
+      MG_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(numel) * 8, stream));
+      return;
+    }
+    launch_elementwise(flat(numel), numel, stream,
+                       FillFunctor<int64_t>{static_cast<int64_t*>(dst), v});
+  }
+}
+
+void arange(ElementType type, void* dst, double start, double step, int64_t numel,
+            cudaStream_t stream) {
+  if (type == ElementType::Float32) {
+    launch_elementwise(flat(numel), numel, stream,
+                       ArangeFunctor<float>{static_cast<float*>(dst), start, step});
+  } else {
+    launch_elementwise(flat(numel), numel, stream,
+                       ArangeFunctor<int64_t>{static_cast<int64_t*>(dst), start, step});
+  }
+}
+
+void random_uniform(float* dst, int64_t numel, float low, float span, uint64_t seed,
+                    uint64_t offset, cudaStream_t stream) {
+  launch_elementwise(flat(numel), numel, stream, UniformFunctor{dst, low, span, seed, offset});
+}
+
+void random_normal(float* dst, int64_t numel, float mean, float stddev, uint64_t seed,
+                   uint64_t offset, cudaStream_t stream) {
+  launch_elementwise(flat(numel), numel, stream, NormalFunctor{dst, mean, stddev, seed, offset});
+}
+
+}  // namespace mg::cuda::kernels

@@ -1,0 +1,104 @@
+// Host-side entry points of the CUDA kernels (cuda/kernels/*.cu). They take raw device
+// pointers and plain layouts, not Tensors, so the .cu files stay free of minigrad's
+// tensor headers; cuda/backend_*.cpp translate Tensors into these calls. Every launch
+// is asynchronous on `stream` and checked with MG_CUDA_CHECK_LAUNCH.
+//
+// Each kernel's reference is the CPU backend (core/cpu/), and tests/cuda compares the
+// two on random inputs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include <minigrad/cuda/kernels/indexing.h>
+
+namespace mg::cuda::kernels {
+
+enum class ElementType { Float32, Int64 };
+enum class UnaryKind { Neg, Exp, Log, Relu };
+enum class BinaryKind { Add, Sub, Mul, Div };
+
+// ---- elementwise.cu ----
+// out = f(in); float32, and int64 for Neg.
+void unary(UnaryKind kind, ElementType type, void* out, const void* in,
+           const StridedIndexer<2>& layout, int64_t numel, cudaStream_t stream);
+// out = a op (alpha * b) for Add/Sub, a op b for Mul/Div. `out` may alias `a`.
+void binary(BinaryKind kind, ElementType type, void* out, const void* a, const void* b,
+            double alpha, const StridedIndexer<3>& layout, int64_t numel, cudaStream_t stream);
+// out = in op scalar. `out` may alias `in`.
+void binary_scalar(BinaryKind kind, ElementType type, void* out, const void* in, double scalar,
+                   const StridedIndexer<2>& layout, int64_t numel, cudaStream_t stream);
+// grad_in = input > 0 ? grad_out : 0
+void relu_backward(float* grad_in, const float* grad_out, const float* input,
+                   const StridedIndexer<3>& layout, int64_t numel, cudaStream_t stream);
+
+// ---- data.cu ----
+// dst = src element for element, any strides (layout operand 0 is dst, 1 is src).
+void strided_copy(std::size_t element_size, void* dst, const void* src,
+                  const StridedIndexer<2>& layout, int64_t numel, cudaStream_t stream);
+void fill(ElementType type, void* dst, double value, int64_t numel, cudaStream_t stream);
+// dst[i] = start + step * i, computed in double and then converted (as on the CPU).
+void arange(ElementType type, void* dst, double start, double step, int64_t numel,
+            cudaStream_t stream);
+// dst[i] = low + span * philox::uniform(seed, offset, i), float arithmetic as on the CPU.
+void random_uniform(float* dst, int64_t numel, float low, float span, uint64_t seed,
+                    uint64_t offset, cudaStream_t stream);
+// dst[i] = mean + stddev * philox::normal(seed, offset, i).
+void random_normal(float* dst, int64_t numel, float mean, float stddev, uint64_t seed,
+                   uint64_t offset, cudaStream_t stream);
+
+// ---- reduce.cu ----
+// A sum seen as out[k] = sum_r in[kept(k) + reduced(r)]: `kept` walks the output
+// elements (in output order), `reduced` the elements summed into each.
+struct SumPlan {
+  StridedIndexer<1> kept;
+  StridedIndexer<1> reduced;
+  int64_t kept_count = 1;
+  int64_t reduced_count = 1;
+};
+// Bytes of temporary device memory sum() needs for this plan (0 for most plans).
+std::size_t sum_scratch_bytes(ElementType type, const SumPlan& plan);
+// out (contiguous, kept_count elements) = the sums. Deterministic: the same inputs
+// give the same bits on every run.
+void sum(ElementType type, void* out, const void* in, const SumPlan& plan, void* scratch,
+         cudaStream_t stream);
+// out[i] = the first j with the largest in[i, j].
+void argmax_rows(int64_t* out, const float* in, int64_t rows, int64_t cols, int64_t row_stride,
+                 int64_t col_stride, cudaStream_t stream);
+
+// ---- softmax.cu ----
+struct MatrixView {
+  const float* data;
+  int64_t row_stride;
+  int64_t col_stride;
+};
+// Where a kernel reports a class index outside [0, classes): the first offending row,
+// its value and the number of classes. Lives in host-mapped memory, read by the host
+// after a synchronisation.
+struct TargetError {
+  int32_t raised;
+  int32_t unused;
+  int64_t row;
+  int64_t value;
+  int64_t classes;
+};
+// out (contiguous [rows, cols]) = in - logsumexp(in, row).
+void log_softmax(float* out, MatrixView in, int64_t rows, int64_t cols, cudaStream_t stream);
+// grad_in (contiguous) = grad_out - exp(output) * rowsum(grad_out).
+void log_softmax_backward(float* grad_in, MatrixView grad_out, MatrixView output, int64_t rows,
+                          int64_t cols, cudaStream_t stream);
+// loss (one float) = mean_i (logsumexp(logits[i]) - logits[i, targets[i]]). A row with an
+// invalid target contributes NaN and is reported through `error`. `row_losses` is a
+// device buffer of `rows` floats.
+void cross_entropy(float* loss, MatrixView logits, const int64_t* targets,
+                   int64_t target_stride, int64_t rows, int64_t cols, float* row_losses,
+                   TargetError* error, cudaStream_t stream);
+// grad (contiguous) = (softmax(logits) - onehot(targets)) * grad_loss[0] / rows. A row with
+// an invalid target gets NaN and is reported through `error`.
+void cross_entropy_backward(float* grad, const float* grad_loss, MatrixView logits,
+                            const int64_t* targets, int64_t target_stride, int64_t rows,
+                            int64_t cols, TargetError* error, cudaStream_t stream);
+
+}  // namespace mg::cuda::kernels

@@ -1,0 +1,243 @@
+// log_softmax and the fused softmax-cross-entropy over the last dim of [rows, classes].
+//
+// A row is handled by a warp when it has up to 1024 classes (8 rows per block), else
+// by a whole block. Every row subtracts its maximum before exponentiating, so logits
+// of 1000 stay finite, and log-probabilities are formed as (x - max) - log(sum), which
+// keeps the precision that x - logsumexp would lose for large logits.
+#include <cmath>
+
+#include <minigrad/cuda/check.h>
+#include <minigrad/cuda/kernels/launch.h>
+
+namespace mg::cuda::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarpRowLimit = 1024;  // rows up to this many classes go to one warp each
+
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+// Reduces `value` over the ThreadsPerRow threads of a row; every one of them gets the
+// result. With a whole block per row, every thread of the block must call this.
+template <int ThreadsPerRow, typename Op>
+__device__ __forceinline__ float row_reduce(float value, Op op) {
+  for (int delta = 16; delta > 0; delta >>= 1)
+    value = op(value, __shfl_xor_sync(0xffffffffu, value, delta));
+  if constexpr (ThreadsPerRow == 32) {
+    return value;
+  } else {
+    __shared__ float warp_values[kThreads / 32];
+    __syncthreads();  // the previous reduction's readers are done with warp_values
+    if (threadIdx.x % 32 == 0) warp_values[threadIdx.x / 32] = value;
+    __syncthreads();
+    float result = warp_values[0];
+    for (int w = 1; w < kThreads / 32; ++w) result = op(result, warp_values[w]);
+    return result;
+  }
+}
+
+// Which row this thread works on, and its position within the row's threads.
+template <int ThreadsPerRow>
+struct RowSlot {
+  int64_t row;
+  int lane;
+  __device__ RowSlot()
+      : row(static_cast<int64_t>(blockIdx.x) * (kThreads / ThreadsPerRow) +
+            threadIdx.x / ThreadsPerRow),
+        lane(static_cast<int>(threadIdx.x % ThreadsPerRow)) {}
+};
+
+// The row's maximum and sum_j exp(x_j - max). A row whose maximum is infinite gets
+// sum 1 so that (x - max) - log(sum) reduces to x - max, as on the CPU.
+template <int ThreadsPerRow>
+__device__ __forceinline__ void row_max_and_sum(const float* x, int64_t col_stride, int64_t cols,
+                                                bool active, int lane, float& max, float& sum) {
+  float m = -INFINITY;
+  if (active)
+    for (int64_t j = lane; j < cols; j += ThreadsPerRow) m = fmaxf(m, x[j * col_stride]);
+  m = row_reduce<ThreadsPerRow>(m, MaxOp{});
+  float s = 0.0f;
+  if (active && !isinf(m))
+    for (int64_t j = lane; j < cols; j += ThreadsPerRow) s += expf(x[j * col_stride] - m);
+  s = row_reduce<ThreadsPerRow>(s, SumOp{});
+  max = m;
+  sum = isinf(m) ? 1.0f : s;
+}
+
+template <int ThreadsPerRow>
+__global__ void __launch_bounds__(kThreads)
+    log_softmax_kernel(float* out, MatrixView in, int64_t rows, int64_t cols) {
+  const RowSlot<ThreadsPerRow> slot;
+  const bool active = slot.row < rows;
+  const float* x = in.data + (active ? slot.row * in.row_stride : 0);
+  float max, sum;
+  row_max_and_sum<ThreadsPerRow>(x, in.col_stride, cols, active, slot.lane, max, sum);
+  if (!active) return;
+  const float log_sum = logf(sum);
+  float* y = out + slot.row * cols;
+  for (int64_t j = slot.lane; j < cols; j += ThreadsPerRow)
+    y[j] = (x[j * in.col_stride] - max) - log_sum;
+}
+
+template <int ThreadsPerRow>
+__global__ void __launch_bounds__(kThreads)
+    log_softmax_backward_kernel(float* grad_in, MatrixView grad_out, MatrixView output,
+                                int64_t rows, int64_t cols) {
+  const RowSlot<ThreadsPerRow> slot;
+  const bool active = slot.row < rows;
+  const float* g = grad_out.data + (active ? slot.row * grad_out.row_stride : 0);
+  const float* y = output.data + (active ? slot.row * output.row_stride : 0);
+  float total = 0.0f;
+  if (active)
+    for (int64_t j = slot.lane; j < cols; j += ThreadsPerRow) total += g[j * grad_out.col_stride];
+  total = row_reduce<ThreadsPerRow>(total, SumOp{});
+  if (!active) return;
+  float* gi = grad_in + slot.row * cols;
+  for (int64_t j = slot.lane; j < cols; j += ThreadsPerRow)
+    gi[j] = g[j * grad_out.col_stride] - expf(y[j * output.col_stride]) * total;
+}
+
+// Records the first invalid target seen (by whichever thread gets there first).
+__device__ void report_invalid_target(TargetError* error, int64_t row, int64_t value,
+                                      int64_t classes) {
+  if (error == nullptr) return;
+  if (atomicCAS(&error->raised, 0, 1) == 0) {
+    error->row = row;
+    error->value = value;
+    error->classes = classes;
+    __threadfence_system();
+  }
+}
+
+template <int ThreadsPerRow>
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_rows_kernel(float* row_losses, MatrixView logits, const int64_t* targets,
+                              int64_t target_stride, int64_t rows, int64_t cols,
+                              TargetError* error) {
+  const RowSlot<ThreadsPerRow> slot;
+  const bool active = slot.row < rows;
+  const float* x = logits.data + (active ? slot.row * logits.row_stride : 0);
+  float max, sum;
+  row_max_and_sum<ThreadsPerRow>(x, logits.col_stride, cols, active, slot.lane, max, sum);
+  if (!active || slot.lane != 0) return;
+  const int64_t target = targets[slot.row * target_stride];
+  if (target < 0 || target >= cols) {
+    report_invalid_target(error, slot.row, target, cols);
+    row_losses[slot.row] = NAN;
+    return;
+  }
+  // logsumexp - x[t] = (max - x[t]) + log(sum)
+  row_losses[slot.row] = (max - x[target * logits.col_stride]) + logf(sum);
+}
+
+// loss = mean of the row losses, added in a fixed order (one block, double accumulator).
+__global__ void __launch_bounds__(kThreads)
+    mean_kernel(float* loss, const float* row_losses, int64_t rows) {
+  double total = 0.0;
+  for (int64_t i = threadIdx.x; i < rows; i += kThreads) total += row_losses[i];
+  for (int delta = 16; delta > 0; delta >>= 1) total += __shfl_down_sync(0xffffffffu, total, delta);
+  __shared__ double warp_totals[kThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_totals[threadIdx.x / 32] = total;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double sum = 0.0;
+    for (int w = 0; w < kThreads / 32; ++w) sum += warp_totals[w];
+    *loss = static_cast<float>(sum / static_cast<double>(rows));
+  }
+}
+
+template <int ThreadsPerRow>
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_backward_kernel(float* grad, const float* grad_loss, MatrixView logits,
+                                  const int64_t* targets, int64_t target_stride, int64_t rows,
+                                  int64_t cols, TargetError* error) {
+  const RowSlot<ThreadsPerRow> slot;
+  const bool active = slot.row < rows;
+  const float* x = logits.data + (active ? slot.row * logits.row_stride : 0);
+  float max, sum;
+  row_max_and_sum<ThreadsPerRow>(x, logits.col_stride, cols, active, slot.lane, max, sum);
+  if (!active) return;
+  const int64_t target = targets[slot.row * target_stride];
+  float* g = grad + slot.row * cols;
+  if (target < 0 || target >= cols) {
+    if (slot.lane == 0) report_invalid_target(error, slot.row, target, cols);
+    for (int64_t j = slot.lane; j < cols; j += ThreadsPerRow) g[j] = NAN;
+    return;
+  }
+  const float scale = *grad_loss / static_cast<float>(rows);
+  const float inverse_sum = 1.0f / sum;
+  for (int64_t j = slot.lane; j < cols; j += ThreadsPerRow) {
+    const float p = expf(x[j * logits.col_stride] - max) * inverse_sum;
+    g[j] = (p - (j == target ? 1.0f : 0.0f)) * scale;
+  }
+}
+
+unsigned row_blocks(int64_t rows, int threads_per_row) {
+  const int64_t rows_per_block = kThreads / threads_per_row;
+  return static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block);
+}
+
+bool warp_per_row(int64_t cols) { return cols <= kWarpRowLimit; }
+
+}  // namespace
+
+void log_softmax(float* out, MatrixView in, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0) return;
+  if (warp_per_row(cols)) {
+    log_softmax_kernel<32><<<row_blocks(rows, 32), kThreads, 0, stream>>>(out, in, rows, cols);
+  } else {
+    log_softmax_kernel<kThreads><<<row_blocks(rows, kThreads), kThreads, 0, stream>>>(out, in, rows,
+                                                                                    cols);
+  }
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+void log_softmax_backward(float* grad_in, MatrixView grad_out, MatrixView output, int64_t rows,
+                          int64_t cols, cudaStream_t stream) {
+  if (rows == 0) return;
+  if (warp_per_row(cols)) {
+    log_softmax_backward_kernel<32><<<row_blocks(rows, 32), kThreads, 0, stream>>>(
+        grad_in, grad_out, output, rows, cols);
+  } else {
+    log_softmax_backward_kernel<kThreads><<<row_blocks(rows, kThreads), kThreads, 0, stream>>>(
+        grad_in, grad_out, output, rows, cols);
+  }
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy(float* loss, MatrixView logits, const int64_t* targets,
+                   int64_t target_stride, int64_t rows, int64_t cols, float* row_losses,
+                   TargetError* error, cudaStream_t stream) {
+  if (rows == 0) return;
+  if (warp_per_row(cols)) {
+    cross_entropy_rows_kernel<32><<<row_blocks(rows, 32), kThreads, 0, stream>>>(
+        row_losses, logits, targets, target_stride, rows, cols, error);
+  } else {
+    cross_entropy_rows_kernel<kThreads><<<row_blocks(rows, kThreads), kThreads, 0, stream>>>(
+        row_losses, logits, targets, target_stride, rows, cols, error);
+  }
+  MG_CUDA_CHECK_LAUNCH();
+  mean_kernel<<<1, kThreads, 0, stream>>>(loss, row_losses, rows);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_backward(float* grad, const float* grad_loss, MatrixView logits,
+                            const int64_t* targets, int64_t target_stride, int64_t rows,
+                            int64_t cols, TargetError* error, cudaStream_t stream) {
+  if (rows == 0) return;
+  if (warp_per_row(cols)) {
+    cross_entropy_backward_kernel<32><<<row_blocks(rows, 32), kThreads, 0, stream>>>(
+        grad, grad_loss, logits, targets, target_stride, rows, cols, error);
+  } else {
+    cross_entropy_backward_kernel<kThreads><<<row_blocks(rows, kThreads), kThreads, 0, stream>>>(
+        grad, grad_loss, logits, targets, target_stride, rows, cols, error);
+  }
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mg::cuda::kernels
