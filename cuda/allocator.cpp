@@ -39,6 +39,13 @@ bool is_shutting_down(cudaError_t status) {
   return status == cudaErrorCudartUnloading || status == cudaErrorContextIsDestroyed;
 }
 
+// True when `nbytes` is more than the current device has in total.
+bool exceeds_device(std::size_t nbytes) {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return false;
+  return nbytes > total_bytes;
+}
+
 }  // namespace
 
 cudaMemPool_t CudaAllocator::pool() {
@@ -75,7 +82,8 @@ void* CudaAllocator::allocate(std::size_t nbytes) {
     MG_CUDA_CHECK(cudaDeviceSynchronize());
     status = cudaMallocFromPoolAsync(&ptr, nbytes, memory_pool, stream);
   }
-  if (status == cudaErrorMemoryAllocation) {
+  if (status == cudaErrorMemoryAllocation || (status != cudaSuccess && exceeds_device(nbytes))) {
+    // (A request larger than the whole device may come back as an invalid argument.)
     (void)cudaGetLastError();
     throw_out_of_memory(nbytes, stream);
   }
