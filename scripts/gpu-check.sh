@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The GPU check: on a machine with an NVIDIA GPU, configure (sm_90 by default), build
+# with all cores, run the whole test suite with the GPU tests, run the benchmarks and a
+# short Fashion-MNIST training run on the GPU when they are there. Logs go to $OUT
+# when it is set (the device tool's result folder), else to build-gpu/gpu-check/.
+#
+#   scripts/gpu-check.sh                 # everything
+#   BUILD_DIR=build-x CUDA_ARCH=80 scripts/gpu-check.sh
+#   SKIP_BENCH=1 SKIP_TRAIN=1 scripts/gpu-check.sh
+#
+# Exits non-zero when the build fails, a test fails, a GPU test was skipped (the GPU
+# was not seen), or the benchmark or training binary fails.
+set -uo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root" || exit 1
+build="${BUILD_DIR:-build-gpu}"
+arch="${CUDA_ARCH:-90}"
+jobs="${JOBS:-$(nproc)}"
+[[ "$jobs" -gt 16 ]] && jobs=16
+logs="${OUT:-$root/$build/gpu-check}"
+mkdir -p "$logs"
+failures=()
+
+say() { echo "gpu-check: $*" | tee -a "$logs/summary.txt"; }
+fail() { failures+=("$1"); say "FAILED: $1"; }
+
+# ---- the machine ----
+{
+  date -u
+  uname -a
+  nvidia-smi || echo "nvidia-smi: not available"
+  nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version 2>/dev/null || echo "nvcc: not on PATH"
+  cmake --version | head -1
+} > "$logs/machine.txt" 2>&1
+say "logs in $logs"
+
+# ---- configure ----
+# The benchmarks need CLI11 and nlohmann-json, which a machine may lack; the tests need
+# neither, so a failed configure is retried without samples and benchmarks.
+configure() {
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+        -DMINIGRAD_CUDA=ON "$@" > "$logs/configure.log" 2>&1
+}
+if ! configure -DMINIGRAD_BUILD_SAMPLES=ON; then
+  say "configure with samples failed (see configure.log); retrying without samples and benchmarks"
+  cp "$logs/configure.log" "$logs/configure-with-samples.log"
+  if ! configure -DMINIGRAD_BUILD_SAMPLES=OFF; then
+    fail "configure"
+    tail -40 "$logs/configure.log"
+    exit 1
+  fi
+fi
+grep "minigrad:" "$logs/configure.log" | tee -a "$logs/summary.txt"
+
+# ---- build ----
+start=$SECONDS
+if ! cmake --build "$build" -j"$jobs" > "$logs/build.log" 2>&1; then
+  fail "build"
+  grep -E "error|Error" "$logs/build.log" | head -40
+  exit 1
+fi
+say "built in $((SECONDS - start)) s; warnings: $(grep -c 'warning' "$logs/build.log" || true)"
+
+# ---- tests: all of them, GPU tests included ----
+start=$SECONDS
+ctest --test-dir "$build" --output-on-failure -j"$jobs" --timeout 600 \
+      --output-junit "$logs/ctest.xml" > "$logs/ctest.log" 2>&1
+ctest_status=$?
+say "ctest finished in $((SECONDS - start)) s: $(grep -E 'tests passed|tests failed' "$logs/ctest.log" | tail -1)"
+[[ $ctest_status -eq 0 ]] || { fail "ctest (see ctest.log)"; grep -E '\*\*\*Failed|\(Failed\)|Timeout' "$logs/ctest.log" | head -40; }
+# On a GPU machine a skipped CUDA test means the GPU was not seen: that is a failure.
+skipped_gpu=$(grep -cE '^\s*[0-9]+ - cuda:.*\(Skipped\)' "$logs/ctest.log")
+if [[ "$skipped_gpu" -gt 0 ]]; then
+  fail "$skipped_gpu CUDA tests were skipped: no GPU visible to the tests"
+fi
+
+# ---- benchmarks ----
+bench="$build/bin/minigrad-bench"
+if [[ -z "${SKIP_BENCH:-}" && -x "$bench" ]]; then
+  : > "$logs/bench.jsonl"
+  for run in "--work tutorial --mode eager" "--work mnist_mlp --mode eager" \
+             "--work mnist_mlp --mode graph" "--work wide_mlp --mode eager" \
+             "--work wide_mlp --mode eager --tf32"; do
+    # shellcheck disable=SC2086
+    if ! timeout 300 "$bench" --device cuda $run >> "$logs/bench.jsonl" 2>> "$logs/bench.log"; then
+      fail "minigrad-bench --device cuda $run (see bench.log)"
+    fi
+  done
+  say "benchmarks: $(wc -l < "$logs/bench.jsonl") results in bench.jsonl"
+  # Side by side with PyTorch when it is installed (it is on the GPU machine).
+  if [[ -x bench/compare.sh ]] && python3 -c "import torch" 2>/dev/null; then
+    timeout 600 bench/compare.sh --device cuda --build "$build" --out "$logs/compare.jsonl" \
+      > "$logs/compare.log" 2>&1 || say "bench/compare.sh failed (see compare.log); not counted"
+  fi
+else
+  say "benchmarks: skipped ($bench not built or SKIP_BENCH set)"
+fi
+
+# ---- a short training run on GPU 0 ----
+train="$build/bin/train_fashion_mnist"
+dataset="${FASHION_MNIST_ROOT:-/usr/share/datasets/fashion-mnist}"
+if [[ -z "${SKIP_TRAIN:-}" && -x "$train" && -d "$dataset" ]]; then
+  if timeout 600 "$train" --devices 0 --epochs 1 > "$logs/train.log" 2>&1; then
+    say "train_fashion_mnist --devices 0 --epochs 1: $(tail -1 "$logs/train.log")"
+  else
+    fail "train_fashion_mnist --devices 0 --epochs 1 (see train.log)"
+  fi
+else
+  say "training: skipped ($train not built, $dataset missing, or SKIP_TRAIN set)"
+fi
+
+if [[ ${#failures[@]} -gt 0 ]]; then
+  say "${#failures[@]} failure(s): ${failures[*]}"
+  exit 1
+fi
+say "all passed"
