@@ -3,6 +3,9 @@
 find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
 find_package(ZLIB REQUIRED)
+# Header-only; parses and writes the JSON header of safetensors checkpoints (nn/serialize.cpp).
+find_package(nlohmann_json 3.2 REQUIRED)
+message(STATUS "minigrad: nlohmann_json ${nlohmann_json_VERSION}")
 
 set(MINIGRAD_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wno-unused-parameter)
 

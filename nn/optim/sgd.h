@@ -1,0 +1,100 @@
+// optim::SGD: stochastic gradient descent with momentum, dampening, weight decay and
+// Nesterov momentum, following torch.optim.SGD's update rule step for step:
+//
+//   d_p = g + weight_decay * p                         (when weight_decay != 0)
+//   buf = d_p                                          (first step: a copy)
+//   buf = momentum * buf + (1 - dampening) * d_p       (later steps)
+//   d_p = nesterov ? d_p + momentum * buf : buf        (when momentum != 0)
+//   p   = p - lr * d_p
+//
+// The update runs as a few in-place tensor ops per parameter (mul_, add_), so it works
+// on whatever device each parameter lives on. One fused kernel per step would be
+// faster; that is a performance change for later, and this version is the reference it
+// must match.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <minigrad/core/tensor.h>
+
+namespace mg::optim {
+
+// Options in torch.optim.SGD's order, so SGDOptions{0.1, 0.9} reads as lr=0.1,
+// momentum=0.9; or chained as in libtorch: SGDOptions(0.1).momentum(0.9).nesterov(true).
+class SGDOptions {
+ public:
+  SGDOptions(double lr, double momentum = 0.0, double dampening = 0.0,  // NOLINT: implicit
+             double weight_decay = 0.0, bool nesterov = false)
+      : lr_(lr),
+        momentum_(momentum),
+        dampening_(dampening),
+        weight_decay_(weight_decay),
+        nesterov_(nesterov) {}
+
+  SGDOptions& lr(double v) { lr_ = v; return *this; }
+  SGDOptions& momentum(double v) { momentum_ = v; return *this; }
+  SGDOptions& dampening(double v) { dampening_ = v; return *this; }
+  SGDOptions& weight_decay(double v) { weight_decay_ = v; return *this; }
+  SGDOptions& nesterov(bool v) { nesterov_ = v; return *this; }
+
+  double lr() const { return lr_; }
+  double momentum() const { return momentum_; }
+  double dampening() const { return dampening_; }
+  double weight_decay() const { return weight_decay_; }
+  bool nesterov() const { return nesterov_; }
+
+  // mg::Error unless lr, momentum and weight_decay are >= 0 (and finite), and, with
+  // nesterov, momentum > 0 and dampening == 0 (PyTorch's rules).
+  void validate() const;
+
+ private:
+  double lr_, momentum_, dampening_, weight_decay_;
+  bool nesterov_;
+};
+
+class SGD {
+ public:
+  // `params` are leaf tensors (Module::parameters()); SGD keeps handles to them and
+  // updates them in place, so the module sees the new values.
+  SGD(std::vector<Tensor> params, SGDOptions options);
+
+  // One update of every parameter that has a gradient; parameters without one are
+  // skipped (and their momentum buffers left as they are), as in PyTorch.
+  void step();
+  // Clears the parameters' gradients (set_to_none) or fills them with zeros.
+  void zero_grad(bool set_to_none = true);
+
+  const std::vector<Tensor>& parameters() const { return params_; }
+  const SGDOptions& options() const { return options_; }
+  // Changes options between steps (a learning-rate schedule); validated as at construction.
+  void set_options(SGDOptions options);
+
+  // The momentum buffer of parameter `index`, undefined before its first step with
+  // momentum.
+  const Tensor& momentum_buffer(size_t index) const;
+
+  // ---- checkpoints ----
+  // What resuming needs to continue bit for bit: "momentum_buffer.<i>" for every
+  // parameter i that has a buffer (PyTorch's state[i]["momentum_buffer"]). The tensors
+  // are the live buffers; save them (nn::save_tensors) before the next step.
+  std::map<std::string, Tensor> state_dict() const;
+  // Restores buffers saved by state_dict() from a checkpoint named `source` (a file name,
+  // for messages). Every key, shape and dtype is checked first, all problems reported in
+  // one mg::Error; only then are the buffers replaced (copied to each parameter's device).
+  // Parameters without a "momentum_buffer.<i>" entry get no buffer, as after construction.
+  void load_state_dict(const std::map<std::string, Tensor>& state,
+                       const std::string& source = "SGD state dict");
+  // The checks of load_state_dict alone: a caller restoring a model and its optimizer
+  // from one checkpoint checks both before changing either.
+  void check_state_dict(const std::map<std::string, Tensor>& state,
+                        const std::string& source = "SGD state dict") const;
+
+ private:
+  std::vector<Tensor> params_;
+  std::vector<Tensor> momentum_buffers_;  // one per parameter; undefined until first used
+  SGDOptions options_;
+};
+
+}  // namespace mg::optim

@@ -1,0 +1,433 @@
+#include <minigrad/nn/serialize.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <system_error>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/ops.h>
+
+// Tensors are written as they sit in memory; the format says little-endian.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "nn/serialize.cpp writes host bytes as safetensors' little-endian data");
+
+namespace mg::nn {
+namespace {
+
+using json = nlohmann::json;
+
+// The reference implementation refuses larger headers too; it bounds what a corrupt
+// length field can make us parse.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr const char* kMetadataKey = "__metadata__";
+
+std::string errno_text(int error) { return std::error_code(error, std::generic_category()).message(); }
+
+const char* dtype_code(DType dtype) { return dtype == DType::Float32 ? "F32" : "I64"; }
+
+// ---------------------------------------------------------------- files
+
+// Closes the descriptor on every path out of a function.
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  int get() const { return fd_; }
+  // Closes now and returns close()'s errno (0 on success): a failed close can mean
+  // lost data, so writers check it.
+  int close() {
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    return rc == 0 ? 0 : errno;
+  }
+
+ private:
+  int fd_;
+};
+
+// 0, or the errno of the write that failed. write() may write less than asked.
+int write_all(int fd, const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+// The directory holding `path`, to fsync after a rename so the new name itself is durable.
+std::string directory_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// Writes `bytes` to "<path>.tmp.<pid>", fsyncs it, and renames it over `path`. On any
+// failure the temporary file is removed and `path` is left as it was.
+void write_atomically(const char* op, const std::string& path, const std::string& bytes) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  FileDescriptor fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  MG_CHECK(fd.get() >= 0, "{}: cannot write '{}': creating the temporary file '{}' failed: {}",
+           op, path, tmp, errno_text(errno));
+
+  int error = write_all(fd.get(), bytes);
+  std::string step = fmt::format("writing the temporary file '{}'", tmp);
+  if (error == 0 && ::fsync(fd.get()) != 0) {
+    error = errno;
+    step = fmt::format("flushing (fsync) the temporary file '{}'", tmp);
+  }
+  const int close_error = fd.close();
+  if (error == 0 && close_error != 0) {
+    error = close_error;
+    step = fmt::format("closing the temporary file '{}'", tmp);
+  }
+  if (error == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    error = errno;
+    step = fmt::format("renaming the temporary file '{}' over it", tmp);
+  }
+  if (error != 0) {
+    ::unlink(tmp.c_str());
+    MG_FAIL("{}: cannot write '{}': {} failed: {} ('{}' was not changed)", op, path, step,
+            errno_text(error), path);
+  }
+
+  // The data is in place; syncing the directory makes the rename survive a power cut.
+  // Some file systems refuse fsync on directories, which is no reason to fail the save.
+  FileDescriptor dir(::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir.get() >= 0) ::fsync(dir.get());
+}
+
+std::string read_whole_file(const char* op, const std::string& path) {
+  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  MG_CHECK(fd.get() >= 0, "{}: cannot open '{}': {}", op, path, errno_text(errno));
+  struct stat st {};
+  MG_CHECK(::fstat(fd.get(), &st) == 0, "{}: cannot stat '{}': {}", op, path, errno_text(errno));
+  MG_CHECK(S_ISREG(st.st_mode), "{}: '{}' is not a regular file", op, path);
+
+  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    MG_CHECK(n >= 0, "{}: reading '{}' failed: {}", op, path, errno_text(errno));
+    if (n == 0) break;  // the file shrank while we read; the checks below see it short
+    done += static_cast<size_t>(n);
+  }
+  bytes.resize(done);
+  return bytes;
+}
+
+// ---------------------------------------------------------------- encoding
+
+std::string encode(const char* op, const std::string& path, const TensorDict& tensors,
+                   const Metadata& metadata) {
+  json header = json::object();
+  std::vector<Tensor> host_tensors;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    MG_CHECK(!name.empty() && name != kMetadataKey,
+             "{}: cannot write '{}': invalid tensor name '{}'", op, path, name);
+    MG_CHECK(tensor.defined(), "{}: cannot write '{}': tensor '{}' is undefined", op, path, name);
+    const Tensor host =
+        ops::contiguous(tensor.device().is_cpu() ? tensor : ops::copy_to(tensor, Device::cpu()));
+    const uint64_t size = host.nbytes();
+    header[name] = {{"dtype", dtype_code(host.dtype())},
+                    {"shape", host.shape().sizes()},
+                    {"data_offsets", {offset, offset + size}}};
+    offset += size;
+    host_tensors.push_back(host);
+  }
+  if (!metadata.empty()) header[kMetadataKey] = metadata;
+
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const json::exception& e) {  // names that are not valid UTF-8
+    MG_FAIL("{}: cannot write '{}': the header cannot be written as JSON: {}", op, path, e.what());
+  }
+  // Pad with spaces so the data starts 8-byte aligned, as the reference writer does.
+  text.append((8 - text.size() % 8) % 8, ' ');
+
+  std::string out;
+  out.reserve(8 + text.size() + offset);
+  const uint64_t header_size = text.size();
+  out.append(reinterpret_cast<const char*>(&header_size), 8);
+  out += text;
+  for (const Tensor& t : host_tensors)
+    out.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+  return out;
+}
+
+// ---------------------------------------------------------------- decoding
+
+[[noreturn]] void corrupt(const char* op, const std::string& path, const std::string& fault) {
+  MG_FAIL("{}: '{}' is not a valid safetensors file: {}", op, path, fault);
+}
+
+// A JSON array of non-negative integers, or a fault naming `what`.
+std::vector<uint64_t> unsigned_list(const char* op, const std::string& path, const json& value,
+                                    const std::string& what) {
+  bool ok = value.is_array();
+  if (ok)
+    for (const json& v : value) ok = ok && v.is_number_unsigned();
+  if (!ok) corrupt(op, path, fmt::format("{} is {}, not a list of non-negative integers", what,
+                                         value.dump()));
+  std::vector<uint64_t> out;
+  for (const json& v : value) out.push_back(v.get<uint64_t>());
+  return out;
+}
+
+Checkpoint decode(const char* op, const std::string& path, const std::string& bytes) {
+  if (bytes.size() < 8)
+    corrupt(op, path, fmt::format("the file has {} bytes, fewer than the 8 of the header length "
+                                  "(truncated?)",
+                                  bytes.size()));
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, bytes.data(), 8);
+  const uint64_t rest = bytes.size() - 8;
+  if (header_size > rest)
+    corrupt(op, path, fmt::format("the header length {} is larger than the {} bytes that follow "
+                                  "it (truncated, or not a safetensors file)",
+                                  header_size, rest));
+  if (header_size > kMaxHeaderBytes)
+    corrupt(op, path, fmt::format("the header length {} exceeds the limit of {} bytes",
+                                  header_size, kMaxHeaderBytes));
+
+  const char* header_begin = bytes.data() + 8;
+  json header;
+  try {
+    header = json::parse(header_begin, header_begin + header_size);
+  } catch (const json::exception& e) {
+    corrupt(op, path, fmt::format("its JSON header does not parse: {}", e.what()));
+  }
+  if (!header.is_object())
+    corrupt(op, path, fmt::format("its JSON header is a JSON {}, not an object", header.type_name()));
+
+  const char* data = header_begin + header_size;
+  const uint64_t data_size = rest - header_size;
+
+  struct Entry {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  Checkpoint checkpoint;
+  for (const auto& [name, info] : header.items()) {
+    if (name == kMetadataKey) {
+      if (!info.is_object())
+        corrupt(op, path, fmt::format("__metadata__ is a JSON {}, not an object", info.type_name()));
+      for (const auto& [key, value] : info.items()) {
+        if (!value.is_string())
+          corrupt(op, path, fmt::format("__metadata__ entry '{}' is {}, not a string", key,
+                                        value.dump()));
+        checkpoint.metadata[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") ||
+        !info.contains("data_offsets"))
+      corrupt(op, path, fmt::format("the entry of tensor '{}' is {}, not an object with dtype, "
+                                    "shape and data_offsets",
+                                    name, info.dump()));
+
+    const json& code = info["dtype"];
+    DType dtype = DType::Float32;
+    if (code == "F32") {
+      dtype = DType::Float32;
+    } else if (code == "I64") {
+      dtype = DType::Int64;
+    } else {
+      corrupt(op, path, fmt::format("tensor '{}' has dtype {}; minigrad reads F32 and I64", name,
+                                    code.dump()));
+    }
+
+    const auto dims = unsigned_list(op, path, info["shape"], "the shape of tensor '" + name + "'");
+    // numel * element size, refusing sizes that overflow (a corrupt shape).
+    uint64_t size = element_size(dtype);
+    bool overflow = false;
+    std::vector<int64_t> sizes;
+    for (uint64_t d : dims) {
+      overflow = overflow || d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+                 (d != 0 && size > std::numeric_limits<uint64_t>::max() / d);
+      if (!overflow) size *= d;
+      sizes.push_back(static_cast<int64_t>(d));
+    }
+    if (overflow)
+      corrupt(op, path, fmt::format("tensor '{}' has an impossibly large shape {}", name,
+                                    info["shape"].dump()));
+
+    const auto offsets =
+        unsigned_list(op, path, info["data_offsets"], "data_offsets of tensor '" + name + "'");
+    if (offsets.size() != 2 || offsets[0] > offsets[1])
+      corrupt(op, path, fmt::format("tensor '{}' has data_offsets {}, not [begin, end] with begin "
+                                    "<= end",
+                                    name, info["data_offsets"].dump()));
+    if (offsets[1] > data_size)
+      corrupt(op, path, fmt::format("tensor '{}' has data_offsets [{}, {}] beyond the {} bytes of "
+                                    "data (truncated?)",
+                                    name, offsets[0], offsets[1], data_size));
+    if (offsets[1] - offsets[0] != size)
+      corrupt(op, path, fmt::format("tensor '{}' of shape {} and dtype {} needs {} bytes, but its "
+                                    "data_offsets [{}, {}] span {}",
+                                    name, info["shape"].dump(), code.get<std::string>(), size,
+                                    offsets[0], offsets[1], offsets[1] - offsets[0]));
+    entries.push_back({name, dtype, Shape(std::move(sizes)), offsets[0], offsets[1]});
+  }
+
+  // Two tensors sharing bytes is corruption (or an attack); empty tensors own no bytes.
+  std::vector<const Entry*> by_offset;
+  for (const Entry& e : entries)
+    if (e.end > e.begin) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
+    return std::tie(a->begin, a->end) < std::tie(b->begin, b->end);
+  });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const Entry& a = *by_offset[i - 1];
+    const Entry& b = *by_offset[i];
+    if (b.begin < a.end)
+      corrupt(op, path, fmt::format("tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", a.name,
+                                    a.begin, a.end, b.name, b.begin, b.end));
+  }
+
+  for (const Entry& e : entries) {
+    Tensor t = empty(e.shape, e.dtype);
+    if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
+    checkpoint.tensors.emplace(e.name, t);
+  }
+  return checkpoint;
+}
+
+// ---------------------------------------------------------------- module state
+
+void check_module_state(const char* op, const Module& module, const TensorDict& tensors,
+                        const std::string& source) {
+  const TensorDict expected = state_dict(module);
+  std::vector<std::string> missing, unexpected, mismatched;
+  for (const auto& [name, want] : expected) {
+    const auto it = tensors.find(name);
+    if (it == tensors.end()) {
+      missing.push_back(fmt::format("missing key '{}' (shape {}, {})", name, want.shape(),
+                                    want.dtype()));
+      continue;
+    }
+    const Tensor& got = it->second;
+    if (!got.defined()) {
+      mismatched.push_back(fmt::format("'{}' is an undefined tensor", name));
+    } else if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
+      mismatched.push_back(fmt::format("{} mismatch for '{}': shape {} ({}) in {}, shape {} ({}) "
+                                       "in the module",
+                                       got.shape() != want.shape() ? "size" : "dtype", name,
+                                       got.shape(), got.dtype(), source, want.shape(),
+                                       want.dtype()));
+    }
+  }
+  for (const auto& [name, got] : tensors)
+    if (expected.count(name) == 0)
+      unexpected.push_back(got.defined() ? fmt::format("unexpected key '{}' (shape {}, {})", name,
+                                                       got.shape(), got.dtype())
+                                         : fmt::format("unexpected key '{}'", name));
+
+  const size_t count = missing.size() + unexpected.size() + mismatched.size();
+  if (count == 0) return;
+  std::string list;
+  for (const auto* group : {&missing, &unexpected, &mismatched})
+    for (const auto& line : *group) list += "\n  " + line;
+  MG_FAIL("{}: {} does not match {} ({} problem{}; nothing was loaded):{}", op, source,
+          module.type_name(), count, count == 1 ? "" : "s", list);
+}
+
+void load_module_state(const char* op, Module& module, const TensorDict& tensors,
+                       const std::string& source) {
+  check_module_state(op, module, tensors, source);
+  NoGradGuard no_grad;
+  // Move everything onto the destination devices first, so a failing transfer leaves
+  // the module as it was; the copies in place then cannot fail on shape or dtype.
+  std::vector<std::pair<Tensor, Tensor>> copies;
+  for (const auto& [name, dst] : state_dict(module)) {
+    const Tensor& src = tensors.at(name);
+    copies.emplace_back(dst, src.device() == dst.device() ? src : ops::copy_to(src, dst.device()));
+  }
+  for (auto& [dst, src] : copies) dst.copy_(src);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- public API
+
+void Checkpoint::put(const std::string& prefix, const TensorDict& entries) {
+  for (const auto& [name, tensor] : entries) {
+    const bool inserted = tensors.emplace(prefix + name, tensor).second;
+    MG_CHECK(inserted, "Checkpoint::put: the checkpoint already has a tensor named '{}'",
+             prefix + name);
+  }
+}
+
+TensorDict Checkpoint::get(const std::string& prefix) const {
+  TensorDict out;
+  for (auto it = tensors.lower_bound(prefix);
+       it != tensors.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+    out.emplace(it->first.substr(prefix.size()), it->second);
+  return out;
+}
+
+void save_tensors(const TensorDict& tensors, const std::string& path, const Metadata& metadata) {
+  write_atomically("save_tensors", path, encode("save_tensors", path, tensors, metadata));
+}
+
+void save_tensors(const Checkpoint& checkpoint, const std::string& path) {
+  save_tensors(checkpoint.tensors, path, checkpoint.metadata);
+}
+
+Checkpoint load_tensors(const std::string& path) {
+  return decode("load_tensors", path, read_whole_file("load_tensors", path));
+}
+
+TensorDict state_dict(const Module& module) {
+  TensorDict out;
+  for (auto& [name, t] : module.named_parameters()) out.emplace(name, t);
+  for (auto& [name, t] : module.named_buffers()) out.emplace(name, t);
+  return out;
+}
+
+void check_state_dict(const Module& module, const TensorDict& tensors, const std::string& source) {
+  check_module_state("nn::check_state_dict", module, tensors, source);
+}
+
+void load_state_dict(Module& module, const TensorDict& tensors, const std::string& source) {
+  load_module_state("nn::load_state_dict", module, tensors, source);
+}
+
+void save(const Module& module, const std::string& path, const Metadata& metadata) {
+  Metadata meta = metadata;
+  meta.emplace("format", "pt");  // what safetensors.torch.save_file writes
+  write_atomically("nn::save", path, encode("nn::save", path, state_dict(module), meta));
+}
+
+void load(Module& module, const std::string& path) {
+  const Checkpoint checkpoint = decode("nn::load", path, read_whole_file("nn::load", path));
+  load_module_state("nn::load", module, checkpoint.tensors, path);
+}
+
+}  // namespace mg::nn

@@ -1,0 +1,83 @@
+// Checkpoints in the safetensors format (https://github.com/huggingface/safetensors),
+// so that a PyTorch user can open them with `safetensors.torch.load_file`:
+//
+//   8 bytes     N, the header length, unsigned little-endian
+//   N bytes     JSON: {"<name>": {"dtype": "F32"|"I64", "shape": [..],
+//                                 "data_offsets": [begin, end]}, ...,
+//                      "__metadata__": {"<key>": "<string>", ...}}
+//               padded with spaces to a multiple of 8 bytes
+//   the rest    the tensors' raw little-endian bytes; offsets count from here
+//
+// Writes go to "<path>.tmp.<pid>" in the same directory, which is fsync'ed and then
+// renamed over <path>: a reader sees the old file or the new one, never half of one,
+// and a failed write leaves the old file as it was.
+//
+// Reads load the whole file and check it (header length, JSON, dtypes, shapes, offsets)
+// before returning anything, so a truncated or corrupt file is an mg::Error naming the
+// file and the fault.
+//
+// One checkpoint can hold several things (issue 8: model, optimizer, RNG, epoch):
+//
+//   nn::Checkpoint ck;
+//   ck.put("model.", nn::state_dict(model));
+//   ck.put("optim.", sgd.state_dict());
+//   ck.metadata["epoch"] = "3";
+//   nn::save_tensors(ck, path);
+//   ...
+//   nn::Checkpoint ck = nn::load_tensors(path);
+//   nn::check_state_dict(model, ck.get("model."), path);   // check both before
+//   sgd.check_state_dict(ck.get("optim."), path);          // changing either
+//   nn::load_state_dict(model, ck.get("model."), path);
+//   sgd.load_state_dict(ck.get("optim."), path);
+#pragma once
+
+#include <map>
+#include <string>
+
+#include <minigrad/core/tensor.h>
+#include <minigrad/nn/module.h>
+
+namespace mg::nn {
+
+using TensorDict = std::map<std::string, Tensor>;
+using Metadata = std::map<std::string, std::string>;
+
+// Named tensors plus string metadata: the contents of one safetensors file.
+struct Checkpoint {
+  TensorDict tensors;
+  Metadata metadata;
+
+  // Adds every entry of `entries` as prefix + name; mg::Error if a name is taken.
+  void put(const std::string& prefix, const TensorDict& entries);
+  // The entries whose names start with `prefix`, with the prefix removed.
+  TensorDict get(const std::string& prefix) const;
+};
+
+// ---- any tensors ----
+// Tensors may live on any device and have any strides; they are written contiguous.
+void save_tensors(const TensorDict& tensors, const std::string& path,
+                  const Metadata& metadata = {});
+void save_tensors(const Checkpoint& checkpoint, const std::string& path);
+// The tensors come back on the CPU, as fresh leaves without requires_grad.
+Checkpoint load_tensors(const std::string& path);
+
+// ---- modules ----
+// Parameters (named_parameters() names, e.g. "0.weight") and buffers (named_buffers()),
+// as the tensors themselves (not copies).
+TensorDict state_dict(const Module& module);
+// mg::Error unless `tensors` has exactly the module's names, each with the module's shape
+// and dtype; the message lists every missing key, unexpected key and mismatch at once
+// and names `source` (a file name, or what the tensors are).
+void check_state_dict(const Module& module, const TensorDict& tensors,
+                      const std::string& source = "state dict");
+// check_state_dict, then copies the values into the module's parameters and buffers in
+// place (each on its own device), so optimizers holding them see the new values.
+void load_state_dict(Module& module, const TensorDict& tensors,
+                     const std::string& source = "state dict");
+
+// state_dict(module) to `path` (metadata gets "format": "pt", as safetensors.torch writes).
+void save(const Module& module, const std::string& path, const Metadata& metadata = {});
+// Reads and checks `path`, then load_state_dict. On any error the module is unchanged.
+void load(Module& module, const std::string& path);
+
+}  // namespace mg::nn
