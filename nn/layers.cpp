@@ -34,8 +34,9 @@ Tensor Linear::forward(const Tensor& input) {
 }
 
 std::string Linear::extra_repr() const {
+  // Python's spelling of booleans, so the printout reads exactly as PyTorch's.
   return fmt::format("in_features={}, out_features={}, bias={}", in_features_, out_features_,
-                     has_bias_);
+                     has_bias_ ? "True" : "False");
 }
 
 Tensor ReLU::forward(const Tensor& input) { return relu(input); }
