@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <minigrad/minigrad.h>
+#include <minigrad/nn/serialize.h>
 
 namespace fs = std::filesystem;
 namespace nn = mg::nn;

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include <minigrad/minigrad.h>
+#include <minigrad/nn/optim/sgd.h>
+#include <minigrad/nn/serialize.h>
 
 namespace nn = mg::nn;
 namespace optim = mg::optim;
