@@ -8,9 +8,17 @@
 
 namespace mg {
 
-int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
+// wrap_dim accepts dim 0 and -1 of a 0-dim tensor (reductions allow them, as PyTorch
+// does), but there is no size or stride to read there.
+int64_t Tensor::size(int64_t d) const {
+  MG_CHECK(dim() > 0, "size: dimension {} requested, but the tensor has no dimensions (shape [])",
+           d);
+  return shape()[wrap_dim(d, dim(), "size")];
+}
 
 int64_t Tensor::stride(int64_t d) const {
+  MG_CHECK(dim() > 0,
+           "stride: dimension {} requested, but the tensor has no dimensions (shape [])", d);
   return strides()[static_cast<size_t>(wrap_dim(d, dim(), "stride"))];
 }
 
