@@ -71,6 +71,8 @@ Tensor to(const Tensor& x, Device device) {
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   MG_CHECK(!tensors.empty(), "cat: expected a non-empty list of tensors");
   const Tensor& first = tensors[0];
+  MG_CHECK(first.dim() > 0, "cat: zero-dimensional tensors cannot be concatenated (tensor 0 has "
+           "shape []); reshape them to [1] first");
   dim = wrap_dim(dim, first.dim(), "cat");
   std::vector<int64_t> sizes = first.shape().sizes();
   int64_t total = 0;
@@ -110,6 +112,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
+  MG_CHECK(x.dim() > 0, "split: expects a tensor with at least one dimension, got a "
+           "zero-dimensional tensor (shape [])");
   dim = wrap_dim(dim, x.dim(), "split");
   int64_t total = 0;
   for (int64_t s : sizes) total += s;
@@ -127,6 +131,8 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
 
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   MG_CHECK(chunks > 0, "chunk: number of chunks must be positive, got {}", chunks);
+  MG_CHECK(x.dim() > 0, "chunk: expects a tensor with at least one dimension, got a "
+           "zero-dimensional tensor (shape [])");
   dim = wrap_dim(dim, x.dim(), "chunk");
   const int64_t size = x.size(dim);
   const int64_t piece = (size + chunks - 1) / chunks;
