@@ -1,4 +1,6 @@
 // Sums and argmax on the host.
+#include <type_traits>
+
 #include <minigrad/core/cpu/cpu_backend.h>
 #include <minigrad/core/cpu/strided_loop.h>
 
@@ -11,10 +13,12 @@ void sum_typed(const Tensor& out, const Tensor& in) {
   const T* x = static_cast<const T*>(in.data_ptr());
   const Shape& shape = in.shape();
 
-  if (out.numel() == 1) {  // a full reduction: accumulate in double for accuracy
-    double total = 0.0;
+  if (out.numel() == 1) {  // a full reduction: floats accumulate in double for accuracy
+    // int64 stays int64: a double cannot hold every integer past 2^53.
+    using Acc = std::conditional_t<std::is_floating_point_v<T>, double, T>;
+    Acc total = 0;
     cpu::for_each_element<1>(shape, {&in.strides()},
-                             [&](const std::array<int64_t, 1>& k) { total += static_cast<double>(x[k[0]]); });
+                             [&](const std::array<int64_t, 1>& k) { total += static_cast<Acc>(x[k[0]]); });
     o[0] = static_cast<T>(total);
     return;
   }
