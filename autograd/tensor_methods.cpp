@@ -102,6 +102,7 @@ Tensor& Tensor::mul_(double value) {
 Tensor& Tensor::mul_(const Tensor& other) {
   check_inplace(*this, "mul_");
   ops::check_same_device("mul_", *this, other);
+  MG_CHECK(dtype() == other.dtype(), "mul_: dtype mismatch {} vs {}", dtype(), other.dtype());
   const Tensor b = other.shape() == shape() ? other : ops::expand(other, shape());
   if (numel() > 0) backend(device()).binary(BinaryOp::Mul, *this, *this, b, 1.0);
   return *this;
