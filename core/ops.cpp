@@ -228,6 +228,7 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   std::vector<bool> reduce(static_cast<size_t>(ndim), dims.empty());
   for (int64_t d : dims) {
     const int64_t w = wrap_dim(d, ndim, "sum");
+    if (ndim == 0) continue;  // dim 0 or -1 of a 0-dim tensor: nothing to reduce (PyTorch too)
     MG_CHECK(!reduce[static_cast<size_t>(w)], "sum: dimension {} appears more than once", d);
     reduce[static_cast<size_t>(w)] = true;
   }

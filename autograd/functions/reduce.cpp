@@ -10,7 +10,8 @@ namespace {
 // The output gradient of a sum, broadcast back to the input's shape.
 Tensor spread(const Tensor& grad, const Shape& input_shape, const std::vector<int64_t>& dims,
               bool keepdim) {
-  if (keepdim || dims.empty()) return ops::expand(grad.dim() == 0 ? grad : grad, input_shape);
+  // A 0-dim input (summed over its dim 0 or -1) has no dims to re-insert.
+  if (keepdim || dims.empty() || input_shape.dim() == 0) return ops::expand(grad, input_shape);
   // Re-insert the reduced dims as size 1, then expand.
   std::vector<int64_t> sizes = input_shape.sizes();
   for (int64_t d : dims) sizes[static_cast<size_t>(wrap_dim(d, input_shape.dim(), "sum"))] = 1;
@@ -18,7 +19,7 @@ Tensor spread(const Tensor& grad, const Shape& input_shape, const std::vector<in
 }
 
 int64_t count_reduced(const Shape& shape, const std::vector<int64_t>& dims) {
-  if (dims.empty()) return shape.numel();
+  if (dims.empty() || shape.dim() == 0) return shape.numel();
   int64_t n = 1;
   for (int64_t d : dims) n *= shape[wrap_dim(d, shape.dim(), "mean")];
   return n;
