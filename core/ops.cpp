@@ -1,6 +1,7 @@
 #include <minigrad/core/ops.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/ranges.h>
 
@@ -210,6 +211,10 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
 }
 
 Tensor binary_scalar(BinaryOp op, const Tensor& x, double scalar) {
+  // The result keeps x's dtype, so an int64 tensor would silently truncate a fraction.
+  MG_CHECK(x.dtype() != DType::Int64 || scalar == std::trunc(scalar),
+           "{}: the scalar {} is not a whole number, but the tensor (shape {}) is int64",
+           op_name(op), scalar, x.shape());
   Tensor out = empty(x.shape(), x.dtype(), x.device());
   if (x.numel() > 0) backend_of(x).binary_scalar(op, out, x, scalar);
   return out;
