@@ -1,0 +1,338 @@
+// ProcessGroupGloo (process_group_gloo.h): Gloo's algorithms and TCP transport, a
+// communication thread that runs the collectives in call order, and Gloo's failures
+// turned into mg::Errors that say which collective, which rank and what to suspect.
+#include <minigrad/parallel/distributed/process_group_gloo.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <minigrad/core/ops.h>
+#include <minigrad/parallel/distributed/socket.h>
+
+namespace mg::parallel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_of(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+
+// Gloo's rendezvous talks to a gloo::rendezvous::Store; this one forwards to our TCPStore
+// under a prefix of its own, so several groups (and NCCL) can share one store.
+class GlooStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(TCPStore& store, std::string prefix, std::chrono::milliseconds timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.set(prefix_ + key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const std::string value = store_.get(prefix_ + key, timeout_);
+    return std::vector<char>(value.begin(), value.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> prefixed;
+    prefixed.reserve(keys.size());
+    for (const std::string& k : keys) prefixed.push_back(prefix_ + k);
+    // Gloo passes kNoTimeout (0) for "the default"; ours is the group's timeout.
+    store_.wait(prefixed, timeout.count() > 0 ? timeout : timeout_);
+  }
+
+ private:
+  TCPStore& store_;
+  std::string prefix_;
+  std::chrono::milliseconds timeout_;
+};
+
+// Ranks create their groups in the same order, so the n-th group of every process gets
+// the same store prefix (PyTorch numbers its groups the same way).
+std::atomic<int> group_counter{0};
+
+// The host name this rank's Gloo connections bind to (see ProcessGroupOptions).
+gloo::transport::tcp::attr transport_attr(const ProcessGroupOptions& options,
+                                          const std::string& store_host) {
+  gloo::transport::tcp::attr attr;
+  if (!options.gloo_hostname.empty()) {
+    attr.hostname = options.gloo_hostname;
+  } else if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"); iface && *iface) {
+    attr.iface = iface;
+  } else if (net::is_loopback(store_host)) {
+    attr.hostname = "127.0.0.1";
+  } else {
+    char name[256] = {};
+    MG_CHECK(::gethostname(name, sizeof(name) - 1) == 0,
+             "ProcessGroupGloo: gethostname failed: {}", net::errno_string(errno));
+    attr.hostname = name;
+  }
+  return attr;
+}
+
+using ReduceFunction = void (*)(void*, const void*, const void*, size_t);
+
+}  // namespace
+
+// One queued collective: what to run on the communication thread, and its outcome.
+class GlooWork : public Work {
+ public:
+  GlooWork(std::string description, std::function<void()> run)
+      : description_(std::move(description)), run_(std::move(run)) {}
+
+  void wait() override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_;
+  }
+  double duration_seconds() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_ ? duration_ : -1.0;
+  }
+
+  const std::string& description() const { return description_; }
+
+  // Runs on the communication thread.
+  void run() {
+    const auto start = Clock::now();
+    run_();
+    finish(nullptr, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  void finish(std::exception_ptr error, double duration) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      error_ = std::move(error);
+      duration_ = duration;
+      done_ = true;
+      run_ = nullptr;  // drops the buffers it held
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::string description_;
+  std::function<void()> run_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  double duration_ = -1.0;
+  std::exception_ptr error_;
+};
+
+struct ProcessGroupGloo::Impl {
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<TCPStore> store;
+  ProcessGroupOptions options;
+  std::shared_ptr<gloo::transport::Device> device;
+  std::shared_ptr<gloo::rendezvous::Context> context;
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<GlooWork>> queue;
+  bool stopping = false;
+  uint32_t next_tag = 0;     // Gloo matches the messages of concurrent ops by tag
+  uint64_t sequence = 0;     // numbers collectives in messages: "allreduce #12"
+  std::string first_error;   // after one failure the connections are unusable
+  std::thread worker;
+
+  // `op` and `detail` name the collective in messages: "allreduce #3 (sum of 40 bytes)".
+  std::shared_ptr<Work> enqueue(const char* op, const std::string& detail,
+                                std::function<void(uint32_t)> body) {
+    std::lock_guard<std::mutex> lock(mutex);
+    const uint32_t tag = next_tag++;
+    std::string description = fmt::format("{} #{}", op, sequence++);
+    if (!detail.empty()) description += " (" + detail + ")";
+    auto work = std::make_shared<GlooWork>(std::move(description),
+                                           [body = std::move(body), tag] { body(tag); });
+    queue.push_back(work);
+    cv.notify_one();
+    return work;
+  }
+
+  void run_worker() {
+    for (;;) {
+      std::shared_ptr<GlooWork> work;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;  // stopping, and nothing left
+        work = std::move(queue.front());
+        queue.pop_front();
+        if (stopping) {
+          work->finish(std::make_exception_ptr(Error(fmt::format(
+                           "ProcessGroupGloo: {} was never run: the process group was "
+                           "destroyed first (rank {} of {})",
+                           work->description(), rank, size))),
+                       0.0);
+          continue;
+        }
+        if (!first_error.empty()) {
+          work->finish(std::make_exception_ptr(Error(fmt::format(
+                           "ProcessGroupGloo: {} on rank {} of {} was not run because an earlier "
+                           "collective failed: {}",
+                           work->description(), rank, size, first_error))),
+                       0.0);
+          continue;
+        }
+      }
+      const auto start = Clock::now();
+      try {
+        work->run();
+      } catch (const std::exception& e) {
+        const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+        const std::string message = fmt::format(
+            "ProcessGroupGloo: {} failed on rank {} of {} after {:.2f} s (timeout {:.2f} s): a "
+            "peer rank died, hung, or did not call the same collective. Gloo says: {}",
+            work->description(), rank, size, elapsed, seconds_of(options.timeout), e.what());
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          if (first_error.empty()) first_error = message;
+        }
+        work->finish(std::make_exception_ptr(Error(message)), elapsed);
+      }
+    }
+  }
+};
+
+ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<TCPStore> store, int rank, int size,
+                                   ProcessGroupOptions options)
+    : ProcessGroup(rank, size), impl_(std::make_unique<Impl>()) {
+  MG_CHECK(store != nullptr, "ProcessGroupGloo: store is null (rank {})", rank);
+  MG_CHECK(options.timeout.count() > 0, "ProcessGroupGloo: timeout must be positive, got {} ms",
+           options.timeout.count());
+  impl_->rank = rank;
+  impl_->size = size;
+  impl_->store = std::move(store);
+  impl_->options = options;
+
+  const std::string prefix = fmt::format("gloo/{}/", group_counter++);
+  const auto start = Clock::now();
+  try {
+    impl_->device = gloo::transport::tcp::CreateDevice(transport_attr(options, impl_->store->host()));
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(options.timeout);
+    GlooStoreAdapter adapter(*impl_->store, prefix, options.timeout);
+    context->connectFullMesh(adapter, impl_->device);
+    impl_->context = std::move(context);
+  } catch (const std::exception& e) {
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    MG_FAIL("ProcessGroupGloo: rank {} of {} could not join the group through the store at "
+            "{}:{} after {:.2f} s (timeout {:.2f} s): {}",
+            rank, size, impl_->store->host(), impl_->store->port(), elapsed,
+            seconds_of(options.timeout), e.what());
+  }
+  impl_->worker = std::thread([impl = impl_.get()] { impl->run_worker(); });
+}
+
+ProcessGroupGloo::~ProcessGroupGloo() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  impl_->worker.join();
+}
+
+std::chrono::milliseconds ProcessGroupGloo::timeout() const { return impl_->options.timeout; }
+
+namespace {
+
+template <typename T>
+void gloo_allreduce(const std::shared_ptr<gloo::Context>& context, const Tensor& flat,
+                    uint32_t tag, std::chrono::milliseconds timeout) {
+  gloo::AllreduceOptions opts(context);
+  opts.setOutput<T>(flat.data<T>(), static_cast<size_t>(flat.numel()));
+  opts.setReduceFunction(static_cast<ReduceFunction>(&gloo::sum<T>));
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::allreduce(opts);
+}
+
+template <typename T>
+void gloo_broadcast(const std::shared_ptr<gloo::Context>& context, const Tensor& flat, int root,
+                    uint32_t tag, std::chrono::milliseconds timeout) {
+  gloo::BroadcastOptions opts(context);
+  opts.setOutput<T>(flat.data<T>(), static_cast<size_t>(flat.numel()));
+  opts.setRoot(root);
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::broadcast(opts);
+}
+
+}  // namespace
+
+std::shared_ptr<Work> ProcessGroupGloo::allreduce(std::vector<Tensor> tensors, ReduceOp op) {
+  check_tensors("allreduce", tensors, op == ReduceOp::Average);
+  // Coalesced on the caller's thread: the caller may reuse its gradients at once.
+  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors));
+  const std::string detail = fmt::format("{} of {} bytes", reduce_op_name(op), buffer->nbytes());
+  Impl* impl = impl_.get();
+  return impl->enqueue("allreduce", detail, [impl, buffer, op](uint32_t tag) {
+    const Tensor& flat = buffer->flat();
+    if (impl->size > 1 && flat.numel() > 0) {
+      if (flat.dtype() == DType::Float32) {
+        gloo_allreduce<float>(impl->context, flat, tag, impl->options.timeout);
+      } else {
+        gloo_allreduce<int64_t>(impl->context, flat, tag, impl->options.timeout);
+      }
+    }
+    // Gloo has no average: sum, then scale, as PyTorch's DDP comm hook does.
+    if (op == ReduceOp::Average && impl->size > 1)
+      backend(flat.device()).binary_scalar(BinaryOp::Mul, flat, flat, 1.0 / impl->size);
+    buffer->copy_back();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::broadcast(std::vector<Tensor> tensors, int root) {
+  check_tensors("broadcast", tensors, false);
+  MG_CHECK(root >= 0 && root < size(), "broadcast (gloo): root {} is outside [0, {}) (rank {})",
+           root, size(), rank());
+  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors));
+  const std::string detail = fmt::format("{} bytes from rank {}", buffer->nbytes(), root);
+  Impl* impl = impl_.get();
+  return impl->enqueue("broadcast", detail, [impl, buffer, root](uint32_t tag) {
+    const Tensor& flat = buffer->flat();
+    if (impl->size > 1 && flat.numel() > 0) {
+      if (flat.dtype() == DType::Float32) {
+        gloo_broadcast<float>(impl->context, flat, root, tag, impl->options.timeout);
+      } else {
+        gloo_broadcast<int64_t>(impl->context, flat, root, tag, impl->options.timeout);
+      }
+    }
+    buffer->copy_back();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::barrier() {
+  Impl* impl = impl_.get();
+  return impl->enqueue("barrier", "", [impl](uint32_t tag) {
+    if (impl->size == 1) return;
+    gloo::BarrierOptions opts(impl->context);
+    opts.setTag(tag);
+    opts.setTimeout(impl->options.timeout);
+    gloo::barrier(opts);
+  });
+}
+
+}  // namespace mg::parallel

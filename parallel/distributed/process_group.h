@@ -1,0 +1,127 @@
+// ProcessGroup: the collectives of one process per device, as torch.distributed's
+// ProcessGroup. Every rank of the group calls the same collectives in the same order;
+// each call returns at once with a Work handle, and the collective runs in the
+// background (Gloo: a communication thread; NCCL: a communication stream), so a caller
+// such as DistributedDataParallel can launch a bucket's all-reduce and carry on with
+// backward while it runs.
+//
+// Backends (the network code is theirs; minigrad re-implements no collective):
+//   ProcessGroupGloo (process_group_gloo.h): CPU tensors, over Gloo's TCP transport.
+//   ProcessGroupNccl (process_group_nccl.h): CUDA tensors, one GPU per process.
+// Both fail, never hang, when a peer dies or does not arrive: every collective is
+// bounded by ProcessGroupOptions::timeout, and its mg::Error names the collective, the
+// rank and the timeout.
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <minigrad/core/device.h>
+#include <minigrad/core/tensor.h>
+
+namespace mg::parallel {
+
+enum class ReduceOp { Sum, Average };
+const char* reduce_op_name(ReduceOp op);
+
+struct ProcessGroupOptions {
+  // Bound of the rendezvous and of every collective. A rank that has not joined a
+  // collective by then (dead, hung, or on another code path) makes the others throw.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // NCCL: the GPU of this process; -1 means LOCAL_RANK (one GPU per local process).
+  int device_index = -1;
+  // Gloo: the host name or address this rank's connections bind to; empty chooses:
+  // the GLOO_SOCKET_IFNAME interface when that variable is set, 127.0.0.1 when the
+  // store is on a loopback address (a one-machine job), else this machine's host name.
+  std::string gloo_hostname;
+};
+
+// The handle of one collective in flight.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the collective has finished and its results are visible to the caller
+  // (on a GPU: to work queued afterwards on the caller's current stream); rethrows the
+  // collective's mg::Error when it failed.
+  virtual void wait() = 0;
+  // True once the collective finished (successfully or not); never blocks.
+  virtual bool is_completed() = 0;
+  // How long the collective itself ran, in seconds, once completed (-1 before).
+  virtual double duration_seconds() const = 0;
+};
+
+class ProcessGroup {
+ public:
+  ProcessGroup(int rank, int size);
+  virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string backend_name() const = 0;  // "gloo", "nccl"
+  // Where this group's tensors must live: cpu for Gloo, this process's GPU for NCCL.
+  virtual Device device() const = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  // In place on every tensor: tensors[k] becomes the sum (or mean) of tensors[k] over all
+  // ranks. The list is reduced as one coalesced buffer; shapes and dtype (Float32, or
+  // Int64 for Sum) must agree across ranks. The tensors must not be touched until wait().
+  virtual std::shared_ptr<Work> allreduce(std::vector<Tensor> tensors,
+                                          ReduceOp op = ReduceOp::Sum) = 0;
+  std::shared_ptr<Work> allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::Sum) {
+    return allreduce(std::vector<Tensor>{tensor}, op);
+  }
+  // In place: every rank's tensors[k] becomes rank `root`'s tensors[k].
+  virtual std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root = 0) = 0;
+  std::shared_ptr<Work> broadcast(const Tensor& tensor, int root = 0) {
+    return broadcast(std::vector<Tensor>{tensor}, root);
+  }
+  // Completes once every rank has called barrier().
+  virtual std::shared_ptr<Work> barrier() = 0;
+
+ protected:
+  // Checks the tensors of a collective against this group: defined, on device(), one
+  // dtype that the op supports. Names the collective, the tensor index and the rank.
+  void check_tensors(const char* collective, const std::vector<Tensor>& tensors,
+                     bool average) const;
+
+ private:
+  int rank_;
+  int size_;
+};
+
+// The tensors of a collective as one contiguous buffer, and the copy back afterwards.
+// A single contiguous tensor is used as it is (no copy at all).
+class CoalescedBuffer {
+ public:
+  explicit CoalescedBuffer(std::vector<Tensor> tensors);
+  const Tensor& flat() const { return flat_; }
+  // Copies the reduced values back into the tensors (nothing when flat() is theirs).
+  void copy_back() const;
+  std::size_t nbytes() const { return flat_.defined() ? flat_.nbytes() : 0; }
+
+ private:
+  std::vector<Tensor> tensors_;
+  Tensor flat_;
+  bool aliased_ = false;
+};
+
+// A Work that is already complete (empty collectives, a group of one).
+class CompletedWork : public Work {
+ public:
+  explicit CompletedWork(std::exception_ptr error = nullptr) : error_(std::move(error)) {}
+  void wait() override {
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool is_completed() override { return true; }
+  double duration_seconds() const override { return 0.0; }
+
+ private:
+  std::exception_ptr error_;
+};
+
+}  // namespace mg::parallel

@@ -1,0 +1,51 @@
+// ProcessGroupGloo: collectives over CPU tensors between processes, with Gloo's TCP
+// transport (Debian's libgloo-dev), as torch.distributed's "gloo" backend.
+//
+// The ranks meet through a TCPStore: each publishes the addresses of its connections
+// there (gloo::rendezvous::Context::connectFullMesh over a small adapter to our store)
+// and connects to every other rank. Collectives are queued to one communication thread
+// that runs them in call order, so they match across ranks, while the caller goes on
+// (DistributedDataParallel's backward). Every Gloo operation carries the group's
+// timeout: a peer that died makes the next collective fail at once (its connection
+// closed), a peer that hangs makes it fail after the timeout.
+//
+// Available when minigrad was built with Gloo (MINIGRAD_WITH_GLOO);
+// init_process_group("gloo") says so clearly otherwise.
+#pragma once
+
+#ifdef MINIGRAD_WITH_GLOO
+
+#include <memory>
+
+#include <minigrad/parallel/distributed/process_group.h>
+#include <minigrad/parallel/distributed/tcp_store.h>
+
+namespace mg::parallel {
+
+class ProcessGroupGloo : public ProcessGroup {
+ public:
+  // Joins the group: every rank calls this with the same store and its own rank.
+  ProcessGroupGloo(std::shared_ptr<TCPStore> store, int rank, int size,
+                   ProcessGroupOptions options = {});
+  ~ProcessGroupGloo() override;
+
+  std::string backend_name() const override { return "gloo"; }
+  Device device() const override { return Device::cpu(); }
+  std::chrono::milliseconds timeout() const override;
+
+  std::shared_ptr<Work> allreduce(std::vector<Tensor> tensors,
+                                  ReduceOp op = ReduceOp::Sum) override;
+  std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root = 0) override;
+  std::shared_ptr<Work> barrier() override;
+  using ProcessGroup::allreduce;
+  using ProcessGroup::broadcast;
+
+  struct Impl;  // gloo_process_group.cpp
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mg::parallel
+
+#endif  // MINIGRAD_WITH_GLOO
