@@ -3,6 +3,7 @@
 #include <array>
 
 #include <minigrad/core/cpu/cpu_backend.h>
+#include <minigrad/core/ops.h>
 
 namespace mg {
 namespace {
@@ -52,6 +53,15 @@ class MissingCudaBackend final : public Backend {
             "(rebuild with the CUDA toolkit installed and MINIGRAD_CUDA=AUTO or ON)");
   }
 };
+
+}  // namespace
+
+void Backend::addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) {
+  matmul(out, a, b);
+  binary(BinaryOp::Add, out, out, ops::expand(bias, out.shape()), 1.0);  // out may alias a
+}
+
+namespace {
 
 std::array<Backend*, kNumDeviceTypes>& backend_table() {
   static MissingCudaBackend missing_cuda;

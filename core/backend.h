@@ -97,6 +97,10 @@ class Backend {
   // out[m,n] = a[m,k] @ b[k,n]. a and b may be contiguous or transposed views; a
   // backend should pass transposes to its GEMM rather than copy.
   virtual void matmul(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+  // out[m,n] = a[m,k] @ b[k,n] + bias[n] on every row: a Linear layer's forward in one
+  // call (torch.addmm). bias is 1-D, contiguous. The default is matmul followed by a
+  // broadcast add; a backend can fuse the two (BLAS beta = 1, a cuBLASLt epilogue).
+  virtual void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b);
 
   // ---- softmax and cross-entropy over the last dim of 2-D [rows, classes] ----
   virtual void log_softmax(const Tensor& out, const Tensor& in) = 0;

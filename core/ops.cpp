@@ -293,17 +293,35 @@ Tensor argmax(const Tensor& x, int64_t dim) {
 
 // ---------------------------------------------------------------- matmul, softmax, loss
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
-  check_same_device("matmul", a, b);
-  MG_CHECK(a.dim() == 2 && b.dim() == 2,
-           "matmul: expected 2-D tensors, got shapes {} and {}", a.shape(), b.shape());
+namespace {
+void check_matmul(const char* op, const Tensor& a, const Tensor& b) {
+  check_same_device(op, a, b);
+  MG_CHECK(a.dim() == 2 && b.dim() == 2, "{}: expected 2-D tensors, got shapes {} and {}", op,
+           a.shape(), b.shape());
   MG_CHECK(a.size(1) == b.size(0),
-           "matmul: shapes {} and {} cannot be multiplied (inner dimensions {} and {} differ)",
+           "{}: shapes {} and {} cannot be multiplied (inner dimensions {} and {} differ)", op,
            a.shape(), b.shape(), a.size(1), b.size(0));
   MG_CHECK(a.dtype() == DType::Float32 && b.dtype() == DType::Float32,
-           "matmul: expected float32 tensors, got {} and {}", a.dtype(), b.dtype());
+           "{}: expected float32 tensors, got {} and {}", op, a.dtype(), b.dtype());
+}
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_matmul("matmul", a, b);
   Tensor out = empty(Shape{a.size(0), b.size(1)}, DType::Float32, a.device());
   if (out.numel() > 0) backend_of(a).matmul(out, a, b);
+  return out;
+}
+
+Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b) {
+  check_matmul("addmm", a, b);
+  check_same_device("addmm", a, bias);
+  MG_CHECK(bias.dim() == 1 && bias.size(0) == b.size(1) && bias.dtype() == DType::Float32,
+           "addmm: expected a float32 bias of shape [{}] for a product of shape [{}, {}], got {} "
+           "({})",
+           b.size(1), a.size(0), b.size(1), bias.shape(), bias.dtype());
+  Tensor out = empty(Shape{a.size(0), b.size(1)}, DType::Float32, a.device());
+  if (out.numel() > 0) backend_of(a).addmm(out, contiguous(bias), a, b);
   return out;
 }
 

@@ -46,6 +46,7 @@ class CpuBackend final : public Backend {
   void argmax(const Tensor& out, const Tensor& in) override;
   // matmul.cpp
   void matmul(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) override;
   // softmax.cpp
   void log_softmax(const Tensor& out, const Tensor& in) override;
   void log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
