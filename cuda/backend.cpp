@@ -40,7 +40,7 @@ void prepare_device(int index) {
   std::call_once((*prepared)[static_cast<size_t>(index)], [index] {
     (void)device_streams(index);
     (void)device_allocator(index).pool();
-    (void)target_error_flag(index);
+    (void)target_error_sink(index);
   });
 }
 

@@ -142,7 +142,7 @@ void CudaBackend::cross_entropy(const Tensor& loss, const Tensor& logits, const 
   kernels::cross_entropy(static_cast<float*>(loss.data_ptr()), matrix_view(logits),
                          static_cast<const int64_t*>(targets.data_ptr()), targets.stride(0), rows,
                          cols, static_cast<float*>(row_losses.data()),
-                         target_error_flag(scope.device()), scope.stream());
+                         target_error_sink(scope.device()), scope.stream());
 }
 
 void CudaBackend::cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
@@ -157,7 +157,7 @@ void CudaBackend::cross_entropy_backward(const Tensor& grad_logits, const Tensor
   kernels::cross_entropy_backward(
       static_cast<float*>(grad_logits.data_ptr()), static_cast<const float*>(grad_loss.data_ptr()),
       matrix_view(logits), static_cast<const int64_t*>(targets.data_ptr()), targets.stride(0),
-      logits.size(0), logits.size(1), target_error_flag(scope.device()), scope.stream());
+      logits.size(0), logits.size(1), target_error_sink(scope.device()), scope.stream());
 }
 
 }  // namespace mg::cuda

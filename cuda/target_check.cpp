@@ -16,6 +16,8 @@ struct Flag {
   std::once_flag allocated;
   kernels::TargetError* host = nullptr;    // what the host reads
   kernels::TargetError* device = nullptr;  // the same memory as the GPU addresses it
+  unsigned long long* claim = nullptr;     // device memory: the last generation reported
+  std::atomic<unsigned long long> generation{1};
   // Lets the host skip reading mapped memory until the flag exists.
   std::atomic<bool> exists{false};
 };
@@ -32,7 +34,7 @@ Flag& flag_of(int device) {
 
 }  // namespace
 
-kernels::TargetError* target_error_flag(int device) {
+kernels::TargetErrorSink target_error_sink(int device) {
   Flag& flag = flag_of(device);
   std::call_once(flag.allocated, [&] {
     ScopedDevice scoped(device);
@@ -44,9 +46,13 @@ kernels::TargetError* target_error_flag(int device) {
     void* on_device = nullptr;
     MG_CUDA_CHECK(cudaHostGetDevicePointer(&on_device, host, 0));
     flag.device = static_cast<kernels::TargetError*>(on_device);
+    void* claim = nullptr;
+    MG_CUDA_CHECK(cudaMalloc(&claim, sizeof(unsigned long long)));
+    MG_CUDA_CHECK(cudaMemset(claim, 0, sizeof(unsigned long long)));
+    flag.claim = static_cast<unsigned long long*>(claim);
     flag.exists.store(true, std::memory_order_release);
   });
-  return flag.device;
+  return kernels::TargetErrorSink{flag.device, flag.claim, flag.generation.load()};
 }
 
 void throw_if_invalid_target_reported(int device) {
@@ -56,6 +62,7 @@ void throw_if_invalid_target_reported(int device) {
   if (report->raised == 0) return;
   const int64_t row = report->row, value = report->value, classes = report->classes;
   report->raised = 0;
+  flag.generation.fetch_add(1);  // kernels launched from now on may report again
   MG_FAIL("cross_entropy on cuda:{}: target {} at row {} is out of range for {} classes "
           "(expected [0, {})); found when the device was next synchronised, the loss and "
           "gradients of that row are NaN",

@@ -15,8 +15,9 @@
 
 namespace mg::cuda {
 
-// The device-side address of `device`'s flag (allocated on first use, never freed).
-kernels::TargetError* target_error_flag(int device);
+// Where kernels on `device` report an invalid target now (allocated on first use, never
+// freed; prepare_device() makes it before any CUDA graph capture could begin).
+kernels::TargetErrorSink target_error_sink(int device);
 
 // After a synchronisation: throws (and clears the flag) if a kernel on `device` saw an
 // invalid target since the last check.

@@ -88,6 +88,9 @@ if [[ -z "${SKIP_BENCH:-}" && -x "$bench" ]]; then
     fi
   done
   say "benchmarks: $(wc -l < "$logs/bench.jsonl") results in bench.jsonl"
+  # minigrad-bench reports a failed run as a JSON line with an "error" field.
+  bench_errors=$(grep -c '"error"' "$logs/bench.jsonl")
+  [[ "$bench_errors" -eq 0 ]] || fail "$bench_errors benchmark runs reported an error (see bench.jsonl)"
   # Side by side with PyTorch when it is installed (it is on the GPU machine).
   if [[ -x bench/compare.sh ]] && python3 -c "import torch" 2>/dev/null; then
     timeout 600 bench/compare.sh --device cuda --build "$build" --out "$logs/compare.jsonl" \

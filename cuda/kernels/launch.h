@@ -75,14 +75,23 @@ struct MatrixView {
   int64_t col_stride;
 };
 // Where a kernel reports a class index outside [0, classes): the first offending row,
-// its value and the number of classes. Lives in host-mapped memory, read by the host
-// after a synchronisation.
+// its value and the number of classes, in host-mapped memory that the host reads after
+// a synchronisation (see cuda/target_check.h).
 struct TargetError {
   int32_t raised;
   int32_t unused;
   int64_t row;
   int64_t value;
   int64_t classes;
+};
+// Which thread writes the report is settled with an atomic on device memory (`claim`),
+// not on the mapped host memory, where atomics need PCIe atomic support: the first
+// thread to raise `claim` to `generation` writes. The host moves to a new generation
+// each time it has read a report, so later errors are reported again.
+struct TargetErrorSink {
+  TargetError* report;
+  unsigned long long* claim;
+  unsigned long long generation;
 };
 // out (contiguous [rows, cols]) = in - logsumexp(in, row).
 void log_softmax(float* out, MatrixView in, int64_t rows, int64_t cols, cudaStream_t stream);
@@ -94,11 +103,11 @@ void log_softmax_backward(float* grad_in, MatrixView grad_out, MatrixView output
 // device buffer of `rows` floats.
 void cross_entropy(float* loss, MatrixView logits, const int64_t* targets,
                    int64_t target_stride, int64_t rows, int64_t cols, float* row_losses,
-                   TargetError* error, cudaStream_t stream);
+                   TargetErrorSink error, cudaStream_t stream);
 // grad (contiguous) = (softmax(logits) - onehot(targets)) * grad_loss[0] / rows. A row with
 // an invalid target gets NaN and is reported through `error`.
 void cross_entropy_backward(float* grad, const float* grad_loss, MatrixView logits,
                             const int64_t* targets, int64_t target_stride, int64_t rows,
-                            int64_t cols, TargetError* error, cudaStream_t stream);
+                            int64_t cols, TargetErrorSink error, cudaStream_t stream);
 
 }  // namespace mg::cuda::kernels

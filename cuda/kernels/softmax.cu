@@ -102,14 +102,16 @@ __global__ void __launch_bounds__(kThreads)
     gi[j] = g[j * grad_out.col_stride] - expf(y[j * output.col_stride]) * total;
 }
 
-// Records the first invalid target seen (by whichever thread gets there first).
-__device__ void report_invalid_target(TargetError* error, int64_t row, int64_t value,
+// Records the first invalid target seen in this generation (see TargetErrorSink).
+__device__ void report_invalid_target(const TargetErrorSink& sink, int64_t row, int64_t value,
                                       int64_t classes) {
-  if (error == nullptr) return;
-  if (atomicCAS(&error->raised, 0, 1) == 0) {
-    error->row = row;
-    error->value = value;
-    error->classes = classes;
+  if (sink.report == nullptr) return;
+  if (atomicMax(sink.claim, sink.generation) < sink.generation) {
+    sink.report->row = row;
+    sink.report->value = value;
+    sink.report->classes = classes;
+    __threadfence_system();  // the details are visible before the flag that announces them
+    *static_cast<volatile int32_t*>(&sink.report->raised) = 1;
     __threadfence_system();
   }
 }
@@ -118,7 +120,7 @@ template <int ThreadsPerRow>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_rows_kernel(float* row_losses, MatrixView logits, const int64_t* targets,
                               int64_t target_stride, int64_t rows, int64_t cols,
-                              TargetError* error) {
+                              TargetErrorSink error) {
   const RowSlot<ThreadsPerRow> slot;
   const bool active = slot.row < rows;
   const float* x = logits.data + (active ? slot.row * logits.row_stride : 0);
@@ -155,7 +157,7 @@ template <int ThreadsPerRow>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_backward_kernel(float* grad, const float* grad_loss, MatrixView logits,
                                   const int64_t* targets, int64_t target_stride, int64_t rows,
-                                  int64_t cols, TargetError* error) {
+                                  int64_t cols, TargetErrorSink error) {
   const RowSlot<ThreadsPerRow> slot;
   const bool active = slot.row < rows;
   const float* x = logits.data + (active ? slot.row * logits.row_stride : 0);
@@ -212,7 +214,7 @@ void log_softmax_backward(float* grad_in, MatrixView grad_out, MatrixView output
 
 void cross_entropy(float* loss, MatrixView logits, const int64_t* targets,
                    int64_t target_stride, int64_t rows, int64_t cols, float* row_losses,
-                   TargetError* error, cudaStream_t stream) {
+                   TargetErrorSink error, cudaStream_t stream) {
   if (rows == 0) return;
   if (warp_per_row(cols)) {
     cross_entropy_rows_kernel<32><<<row_blocks(rows, 32), kThreads, 0, stream>>>(
@@ -228,7 +230,7 @@ void cross_entropy(float* loss, MatrixView logits, const int64_t* targets,
 
 void cross_entropy_backward(float* grad, const float* grad_loss, MatrixView logits,
                             const int64_t* targets, int64_t target_stride, int64_t rows,
-                            int64_t cols, TargetError* error, cudaStream_t stream) {
+                            int64_t cols, TargetErrorSink error, cudaStream_t stream) {
   if (rows == 0) return;
   if (warp_per_row(cols)) {
     cross_entropy_backward_kernel<32><<<row_blocks(rows, 32), kThreads, 0, stream>>>(
