@@ -50,8 +50,10 @@ bool exceeds_device(std::size_t nbytes) {
 
 cudaMemPool_t CudaAllocator::pool() {
   std::call_once(pool_once_, [&] {
+    // The device's current pool: the one cudaMallocAsync draws from (the default pool,
+    // unless someone installed another with cudaDeviceSetMemPool).
     cudaMemPool_t pool = nullptr;
-    MG_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+    MG_CUDA_CHECK(cudaDeviceGetMemPool(&pool, device_));
     // Keep freed memory in the pool instead of returning it to the driver at every
     // synchronisation: this is what makes the pool a cache.
     uint64_t keep_everything = UINT64_MAX;
@@ -66,7 +68,7 @@ void* CudaAllocator::allocate(std::size_t nbytes) {
   if (nbytes == 0) return nullptr;
   ScopedDevice device(device_);
   const cudaStream_t stream = current_cuda_stream(device_);
-  cudaMemPool_t memory_pool = pool();
+  (void)pool();  // configured before the first allocation
   const unsigned long long capture_id = capture_id_of(stream);
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -74,13 +76,15 @@ void* CudaAllocator::allocate(std::size_t nbytes) {
   }
 
   void* ptr = nullptr;
-  cudaError_t status = cudaMallocFromPoolAsync(&ptr, nbytes, memory_pool, stream);
+  // cudaMallocAsync (not ...FromPoolAsync) is the form stream capture turns into graph
+  // memory nodes, which is what CUDA graphs of whole training steps need.
+  cudaError_t status = cudaMallocAsync(&ptr, nbytes, stream);
   if (status == cudaErrorMemoryAllocation && capture_id == 0) {
     // Memory freed on other streams returns to the pool only once that work is done;
     // wait for it and try once more before giving up.
     (void)cudaGetLastError();
     MG_CUDA_CHECK(cudaDeviceSynchronize());
-    status = cudaMallocFromPoolAsync(&ptr, nbytes, memory_pool, stream);
+    status = cudaMallocAsync(&ptr, nbytes, stream);
   }
   if (status == cudaErrorMemoryAllocation || (status != cudaSuccess && exceeds_device(nbytes))) {
     // (A request larger than the whole device may come back as an invalid argument.)
