@@ -157,7 +157,13 @@ void CudaAllocator::deallocate(void* ptr, std::size_t nbytes) {
 }
 
 void CudaAllocator::free_block(void* ptr, const Block& block) {
+  // With the block's device current, as for every call on its stream; done by hand
+  // because this runs from destructors and must not throw.
+  int previous = device_;
+  const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
+                        cudaSetDevice(device_) == cudaSuccess;
   const cudaError_t status = cudaFreeAsync(ptr, block.stream);
+  if (switched) (void)cudaSetDevice(previous);
   if (is_shutting_down(status)) {
     // Process exit: the driver is already tearing the context (and its memory) down.
     (void)cudaGetLastError();
