@@ -9,9 +9,10 @@ using mg::cuda_test::require_close;
 using mg::cuda_test::require_equal;
 
 namespace {
-// Float sums are added in different orders on the two backends.
+// Float sums are added in different orders on the two backends (the CPU's partial sums
+// are floats); the rounding differences grow like sqrt(summed).
 void require_sum_close(const Tensor& actual, const Tensor& expected, int64_t summed) {
-  require_close(actual, expected, 1e-4, 1e-5 * std::sqrt(static_cast<double>(summed)));
+  require_close(actual, expected, 1e-4, 1e-4 * std::sqrt(static_cast<double>(summed)));
 }
 }  // namespace
 
