@@ -3,6 +3,8 @@
 // turned into mg::Errors that say which collective, which rank and what to suspect.
 #include <minigrad/parallel/distributed/process_group_gloo.h>
 
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -88,6 +90,46 @@ gloo::transport::tcp::attr transport_attr(const ProcessGroupOptions& options,
 
 using ReduceFunction = void (*)(void*, const void*, const void*, size_t);
 
+// Gloo writes to its sockets without MSG_NOSIGNAL, so writing to a peer that died raises
+// SIGPIPE, whose default action kills the process before Gloo can report the error.
+// (Python ignores SIGPIPE at start-up, which is why PyTorch never meets this.) Rather
+// than change the whole process's disposition, SIGPIPE is blocked in the threads that
+// talk to Gloo: the communication thread, Gloo's own event-loop thread (which inherits
+// the mask of the thread creating the device), and the constructing thread while it
+// connects; the write then fails with EPIPE and Gloo throws.
+void block_sigpipe_in_this_thread(sigset_t* previous) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  const int rc = pthread_sigmask(SIG_BLOCK, &set, previous);
+  MG_CHECK(rc == 0, "ProcessGroupGloo: pthread_sigmask failed: {}", net::errno_string(rc));
+}
+
+// Blocks SIGPIPE for a scope; one raised meanwhile is discarded before the mask returns.
+class ScopedSigpipeBlock {
+ public:
+  ScopedSigpipeBlock() {
+    block_sigpipe_in_this_thread(&previous_);
+    was_blocked_ = sigismember(&previous_, SIGPIPE) == 1;
+  }
+  ~ScopedSigpipeBlock() {
+    if (was_blocked_) return;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    const timespec no_wait{0, 0};
+    while (sigtimedwait(&set, nullptr, &no_wait) == SIGPIPE) {
+    }
+    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  }
+  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
+  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
+
+ private:
+  sigset_t previous_;
+  bool was_blocked_ = false;
+};
+
 }  // namespace
 
 // One queued collective: what to run on the communication thread, and its outcome.
@@ -171,6 +213,7 @@ struct ProcessGroupGloo::Impl {
   }
 
   void run_worker() {
+    block_sigpipe_in_this_thread(nullptr);  // for good: see ScopedSigpipeBlock
     for (;;) {
       std::shared_ptr<GlooWork> work;
       {
@@ -228,6 +271,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<TCPStore> store, int rank, in
 
   const std::string prefix = fmt::format("gloo/{}/", group_counter++);
   const auto start = Clock::now();
+  ScopedSigpipeBlock no_sigpipe;  // also inherited by Gloo's loop thread and our worker
   try {
     impl_->device = gloo::transport::tcp::CreateDevice(transport_attr(options, impl_->store->host()));
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
