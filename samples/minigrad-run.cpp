@@ -1,0 +1,374 @@
+// minigrad-run: starts the processes of a DistributedDataParallel job on this machine,
+// as torchrun does.
+//
+//   minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
+//   minigrad-run --nproc-per-node 4 --nnodes 2 --node-rank 0 --master-addr node0
+//                --master-port 29500 PROGRAM ARGS...        (and --node-rank 1 on node1)
+//
+// For each local process k it sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE (nproc * nnodes),
+// RANK (node_rank * nproc + k), LOCAL_RANK (k), LOCAL_WORLD_SIZE and GROUP_RANK, then
+// forks and execs PROGRAM ARGS. Each line a process writes comes out prefixed with
+// "[rank R] " on the same stream (stdout or stderr). When one process fails, the others
+// get SIGTERM, then SIGKILL after a grace period, and minigrad-run exits with the first
+// failure's code (128 + signal for a process killed by a signal). SIGINT and SIGTERM sent
+// to minigrad-run are forwarded to every process.
+//
+// On one node without --master-port, a free port is chosen (torchrun --standalone).
+// Unless OMP_NUM_THREADS is set, each process gets OMP_NUM_THREADS=1 when several run,
+// so N processes do not each start a BLAS thread per core (torchrun does the same).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <minigrad/parallel/distributed/socket.h>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int nproc_per_node = 0;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = -1;       // -1: choose (one node) or 29500
+  double grace_seconds = 5.0;  // between SIGTERM and SIGKILL
+  std::vector<std::string> command;
+};
+
+constexpr const char* kUsage =
+    "usage: minigrad-run --nproc-per-node N [--nnodes M --node-rank R --master-addr A "
+    "--master-port P] [--grace-period SECONDS] PROGRAM [ARGS...]\n";
+
+[[noreturn]] void usage_error(const std::string& message) {
+  fmt::print(stderr, "minigrad-run: {}\n{}", message, kUsage);
+  std::exit(2);
+}
+
+int parse_int(const std::string& flag, const std::string& value, int low, int high) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || errno != 0 || v < low || v > high)
+    usage_error(fmt::format("{} expects an integer in [{}, {}], got '{}'", flag, low, high, value));
+  return static_cast<int>(v);
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg == "-h" || arg == "--help") {
+      fmt::print("{}", kUsage);
+      std::exit(0);
+    }
+    if (arg.rfind("--", 0) != 0) break;  // the program
+    std::string value;
+    const size_t eq = arg.find('=');
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    } else {
+      if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", arg));
+      value = argv[++i];
+    }
+    for (char& c : arg)
+      if (c == '_') c = '-';  // torchrun spells them both ways
+    if (arg == "--nproc-per-node") {
+      o.nproc_per_node = parse_int(arg, value, 1, 4096);
+    } else if (arg == "--nnodes") {
+      o.nnodes = parse_int(arg, value, 1, 1 << 20);
+    } else if (arg == "--node-rank") {
+      o.node_rank = parse_int(arg, value, 0, 1 << 20);
+    } else if (arg == "--master-addr") {
+      o.master_addr = value;
+    } else if (arg == "--master-port") {
+      o.master_port = parse_int(arg, value, 1, 65535);
+    } else if (arg == "--grace-period") {
+      char* end = nullptr;
+      o.grace_seconds = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(o.grace_seconds >= 0))
+        usage_error(fmt::format("--grace-period expects seconds, got '{}'", value));
+    } else {
+      usage_error(fmt::format("unknown option {}", arg));
+    }
+  }
+  for (; i < argc; ++i) o.command.emplace_back(argv[i]);
+  if (o.nproc_per_node == 0) usage_error("--nproc-per-node is required");
+  if (o.command.empty()) usage_error("no program to run");
+  if (o.node_rank >= o.nnodes)
+    usage_error(fmt::format("--node-rank {} must be below --nnodes {}", o.node_rank, o.nnodes));
+  if (o.master_port < 0) {
+    if (o.nnodes == 1) {
+      // A port free now; rank 0's store binds it moments later (SO_REUSEADDR).
+      mg::parallel::net::Socket probe = mg::parallel::net::listen_on(o.master_addr, 0);
+      o.master_port = mg::parallel::net::local_port(probe);
+    } else {
+      o.master_port = 29500;
+    }
+  }
+  return o;
+}
+
+// ---- signals: handlers only note the signal and wake the poll loop ----
+int wake_pipe[2] = {-1, -1};
+volatile sig_atomic_t forwarded_signal = 0;
+
+void on_signal(int sig) {
+  const int saved = errno;
+  if (sig == SIGINT || sig == SIGTERM) forwarded_signal = sig;
+  const char byte = static_cast<char>(sig);
+  [[maybe_unused]] const ssize_t n = ::write(wake_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+void install_handlers() {
+  if (::pipe2(wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    fmt::print(stderr, "minigrad-run: pipe2 failed: {}\n", std::strerror(errno));
+    std::exit(1);
+  }
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int sig : {SIGINT, SIGTERM, SIGCHLD}) {
+    if (::sigaction(sig, &sa, nullptr) != 0) {
+      fmt::print(stderr, "minigrad-run: sigaction failed: {}\n", std::strerror(errno));
+      std::exit(1);
+    }
+  }
+  // Our stdout may be a pipe that closes (| head); keep running to stop the children.
+  ::signal(SIGPIPE, SIG_IGN);
+}
+
+void write_all(int fd, const std::string& text) {
+  const char* p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // our output is gone; nothing better to do with it
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+// One stream (stdout or stderr) of one process, re-emitted line by line with a prefix.
+struct Stream {
+  int fd = -1;         // read end of the pipe, -1 once at EOF
+  int out_fd = 1;      // where its lines go
+  std::string partial; // the start of a line not yet ended
+};
+
+struct Process {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int exit_code = 0;
+  Stream out, err;
+};
+
+void emit_lines(const std::string& prefix, Stream& s, const char* data, size_t n) {
+  s.partial.append(data, n);
+  size_t start = 0;
+  std::string text;
+  for (size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1)
+    text += prefix + s.partial.substr(start, nl + 1 - start);
+  s.partial.erase(0, start);
+  if (!text.empty()) write_all(s.out_fd, text);
+}
+
+void close_stream(const std::string& prefix, Stream& s) {
+  if (!s.partial.empty()) write_all(s.out_fd, prefix + s.partial + "\n");
+  s.partial.clear();
+  ::close(s.fd);
+  s.fd = -1;
+}
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) {
+    const char* name = ::strsignal(WTERMSIG(status));
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status), name ? name : "?");
+  }
+  return fmt::format("exited with code {}", WEXITSTATUS(status));
+}
+
+[[noreturn]] void exec_child(const Options& o, int local_rank, int rank, int out_fd, int err_fd) {
+  // Its own process group, so stopping it reaches whatever it started (a shell's children).
+  ::setpgid(0, 0);
+  ::signal(SIGPIPE, SIG_DFL);  // ignored dispositions would survive exec
+  ::signal(SIGINT, SIG_DFL);
+  ::signal(SIGTERM, SIG_DFL);
+  ::signal(SIGCHLD, SIG_DFL);
+  if (::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0) _exit(127);
+  const int world_size = o.nproc_per_node * o.nnodes;
+  ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
+  ::setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(world_size).c_str(), 1);
+  ::setenv("RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("LOCAL_RANK", std::to_string(local_rank).c_str(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node).c_str(), 1);
+  ::setenv("GROUP_RANK", std::to_string(o.node_rank).c_str(), 1);
+  if (o.nproc_per_node > 1) ::setenv("OMP_NUM_THREADS", "1", /*overwrite=*/0);
+  std::vector<char*> args;
+  for (const std::string& a : o.command) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  ::execvp(args[0], args.data());
+  const std::string message =
+      fmt::format("minigrad-run: cannot run '{}': {}\n", o.command[0], std::strerror(errno));
+  write_all(2, message);
+  _exit(127);
+}
+
+void signal_all(std::vector<Process>& procs, int sig) {
+  for (Process& p : procs)
+    if (p.running) ::kill(-p.pid, sig);  // the process group: the process and its children
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  try {
+    o = parse_args(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "minigrad-run: {}\n", e.what());
+    return 2;
+  }
+  install_handlers();
+
+  std::vector<Process> procs(static_cast<size_t>(o.nproc_per_node));
+  for (int k = 0; k < o.nproc_per_node; ++k) {
+    Process& p = procs[static_cast<size_t>(k)];
+    p.rank = o.node_rank * o.nproc_per_node + k;
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+      fmt::print(stderr, "minigrad-run: pipe2 failed: {}\n", std::strerror(errno));
+      signal_all(procs, SIGKILL);
+      return 1;
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      fmt::print(stderr, "minigrad-run: fork failed: {}\n", std::strerror(errno));
+      signal_all(procs, SIGKILL);
+      return 1;
+    }
+    if (pid == 0) exec_child(o, k, p.rank, out[1], err[1]);
+    ::setpgid(pid, pid);  // also here, so it holds before we might signal the group
+    ::close(out[1]);
+    ::close(err[1]);
+    p.pid = pid;
+    p.running = true;
+    p.out = Stream{out[0], 1, {}};
+    p.err = Stream{err[0], 2, {}};
+  }
+
+  int first_failure_code = 0;
+  bool stopping = false;
+  Clock::time_point kill_deadline{};
+  bool killed = false;
+  int running = o.nproc_per_node;
+  Clock::time_point all_exited_at{};
+
+  auto begin_stop = [&](int sig) {
+    if (stopping) return;
+    stopping = true;
+    signal_all(procs, sig);
+    kill_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(o.grace_seconds));
+  };
+
+  for (;;) {
+    // Reap the processes that ended.
+    for (Process& p : procs) {
+      if (!p.running) continue;
+      int status = 0;
+      const pid_t r = ::waitpid(p.pid, &status, WNOHANG);
+      if (r != p.pid) continue;
+      p.running = false;
+      --running;
+      p.exit_code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+      if (running == 0) all_exited_at = Clock::now();
+      if (p.exit_code != 0 && !stopping) {
+        first_failure_code = p.exit_code;
+        fmt::print(stderr, "minigrad-run: rank {} (pid {}) {}; stopping the other {} process(es)\n",
+                   p.rank, p.pid, describe_status(status), running);
+        begin_stop(SIGTERM);
+      }
+    }
+    if (forwarded_signal != 0 && !stopping) {
+      const int sig = forwarded_signal;
+      fmt::print(stderr, "minigrad-run: received signal {}; forwarding it to {} process(es)\n",
+                 sig, running);
+      first_failure_code = 128 + sig;
+      begin_stop(sig);
+    }
+    if (stopping && !killed && running > 0 && Clock::now() >= kill_deadline) {
+      fmt::print(stderr, "minigrad-run: {} process(es) still running after {:.1f} s; sending SIGKILL\n",
+                 running, o.grace_seconds);
+      signal_all(procs, SIGKILL);
+      killed = true;
+    }
+
+    // Everything read and everyone gone: done. (A pipe held open by a process that
+    // outlived its parent is given a second, then abandoned.)
+    bool pipes_open = false;
+    for (const Process& p : procs) pipes_open = pipes_open || p.out.fd >= 0 || p.err.fd >= 0;
+    if (running == 0 && (!pipes_open || Clock::now() - all_exited_at > std::chrono::seconds(1)))
+      break;
+
+    std::vector<pollfd> fds{{wake_pipe[0], POLLIN, 0}};
+    std::vector<Stream*> streams{nullptr};
+    std::vector<const Process*> owners{nullptr};
+    for (Process& p : procs) {
+      for (Stream* s : {&p.out, &p.err}) {
+        if (s->fd < 0) continue;
+        fds.push_back({s->fd, POLLIN, 0});
+        streams.push_back(s);
+        owners.push_back(&p);
+      }
+    }
+    if (::poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) {
+      fmt::print(stderr, "minigrad-run: poll failed: {}\n", std::strerror(errno));
+      signal_all(procs, SIGKILL);
+      return 1;
+    }
+    if (fds[0].revents & POLLIN) {
+      char drain[64];
+      while (::read(wake_pipe[0], drain, sizeof(drain)) > 0) {
+      }
+    }
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      const std::string prefix = fmt::format("[rank {}] ", owners[i]->rank);
+      char buf[65536];
+      const ssize_t n = ::read(fds[i].fd, buf, sizeof(buf));
+      if (n > 0) {
+        emit_lines(prefix, *streams[i], buf, static_cast<size_t>(n));
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        close_stream(prefix, *streams[i]);
+      }
+    }
+  }
+  return first_failure_code;
+}
