@@ -132,6 +132,10 @@ std::string Reducer::unready_names() const {
 
 void Reducer::prepare_for_forward() {
   std::lock_guard<std::mutex> lock(mutex_);
+  MG_CHECK(state_ != State::Failed,
+           "DistributedDataParallel: the gradient reduction of an earlier iteration failed, so "
+           "the replicas can no longer be kept equal (rank {}): {}",
+           process_group_->rank(), failure_);
   if (state_ == State::Armed) {
     const bool any_ready = std::any_of(ready_.begin(), ready_.end(), [](bool r) { return r; });
     MG_CHECK(!any_ready,
@@ -182,7 +186,8 @@ void Reducer::prepare_for_backward(const Tensor& output) {
 
 void Reducer::mark_ready(size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (state_ == State::Idle) return;  // no_sync(), or a backward not through our forward
+  // Idle: no_sync(), or a backward not through our forward. Failed: already reported.
+  if (state_ == State::Idle || state_ == State::Failed) return;
   MG_CHECK(state_ != State::Finished,
            "DistributedDataParallel: parameter '{}' received a gradient after this iteration's "
            "reduction had finished (rank {}): backward ran twice for one forward. Run forward "
@@ -215,13 +220,25 @@ void Reducer::launch(Bucket& bucket) {
       slot.fill_(0.0);  // an unused parameter contributes nothing
     }
   }
-  bucket.work = process_group_->allreduce(bucket.flat, ReduceOp::Average);
+  try {
+    bucket.work = process_group_->allreduce(bucket.flat, ReduceOp::Average);
+  } catch (const std::exception& e) {
+    state_ = State::Failed;
+    failure_ = e.what();
+    throw;
+  }
   stats_.bytes += bucket.flat.nbytes();
 }
 
 void Reducer::finalize() {
   const auto start = Clock::now();
-  for (Bucket& bucket : buckets_) bucket.work->wait();
+  try {
+    for (Bucket& bucket : buckets_) bucket.work->wait();
+  } catch (const std::exception& e) {
+    state_ = State::Failed;
+    failure_ = e.what();
+    throw;
+  }
   stats_.wait_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   stats_.buckets = buckets_.size();
   for (Bucket& bucket : buckets_) {

@@ -16,7 +16,9 @@
 // So the wait happens inside the last hook, at the end of backward, with no change to the
 // autograd engine. Iteration states: Idle (no synced forward since the last reduction;
 // hooks do nothing: no_sync() and plain backward calls), Armed (forward ran, gradients
-// expected), Finished (reduced; a further gradient before the next forward is an error).
+// expected), Finished (reduced; a further gradient before the next forward is an error),
+// Failed (a collective failed: its error is thrown again at every later forward, since
+// the ranks can no longer agree on the gradients).
 //
 // Unused parameters: with find_unused_parameters, prepare_for_backward walks the graph
 // from the output and marks the parameters it does not reach as ready at once; their
@@ -76,7 +78,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
           size_t bucket_bytes, bool find_unused_parameters);
 
  private:
-  enum class State { Idle, Armed, Finished };
+  enum class State { Idle, Armed, Finished, Failed };
   struct Bucket {
     std::vector<size_t> params;   // indices into params_
     std::vector<int64_t> offsets; // of each parameter in flat
@@ -103,6 +105,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
   std::mutex mutex_;
   State state_ = State::Idle;
+  std::string failure_;  // why the last reduction failed (State::Failed)
   std::vector<bool> ready_;
   size_t next_bucket_ = 0;
   ReductionStats stats_;

@@ -2,6 +2,8 @@
 // whole batch, replicas stay identical, no_sync, unused parameters, and its errors.
 #ifdef MINIGRAD_WITH_GLOO
 
+#include <signal.h>
+
 #include <cmath>
 
 #include "catch_compat.h"
@@ -229,6 +231,35 @@ TEST_CASE("DistributedDataParallel: find_unused_parameters averages over the ran
     require_close(r.floats("a.weight"), local);
     require_close(r.floats("b.weight"), half);
   }
+}
+
+TEST_CASE("DistributedDataParallel: a rank that dies makes backward fail on the others") {
+  auto results = run_ranks(2, [](RankContext& ctx) {
+    auto net = make_net(9);
+    auto ddp = std::make_shared<DistributedDataParallel>(net, ctx.gloo(5s), tiny_buckets());
+    const Batch b = make_batch(static_cast<uint64_t>(ctx.rank));
+    nn::CrossEntropyLoss()(ddp->forward(b.x), b.y).backward();  // a good step
+    if (ctx.rank == 1) ::raise(SIGKILL);
+    try {
+      nn::CrossEntropyLoss()(ddp->forward(b.x), b.y).backward();
+      ctx.report("backward", std::string("returned"));
+    } catch (const Error& e) {
+      ctx.report("backward", std::string(e.what()));
+    }
+    try {
+      ddp->forward(b.x);
+      ctx.report("forward", std::string("returned"));
+    } catch (const Error& e) {
+      ctx.report("forward", std::string(e.what()));
+    }
+  });
+  INFO(describe(results));
+  REQUIRE(results[1].signal == SIGKILL);
+  REQUIRE(results[0].ok());
+  REQUIRE_THAT(results[0].text("backward"), MG_CONTAINS("ProcessGroupGloo: allreduce"));
+  REQUIRE_THAT(results[0].text("backward"), MG_CONTAINS("failed on rank 0 of 2"));
+  REQUIRE_THAT(results[0].text("forward"),
+               MG_CONTAINS("the gradient reduction of an earlier iteration failed"));
 }
 
 TEST_CASE("DistributedDataParallel: different models on different ranks fail on every rank") {
