@@ -1,0 +1,180 @@
+// ProcessGroupNccl and DistributedDataParallel over real NCCL: 2 and 4 processes started
+// by minigrad-run on the one GPU of the GPU machine. NCCL refuses two ranks on one GPU
+// unless each process claims a different host (NCCL_HOSTID), in which case the ranks talk
+// over sockets on loopback (see ../shared/device/README.md): slow, but real NCCL.
+// Skipped (exit 77) without a GPU; compiled only when minigrad was built with NCCL.
+#ifdef MINIGRAD_WITH_NCCL
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "catch_compat.h"
+
+#include <minigrad/core/backend.h>
+#include <minigrad/core/generator.h>
+#include <minigrad/nn/layers.h>
+#include <minigrad/parallel/distributed/distributed_data_parallel.h>
+#include <minigrad/parallel/distributed/rendezvous.h>
+
+using namespace mg;
+using namespace mg::parallel;
+
+namespace {
+
+const std::string kLauncher = std::string(MINIGRAD_BINARY_DIR) + "/bin/minigrad-run";
+const std::string kSelf = std::string(MINIGRAD_BINARY_DIR) + "/bin/test_distributed";
+
+void require_gpu_and_launcher() {
+  struct stat st {};
+  if (::stat(kLauncher.c_str(), &st) != 0) {
+    std::printf("%s was not built: skipping\n", kLauncher.c_str());
+    std::exit(77);
+  }
+  // Only this parent touches CUDA here; the ranks are fresh processes (fork + exec).
+  if (backend(DeviceType::CUDA).device_count() == 0) {
+    std::printf("no CUDA device: skipping the NCCL tests\n");
+    std::exit(77);
+  }
+}
+
+struct Run {
+  int exit_code = -1;
+  std::string output;
+};
+
+Run run_shell(const std::string& command) {
+  Run run;
+  FILE* pipe = ::popen(("exec 2>&1; " + command).c_str(), "r");
+  MG_CHECK(pipe != nullptr, "popen failed for: {}", command);
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) run.output.append(buf, n);
+  const int status = ::pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+// A rank of the job: every process on GPU LOCAL_RANK mod the GPUs there are, each its
+// own NCCL "host", sockets on loopback.
+std::shared_ptr<ProcessGroup> join_nccl_group(std::chrono::seconds timeout) {
+  const DistributedEnv env = DistributedEnv::from_environment();
+  ::setenv("NCCL_HOSTID", fmt::format("minigrad-test-rank-{}", env.rank).c_str(), 1);
+  ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+  ProcessGroupOptions options;
+  options.timeout = timeout;
+  options.device_index = env.local_rank % backend(DeviceType::CUDA).device_count();
+  return init_process_group("nccl", options);
+}
+
+nn::ModulePtr make_net(uint64_t seed) {
+  manual_seed(seed);
+  return std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(20, 64), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(64, 5)});
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  MG_CHECK(a.size() == b.size(), "sizes {} and {}", a.size(), b.size());
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("worker process of an NCCL job: collectives and one DDP step", "[.][nccl-worker]") {
+  auto pg = join_nccl_group(std::chrono::seconds(120));
+  const int rank = pg->rank(), world = pg->size();
+  const Device gpu = pg->device();
+  const float ranks_sum = world * (world + 1) / 2.0f;
+
+  Tensor a = full(Shape{1000}, rank + 1.0, DType::Float32, gpu);
+  pg->allreduce(a)->wait();
+  MG_CHECK(a.to(Device::cpu()).to_vector<float>()[999] == ranks_sum, "allreduce sum");
+  Tensor b = full(Shape{7}, rank + 1.0, DType::Float32, gpu);
+  pg->allreduce(b, ReduceOp::Average)->wait();
+  MG_CHECK(std::abs(b.to(Device::cpu()).to_vector<float>()[0] - ranks_sum / world) < 1e-6f,
+           "allreduce average");
+  Tensor c = full(Shape{3}, static_cast<double>(rank), DType::Int64, gpu);
+  Tensor d = full(Shape{2, 2}, static_cast<double>(rank), DType::Int64, gpu);
+  pg->allreduce(std::vector<Tensor>{c, d})->wait();
+  MG_CHECK(d.to(Device::cpu()).to_vector<int64_t>()[3] == static_cast<int64_t>(ranks_sum) - world,
+           "allreduce of an int64 list");
+  Tensor e = full(Shape{5}, static_cast<double>(rank), DType::Float32, gpu);
+  pg->broadcast(e, world - 1)->wait();
+  MG_CHECK(e.to(Device::cpu()).to_vector<float>()[4] == world - 1.0f, "broadcast");
+  pg->barrier()->wait();
+
+  // One DDP step on a shard of a fixed batch equals the whole batch's step on the CPU.
+  const int64_t per = 4, rows = per * world;
+  manual_seed(7);
+  const Tensor x = randn(Shape{rows, 20});
+  const Tensor y = randint(0, 5, Shape{rows});
+  auto reference = make_net(1000);
+  nn::CrossEntropyLoss()(reference->forward(x), y).backward();
+  std::vector<float> ref_grads;
+  for (const Tensor& p : reference->parameters()) {
+    const auto v = p.grad().to_vector<float>();
+    ref_grads.insert(ref_grads.end(), v.begin(), v.end());
+  }
+  auto net = make_net(1000 + static_cast<uint64_t>(rank));  // rank 0's weights win
+  net->to(gpu);
+  DDPOptions options;
+  options.first_bucket_mb = 0.004;  // several buckets
+  options.bucket_cap_mb = 0.01;
+  auto ddp = std::make_shared<DistributedDataParallel>(net, pg, options);
+  const Tensor xs = x.narrow(0, rank * per, per).to(gpu);
+  const Tensor ys = y.narrow(0, rank * per, per).to(gpu);
+  nn::CrossEntropyLoss()(ddp->forward(xs), ys).backward();
+  std::vector<float> grads;
+  for (const Tensor& p : net->parameters()) {
+    const auto v = p.grad().to(Device::cpu()).to_vector<float>();
+    grads.insert(grads.end(), v.begin(), v.end());
+  }
+  const float diff = max_abs_diff(grads, ref_grads);
+  const ReductionStats stats = ddp->last_reduction_stats();
+  fmt::print("nccl worker {} of {} on {}: collectives ok; DDP grads vs full batch on CPU: max "
+             "|diff| {:.3g} over {} buckets\n",
+             rank, world, gpu, diff, stats.buckets);
+  MG_CHECK(diff < 1e-4f, "DDP gradient differs from the full-batch gradient by {}", diff);
+}
+
+TEST_CASE("worker process of an NCCL job whose rank 1 dies", "[.][nccl-death-worker]") {
+  auto pg = join_nccl_group(std::chrono::seconds(20));
+  Tensor t = full(Shape{256}, 1.0, DType::Float32, pg->device());
+  pg->allreduce(t)->wait();
+  if (pg->rank() == 1) std::_Exit(0);  // gone without a word (and without failing the job)
+  try {
+    pg->allreduce(t)->wait();
+    fmt::print("nccl death worker {}: the allreduce returned\n", pg->rank());
+  } catch (const Error& error) {
+    fmt::print("nccl death worker {}: {}\n", pg->rank(), error.what());
+  }
+}
+
+TEST_CASE("NCCL: 2 and 4 ranks on one GPU: collectives and a DDP step equal to the full batch") {
+  require_gpu_and_launcher();
+  for (int world : {2, 4}) {
+    const Run r = run_shell(fmt::format("{} --nproc-per-node {} {} '[nccl-worker]'", kLauncher,
+                                        world, kSelf));
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    for (int rank = 0; rank < world; ++rank)
+      REQUIRE_THAT(r.output, MG_CONTAINS(fmt::format("[rank {}] nccl worker {} of {}", rank, rank, world)));
+  }
+}
+
+TEST_CASE("NCCL: a rank that dies makes the others fail with an error, not hang") {
+  require_gpu_and_launcher();
+  const Run r = run_shell(fmt::format("{} --nproc-per-node 2 {} '[nccl-death-worker]'", kLauncher, kSelf));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE_THAT(r.output, MG_CONTAINS("[rank 0] nccl death worker 0: ProcessGroupNccl: allreduce #1"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("the communicator was aborted"));
+}
+
+#endif  // MINIGRAD_WITH_NCCL
