@@ -3,6 +3,8 @@
 //  2. run nodes whose count has dropped to zero (all their output gradients are in),
 //     latest-created first, summing gradients that arrive at the same input slot;
 //  3. free each node's saved tensors after it ran, unless retain_graph.
+// With anomaly detection on (anomaly_mode.h), every gradient a node returns is checked
+// for NaN and infinity before it is passed on.
 // Nodes run on the calling thread; on a GPU their kernels queue on each device's current
 // stream, so the replicas of DataParallel still run concurrently on their devices.
 #include <minigrad/autograd/engine.h>
@@ -10,6 +12,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include <minigrad/autograd/anomaly_mode.h>
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/autograd/node.h>
 #include <minigrad/core/backend.h>
@@ -106,6 +109,12 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       DeviceGuard guard(device);
       grad_inputs = node->apply(std::move(grad_outputs));
     }
+    // Nodes run in dependency order, so the first non-finite gradient seen is the one
+    // this node's backward produced, not one it was handed.
+    if (AnomalyMode::is_enabled())
+      for (size_t i = 0; i < grad_inputs.size(); ++i)
+        if (anomaly::has_non_finite(grad_inputs[i]))
+          anomaly::report_non_finite(node->name(), node->creation_context(), i, grad_inputs[i]);
     if (!retain_graph) node->release_saved();
 
     const auto& edges = node->next_edges();

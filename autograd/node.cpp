@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include <minigrad/autograd/anomaly_mode.h>
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/ops.h>
 
@@ -77,6 +78,7 @@ void connect_node(const std::shared_ptr<Node>& node, const std::vector<Tensor>& 
   edges.reserve(inputs.size());
   for (const Tensor& t : inputs) edges.push_back(gradient_edge(t));
   node->set_next_edges(std::move(edges));
+  if (AnomalyMode::is_enabled()) node->set_creation_context(anomaly::describe_forward(inputs));
   uint32_t output_nr = 0;
   for (const Tensor& out : outputs) {
     node->add_output(out);

@@ -51,9 +51,14 @@ class Node {
   // Creation order; backward runs ready nodes latest-first, as PyTorch does, so hooks
   // on parameters fire roughly in reverse order of use.
   uint64_t sequence_nr() const { return sequence_nr_; }
+  // What forward recorded about this node's inputs while anomaly detection was on
+  // (anomaly_mode.h); empty otherwise. Anomaly errors quote it.
+  const std::string& creation_context() const { return creation_context_; }
+  void set_creation_context(std::string context) { creation_context_ = std::move(context); }
 
  private:
   std::string name_;
+  std::string creation_context_;
   std::vector<Edge> next_edges_;
   std::vector<OutputMeta> outputs_;
   uint64_t sequence_nr_;
