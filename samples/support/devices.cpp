@@ -1,0 +1,91 @@
+#include <minigrad/samples/support/devices.h>
+
+#include <cctype>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <minigrad/core/backend.h>
+#include <minigrad/core/error.h>
+
+namespace mg::samples {
+
+namespace {
+
+std::string trim(const std::string& s) {
+  size_t begin = 0, end = s.size();
+  while (begin < end && std::isspace(static_cast<unsigned char>(s[begin]))) ++begin;
+  while (end > begin && std::isspace(static_cast<unsigned char>(s[end - 1]))) --end;
+  return s.substr(begin, end - begin);
+}
+
+bool all_digits(const std::string& s) {
+  if (s.empty() || s.size() > 6) return false;
+  for (char c : s)
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
+// "available: cpu, 0, 1" — what the user may write instead.
+std::string available(int cuda_device_count) {
+  std::vector<std::string> names{"cpu"};
+  for (int i = 0; i < cuda_device_count; ++i) names.push_back(std::to_string(i));
+  if (cuda_device_count > 0) names.push_back("all");
+  return fmt::format("available: {}", fmt::join(names, ", "));
+}
+
+}  // namespace
+
+std::vector<Device> parse_devices(const std::string& spec, int cuda_device_count) {
+  const std::string whole = trim(spec);
+  const auto count_str = fmt::format("this machine has {} CUDA device{} ({})", cuda_device_count,
+                                     cuda_device_count == 1 ? "" : "s", available(cuda_device_count));
+  if (whole == "all") {
+    std::vector<Device> gpus;
+    for (int i = 0; i < cuda_device_count; ++i) gpus.push_back(Device::cuda(i));
+    if (gpus.empty()) gpus.push_back(Device::cpu());
+    return gpus;
+  }
+  std::vector<Device> devices;
+  size_t start = 0;
+  while (start <= whole.size()) {
+    size_t comma = whole.find(',', start);
+    if (comma == std::string::npos) comma = whole.size();
+    const std::string entry = trim(whole.substr(start, comma - start));
+    start = comma + 1;
+    MG_CHECK(!entry.empty(), "--devices {}: empty entry; expected cpu, all, or GPU ids such as 0,1",
+             spec);
+    Device device;
+    if (all_digits(entry)) {
+      device = Device::cuda(std::stoi(entry));
+    } else {
+      try {
+        device = Device(entry);
+      } catch (const Error&) {
+        MG_FAIL("--devices {}: '{}' is not a device; expected cpu, all, or GPU ids such as 0,1 "
+                "({})",
+                spec, entry, available(cuda_device_count));
+      }
+    }
+    MG_CHECK(!device.is_cuda() || device.index() < cuda_device_count,
+             "--devices {}: no CUDA device {}; {}", spec, device.index(), count_str);
+    devices.push_back(device);
+  }
+  for (const Device& d : devices)
+    MG_CHECK(d.type() == devices[0].type(),
+             "--devices {}: mixes the CPU and GPUs; train on the CPU or on GPUs ({})", spec,
+             available(cuda_device_count));
+  return devices;
+}
+
+std::vector<Device> parse_devices(const std::string& spec) {
+  return parse_devices(spec, backend(DeviceType::CUDA).device_count());
+}
+
+std::string devices_str(const std::vector<Device>& devices) {
+  std::vector<std::string> names;
+  for (const Device& d : devices) names.push_back(d.str());
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+}  // namespace mg::samples

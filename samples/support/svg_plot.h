@@ -1,0 +1,20 @@
+// The training curves as a self-contained SVG a person can open in a browser: train
+// and test loss per epoch on the left, test accuracy on the right, with axes, ticks,
+// labels and legends. Hand-written SVG: no plotting library, nothing to install.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <minigrad/samples/support/metrics.h>
+
+namespace mg::samples {
+
+// The SVG document for `history` (at least one epoch), under `title`.
+std::string training_plot_svg(const std::vector<EpochMetrics>& history, const std::string& title);
+
+// training_plot_svg written to `path` (atomically).
+void write_training_plot(const std::string& path, const std::vector<EpochMetrics>& history,
+                         const std::string& title);
+
+}  // namespace mg::samples

@@ -1,0 +1,396 @@
+// train_fashion_mnist: an MLP classifier trained on Fashion-MNIST with minigrad.
+//
+//   build/bin/train_fashion_mnist                       # the defaults: >= 88% test accuracy
+//   build/bin/train_fashion_mnist --epochs 3 --hidden 512 --metrics run.csv --plot run.svg
+//   build/bin/train_fashion_mnist --save ck.safetensors ...; ... --resume ck.safetensors
+//
+// The loop is the one every PyTorch user knows: for each epoch, shuffled batches from
+// a DataLoader; forward, cross-entropy, zero_grad, backward, SGD step; then the test
+// loss and accuracy with autograd off. --save writes a checkpoint after every epoch
+// (model, optimizer momentum, epoch, metrics so far) in the safetensors format; --resume
+// continues from one, with the same shuffling as an uninterrupted run.
+#include <CLI/CLI.hpp>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <minigrad/autograd/functions.h>
+#include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/backend.h>
+#include <minigrad/core/generator.h>
+#include <minigrad/core/tensor.h>
+#include <minigrad/data/dataloader.h>
+#include <minigrad/data/fashion_mnist.h>
+#include <minigrad/nn/layers.h>
+#include <minigrad/nn/optim/sgd.h>
+#include <minigrad/nn/serialize.h>
+#include <minigrad/parallel/data_parallel.h>
+#include <minigrad/samples/support/devices.h>
+#include <minigrad/samples/support/metrics.h>
+#include <minigrad/samples/support/progress.h>
+#include <minigrad/samples/support/svg_plot.h>
+
+namespace {
+
+using namespace mg;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int epochs = 10;
+  int64_t batch_size = 64;
+  double lr = 0.05;
+  double momentum = 0.9;
+  std::vector<int64_t> hidden{256, 256};
+  uint64_t seed = 1;
+  std::string devices = "cpu";
+  std::string data_dir = data::FashionMNIST::kDefaultRoot;
+  std::string lr_schedule = "cosine";
+  bool no_normalize = false;
+  std::string save, resume, metrics, plot;
+};
+
+std::string hidden_str(const std::vector<int64_t>& hidden) {
+  return fmt::format("{}", fmt::join(hidden, ","));
+}
+
+// 784 -> hidden[0] -> ReLU -> ... -> 10.
+std::shared_ptr<nn::Sequential> make_mlp(const std::vector<int64_t>& hidden) {
+  auto mlp = std::make_shared<nn::Sequential>();
+  int64_t width = data::FashionMNIST::kImageSize * data::FashionMNIST::kImageSize;
+  for (int64_t h : hidden) {
+    mlp->push_back(std::make_shared<nn::Linear>(width, h));
+    mlp->push_back(std::make_shared<nn::ReLU>());
+    width = h;
+  }
+  mlp->push_back(std::make_shared<nn::Linear>(width, data::FashionMNIST::kNumClasses));
+  return mlp;
+}
+
+// ======================================================================================
+// The one place where the model meets the devices. One device: the model moves there
+// and is used as it is. Several devices (--devices 0,1, or cpu,cpu): DataParallel, which
+// scatters each batch over them, replicates the model, and sums the replicas' gradients
+// back into `model`'s parameters -- so the optimizer and the checkpoints keep working on
+// `model` itself, whatever this returns; forward passes go through what it returns.
+// ======================================================================================
+nn::ModulePtr place_model(const nn::ModulePtr& model, const std::vector<Device>& devices) {
+  model->to(devices.front());
+  if (devices.size() == 1) return model;
+  return std::make_shared<parallel::DataParallel>(model, devices);
+}
+
+// The learning rate at training step `step` of `total`: constant, or cosine annealing
+// from lr down to 0 over the whole run (SGDR without restarts, per step). Annealing lets
+// the last epochs settle into a minimum instead of bouncing around it at full lr: about
+// one point of test accuracy here. It depends on the step alone, so --resume continues it.
+double learning_rate(const Options& options, int64_t step, int64_t total) {
+  if (options.lr_schedule == "constant") return options.lr;
+  constexpr double kPi = 3.14159265358979323846;
+  return options.lr * 0.5 *
+         (1.0 + std::cos(kPi * static_cast<double>(step) / static_cast<double>(total)));
+}
+
+struct EvalResult {
+  double loss = 0.0;
+  double accuracy = 0.0;
+};
+
+EvalResult evaluate(nn::Module& net, data::DataLoader& loader, Device device) {
+  NoGradGuard no_grad;
+  net.eval();
+  double loss_sum = 0.0;
+  int64_t correct = 0, seen = 0;
+  for (const data::Batch& host_batch : loader) {
+    const data::Batch batch = host_batch.to(device);
+    const Tensor logits = net.forward(batch.data);
+    loss_sum += static_cast<double>(cross_entropy(logits, batch.target).item<float>()) *
+                static_cast<double>(batch.size());
+    const std::vector<int64_t> predicted = logits.argmax(1).to_vector<int64_t>();
+    const std::vector<int64_t> labels = host_batch.target.to_vector<int64_t>();
+    for (size_t i = 0; i < labels.size(); ++i) correct += predicted[i] == labels[i];
+    seen += batch.size();
+  }
+  net.train();
+  return {loss_sum / static_cast<double>(seen),
+          static_cast<double>(correct) / static_cast<double>(seen)};
+}
+
+// ---- checkpoints: model + optimizer + where the run stands, in one safetensors file ----
+
+void save_checkpoint(const std::string& path, const nn::Module& model, const optim::SGD& sgd,
+                     const Options& options, int epoch,
+                     const std::vector<samples::EpochMetrics>& history) {
+  nn::Checkpoint ck;
+  ck.put("model.", nn::state_dict(model));
+  ck.put("optim.", sgd.state_dict());
+  const Generator::State rng = default_generator().state();
+  ck.metadata = {{"format", "pt"},
+                 {"program", "train_fashion_mnist"},
+                 {"epoch", std::to_string(epoch)},
+                 {"hidden", hidden_str(options.hidden)},
+                 {"seed", std::to_string(options.seed)},
+                 {"generator_seed", std::to_string(rng.seed)},
+                 {"generator_offset", std::to_string(rng.offset)},
+                 {"metrics", samples::metrics_csv(history)}};
+  nn::save_tensors(ck, path);
+}
+
+// Loads a checkpoint written by save_checkpoint into model and sgd (both checked before
+// either changes); returns the epoch it was written after, and fills `history`.
+int load_checkpoint(const std::string& path, nn::Module& model, optim::SGD& sgd,
+                    const Options& options, std::vector<samples::EpochMetrics>& history) {
+  const nn::Checkpoint ck = nn::load_tensors(path);
+  auto meta = [&](const char* key) {
+    const auto it = ck.metadata.find(key);
+    MG_CHECK(it != ck.metadata.end(),
+             "--resume {}: not a train_fashion_mnist checkpoint (no '{}' in its metadata)", path,
+             key);
+    return it->second;
+  };
+  MG_CHECK(meta("hidden") == hidden_str(options.hidden),
+           "--resume {}: the checkpoint's model has hidden layers {} but --hidden is {}; pass "
+           "--hidden {}",
+           path, meta("hidden"), hidden_str(options.hidden), meta("hidden"));
+  const nn::TensorDict model_state = ck.get("model."), optim_state = ck.get("optim.");
+  nn::check_state_dict(model, model_state, path);
+  sgd.check_state_dict(optim_state, path);
+  nn::load_state_dict(model, model_state, path);
+  sgd.load_state_dict(optim_state, path);
+  history = samples::parse_metrics_csv(meta("metrics"), path + " (metrics)");
+  default_generator().set_state(
+      {std::stoull(meta("generator_seed")), std::stoull(meta("generator_offset"))});
+  return std::stoi(meta("epoch"));
+}
+
+// Writes the CSV and the plot for everything so far (rewritten after every epoch, so a
+// run stopped early still leaves both behind).
+void write_reports(const Options& options, const std::vector<samples::EpochMetrics>& history) {
+  if (!options.metrics.empty())
+    samples::write_file_atomically(options.metrics, samples::metrics_csv(history));
+  if (!options.plot.empty() && !history.empty())
+    samples::write_training_plot(
+        options.plot, history,
+        fmt::format("Fashion-MNIST MLP 784-{}-10, SGD lr {} ({}) momentum {}, batch {}",
+                    fmt::join(options.hidden, "-"), options.lr, options.lr_schedule, options.momentum,
+                    options.batch_size));
+}
+
+int run(const Options& options) {
+  const std::vector<Device> devices = samples::parse_devices(options.devices);
+  const Device device = devices.front();
+
+  data::FashionMNISTOptions data_options;
+  data_options.normalize = !options.no_normalize;
+  auto train_set =
+      std::make_shared<data::FashionMNIST>(options.data_dir, data::Split::Train, data_options);
+  auto test_set =
+      std::make_shared<data::FashionMNIST>(options.data_dir, data::Split::Test, data_options);
+
+  manual_seed(options.seed);
+  const std::shared_ptr<nn::Sequential> model = make_mlp(options.hidden);
+  const nn::ModulePtr net = place_model(model, devices);
+  optim::SGD sgd(model->parameters(), optim::SGDOptions(options.lr, options.momentum));
+
+  int64_t parameter_count = 0;
+  for (const Tensor& p : model->parameters()) parameter_count += p.numel();
+  fmt::print("train_fashion_mnist: MLP 784-{}-10 ({} parameters) on {}\n",
+             fmt::join(options.hidden, "-"), parameter_count, samples::devices_str(devices));
+  fmt::print("data: {} training and {} test images from {}{}\n", train_set->size(),
+             test_set->size(), options.data_dir, options.no_normalize ? "" : " (normalised)");
+  fmt::print("SGD lr {} ({}) momentum {}, batch size {}, {} epochs, seed {}\n", options.lr,
+             options.lr_schedule, options.momentum, options.batch_size, options.epochs,
+             options.seed);
+
+  std::vector<samples::EpochMetrics> history;
+  int start_epoch = 0;
+  if (!options.resume.empty()) {
+    start_epoch = load_checkpoint(options.resume, *model, sgd, options, history);
+    fmt::print("resumed from {} after epoch {}\n", options.resume, start_epoch);
+  }
+
+  data::DataLoaderOptions train_options;
+  train_options.batch_size = options.batch_size;
+  train_options.shuffle = true;
+  train_options.seed = options.seed;
+  data::DataLoader train_loader(train_set, train_options);
+  data::DataLoaderOptions test_options;
+  test_options.batch_size = 1000;
+  data::DataLoader test_loader(test_set, test_options);
+
+  const bool interactive = samples::stdout_is_terminal();
+  const int64_t total_steps = train_loader.size() * options.epochs;
+  optim::SGDOptions sgd_options = sgd.options();
+  for (int epoch = start_epoch + 1; epoch <= options.epochs; ++epoch) {
+    const Clock::time_point start = Clock::now();
+    train_loader.set_epoch(epoch - 1);  // the order depends on (seed, epoch) alone
+    samples::ProgressBar bar(fmt::format("epoch {}/{}", epoch, options.epochs),
+                             train_loader.size(), interactive);
+    // The running loss stays on the device: reading it back every step would make a GPU
+    // wait for each step to finish. It is read when the bar redraws and at the end.
+    Tensor loss_sum = zeros({}, DType::Float32, device);
+    int64_t seen = 0, step = 0;
+    for (const data::Batch& host_batch : train_loader) {
+      const data::Batch batch = host_batch.to(device);
+      sgd.set_options(sgd_options.lr(learning_rate(
+          options, (epoch - 1) * train_loader.size() + step, total_steps)));
+      const Tensor loss = cross_entropy(net->forward(batch.data), batch.target);
+      sgd.zero_grad();
+      loss.backward();
+      sgd.step();
+      {
+        NoGradGuard no_grad;
+        loss_sum.add_(loss.detach(), static_cast<double>(batch.size()));
+      }
+      seen += batch.size();
+      ++step;
+      if (bar.due(step)) {
+        const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+        bar.update(step, fmt::format("loss {:.4f}  {:.0f} samples/s",
+                                     loss_sum.item<float>() / static_cast<double>(seen),
+                                     static_cast<double>(seen) / elapsed));
+      }
+    }
+    bar.finish();
+    const double train_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    const double train_loss = loss_sum.item<float>() / static_cast<double>(seen);
+    MG_CHECK(std::isfinite(train_loss),
+             "epoch {}: the training loss is {}; lower the learning rate (--lr {})", epoch,
+             train_loss, options.lr);
+
+    const EvalResult test = evaluate(*net, test_loader, device);
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    history.push_back({epoch, train_loss, test.loss, test.accuracy, seconds});
+    fmt::print("epoch {:>2}/{}  train_loss {:.4f}  test_loss {:.4f}  test_accuracy {:.2f}%  "
+               "{:.2f} s ({:.0f} samples/s)\n",
+               epoch, options.epochs, train_loss, test.loss, 100.0 * test.accuracy, seconds,
+               static_cast<double>(seen) / train_seconds);
+    std::fflush(stdout);
+
+    write_reports(options, history);
+    if (!options.save.empty()) save_checkpoint(options.save, *model, sgd, options, epoch, history);
+  }
+
+  if (history.empty()) {
+    fmt::print("nothing to do: the checkpoint is already at epoch {} of {}\n", start_epoch,
+               options.epochs);
+    return 0;
+  }
+  double total_seconds = 0.0;
+  int timed_epochs = 0;
+  for (const samples::EpochMetrics& m : history) {
+    if (m.epoch <= start_epoch) continue;  // timed by an earlier run
+    total_seconds += m.seconds;
+    ++timed_epochs;
+  }
+  fmt::print("final test accuracy {:.2f}% after {} epochs ({:.2f} s per epoch){}{}{}\n",
+             100.0 * history.back().test_accuracy, history.back().epoch,
+             total_seconds / std::max(timed_epochs, 1),
+             options.metrics.empty() ? "" : "; metrics in " + options.metrics,
+             options.plot.empty() ? "" : "; plot in " + options.plot,
+             options.save.empty() ? "" : "; checkpoint in " + options.save);
+  return 0;
+}
+
+// Flag validators whose messages say what is wanted (CLI11's PositiveNumber prints its
+// range as 0 to 1.8e308 and calls "abc" out of range).
+CLI::Validator positive_integer() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(value.c_str(), &end, 10);
+        if (value.empty() || *end != '\0' || errno != 0 || v <= 0)
+          return fmt::format("must be a positive integer, got '{}'", value);
+        return {};
+      },
+      "INT>0");
+}
+
+CLI::Validator non_negative_integer() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        (void)std::strtoull(value.c_str(), &end, 10);
+        if (value.empty() || value[0] == '-' || *end != '\0' || errno != 0)
+          return fmt::format("must be an integer >= 0, got '{}'", value);
+        return {};
+      },
+      "UINT");
+}
+
+CLI::Validator non_negative_number() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != '\0' || !std::isfinite(v) || v < 0)
+          return fmt::format("must be a number >= 0, got '{}'", value);
+        return {};
+      },
+      "FLOAT>=0");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  CLI::App app{"Trains an MLP classifier on Fashion-MNIST with minigrad and reports the test "
+               "accuracy after every epoch."};
+  app.add_option("--epochs", options.epochs, "Epochs to train (in all, counting resumed ones)")
+      ->check(positive_integer())
+      ->capture_default_str();
+  app.add_option("--batch-size", options.batch_size, "Training batch size")
+      ->check(positive_integer())
+      ->capture_default_str();
+  app.add_option("--lr", options.lr, "SGD learning rate")
+      ->check(non_negative_number())
+      ->capture_default_str();
+  app.add_option("--momentum", options.momentum, "SGD momentum")
+      ->check(non_negative_number())
+      ->capture_default_str();
+  app.add_option("--hidden", options.hidden, "Hidden layer widths, comma-separated (e.g. 512 or 256,256)")
+      ->delimiter(',')
+      ->check(positive_integer())
+      ->capture_default_str();
+  app.add_option("--lr-schedule", options.lr_schedule,
+                 "cosine (anneal the learning rate to 0 over the run) or constant")
+      ->check(CLI::IsMember({"cosine", "constant"}))
+      ->capture_default_str();
+  app.add_option("--seed", options.seed, "Seed of the initial weights and of the shuffling")
+      ->check(non_negative_integer())
+      ->capture_default_str();
+  app.add_option("--devices", options.devices,
+                 "cpu, all (every GPU), or GPU ids such as 0 or 0,1 (several: DataParallel)")
+      ->capture_default_str();
+  app.add_option("--data-dir", options.data_dir,
+                 "Directory with the Fashion-MNIST IDX files (raw or .gz)")
+      ->capture_default_str();
+  app.add_flag("--no-normalize", options.no_normalize,
+               "Scale pixels to [0, 1] only (default: also normalise with mean 0.2860, std 0.3530)");
+  app.add_option("--save", options.save, "Write a checkpoint (safetensors) here after every epoch");
+  app.add_option("--resume", options.resume, "Continue from a checkpoint written by --save");
+  app.add_option("--metrics", options.metrics,
+                 "Write per-epoch metrics to this CSV (epoch,train_loss,test_loss,test_accuracy,seconds)");
+  app.add_option("--plot", options.plot, "Draw the loss and accuracy curves into this SVG");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    return run(options);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "train_fashion_mnist: error: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,172 @@
+// build/bin/train_fashion_mnist run as a user runs it, on a small synthetic dataset
+// written as IDX files in a temporary directory: the files it writes, resuming, and the
+// messages for bad input.
+#include "catch_compat.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <minigrad/core/backend.h>
+
+#include "data/synthetic_fashion_mnist.h"
+#include "samples/run_program.h"
+#include "temp_dir.h"
+
+using mg::testing::run_program;
+using mg::testing::TempDir;
+
+namespace {
+
+const std::string kProgram = mg::testing::program_path("train_fashion_mnist");
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// A run small enough for CI: 300 training and 100 test images, one small hidden layer.
+std::string small_run(const std::string& data_dir) {
+  return kProgram + " --data-dir " + data_dir + " --hidden 32 --batch-size 50";
+}
+
+}  // namespace
+
+TEST_CASE("train_fashion_mnist: one epoch writes the metrics CSV, the SVG plot and a checkpoint") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, true);
+  const auto run = run_program(small_run(dir.path()) + " --epochs 1 --metrics " + (dir / "m.csv") +
+                               " --plot " + (dir / "p.svg") + " --save " + (dir / "ck.safetensors"));
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  // Not a terminal: plain per-epoch lines, no progress bar.
+  REQUIRE_THAT(run.output, MG_CONTAINS("epoch  1/1  train_loss "));
+  REQUIRE_THAT(run.output, MG_CONTAINS("test_accuracy "));
+  REQUIRE(run.output.find('\r') == std::string::npos);
+
+  const auto csv = lines(read_text(dir / "m.csv"));
+  REQUIRE(csv.size() == 2);
+  REQUIRE(csv[0] == "epoch,train_loss,test_loss,test_accuracy,seconds");
+  REQUIRE(csv[1].rfind("1,", 0) == 0);
+  // The synthetic classes are easy: one epoch should beat chance by far.
+  double accuracy = 0;
+  REQUIRE(std::sscanf(csv[1].c_str(), "%*d,%*f,%*f,%lf", &accuracy) == 1);
+  REQUIRE(accuracy > 0.5);
+
+  const std::string svg = read_text(dir / "p.svg");
+  REQUIRE(svg.rfind("<?xml", 0) == 0);
+  REQUIRE_THAT(svg, MG_CONTAINS("<svg") && MG_CONTAINS("</svg>") && MG_CONTAINS("<polyline") &&
+                        MG_CONTAINS("test accuracy"));
+  REQUIRE(std::filesystem::file_size(dir / "ck.safetensors") > 1000);
+}
+
+TEST_CASE("train_fashion_mnist: --resume continues after the saved epoch") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, false);
+  const std::string ck = dir / "ck.safetensors";
+  const auto first = run_program(small_run(dir.path()) + " --epochs 1 --save " + ck);
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  const auto second = run_program(small_run(dir.path()) + " --epochs 2 --resume " + ck +
+                                  " --metrics " + (dir / "m.csv"));
+  INFO(second.output);
+  REQUIRE(second.exit_code == 0);
+  REQUIRE_THAT(second.output, MG_CONTAINS("resumed from " + ck + " after epoch 1"));
+  REQUIRE_THAT(second.output, MG_CONTAINS("epoch  2/2"));
+  REQUIRE(second.output.find("epoch  1/2") == std::string::npos);
+  // The CSV covers the whole run: epoch 1 came from the checkpoint.
+  const auto csv = lines(read_text(dir / "m.csv"));
+  REQUIRE(csv.size() == 3);
+  REQUIRE(csv[1].rfind("1,", 0) == 0);
+  REQUIRE(csv[2].rfind("2,", 0) == 0);
+
+  const auto mismatch = run_program(kProgram + " --data-dir " + dir.path() +
+                                    " --hidden 64 --epochs 3 --resume " + ck);
+  REQUIRE(mismatch.exit_code != 0);
+  REQUIRE_THAT(mismatch.output, MG_CONTAINS("--resume " + ck + ": the checkpoint's model has "
+                                            "hidden layers 32 but --hidden is 64"));
+}
+
+TEST_CASE("train_fashion_mnist: bad flag values are refused by CLI11") {
+  for (const char* flags : {"--epochs abc", "--epochs 0", "--batch-size -4", "--lr -0.1",
+                            "--hidden 256,x", "--no-such-flag"}) {
+    const auto run = run_program(kProgram + " " + flags);
+    INFO(flags << "\n" << run.output);
+    REQUIRE(run.exit_code != 0);
+    const std::string flag = std::string(flags).substr(0, std::string(flags).find(' '));
+    REQUIRE_THAT(run.output, MG_CONTAINS(flag));
+    REQUIRE(run.output.find("train_loss") == std::string::npos);
+  }
+}
+
+TEST_CASE("train_fashion_mnist: --devices with a GPU that does not exist says which devices do") {
+  const int gpus = mg::backend(mg::DeviceType::CUDA).device_count();
+  const int missing = gpus <= 3 ? 3 : gpus;
+  const auto run = run_program(kProgram + " --devices " + std::to_string(missing));
+  INFO(run.output);
+  REQUIRE(run.exit_code != 0);
+  std::string available = "cpu";
+  for (int i = 0; i < gpus; ++i) available += ", " + std::to_string(i);
+  if (gpus > 0) available += ", all";
+  REQUIRE_THAT(run.output,
+               MG_CONTAINS("--devices " + std::to_string(missing) + ": no CUDA device " +
+                           std::to_string(missing) + "; this machine has " + std::to_string(gpus) +
+                           " CUDA device" + (gpus == 1 ? "" : "s") + " (available: " + available +
+                           ")"));
+}
+
+TEST_CASE("train_fashion_mnist: a missing or corrupt dataset file is named, with the fault") {
+  TempDir dir;
+  const std::string nowhere = dir / "nowhere";
+  auto run = run_program(kProgram + " --data-dir " + nowhere);
+  INFO(run.output);
+  REQUIRE(run.exit_code != 0);
+  REQUIRE_THAT(run.output, MG_CONTAINS("cannot find train-images-idx3-ubyte (tried " + nowhere +
+                                       "/train-images-idx3-ubyte and " + nowhere +
+                                       "/train-images-idx3-ubyte.gz)"));
+
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 20, 10, false);
+  const std::string images = dir / "train-images-idx3-ubyte";
+  std::filesystem::resize_file(images, 16 + 28 * 28 * 19);  // 19 of 20 images
+  run = run_program(kProgram + " --data-dir " + dir.path());
+  INFO(run.output);
+  REQUIRE(run.exit_code != 0);
+  REQUIRE_THAT(run.output, MG_CONTAINS(images + ": truncated: the header describes 20 x 28 x 28 "
+                                                "values (15696 bytes with the 16-byte header), but "
+                                                "the file has 14912 bytes"));
+}
+
+TEST_CASE("train_fashion_mnist: --devices cpu,cpu,cpu trains with DataParallel to the same numbers") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, true);
+  std::vector<std::vector<double>> rows;
+  for (const std::string devices : {"cpu", "cpu,cpu,cpu"}) {
+    // Batches of 50 on 3 replicas: uneven pieces of 17, 17 and 16 rows.
+    const auto run = run_program(small_run(dir.path()) + " --epochs 2 --devices " + devices +
+                                 " --metrics " + (dir / "m.csv"));
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    REQUIRE_THAT(run.output, MG_CONTAINS("on " + std::string(devices == "cpu" ? "cpu\n" : "cpu, cpu, cpu\n")));
+    const auto csv = lines(read_text(dir / "m.csv"));
+    REQUIRE(csv.size() == 3);
+    std::vector<double> values;
+    for (size_t i = 1; i < csv.size(); ++i) {
+      double train_loss = 0, test_loss = 0, accuracy = 0;
+      REQUIRE(std::sscanf(csv[i].c_str(), "%*d,%lf,%lf,%lf", &train_loss, &test_loss, &accuracy) == 3);
+      values.insert(values.end(), {train_loss, test_loss, accuracy});
+    }
+    rows.push_back(values);
+  }
+  // The replicas' summed gradients are the whole batch's gradient: only float rounding
+  // (a different summation order) may differ.
+  for (size_t i = 0; i < rows[0].size(); ++i) REQUIRE(rows[1][i] == Approx(rows[0][i]).margin(1e-4));
+}
