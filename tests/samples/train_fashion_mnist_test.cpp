@@ -73,10 +73,13 @@ TEST_CASE("train_fashion_mnist: --resume continues after the saved epoch") {
   TempDir dir;
   mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, false);
   const std::string ck = dir / "ck.safetensors";
-  const auto first = run_program(small_run(dir.path()) + " --epochs 1 --save " + ck);
+  // A constant learning rate: the cosine schedule spans --epochs, so stopping a
+  // 1-epoch run and extending it to 2 anneals differently from a 2-epoch run.
+  const std::string flags = small_run(dir.path()) + " --lr-schedule constant";
+  const auto first = run_program(flags + " --epochs 1 --save " + ck);
   INFO(first.output);
   REQUIRE(first.exit_code == 0);
-  const auto second = run_program(small_run(dir.path()) + " --epochs 2 --resume " + ck +
+  const auto second = run_program(flags + " --epochs 2 --resume " + ck +
                                   " --metrics " + (dir / "m.csv"));
   INFO(second.output);
   REQUIRE(second.exit_code == 0);
@@ -88,6 +91,13 @@ TEST_CASE("train_fashion_mnist: --resume continues after the saved epoch") {
   REQUIRE(csv.size() == 3);
   REQUIRE(csv[1].rfind("1,", 0) == 0);
   REQUIRE(csv[2].rfind("2,", 0) == 0);
+  // Same weights, momentum, shuffling and learning-rate schedule as a run that was never
+  // stopped: epoch 2's numbers match it to the last printed digit (all but the seconds).
+  const auto straight = run_program(flags + " --epochs 2 --metrics " +
+                                    (dir / "straight.csv"));
+  REQUIRE(straight.exit_code == 0);
+  const auto without_seconds = [](const std::string& row) { return row.substr(0, row.rfind(',')); };
+  REQUIRE(without_seconds(lines(read_text(dir / "straight.csv"))[2]) == without_seconds(csv[2]));
 
   const auto mismatch = run_program(kProgram + " --data-dir " + dir.path() +
                                     " --hidden 64 --epochs 3 --resume " + ck);
