@@ -3,6 +3,7 @@
 //   build/bin/train_fashion_mnist                       # the defaults: >= 88% test accuracy
 //   build/bin/train_fashion_mnist --epochs 3 --hidden 512 --metrics run.csv --plot run.svg
 //   build/bin/train_fashion_mnist --save ck.safetensors ...; ... --resume ck.safetensors
+//   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
 //
 // The loop is the one every PyTorch user knows: for each epoch, shuffled batches from
 // a DataLoader; forward, cross-entropy, zero_grad, backward, SGD step; then the test
@@ -35,7 +36,10 @@
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/nn/serialize.h>
+#include <minigrad/data/distributed_sampler.h>
 #include <minigrad/parallel/data_parallel.h>
+#include <minigrad/parallel/distributed/distributed_data_parallel.h>
+#include <minigrad/parallel/distributed/rendezvous.h>
 #include <minigrad/samples/support/devices.h>
 #include <minigrad/samples/support/metrics.h>
 #include <minigrad/samples/support/progress.h>
@@ -58,6 +62,8 @@ struct Options {
   std::string lr_schedule = "cosine";
   bool no_normalize = false;
   std::string save, resume, metrics, plot;
+  bool distributed = false;    // one process per device, started by minigrad-run
+  double dist_timeout = 300.0; // seconds a rank waits for the others before failing
 };
 
 std::string hidden_str(const std::vector<int64_t>& hidden) {
@@ -88,6 +94,50 @@ nn::ModulePtr place_model(const nn::ModulePtr& model, const std::vector<Device>&
   model->to(devices.front());
   if (devices.size() == 1) return model;
   return std::make_shared<parallel::DataParallel>(model, devices);
+}
+
+// ======================================================================================
+// --distributed: one process per device, started by minigrad-run (or torchrun), which
+// sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT:
+//   minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed --devices cpu
+// Each process holds a replica wrapped in DistributedDataParallel (Gloo on the CPU, NCCL
+// on GPUs) and trains on its own shard of every epoch (DistributedSampler). --batch-size
+// stays the global batch, split evenly over the ranks, so the run takes the same SGD
+// steps on the same averaged gradients as one process and reaches the same accuracy.
+// Rank 0 alone writes checkpoints, metrics and plots.
+// ======================================================================================
+struct DistributedRun {
+  std::shared_ptr<parallel::ProcessGroup> group;  // null without --distributed
+  int rank = 0;
+  int world_size = 1;
+  bool writes_files() const { return rank == 0; }
+};
+
+// Joins the job; returns this rank's device: cpu, or the GPU of --devices at LOCAL_RANK.
+DistributedRun join_distributed_run(const Options& options, std::vector<Device>& devices) {
+  const parallel::DistributedEnv env = parallel::DistributedEnv::from_environment();
+  const Device device = devices[static_cast<size_t>(env.local_rank) % devices.size()];
+  devices = {device};
+  parallel::ProcessGroupOptions pg_options;
+  pg_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.dist_timeout * 1000));
+  pg_options.device_index = device.is_cuda() ? device.index() : -1;
+  DistributedRun run;
+  run.group = parallel::init_process_group(device.is_cuda() ? "nccl" : "gloo", pg_options);
+  run.rank = run.group->rank();
+  run.world_size = run.group->size();
+  MG_CHECK(options.batch_size % run.world_size == 0,
+           "--distributed: --batch-size {} (the global batch) must divide evenly over the {} "
+           "ranks",
+           options.batch_size, run.world_size);
+  return run;
+}
+
+// The model on this rank's device, wrapped so that backward averages the gradients over
+// the ranks (the optimizer and checkpoints keep working on `model` itself).
+nn::ModulePtr distribute_model(const nn::ModulePtr& model, Device device,
+                               const DistributedRun& dist) {
+  model->to(device);
+  return std::make_shared<parallel::DistributedDataParallel>(model, dist.group);
 }
 
 // The learning rate at training step `step` of `total`: constant, or cosine annealing
@@ -187,7 +237,9 @@ void write_reports(const Options& options, const std::vector<samples::EpochMetri
 }
 
 int run(const Options& options) {
-  const std::vector<Device> devices = samples::parse_devices(options.devices);
+  std::vector<Device> devices = samples::parse_devices(options.devices);
+  const DistributedRun dist = options.distributed ? join_distributed_run(options, devices)
+                                                  : DistributedRun{};
   const Device device = devices.front();
 
   data::FashionMNISTOptions data_options;
@@ -199,13 +251,18 @@ int run(const Options& options) {
 
   manual_seed(options.seed);
   const std::shared_ptr<nn::Sequential> model = make_mlp(options.hidden);
-  const nn::ModulePtr net = place_model(model, devices);
+  const nn::ModulePtr net =
+      dist.group ? distribute_model(model, device, dist) : place_model(model, devices);
   optim::SGD sgd(model->parameters(), optim::SGDOptions(options.lr, options.momentum));
 
   int64_t parameter_count = 0;
   for (const Tensor& p : model->parameters()) parameter_count += p.numel();
   fmt::print("train_fashion_mnist: MLP 784-{}-10 ({} parameters) on {}\n",
              fmt::join(options.hidden, "-"), parameter_count, samples::devices_str(devices));
+  if (dist.group)
+    fmt::print("distributed: rank {} of {} ({}), global batch {} = {} x {} per rank\n", dist.rank,
+               dist.world_size, dist.group->backend_name(), options.batch_size, dist.world_size,
+               options.batch_size / dist.world_size);
   fmt::print("data: {} training and {} test images from {}{}\n", train_set->size(),
              test_set->size(), options.data_dir, options.no_normalize ? "" : " (normalised)");
   fmt::print("SGD lr {} ({}) momentum {}, batch size {}, {} epochs, seed {}\n", options.lr,
@@ -223,7 +280,17 @@ int run(const Options& options) {
   train_options.batch_size = options.batch_size;
   train_options.shuffle = true;
   train_options.seed = options.seed;
-  data::DataLoader train_loader(train_set, train_options);
+  if (dist.group) {  // this rank's shard of each epoch, and its part of the global batch
+    train_options.shuffle = false;
+    train_options.batch_size = options.batch_size / dist.world_size;
+  }
+  data::DataLoader train_loader =
+      dist.group ? data::DataLoader(train_set,
+                                    std::make_shared<data::DistributedSampler>(
+                                        train_set->size(), dist.world_size, dist.rank,
+                                        /*shuffle=*/true, options.seed),
+                                    train_options)
+                 : data::DataLoader(train_set, train_options);
   data::DataLoaderOptions test_options;
   test_options.batch_size = 1000;
   data::DataLoader test_loader(test_set, test_options);
@@ -262,6 +329,11 @@ int run(const Options& options) {
       }
     }
     bar.finish();
+    if (dist.group) {  // the training loss over every rank's samples
+      Tensor seen_tensor = full({}, static_cast<double>(seen), DType::Float32, device);
+      dist.group->allreduce(std::vector<Tensor>{loss_sum, seen_tensor})->wait();
+      seen = static_cast<int64_t>(seen_tensor.item<float>());
+    }
     const double train_seconds = std::chrono::duration<double>(Clock::now() - start).count();
     const double train_loss = loss_sum.item<float>() / static_cast<double>(seen);
     MG_CHECK(std::isfinite(train_loss),
@@ -277,6 +349,7 @@ int run(const Options& options) {
                static_cast<double>(seen) / train_seconds);
     std::fflush(stdout);
 
+    if (!dist.writes_files()) continue;
     write_reports(options, history);
     if (!options.save.empty()) save_checkpoint(options.save, *model, sgd, options, epoch, history);
   }
@@ -384,6 +457,13 @@ int main(int argc, char** argv) {
   app.add_option("--metrics", options.metrics,
                  "Write per-epoch metrics to this CSV (epoch,train_loss,test_loss,test_accuracy,seconds)");
   app.add_option("--plot", options.plot, "Draw the loss and accuracy curves into this SVG");
+  app.add_flag("--distributed", options.distributed,
+               "One process per device with DistributedDataParallel; start with minigrad-run "
+               "(--batch-size stays the global batch)");
+  app.add_option("--dist-timeout", options.dist_timeout,
+                 "With --distributed: seconds a rank waits for the others before failing")
+      ->check(non_negative_number())
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
