@@ -49,9 +49,10 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
              shape());
     seed = ones(shape(), dtype(), device());
   } else {
-    MG_CHECK(seed.shape() == shape() && seed.device() == device(),
-             "backward: gradient of shape {} on {} does not match the tensor's shape {} on {}",
-             seed.shape(), seed.device(), shape(), device());
+    MG_CHECK(seed.shape() == shape() && seed.device() == device() && seed.dtype() == dtype(),
+             "backward: gradient of shape {} ({}, on {}) does not match the tensor's shape {} "
+             "({}, on {})",
+             seed.shape(), seed.dtype(), seed.device(), shape(), dtype(), device());
   }
   run_backward({*this}, {seed}, retain_graph);
 }
