@@ -207,6 +207,9 @@ TEST_CASE("backward on a non-scalar needs an explicit gradient") {
   // A gradient of the wrong shape names both shapes.
   Tensor z = x * 2.0;
   REQUIRE_THROWS_WITH(z.backward(ones({3, 2})), MG_CONTAINS("[3, 2]") && MG_CONTAINS("[2, 3]"));
+  // So does a gradient of another dtype (it would be read as floats).
+  REQUIRE_THROWS_WITH(z.backward(from_vector(std::vector<int64_t>{1, 1, 1, 1, 1, 1}, {2, 3})),
+                      MG_CONTAINS("int64") && MG_CONTAINS("float32"));
   // A one-element tensor of any rank counts as a scalar, as in PyTorch.
   Tensor one = leaf({3}, {1, 1});
   (one * one).backward();

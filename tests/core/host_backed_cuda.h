@@ -57,6 +57,9 @@ class HostBackedCudaBackend final : public Backend {
   void matmul(const Tensor& out, const Tensor& a, const Tensor& b) override {
     cpu().matmul(out, a, b);
   }
+  void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) override {
+    cpu().addmm(out, bias, a, b);
+  }
   void log_softmax(const Tensor& out, const Tensor& in) override { cpu().log_softmax(out, in); }
   void log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
                             const Tensor& output) override {
