@@ -1,30 +1,77 @@
 #include <minigrad/core/allocator.h>
 
 #include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include <minigrad/core/error.h>
 
 namespace mg {
 namespace {
 
+// Host memory, 64-byte aligned, with a cache of large freed blocks.
+//
+// Why a cache: a training step allocates the same activation and gradient sizes every
+// iteration. glibc returns large blocks to the kernel when they are freed (munmap, or a
+// heap trim), so each step would page-fault its activations back in, zeroed by the
+// kernel: about 6% of an mnist_mlp step. Blocks of at least kMinCachedBytes are kept by
+// exact (rounded) size and handed out again; smaller ones go straight back to malloc,
+// whose own free lists serve them well. The cache holds at most kMaxCachedBytes.
 class CpuAllocator final : public Allocator {
  public:
+  static constexpr std::size_t kAlignment = 64;
+  static constexpr std::size_t kMinCachedBytes = std::size_t{64} << 10;   // 64 KiB
+  static constexpr std::size_t kMaxCachedBytes = std::size_t{1} << 30;    // 1 GiB
+
   void* allocate(std::size_t nbytes) override {
     if (nbytes == 0) return nullptr;
-    constexpr std::size_t kAlignment = 64;
-    const std::size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+    const std::size_t rounded = round_up(nbytes);
+    if (rounded >= kMinCachedBytes) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = free_blocks_.find(rounded);
+      if (it != free_blocks_.end() && !it->second.empty()) {
+        void* ptr = it->second.back();
+        it->second.pop_back();
+        cached_bytes_ -= rounded;
+        return ptr;
+      }
+    }
     void* ptr = std::aligned_alloc(kAlignment, rounded);
     MG_CHECK(ptr != nullptr, "cpu allocator: out of memory allocating {} bytes", nbytes);
     return ptr;
   }
-  void deallocate(void* ptr, std::size_t) override { std::free(ptr); }
+
+  void deallocate(void* ptr, std::size_t nbytes) override {
+    if (ptr == nullptr) return;
+    const std::size_t rounded = round_up(nbytes);
+    if (rounded >= kMinCachedBytes) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (cached_bytes_ + rounded <= kMaxCachedBytes) {
+        free_blocks_[rounded].push_back(ptr);
+        cached_bytes_ += rounded;
+        return;
+      }
+    }
+    std::free(ptr);
+  }
+
+ private:
+  static std::size_t round_up(std::size_t nbytes) {
+    return (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+  }
+
+  std::mutex mutex_;  // DataParallel's replicas allocate from worker threads
+  std::unordered_map<std::size_t, std::vector<void*>> free_blocks_;
+  std::size_t cached_bytes_ = 0;
 };
 
 }  // namespace
 
 Allocator& cpu_allocator() {
-  static CpuAllocator allocator;
-  return allocator;
+  // Never destroyed: storages freed during static destruction still find their allocator.
+  static CpuAllocator* allocator = new CpuAllocator();
+  return *allocator;
 }
 
 }  // namespace mg

@@ -1,5 +1,6 @@
 // Allocator: where Storage gets its bytes. Each backend owns one per device; the CPU one
-// is plain aligned malloc, the CUDA one is stream-ordered and caches (see cuda/).
+// is aligned malloc that keeps large freed blocks for reuse (core/allocator.cpp), the
+// CUDA one is stream-ordered and caches (see cuda/).
 #pragma once
 
 #include <cstddef>
