@@ -1,0 +1,110 @@
+// The two tutorials run on CPU replicas and print what PyTorch's tutorials print.
+// They are run as programs (build/bin/...), as a reader would run them.
+#include "catch_compat.h"
+
+#include <array>
+#include <cstdio>
+#include <string>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <fmt/format.h>
+
+namespace {
+
+struct Run {
+  int status = -1;
+  std::string output;  // stdout and stderr together
+};
+
+std::string program(const char* name) { return fmt::format("{}/bin/{}", MINIGRAD_BINARY_DIR, name); }
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+Run run(const std::string& command) {
+  Run result;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::array<char, 4096> buffer{};
+  size_t n = 0;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  const int status = ::pclose(pipe);
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+size_t count(const std::string& text, const std::string& line) {
+  size_t n = 0;
+  for (size_t at = text.find(line); at != std::string::npos; at = text.find(line, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("data_parallel_tutorial splits each batch of 30 over four CPU replicas") {
+  const std::string tutorial = program("data_parallel_tutorial");
+  if (!exists(tutorial)) {
+    WARN("not built (MINIGRAD_BUILD_SAMPLES=OFF): " << tutorial);
+    return;
+  }
+  const Run r = run(tutorial + " --replicas 4");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  REQUIRE(count(r.output, "--replicas 4: running 4 replicas on the CPU\n") == 1);
+  // 100 examples in batches of 30: 30 30 30 10; 30 rows on 4 replicas are 8 8 8 6, and
+  // the last 10 are 3 3 3 1.
+  REQUIRE(count(r.output, "Outside: input size [30, 5] output_size [30, 2]\n") == 3);
+  REQUIRE(count(r.output, "Outside: input size [10, 5] output_size [10, 2]\n") == 1);
+  REQUIRE(count(r.output, "\tIn Model: input size [8, 5] output size [8, 2]\n") == 9);
+  REQUIRE(count(r.output, "\tIn Model: input size [6, 5] output size [6, 2]\n") == 3);
+  REQUIRE(count(r.output, "\tIn Model: input size [3, 5] output size [3, 2]\n") == 3);
+  REQUIRE(count(r.output, "\tIn Model: input size [1, 5] output size [1, 2]\n") == 1);
+}
+
+TEST_CASE("data_parallel_tutorial takes --device-ids and explains a bad one") {
+  const std::string tutorial = program("data_parallel_tutorial");
+  if (!exists(tutorial)) return;
+  const Run two = run(tutorial + " --device-ids cpu,cpu");
+  INFO(two.output);
+  REQUIRE(two.status == 0);
+  REQUIRE(count(two.output, "--device-ids cpu,cpu: using [cpu, cpu]\n") == 1);
+  REQUIRE(count(two.output, "\tIn Model: input size [15, 5] output size [15, 2]\n") == 6);
+  REQUIRE(count(two.output, "\tIn Model: input size [5, 5] output size [5, 2]\n") == 2);
+
+  const Run bad = run(tutorial + " --device-ids cpu,,cpu");
+  REQUIRE(bad.status == 1);
+  REQUIRE(count(bad.output, "data_parallel_tutorial: error: device list 'cpu,,cpu': empty entry") == 1);
+}
+
+TEST_CASE("model_parallel trains its two layers for 10 epochs") {
+  const std::string binary = program("model_parallel");
+  if (!exists(binary)) return;
+  const Run r = run(binary + " --devices cpu,cpu");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  REQUIRE(count(r.output, "layer1 = Linear(10, 5) on cpu, layer2 = Linear(5, 2) on cpu\n") == 1);
+  float first = 0, last = 0;
+  for (int epoch = 1; epoch <= 10; ++epoch) {
+    const std::string prefix = fmt::format("Epoch {}, Loss: ", epoch);
+    const size_t at = r.output.find(prefix);
+    REQUIRE(at != std::string::npos);
+    const float loss = std::stof(r.output.substr(at + prefix.size()));
+    if (epoch == 1) first = loss;
+    last = loss;
+  }
+  REQUIRE(last < first);  // SGD on a fixed batch: the loss goes down
+}
+
+TEST_CASE("model_parallel --wrap-data-parallel says what DataParallel does with it") {
+  const std::string binary = program("model_parallel");
+  if (!exists(binary)) return;
+  const Run r = run(binary + " --devices cpu,cpu --wrap-data-parallel");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  // Both layers on the CPU: nothing is split, so DataParallel accepts it (the refusal
+  // needs two devices; tests/cuda checks that message).
+  REQUIRE(count(r.output, "DataParallel accepted it: both layers are on cpu") == 1);
+}
