@@ -10,6 +10,9 @@
 // loss and accuracy with autograd off. --save writes a checkpoint after every epoch
 // (model, optimizer momentum, epoch, metrics so far) in the safetensors format; --resume
 // continues from one, with the same shuffling as an uninterrupted run.
+//
+// The CPU matmuls run on OpenBLAS, which uses every core by default; on a machine busy
+// with other work, OPENBLAS_NUM_THREADS=1 is often faster (bench/train_fashion_mnist.md).
 #include <CLI/CLI.hpp>
 
 #include <cerrno>
@@ -438,7 +441,7 @@ int main(int argc, char** argv) {
       ->check(positive_integer())
       ->capture_default_str();
   app.add_option("--lr-schedule", options.lr_schedule,
-                 "cosine (anneal the learning rate to 0 over the run) or constant")
+                 "cosine (anneal the learning rate to 0 over --epochs) or constant")
       ->check(CLI::IsMember({"cosine", "constant"}))
       ->capture_default_str();
   app.add_option("--seed", options.seed, "Seed of the initial weights and of the shuffling")
