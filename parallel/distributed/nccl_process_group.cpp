@@ -267,19 +267,33 @@ ProcessGroupNccl::~ProcessGroupNccl() {
   if (!impl_) return;
   DeviceGuard guard(impl_->device());
   if (impl_->comm != nullptr && !impl_->aborted) {
-    // Let queued collectives finish (bounded by the timeout), then free the communicator;
-    // if they do not finish, abort rather than hang in a destructor.
-    const Clock::time_point deadline = Clock::now() + impl_->options.timeout;
-    bool drained = impl_->comm_stream == nullptr;
-    while (!drained && Clock::now() < deadline) {
-      const cudaError_t q = cudaStreamQuery(impl_->comm_stream);
-      drained = q != cudaErrorNotReady;
-      if (!drained) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    // A non-blocking communicator is finalised first (that flushes the collectives still
+    // queued), watched like everything else, then destroyed; if it does not settle within
+    // the timeout (a peer gone), it is aborted rather than hang in a destructor.
+    bool finalized = false;
+    const ncclResult_t r = ncclCommFinalize(impl_->comm);
+    if (r == ncclSuccess || r == ncclInProgress) {
+      const Clock::time_point deadline = Clock::now() + impl_->options.timeout;
+      for (;;) {
+        const ncclResult_t state = impl_->async_state();
+        if (state != ncclInProgress) {
+          finalized = state == ncclSuccess;
+          break;
+        }
+        if (Clock::now() > deadline) break;
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
     }
-    const ncclResult_t r = drained ? ncclCommDestroy(impl_->comm) : ncclCommAbort(impl_->comm);
-    if (r != ncclSuccess && r != ncclInProgress)
-      std::fprintf(stderr, "minigrad ProcessGroupNccl: freeing the communicator failed: %s\n",
-                   ncclGetErrorString(r));
+    const ncclResult_t freed =
+        finalized ? ncclCommDestroy(impl_->comm) : ncclCommAbort(impl_->comm);
+    if (!finalized)
+      std::fprintf(stderr,
+                   "minigrad ProcessGroupNccl: rank %d: the communicator did not finalise "
+                   "(ncclCommFinalize: %s); aborted it instead\n",
+                   impl_->rank, ncclGetErrorString(r));
+    if (freed != ncclSuccess)
+      std::fprintf(stderr, "minigrad ProcessGroupNccl: rank %d: freeing the communicator: %s\n",
+                   impl_->rank, ncclGetErrorString(freed));
   }
   if (impl_->comm_stream != nullptr) (void)cudaStreamDestroy(impl_->comm_stream);
 }
