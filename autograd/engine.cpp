@@ -39,6 +39,15 @@ struct LaterFirst {
   bool operator()(const Node* a, const Node* b) const { return a->sequence_nr() < b->sequence_nr(); }
 };
 
+// What the engine tracks for one node during a backward: one hash-map entry per node
+// (not one per map of counts, owners and buffers), since a small model's backward is
+// mostly this bookkeeping.
+struct NodeTask {
+  std::shared_ptr<Node> node;  // keeps the node alive while it is pending
+  int dependencies = 0;        // edges into the node whose gradient has not arrived yet
+  InputBuffer buffer;
+};
+
 }  // namespace
 
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
@@ -46,10 +55,19 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   NoGradGuard no_grad;  // backward computes plain tensors; it records no graph of its own
 
   // Step 1: dependency counts.
-  std::unordered_map<Node*, int> dependencies;
-  std::unordered_map<Node*, std::shared_ptr<Node>> keep_alive;
+  std::unordered_map<Node*, NodeTask> tasks;
   std::vector<Node*> stack;
   std::vector<Edge> root_edges;
+  // The task of the node behind `edge`, made (and the node queued for a visit of its
+  // own edges) the first time it is seen.
+  auto discover = [&](const Edge& edge) -> NodeTask& {
+    auto [it, inserted] = tasks.try_emplace(edge.function.get());
+    if (inserted) {
+      it->second.node = edge.function;
+      stack.push_back(edge.function.get());
+    }
+    return it->second;
+  };
   for (const Tensor& root : roots) {
     Edge edge = gradient_edge(root);
     MG_CHECK(edge.valid(),
@@ -57,24 +75,20 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
              "forget set_requires_grad(true), or run forward under NoGradGuard?)",
              root.shape());
     root_edges.push_back(edge);
-    if (keep_alive.emplace(edge.function.get(), edge.function).second)
-      stack.push_back(edge.function.get());
+    discover(edge);
   }
   while (!stack.empty()) {
     Node* node = stack.back();
     stack.pop_back();
     for (const Edge& next : node->next_edges()) {
       if (!next.valid()) continue;
-      Node* n = next.function.get();
-      ++dependencies[n];
-      if (keep_alive.emplace(n, next.function).second) stack.push_back(n);
+      ++discover(next).dependencies;
     }
   }
 
   // Step 2: run ready nodes.
-  std::unordered_map<Node*, InputBuffer> buffers;
   auto buffer_of = [&](Node* node) -> InputBuffer& {
-    InputBuffer& b = buffers[node];
+    InputBuffer& b = tasks.at(node).buffer;
     if (b.grads.empty()) b.grads.resize(std::max<size_t>(node->outputs().size(), 1));
     return b;
   };
@@ -84,18 +98,18 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     buffer_of(node).add(root_edges[i].input_nr, grad_roots[i]);
   }
   for (const Edge& e : root_edges) {
-    Node* node = e.function.get();
-    if (dependencies[node] == 0) {
-      dependencies[node] = -1;  // queued
-      ready.push(node);
+    NodeTask& task = tasks.at(e.function.get());
+    if (task.dependencies == 0) {
+      task.dependencies = -1;  // queued
+      ready.push(e.function.get());
     }
   }
 
   while (!ready.empty()) {
     Node* node = ready.top();
     ready.pop();
+    // Only the buffer is taken: the task keeps the node alive until backward ends.
     std::vector<Tensor> grad_outputs = std::move(buffer_of(node).grads);
-    buffers.erase(node);
     // An output nobody differentiated gets a zero gradient of its recorded shape.
     for (size_t i = 0; i < grad_outputs.size() && i < node->outputs().size(); ++i) {
       if (!grad_outputs[i].defined()) {
@@ -124,7 +138,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       Node* n = next.function.get();
       if (i < grad_inputs.size() && grad_inputs[i].defined())
         buffer_of(n).add(next.input_nr, std::move(grad_inputs[i]));
-      if (--dependencies[n] == 0) ready.push(n);
+      if (--tasks.at(n).dependencies == 0) ready.push(n);
     }
   }
 }

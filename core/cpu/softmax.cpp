@@ -80,11 +80,20 @@ void CpuBackend::cross_entropy_backward(const Tensor& grad_logits, const Tensor&
                        static_cast<double>(rows);
   auto* g = static_cast<float*>(grad_logits.data_ptr());
   for (int64_t i = 0; i < rows; ++i) {
-    const double lse = log_sum_exp(x, i, cols);
+    // softmax = exp(x - max) / sum: one exp per element (exp dominates this op on small
+    // batches), each kept in the output row until the sum is known.
+    float* row = g + i * cols;
+    float max = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < cols; ++j) max = std::max(max, x.at(i, j));
+    double total = 0.0;
     for (int64_t j = 0; j < cols; ++j) {
-      const double p = std::exp(static_cast<double>(x.at(i, j)) - lse);
-      g[i * cols + j] = static_cast<float>((p - (j == t[i * ts] ? 1.0 : 0.0)) * scale);
+      const double e = std::exp(static_cast<double>(x.at(i, j) - max));
+      row[j] = static_cast<float>(e);
+      total += e;
     }
+    const int64_t target = t[i * ts];
+    for (int64_t j = 0; j < cols; ++j)
+      row[j] = static_cast<float>((row[j] / total - (j == target ? 1.0 : 0.0)) * scale);
   }
 }
 
