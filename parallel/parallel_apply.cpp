@@ -123,26 +123,20 @@ std::vector<Tensor> parallel_apply(const std::vector<nn::ModulePtr>& replicas,
   if (n == 0) return outputs;
   const bool grad_enabled = GradMode::is_enabled();
 
-  // The caller's inputs were queued on its current streams, which need not be the
-  // compute streams the replicas run on (the caller may have made another stream
-  // current): the compute streams wait for them, and afterwards the other way round.
-  std::vector<Stream> caller_streams, compute_streams;
-  for (const Device& d : devices) {
-    caller_streams.push_back(current_stream(d));
-    compute_streams.push_back(compute_stream(d));
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (caller_streams[i] == compute_streams[i]) continue;
-    Event inputs_ready;
-    inputs_ready.record(caller_streams[i]);
-    inputs_ready.block(compute_streams[i]);
-  }
+  // Each replica runs on the stream the caller has current on its device: the device's
+  // compute stream, unless the caller chose another (as PyTorch's parallel_apply does).
+  // The inputs were made on that stream and the outputs will be consumed and freed on
+  // it, so no events are needed and the stream-ordered allocator's rule (freed on the
+  // stream it was allocated on) holds for everything the replicas allocate.
+  std::vector<Stream> streams;
+  streams.reserve(n);
+  for (const Device& d : devices) streams.push_back(current_stream(d));
 
   std::vector<std::exception_ptr> errors(n);
   auto forward_replica = [&](size_t i) {
     try {
       DeviceGuard device_guard(devices[i]);
-      StreamGuard stream_guard(compute_streams[i]);
+      StreamGuard stream_guard(streams[i]);
       AutoGradMode grad_mode(grad_enabled);
       outputs[i] = replicas[i]->forward(inputs[i]);
     } catch (...) {
@@ -169,12 +163,6 @@ std::vector<Tensor> parallel_apply(const std::vector<nn::ModulePtr>& replicas,
     }
   }
 
-  for (size_t i = 0; i < n; ++i) {
-    if (caller_streams[i] == compute_streams[i]) continue;
-    Event outputs_ready;
-    outputs_ready.record(compute_streams[i]);
-    outputs_ready.block(caller_streams[i]);
-  }
   return outputs;
 }
 

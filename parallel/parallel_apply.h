@@ -1,7 +1,8 @@
 // parallel_apply: step 3 of DataParallel. Runs replicas[i]->forward(inputs[i]) for all i
 // at once, replica i on a worker thread of its own that
 //   - makes devices[i] its current device and that device's compute stream its current
-//     stream, so the replica's kernels queue there (replicas on distinct GPUs overlap);
+//     stream (or the stream the caller has current there, if the caller chose another),
+//     so the replica's kernels queue there and replicas on distinct GPUs overlap;
 //   - runs under the caller's grad mode (grad mode is thread-local: without carrying it,
 //     a caller's NoGradGuard would not reach the workers);
 //   - hands any exception back: the caller re-throws the first failure (lowest index) as

@@ -1,6 +1,6 @@
 // The parallel layer on GPUs: the central test with replicas on cuda:0 once, twice and
 // four times (the host communicator: NCCL refuses two ranks on one GPU), on distinct
-// GPUs with NCCL when the machine has them, the stream discipline of parallel_apply,
+// GPUs with NCCL when the machine has them, the streams parallel_apply runs replicas on,
 // model parallelism across the host/GPU boundary, and the error for a module whose
 // parameters are not on device_ids[0]. Skipped (exit 77) without a GPU.
 #include "gpu_compare.h"
@@ -17,18 +17,20 @@ namespace {
 
 std::vector<Device> gpu0_times(size_t n) { return std::vector<Device>(n, Device::cuda(0)); }
 
-// Records, inside forward, which stream its device has current.
+// Checks, inside forward, that its device has the expected stream current.
 class StreamProbe : public mg::nn::Cloneable<StreamProbe> {
  public:
-  StreamProbe() : Cloneable<StreamProbe>("StreamProbe") {
+  explicit StreamProbe(mg::Stream expected) : Cloneable<StreamProbe>("StreamProbe"), expected_(expected) {
     register_parameter("weight", mg::ones({1}, mg::DType::Float32, Device::cuda(0)));
   }
   Tensor forward(const Tensor& x) override {
-    const Device d = x.device();
-    MG_CHECK(mg::current_stream(d) == mg::compute_stream(d),
-             "StreamProbe: the replica on {} does not run on its compute stream", d);
+    MG_CHECK(mg::current_stream(x.device()) == expected_,
+             "StreamProbe: the replica on {} does not run on the expected stream", x.device());
     return x * parameter("weight");
   }
+
+ private:
+  mg::Stream expected_;
 };
 
 }  // namespace
@@ -88,17 +90,21 @@ TEST_CASE("DataParallel takes host input and can gather onto the host [gpu]") {
   mg::cuda_test::require_close(out, reference->forward(x), 1e-4, 1e-5);
 }
 
-TEST_CASE("replicas run on their device's compute stream even when the caller chose another [gpu]") {
+TEST_CASE("replicas run on the compute stream or on the stream the caller chose [gpu]") {
   mg::manual_seed(35);
-  auto probe = std::make_shared<StreamProbe>();
-  DataParallel dp(probe, gpu0_times(4));
   const Device gpu = Device::cuda(0);
-  // The caller works on the copy stream (a "user stream"): inputs are made there, and
-  // parallel_apply must order the replicas' compute stream after it and back.
+  {
+    DataParallel dp(std::make_shared<StreamProbe>(mg::compute_stream(gpu)), gpu0_times(4));
+    const Tensor x = mg::randn({4096, 8}, gpu);
+    mg::cuda_test::require_close(dp.forward(x), x, 0, 0);
+  }
+  // The caller works on another stream (here the copy stream stands in for a user's
+  // stream): the replicas follow it, so what they allocate is used and freed in the
+  // caller's stream order.
   mg::StreamGuard guard(mg::copy_stream(gpu));
+  DataParallel dp(std::make_shared<StreamProbe>(mg::copy_stream(gpu)), gpu0_times(4));
   const Tensor x = mg::randn({4096, 8}, gpu);
-  const Tensor out = dp.forward(x);
-  mg::cuda_test::require_close(out, x, 0, 0);
+  mg::cuda_test::require_close(dp.forward(x), x, 0, 0);
 }
 
 TEST_CASE("a module with a parameter off device_ids[0] gets the model-parallel error [gpu]") {
