@@ -79,7 +79,7 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module,
   reducer_ = Reducer::create(std::move(params), std::move(names), process_group_,
                              mib_to_bytes(options_.first_bucket_mb, "first_bucket_mb"),
                              mib_to_bytes(options_.bucket_cap_mb, "bucket_cap_mb"),
-                             options_.find_unused_parameters);
+                             options_.find_unused_parameters, options_.gradient_as_bucket_view);
 }
 
 void DistributedDataParallel::check_same_shapes_across_ranks(

@@ -40,6 +40,11 @@ struct DDPOptions {
   bool broadcast_buffers = true;
   // Walk the graph after each forward to find parameters that get no gradient (reducer.h).
   bool find_unused_parameters = false;
+  // After each reduction, make every parameter's .grad a view into its bucket instead of
+  // copying the averaged values back (PyTorch's option of the same name): one copy of
+  // all gradients less per step. The .grad tensors then share memory with the buckets, so
+  // a .grad kept from an earlier step changes with the next reduction.
+  bool gradient_as_bucket_view = false;
 };
 
 class DistributedDataParallel : public nn::Module {

@@ -328,13 +328,15 @@ void gloo_broadcast(const std::shared_ptr<gloo::Context>& context, const Tensor&
 
 std::shared_ptr<Work> ProcessGroupGloo::allreduce(std::vector<Tensor> tensors, ReduceOp op) {
   check_tensors("allreduce", tensors, op == ReduceOp::Average);
+  // A group of one has nothing to exchange: the sum and the mean are the tensors as they are.
+  if (size() == 1) return std::make_shared<CompletedWork>();
   // Coalesced on the caller's thread: the caller may reuse its gradients at once.
   auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors));
   const std::string detail = fmt::format("{} of {} bytes", reduce_op_name(op), buffer->nbytes());
   Impl* impl = impl_.get();
   return impl->enqueue("allreduce", detail, [impl, buffer, op](uint32_t tag) {
     const Tensor& flat = buffer->flat();
-    if (impl->size > 1 && flat.numel() > 0) {
+    if (flat.numel() > 0) {
       if (flat.dtype() == DType::Float32) {
         gloo_allreduce<float>(impl->context, flat, tag, impl->options.timeout);
       } else {
@@ -342,7 +344,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(std::vector<Tensor> tensors, R
       }
     }
     // Gloo has no average: sum, then scale, as PyTorch's DDP comm hook does.
-    if (op == ReduceOp::Average && impl->size > 1)
+    if (op == ReduceOp::Average)
       backend(flat.device()).binary_scalar(BinaryOp::Mul, flat, flat, 1.0 / impl->size);
     buffer->copy_back();
   });
@@ -352,12 +354,13 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(std::vector<Tensor> tensors, i
   check_tensors("broadcast", tensors, false);
   MG_CHECK(root >= 0 && root < size(), "broadcast (gloo): root {} is outside [0, {}) (rank {})",
            root, size(), rank());
+  if (size() == 1) return std::make_shared<CompletedWork>();
   auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors));
   const std::string detail = fmt::format("{} bytes from rank {}", buffer->nbytes(), root);
   Impl* impl = impl_.get();
   return impl->enqueue("broadcast", detail, [impl, buffer, root](uint32_t tag) {
     const Tensor& flat = buffer->flat();
-    if (impl->size > 1 && flat.numel() > 0) {
+    if (flat.numel() > 0) {
       if (flat.dtype() == DType::Float32) {
         gloo_broadcast<float>(impl->context, flat, root, tag, impl->options.timeout);
       } else {
@@ -369,9 +372,9 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(std::vector<Tensor> tensors, i
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::barrier() {
+  if (size() == 1) return std::make_shared<CompletedWork>();
   Impl* impl = impl_.get();
   return impl->enqueue("barrier", "", [impl](uint32_t tag) {
-    if (impl->size == 1) return;
     gloo::BarrierOptions opts(impl->context);
     opts.setTag(tag);
     opts.setTimeout(impl->options.timeout);

@@ -15,21 +15,24 @@ using Clock = std::chrono::steady_clock;
 std::shared_ptr<Reducer> Reducer::create(std::vector<Tensor> params, std::vector<std::string> names,
                                          std::shared_ptr<ProcessGroup> process_group,
                                          size_t first_bucket_bytes, size_t bucket_bytes,
-                                         bool find_unused_parameters) {
+                                         bool find_unused_parameters,
+                                         bool gradient_as_bucket_view) {
   auto reducer = std::make_shared<Reducer>(std::move(params), std::move(names),
                                            std::move(process_group), first_bucket_bytes,
-                                           bucket_bytes, find_unused_parameters);
+                                           bucket_bytes, find_unused_parameters,
+                                           gradient_as_bucket_view);
   reducer->register_hooks();
   return reducer;
 }
 
 Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names,
                  std::shared_ptr<ProcessGroup> process_group, size_t first_bucket_bytes,
-                 size_t bucket_bytes, bool find_unused_parameters)
+                 size_t bucket_bytes, bool find_unused_parameters, bool gradient_as_bucket_view)
     : params_(std::move(params)),
       names_(std::move(names)),
       process_group_(std::move(process_group)),
-      find_unused_parameters_(find_unused_parameters) {
+      find_unused_parameters_(find_unused_parameters),
+      gradient_as_bucket_view_(gradient_as_bucket_view) {
   MG_CHECK(process_group_ != nullptr, "DistributedDataParallel: the process group is null");
   MG_CHECK(names_.size() == params_.size(), "Reducer: {} names for {} parameters", names_.size(),
            params_.size());
@@ -78,12 +81,17 @@ void Reducer::assign_buckets(size_t first_bucket_bytes, size_t bucket_bytes) {
     bucket.params = closed[b];
     int64_t total = 0;
     for (size_t index : bucket.params) {
-      bucket.offsets.push_back(total);
       total += params_[index].numel();
       bucket_of_[index] = b;
     }
     const Tensor& first = params_[bucket.params[0]];
     bucket.flat = zeros(Shape{total}, first.dtype(), first.device());
+    int64_t offset = 0;
+    for (size_t index : bucket.params) {
+      const Tensor& p = params_[index];
+      bucket.views.push_back(ops::view(ops::narrow(bucket.flat, 0, offset, p.numel()), p.shape()));
+      offset += p.numel();
+    }
     buckets_.push_back(std::move(bucket));
     bucket_indices_.push_back(closed[b]);
   }
@@ -211,13 +219,12 @@ void Reducer::launch_ready_buckets() {
 
 void Reducer::launch(Bucket& bucket) {
   for (size_t k = 0; k < bucket.params.size(); ++k) {
-    const Tensor& p = params_[bucket.params[k]];
-    Tensor slot = ops::view(ops::narrow(bucket.flat, 0, bucket.offsets[k], p.numel()), p.shape());
-    const Tensor grad = p.grad();
-    if (grad.defined()) {
-      ops::copy_(slot, grad);
-    } else {
+    Tensor& slot = bucket.views[k];
+    const Tensor grad = params_[bucket.params[k]].grad();
+    if (!grad.defined()) {
       slot.fill_(0.0);  // an unused parameter contributes nothing
+    } else if (grad.data_ptr() != slot.data_ptr()) {  // (gradient_as_bucket_view: already there)
+      ops::copy_(slot, grad);
     }
   }
   try {
@@ -245,10 +252,11 @@ void Reducer::finalize() {
     stats_.comm_seconds += std::max(0.0, bucket.work->duration_seconds());
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const Tensor& p = params_[bucket.params[k]];
-      Tensor averaged =
-          ops::view(ops::narrow(bucket.flat, 0, bucket.offsets[k], p.numel()), p.shape());
+      const Tensor& averaged = bucket.views[k];
       const Tensor grad = p.grad();
-      if (grad.defined()) {
+      if (gradient_as_bucket_view_) {
+        if (!grad.defined() || grad.data_ptr() != averaged.data_ptr()) p.set_grad(averaged);
+      } else if (grad.defined()) {
         ops::copy_(grad, averaged);
       } else {
         p.set_grad(ops::clone(averaged));

@@ -20,6 +20,10 @@
 // Failed (a collective failed: its error is thrown again at every later forward, since
 // the ranks can no longer agree on the gradients).
 //
+// With gradient_as_bucket_view, the last step sets each .grad to its slot of the bucket
+// instead of copying into it; a .grad that already is its slot (accumulated in place
+// since) is not copied into the bucket either.
+//
 // Unused parameters: with find_unused_parameters, prepare_for_backward walks the graph
 // from the output and marks the parameters it does not reach as ready at once; their
 // slots in the bucket hold zeros, so after the reduction their grad is the average over
@@ -56,7 +60,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
                                          std::vector<std::string> names,
                                          std::shared_ptr<ProcessGroup> process_group,
                                          size_t first_bucket_bytes, size_t bucket_bytes,
-                                         bool find_unused_parameters);
+                                         bool find_unused_parameters,
+                                         bool gradient_as_bucket_view = false);
 
   // Before a forward: fails if the previous iteration's reduction is incomplete.
   void prepare_for_forward();
@@ -75,14 +80,14 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
   Reducer(std::vector<Tensor> params, std::vector<std::string> names,
           std::shared_ptr<ProcessGroup> process_group, size_t first_bucket_bytes,
-          size_t bucket_bytes, bool find_unused_parameters);
+          size_t bucket_bytes, bool find_unused_parameters, bool gradient_as_bucket_view);
 
  private:
   enum class State { Idle, Armed, Finished, Failed };
   struct Bucket {
     std::vector<size_t> params;   // indices into params_
-    std::vector<int64_t> offsets; // of each parameter in flat
     Tensor flat;                  // the gradients of this bucket, contiguous
+    std::vector<Tensor> views;    // each parameter's slot of flat, shaped like it
     size_t pending = 0;           // parameters not ready yet this iteration
     std::shared_ptr<Work> work;
   };
@@ -99,6 +104,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<std::string> names_;
   std::shared_ptr<ProcessGroup> process_group_;
   bool find_unused_parameters_;
+  bool gradient_as_bucket_view_;
   std::vector<Bucket> buckets_;
   std::vector<std::vector<size_t>> bucket_indices_;
   std::vector<size_t> bucket_of_;  // parameter index -> bucket

@@ -200,6 +200,40 @@ TEST_CASE("DistributedDataParallel: no_sync accumulates locally, the next backwa
   for (const RankResult& r : results) require_close(r.floats("reduced"), expected);
 }
 
+TEST_CASE("DistributedDataParallel: gradient_as_bucket_view trains exactly as the copying default") {
+  auto results = run_ranks(2, [](RankContext& ctx) {
+    auto pg = ctx.gloo();
+    std::vector<std::vector<float>> finals;
+    for (bool as_view : {false, true}) {
+      auto net = make_net(6000);
+      DDPOptions options = tiny_buckets();
+      options.gradient_as_bucket_view = as_view;
+      auto ddp = std::make_shared<DistributedDataParallel>(net, pg, options);
+      optim::SGD sgd(ddp->parameters(), optim::SGDOptions(0.05).momentum(0.9));
+      for (int step = 0; step < 3; ++step) {
+        const Batch b1 = make_batch(static_cast<uint64_t>(20 * step + ctx.rank), 4);
+        const Batch b2 = make_batch(static_cast<uint64_t>(20 * step + 10 + ctx.rank), 4);
+        net->zero_grad(/*set_to_none=*/step == 0);  // zeros in place later: into the views
+        {
+          auto guard = ddp->no_sync();
+          nn::CrossEntropyLoss()(ddp->forward(b1.x), b1.y).backward();
+        }
+        nn::CrossEntropyLoss()(ddp->forward(b2.x), b2.y).backward();
+        sgd.step();
+      }
+      finals.push_back(flat_values(net->parameters(), false));
+    }
+    ctx.report("copying", finals[0]);
+    ctx.report("as view", finals[1]);
+  });
+  INFO(describe(results));
+  for (const RankResult& r : results) {
+    REQUIRE(r.ok());
+    REQUIRE(r.floats("as view") == r.floats("copying"));
+  }
+  REQUIRE(results[0].floats("as view") == results[1].floats("as view"));
+}
+
 TEST_CASE("DistributedDataParallel: find_unused_parameters averages over the ranks that used them") {
   auto results = run_ranks(2, [](RankContext& ctx) {
     manual_seed(4000);
