@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
   int64_t batch = 128;
   int steps = 20, warmup = 3;
   double bucket_cap_mb = 25.0, first_bucket_mb = 1.0, timeout_s = 120.0;
+  bool as_view = false;
   app.add_option("--widths", widths_text, "MLP layer widths, input to classes");
   app.add_option("--batch", batch, "rows per rank per step");
   app.add_option("--steps", steps, "timed steps");
@@ -83,6 +84,7 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-cap-mb", bucket_cap_mb, "DDPOptions::bucket_cap_mb");
   app.add_option("--first-bucket-mb", first_bucket_mb, "DDPOptions::first_bucket_mb");
   app.add_option("--timeout", timeout_s, "process group timeout, seconds");
+  app.add_flag("--gradient-as-bucket-view", as_view, "DDPOptions::gradient_as_bucket_view");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -100,6 +102,7 @@ int main(int argc, char** argv) {
     parallel::DDPOptions options;
     options.bucket_cap_mb = bucket_cap_mb;
     options.first_bucket_mb = first_bucket_mb;
+    options.gradient_as_bucket_view = as_view;
     auto model = make_model(widths);
     auto ddp = std::make_shared<parallel::DistributedDataParallel>(model, pg, options);
     optim::SGD sgd(ddp->parameters(), 0.01);
@@ -154,11 +157,12 @@ int main(int argc, char** argv) {
       fmt::print("| ranks | model | batch/rank | buckets | plain ms | DDP ms | overhead | "
                  "allreduce alone ms | comm ms | wait ms | hidden |\n");
       fmt::print("|---|---|---|---|---|---|---|---|---|---|---|\n");
-      fmt::print("| {} | MLP {} ({:.1f} M params{}) | {} | {} (cap {} MiB) | {:.2f} | {:.2f} | "
+      fmt::print("| {} | MLP {} ({:.1f} M params{}) | {} | {} (cap {} MiB{}) | {:.2f} | {:.2f} | "
                  "{:+.1f}% | {:.2f} | {:.2f} | {:.2f} | {} |\n",
                  pg->size(), widths_text, params / 1e6,
                  omp ? fmt::format(", OMP_NUM_THREADS={}", omp) : std::string(), batch,
-                 ddp->reducer().bucket_bytes().size(), bucket_cap_mb, median(plain_ms),
+                 ddp->reducer().bucket_bytes().size(), bucket_cap_mb,
+                 as_view ? ", grads as bucket views" : "", median(plain_ms),
                  median(ddp_ms), 100.0 * (median(ddp_ms) / median(plain_ms) - 1.0),
                  median(allreduce_ms), median(comm_ms), median(wait_ms),
                  // One rank has nothing to send: no overlap to speak of.
