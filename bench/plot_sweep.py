@@ -2,7 +2,11 @@
 """Draws the JSON lines of bench/sweep.sh as one SVG chart: median step time against
 batch size, log-log, one line per framework and mode (and replica count).
 
-  python3 bench/plot_sweep.py sweep.jsonl sweep.svg
+  python3 bench/plot_sweep.py sweep.jsonl sweep.svg [--metric median_cpu_ms]
+
+--metric picks the field drawn: median_ms (wall clock, the default) or, for CPU runs on a
+machine shared with other work, median_cpu_ms (process CPU time per step, which the
+scheduler disturbs less; DataParallel's replica threads add up in it).
 
 Where a line is flat, the step costs the same whatever the batch: fixed per-step
 overhead (Python, dispatch, kernel launches) dominates. Where it runs parallel to the
@@ -26,6 +30,11 @@ DASH = {"eager": "", "graph": "2,4", "dataparallel": "8,4"}
 MARKER_RADIUS = 3.5
 
 
+METRIC = "median_ms"
+Y_LABEL = {"median_ms": "median ms per training step",
+           "median_cpu_ms": "median CPU ms per training step"}
+
+
 def load(path):
     rows = []
     with open(path) as f:
@@ -33,7 +42,7 @@ def load(path):
             line = line.strip()
             if line.startswith("{"):
                 r = json.loads(line)
-                if "error" not in r and "median_ms" in r:
+                if "error" not in r and METRIC in r:
                     rows.append(r)
     return rows
 
@@ -73,7 +82,7 @@ def plot(rows, title):
     for r in rows:
         groups.setdefault((r["framework"], r["mode"], len(r.get("device_ids", [])), bool(r.get("tf32"))), []).append(r)
     xs = [r["batch"] for r in rows]
-    ys = [r["median_ms"] for r in rows]
+    ys = [r[METRIC] for r in rows]
     x_lo, x_hi = min(xs) / 1.3, max(xs) * 1.3
     y_lo, y_hi = min(ys) / 1.6, max(ys) * 1.6
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
@@ -101,14 +110,14 @@ def plot(rows, title):
     out.append(f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 25}" font-size="13" text-anchor="middle">'
                'batch size (log scale)</text>')
     out.append(f'<text x="20" y="{TOP + plot_h / 2}" font-size="13" text-anchor="middle" '
-               f'transform="rotate(-90 20 {TOP + plot_h / 2})">median ms per training step (log scale)</text>')
+               f'transform="rotate(-90 20 {TOP + plot_h / 2})">{Y_LABEL[METRIC]} (log scale)</text>')
 
     # The guide: time proportional to batch, through the slowest eager point at the
     # largest batch. Lines parallel to it are bound by arithmetic, flat ones by overhead.
     eager_big = [r for r in rows if r["mode"] == "eager" and r["batch"] == max(xs)]
     if eager_big:
-        anchor = min(eager_big, key=lambda r: r["median_ms"])
-        x0, y0 = anchor["batch"], anchor["median_ms"]
+        anchor = min(eager_big, key=lambda r: r[METRIC])
+        x0, y0 = anchor["batch"], anchor[METRIC]
         xa = max(x_lo * 1.3, x0 * y_lo / y0)
         out.append(f'<line x1="{px(xa):.1f}" y1="{py(y0 * xa / x0):.1f}" x2="{px(x0):.1f}" y2="{py(y0):.1f}" '
                    'stroke="#999" stroke-dasharray="1,3" stroke-width="1.5"/>')
@@ -123,14 +132,14 @@ def plot(rows, title):
         color = COLORS[framework][used[framework] % len(COLORS[framework])]
         used[framework] += 1
         dash = DASH.get(k[1], "")
-        path = " ".join(f"{'M' if i == 0 else 'L'}{px(r['batch']):.1f},{py(r['median_ms']):.1f}"
+        path = " ".join(f"{'M' if i == 0 else 'L'}{px(r['batch']):.1f},{py(r[METRIC]):.1f}"
                         for i, r in enumerate(pts))
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
         out.append(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="2"{dash_attr}/>')
         for r in pts:
-            shape = (f'<circle cx="{px(r["batch"]):.1f}" cy="{py(r["median_ms"]):.1f}" r="{MARKER_RADIUS}" '
+            shape = (f'<circle cx="{px(r["batch"]):.1f}" cy="{py(r[METRIC]):.1f}" r="{MARKER_RADIUS}" '
                      f'fill="{color}"><title>{escape(series_name(r))}: batch {r["batch"]}, '
-                     f'{r["median_ms"]:.4g} ms</title></circle>')
+                     f'{r[METRIC]:.4g} ms</title></circle>')
             out.append(shape)
         name = series_name(pts[0])
         lx = LEFT + plot_w + 15
@@ -147,6 +156,10 @@ def plot(rows, title):
 
 
 def main(argv):
+    global METRIC
+    if len(argv) == 5 and argv[3] == "--metric" and argv[4] in Y_LABEL:
+        METRIC = argv[4]
+        argv = argv[:3]
     if len(argv) != 3:
         print(__doc__, file=sys.stderr)
         return 2
@@ -158,8 +171,9 @@ def main(argv):
     hosts = sorted({r.get("host", "?") for r in rows})
     dates = sorted({r.get("date", "")[:10] for r in rows})
     threads = sorted({str(r.get("blas_threads", r.get("threads", ""))) for r in rows if r["device"] == "cpu"})
-    extra = f", {'/'.join(threads)} thread(s)" if threads else ""
-    title = (f"mnist_mlp training step vs batch size — {'/'.join(devices)}{extra}, "
+    extra = f", {'/'.join(threads)} thread(s) each" if threads else ""
+    what = "CPU time" if METRIC == "median_cpu_ms" else "training step"
+    title = (f"mnist_mlp {what} vs batch size — {'/'.join(devices)}{extra}, "
              f"{', '.join(hosts)}, {', '.join(dates)}")
     with open(argv[2], "w") as f:
         f.write(plot(rows, title))
