@@ -15,7 +15,7 @@ Tensor leaf(const std::vector<float>& values) {
 }
 }  // namespace
 
-TEST_CASE("anomaly: off by default; the guard turns it on and restores the previous setting") {
+TEST_CASE("anomaly: off by default, the guard turns it on and restores the previous setting") {
   REQUIRE_FALSE(AnomalyMode::is_enabled());
   {
     DetectAnomalyGuard outer;
