@@ -8,6 +8,7 @@
 #include <minigrad/core/error.h>
 #include <minigrad/cuda/check.h>
 #include <minigrad/cuda/device.h>
+#include <minigrad/cuda/stream.h>
 
 namespace mg::cuda {
 namespace {
@@ -48,7 +49,11 @@ kernels::TargetErrorSink target_error_sink(int device) {
     flag.device = static_cast<kernels::TargetError*>(on_device);
     void* claim = nullptr;
     MG_CUDA_CHECK(cudaMalloc(&claim, sizeof(unsigned long long)));
-    MG_CUDA_CHECK(cudaMemset(claim, 0, sizeof(unsigned long long)));
+    // Zeroed before any kernel can read it. Not with cudaMemset: that queues on the legacy
+    // default stream, which the non-blocking compute and copy streams do not wait for.
+    const cudaStream_t stream = device_streams(device).compute;
+    MG_CUDA_CHECK(cudaMemsetAsync(claim, 0, sizeof(unsigned long long), stream));
+    MG_CUDA_CHECK(cudaStreamSynchronize(stream));
     flag.claim = static_cast<unsigned long long*>(claim);
     flag.exists.store(true, std::memory_order_release);
   });
