@@ -12,6 +12,7 @@
 // No atomics, so results are deterministic. float sums accumulate in double, as the
 // CPU backend's full reduction does.
 #include <algorithm>
+#include <cmath>
 
 #include <minigrad/cuda/check.h>
 #include <minigrad/cuda/kernels/launch.h>
@@ -218,6 +219,8 @@ void sum_typed(T* out, const T* in, const SumPlan& plan, void* scratch, cudaStre
 
 // One warp per row: each lane keeps the first maximum of the columns it visits, then
 // the lanes combine, preferring the larger value and, on ties, the smaller column.
+// NaN as on the CPU (which keeps column 0 until a value compares greater): a NaN in
+// column 0 is never beaten, and a NaN anywhere else never wins.
 __global__ void __launch_bounds__(kThreads)
     argmax_rows_kernel(int64_t* out, const float* in, int64_t rows, int64_t cols,
                        int64_t row_stride, int64_t col_stride) {
@@ -229,6 +232,7 @@ __global__ void __launch_bounds__(kThreads)
   int64_t best_index = -1;
   for (int64_t j = lane; j < cols; j += 32) {
     const float v = x[j * col_stride];
+    if (j != 0 && isnan(v)) continue;
     if (best_index < 0 || v > best) {
       best = v;
       best_index = j;

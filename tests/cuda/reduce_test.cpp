@@ -1,5 +1,8 @@
 // Sums over every combination of dims (full, last dim, first dim, middle, several) and
 // argmax on CUDA against the CPU backend.
+#include <cmath>
+#include <vector>
+
 #include "gpu_compare.h"
 
 using namespace mg;
@@ -75,5 +78,28 @@ TEST_CASE("argmax over rows matches the CPU") {
     // Ties go to the first maximum, as on the CPU.
     const Tensor ties = zeros({n, 9}, DType::Float32, gpu());
     require_equal(ties.argmax(-1), zeros({n}, DType::Int64));
+  }
+}
+
+TEST_CASE("argmax ties and NaNs across the lanes of a warp match the CPU") {
+  for (int64_t cols : {int64_t{33}, int64_t{100}, int64_t{1000}}) {
+    CAPTURE(cols);
+    // Values in {0, 1, 2}: most rows hold their maximum in several columns, in the same
+    // lane and in different lanes; the first one wins on both backends.
+    manual_seed(35);
+    std::vector<float> small;
+    for (int64_t v : randint(0, 3, {64, cols}).to_vector<int64_t>()) small.push_back(float(v));
+    const Tensor ties = from_vector(small, {64, cols});
+    require_equal(ties.to(gpu()).argmax(-1), ties.argmax(-1));
+    // NaN: the CPU keeps column 0 when it is NaN and otherwise never picks a NaN.
+    std::vector<float> values = random_cpu({4, cols}, 36).to_vector<float>();
+    const auto c = static_cast<size_t>(cols);
+    values[0 * c + 0] = NAN;                                            // row 0: NaN first
+    values[1 * c + 1] = NAN;                                            // row 1: NaN in lane 1,
+    values[1 * c + 33] = 100.0f;                                        //   the max after it
+    for (size_t j = 1; j < c; ++j) values[2 * c + j] = NAN;             // row 2: all but col 0
+    values[3 * c + c - 1] = NAN;                                        // row 3: NaN last
+    const Tensor with_nans = from_vector(values, {4, cols});
+    require_equal(with_nans.to(gpu()).argmax(-1), with_nans.argmax(-1));
   }
 }
