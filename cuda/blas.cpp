@@ -1,16 +1,15 @@
 // Matrix multiply through cuBLAS, and the handles it needs.
 //
-// cuBLAS is column-major and minigrad row-major. A row-major [r, c] matrix with row
-// stride ld is, to cuBLAS, the column-major [c, r] matrix (its transpose) with leading
-// dimension ld. So out = a @ b is computed as out^T = b^T @ a^T: cuBLAS gets b first,
-// then a, and writes out^T, i.e. out in row-major order, with no copies. A transposed
-// view (column-major storage) is passed with a transpose flag instead; only views that
-// are neither (e.g. every other column) are packed contiguously first.
+// cuBLAS is column-major and minigrad row-major: out = a @ b is computed as
+// out^T = b^T @ a^T, with transposed views passed as transposes rather than copied. The
+// operand swapping and the leading dimensions are worked out in cuda/gemm_plan.h (plain
+// C++, checked by tests/core on machines without a GPU).
 #include <minigrad/cuda/blas.h>
 
 #include <climits>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include <minigrad/core/ops.h>
@@ -18,6 +17,7 @@
 #include <minigrad/cuda/check.h>
 #include <minigrad/cuda/cuda.h>
 #include <minigrad/cuda/device.h>
+#include <minigrad/cuda/gemm_plan.h>
 
 namespace mg::cuda {
 namespace {
@@ -28,7 +28,11 @@ constexpr std::size_t kWorkspaceBytes = 32u << 20;
 
 struct PooledHandle {
   cublasHandle_t handle = nullptr;
-  void* workspace = nullptr;
+  // A workspace per stream the handle has run on. One per stream, not per handle: a
+  // thread may switch streams (StreamGuard), and a pooled handle may move to a thread on
+  // another stream, while GEMMs queued on the previous stream still use the workspace.
+  // Reusing a stream's own workspace is safe: its earlier GEMMs come first in the stream.
+  std::vector<std::pair<cudaStream_t, void*>> workspaces;
 };
 
 // Per device: handles not owned by a live thread. Never destroyed (see StreamTable).
@@ -46,9 +50,23 @@ PooledHandle create_handle(int device) {
   ScopedDevice scoped(device);
   PooledHandle h;
   MG_CUBLAS_CHECK(cublasCreate(&h.handle));
-  MG_CUDA_CHECK(cudaMalloc(&h.workspace, kWorkspaceBytes));
-  MG_CUBLAS_CHECK(cublasSetWorkspace(h.handle, h.workspace, kWorkspaceBytes));
   return h;
+}
+
+// The handle's workspace for `stream`, made on the stream's first GEMM; nullptr when that
+// first GEMM happens inside a graph capture, where cudaMalloc is not allowed (cuBLAS then
+// uses its own workspace pool, which capture turns into graph memory nodes).
+void* stream_workspace(PooledHandle& h, int device, cudaStream_t stream) {
+  for (const auto& [s, workspace] : h.workspaces)
+    if (s == stream) return workspace;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MG_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return nullptr;
+  ScopedDevice scoped(device);
+  void* workspace = nullptr;
+  MG_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
+  h.workspaces.emplace_back(stream, workspace);
+  return workspace;
 }
 
 // The handles this thread holds, returned to their pools when the thread ends.
@@ -64,39 +82,13 @@ struct ThreadHandles {
   }
 };
 
-// How cuBLAS reads one operand (see the top of the file).
-struct GemmOperand {
-  cublasOperation_t op = CUBLAS_OP_N;
-  int ld = 1;
-  const float* data = nullptr;
-  Tensor packed;  // holds a contiguous copy when the view needed one
-};
+cublasOperation_t operation(const GemmOperandLayout& layout) {
+  return layout.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
+}
 
 int checked_int(int64_t value, const char* what) {
   MG_CHECK(value <= INT_MAX, "matmul on CUDA: {} {} exceeds cuBLAS's 32-bit limit", what, value);
   return static_cast<int>(value);
-}
-
-GemmOperand gemm_operand(const Tensor& t) {
-  const int64_t rows = t.size(0), cols = t.size(1);
-  const int64_t rs = t.stride(0), cs = t.stride(1);
-  GemmOperand operand;
-  // A size-1 dimension's stride is meaningless; any valid leading dimension works.
-  if (cs == 1 && (rs >= cols || rows == 1)) {  // row-major: cuBLAS sees t^T as is
-    operand.op = CUBLAS_OP_N;
-    operand.ld = checked_int(std::max<int64_t>({rs, cols, 1}), "leading dimension");
-    operand.data = static_cast<const float*>(t.data_ptr());
-  } else if (rs == 1 && (cs >= rows || cols == 1)) {  // column-major: a transposed view
-    operand.op = CUBLAS_OP_T;
-    operand.ld = checked_int(std::max<int64_t>({cs, rows, 1}), "leading dimension");
-    operand.data = static_cast<const float*>(t.data_ptr());
-  } else {
-    operand.packed = ops::clone(t);
-    operand.op = CUBLAS_OP_N;
-    operand.ld = checked_int(std::max<int64_t>(cols, 1), "leading dimension");
-    operand.data = static_cast<const float*>(operand.packed.data_ptr());
-  }
-  return operand;
 }
 
 }  // namespace
@@ -117,6 +109,11 @@ cublasHandle_t blas_handle(int device, cudaStream_t stream) {
     if (h.handle == nullptr) h = create_handle(device);
   }
   MG_CUBLAS_CHECK(cublasSetStream(h.handle, stream));
+  // cublasSetStream also puts the handle back on cuBLAS's default workspace pool, so the
+  // stream's own workspace is set again after it, every time.
+  void* workspace = stream_workspace(h, device, stream);
+  if (workspace != nullptr)
+    MG_CUBLAS_CHECK(cublasSetWorkspace(h.handle, workspace, kWorkspaceBytes));
   return h.handle;
 }
 
@@ -130,18 +127,22 @@ void CudaBackend::matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
     return;
   }
   OpScope scope(out);
-  const GemmOperand lhs = gemm_operand(a);
-  const GemmOperand rhs = gemm_operand(b);
+  const GemmPlan plan = gemm_plan(m, k, n, a.stride(0), a.stride(1), b.stride(0), b.stride(1));
+  // Views that are neither row- nor column-major go to cuBLAS as contiguous copies.
+  const Tensor a_operand = plan.rhs.pack ? ops::clone(a) : a;
+  const Tensor b_operand = plan.lhs.pack ? ops::clone(b) : b;
   const float alpha = 1.0f, beta = 0.0f;
   // TF32 (10-bit mantissa products, 8x the fp32 rate on tensor cores) only when asked,
   // as in PyTorch: the default keeps full fp32 results that match the CPU.
   const cublasComputeType_t compute =
       allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   cublasHandle_t handle = blas_handle(scope.device(), scope.stream());
-  MG_CUBLAS_CHECK(cublasGemmEx(handle, rhs.op, lhs.op, checked_int(n, "n"), checked_int(m, "m"),
-                               checked_int(k, "k"), &alpha, rhs.data, CUDA_R_32F, rhs.ld,
-                               lhs.data, CUDA_R_32F, lhs.ld, &beta, out.data_ptr(), CUDA_R_32F,
-                               checked_int(n, "n"), compute, CUBLAS_GEMM_DEFAULT));
+  MG_CUBLAS_CHECK(cublasGemmEx(
+      handle, operation(plan.lhs), operation(plan.rhs), checked_int(plan.gemm_m, "n"),
+      checked_int(plan.gemm_n, "m"), checked_int(plan.gemm_k, "k"), &alpha, b_operand.data_ptr(),
+      CUDA_R_32F, checked_int(plan.lhs.ld, "leading dimension"), a_operand.data_ptr(), CUDA_R_32F,
+      checked_int(plan.rhs.ld, "leading dimension"), &beta, out.data_ptr(), CUDA_R_32F,
+      checked_int(plan.ldc, "n"), compute, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace mg::cuda

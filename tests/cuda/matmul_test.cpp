@@ -2,6 +2,7 @@
 // views (passed to cuBLAS as transposes), narrowed views and views cuBLAS cannot read
 // directly; and TF32 when allowed.
 #include <array>
+#include <vector>
 
 #include "gpu_compare.h"
 
@@ -73,4 +74,27 @@ TEST_CASE("set_allow_tf32 is off by default and trades precision for speed") {
   // TF32 keeps 10 mantissa bits: ~1e-3 relative per product, ~0.02 over 512 of them.
   require_close(tf32, expected, 2e-2, 0.2);
   require_matmul_close(matmul(a.to(gpu()), b.to(gpu())), expected, 512);
+}
+
+TEST_CASE("matmuls queued on two streams at once each get a cuBLAS workspace of their own") {
+  // A long inner dimension makes cuBLAS split the sum (split-K), which keeps partial
+  // sums in its workspace; GEMMs in flight on two streams must not share one.
+  const int64_t k = int64_t{1} << 16;
+  const Tensor a = random_cpu({48, k}, 49), b = random_cpu({k, 40}, 50);
+  const Tensor expected = matmul(a, b);
+  const Tensor ag = a.to(gpu()), bg = b.to(gpu());
+  const Stream compute = cuda::compute_stream(0), copy = cuda::copy_stream(0);
+  Event inputs_ready, copy_done;
+  inputs_ready.record(compute);
+  inputs_ready.block(copy);
+  std::vector<Tensor> results;
+  for (int i = 0; i < 8; ++i) {
+    StreamGuard guard(i % 2 == 0 ? compute : copy);
+    results.push_back(matmul(ag, bg));
+  }
+  copy_done.record(copy);
+  copy_done.block(compute);
+  for (const Tensor& r : results) require_matmul_close(r, expected, k);
+  // Results made on the copy stream are freed there: let it finish first.
+  cuda::synchronize(0);
 }
