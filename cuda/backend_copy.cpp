@@ -1,16 +1,12 @@
 // CudaBackend::copy: host to device, device to host, within a device and between
 // devices, for any strides on either side. Strided data crosses the bus only after
 // being packed contiguously on the side where it lives.
-#include <cstring>
-#include <mutex>
-#include <set>
-#include <utility>
 #include <vector>
 
-#include <minigrad/cuda/allocator.h>
 #include <minigrad/cuda/backend.h>
 #include <minigrad/cuda/check.h>
 #include <minigrad/cuda/layout.h>
+#include <minigrad/cuda/peer_access.h>
 #include <minigrad/cuda/stream.h>
 #include <minigrad/cuda/target_check.h>
 
@@ -66,33 +62,6 @@ void copy_device_to_host(const Tensor& dst, const Tensor& src) {
   MG_CUDA_CHECK(cudaStreamSynchronize(scope.stream()));
   if (!target.is_same(dst)) backend(DeviceType::CPU).copy(dst, target);
   throw_if_invalid_target_reported(scope.device());
-}
-
-// Lets `a` and `b` read each other's memory directly when the hardware can (NVLink or
-// PCIe P2P), for plain allocations and for the memory pools alike. Done once per pair;
-// without it, peer copies still work, staged through the host by the driver.
-void enable_peer_access(int a, int b) {
-  static std::mutex mutex;
-  static std::set<std::pair<int, int>>* done = new std::set<std::pair<int, int>>();
-  std::lock_guard<std::mutex> lock(mutex);
-  if (!done->insert({std::min(a, b), std::max(a, b)}).second) return;
-  for (const auto& [from, to] : {std::pair<int, int>{a, b}, std::pair<int, int>{b, a}}) {
-    int can_access = 0;
-    MG_CUDA_CHECK(cudaDeviceCanAccessPeer(&can_access, from, to));
-    if (!can_access) continue;
-    ScopedDevice device(from);
-    const cudaError_t status = cudaDeviceEnablePeerAccess(to, 0);
-    if (status == cudaErrorPeerAccessAlreadyEnabled) {
-      (void)cudaGetLastError();
-    } else {
-      MG_CUDA_CHECK(status);
-    }
-    cudaMemAccessDesc access = {};
-    access.location.type = cudaMemLocationTypeDevice;
-    access.location.id = from;
-    access.flags = cudaMemAccessFlagsProtReadWrite;
-    MG_CUDA_CHECK(cudaMemPoolSetAccess(device_allocator(to).pool(), &access, 1));
-  }
 }
 
 // One reusable event per device and thread, for ordering a copy between two streams.

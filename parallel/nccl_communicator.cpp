@@ -22,6 +22,7 @@
 #include <minigrad/core/ops.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/cuda/check.h>
+#include <minigrad/cuda/peer_access.h>
 
 namespace mg::parallel {
 namespace {
@@ -62,7 +63,15 @@ class NcclCommunicator final : public Communicator {
       : Communicator(devices), comms_(devices.size(), nullptr) {
     std::vector<int> indices;
     for (const Device& d : devices) indices.push_back(d.index());
+    // In one process NCCL reads and writes the other ranks' buffers directly over
+    // NVLink/PCIe. Those buffers come from each device's stream-ordered pool, which (unlike
+    // cudaMalloc memory) no peer may touch until it is granted access: without this the
+    // first collective faults with an illegal address.
+    for (size_t i = 0; i < indices.size(); ++i)
+      for (size_t j = i + 1; j < indices.size(); ++j) cuda::enable_peer_access(indices[i], indices[j]);
     guarded("ncclCommInitAll", [&] {
+      // ncclCommInitAll sets each rank's device current in turn; the caller keeps its own.
+      DeviceGuard keep_current(devices.front());
       MG_NCCL_CHECK(
           ncclCommInitAll(comms_.data(), static_cast<int>(indices.size()), indices.data()));
     });
