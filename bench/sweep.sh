@@ -93,3 +93,8 @@ done
 
 "$TORCH_PYTHON" "$here/plot_sweep.py" "$out" "$svg"
 echo "sweep.sh: chart -> $svg" >&2
+if [[ "$device" == cpu ]]; then
+  # On a machine shared with other work the CPU time per step is the steadier picture.
+  "$TORCH_PYTHON" "$here/plot_sweep.py" "$out" "${svg%.svg}-cputime.svg" --metric median_cpu_ms
+  echo "sweep.sh: CPU-time chart -> ${svg%.svg}-cputime.svg" >&2
+fi
