@@ -179,3 +179,17 @@ TEST_CASE("DataParallel errors name what is wrong") {
   REQUIRE_THROWS_WITH(mg::parallel::data_parallel(linear, mg::zeros({4, 3}), {}),
                       MG_CONTAINS("data_parallel: device_ids is empty"));
 }
+
+TEST_CASE("DataParallel of a module without parameters") {
+  mg::manual_seed(10);
+  DataParallel dp(std::make_shared<mg::nn::ReLU>(), kFourCpus);
+  const Tensor x = mg::randn({7, 3}).set_requires_grad(true);
+  const Tensor out = dp.forward(x);
+  mg::testing::require_close(out, mg::relu(x), "output", 0, 0);
+  out.sum().backward();
+  // d relu(x) / dx: 1 where x > 0, else 0; through Gather, 4 replicas, and Scatter.
+  const std::vector<float> values = x.to_vector<float>();
+  const std::vector<float> grads = x.grad().to_vector<float>();
+  REQUIRE(grads.size() == values.size());
+  for (size_t i = 0; i < values.size(); ++i) REQUIRE(grads[i] == (values[i] > 0 ? 1.f : 0.f));
+}
