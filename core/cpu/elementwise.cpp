@@ -1,6 +1,7 @@
 // Elementwise ops on the host. Contiguous operands take a flat loop the compiler can
-// vectorise; anything else (views, broadcast stride-0 inputs) goes through
-// for_each_element.
+// vectorise, and so do rows with a value broadcast along them (a column [B, 1] against
+// [B, N]); anything else (bias rows, transposes, other views) goes through
+// for_each_element, whose inner loop the compiler vectorises when its strides are 1.
 #include <cmath>
 
 #include <minigrad/core/cpu/cpu_backend.h>
@@ -37,6 +38,32 @@ void map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
     const int64_t n = out.numel();
     for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
     return;
+  }
+  // Broadcast rows: along the last dim, out and one operand step by 1 and the other by 0
+  // (a value repeated along the row, as a [B, 1] column against [B, N]). Rows where all
+  // three step by 1 (a bias row [N] against [B, N]) already vectorise in for_each_element.
+  if (out.dim() > 0 && out.strides().back() == 1) {
+    const int64_t sa = a.strides().back(), sb = b.strides().back();
+    const auto rows = [&](auto row) {
+      cpu::for_each_row<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()},
+                           [&](const std::array<int64_t, 3>& k, int64_t n) {
+                             row(o + k[0], x + k[1], y + k[2], n);
+                           });
+    };
+    if (sa == 1 && sb == 0) {
+      rows([&](T* po, const T* pa, const T* pb, int64_t n) {
+        const T vb = *pb;
+        for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], vb);
+      });
+      return;
+    }
+    if (sa == 0 && sb == 1) {
+      rows([&](T* po, const T* pa, const T* pb, int64_t n) {
+        const T va = *pa;
+        for (int64_t i = 0; i < n; ++i) po[i] = f(va, pb[i]);
+      });
+      return;
+    }
   }
   cpu::for_each_element<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()},
                            [&](const std::array<int64_t, 3>& k) { o[k[0]] = f(x[k[1]], y[k[2]]); });

@@ -1,7 +1,7 @@
-// for_each_element: visits every element of a shape once, handing the callback the
-// element offset in each of N strided tensors. The innermost dimension runs as a tight
-// loop; outer dimensions advance an odometer. This is how the CPU backend supports
-// views (transposes, narrows, broadcast stride-0) without copying them first.
+// for_each_row / for_each_element: visit every element of a shape once, over N strided
+// tensors at a time. The innermost dimension is a row; outer dimensions advance an
+// odometer. This is how the CPU backend supports views (transposes, narrows, broadcast
+// stride-0) without copying them first.
 #pragma once
 
 #include <array>
@@ -12,26 +12,23 @@
 
 namespace mg::cpu {
 
+// Calls f(offsets, length) once per innermost row, with the element offset of the row's
+// first element in each tensor. Kernels that see unit or zero strides along the row run
+// their own tight (vectorisable) loop over it. A 0-d shape is one row of length 1.
 template <std::size_t N, typename F>
-void for_each_element(const Shape& shape, const std::array<const std::vector<int64_t>*, N>& strides,
-                      F&& f) {
+void for_each_row(const Shape& shape, const std::array<const std::vector<int64_t>*, N>& strides,
+                  F&& f) {
   const int64_t ndim = shape.dim();
   if (shape.numel() == 0) return;
   std::array<int64_t, N> offsets{};
   if (ndim == 0) {
-    f(offsets);
+    f(offsets, int64_t{1});
     return;
   }
   const int64_t inner = shape[ndim - 1];
-  std::array<int64_t, N> inner_stride{};
-  for (std::size_t t = 0; t < N; ++t) inner_stride[t] = (*strides[t])[static_cast<size_t>(ndim - 1)];
   std::vector<int64_t> counter(static_cast<size_t>(ndim), 0);
   while (true) {
-    std::array<int64_t, N> o = offsets;
-    for (int64_t i = 0; i < inner; ++i) {
-      f(o);
-      for (std::size_t t = 0; t < N; ++t) o[t] += inner_stride[t];
-    }
+    f(offsets, inner);
     // Advance the odometer over the outer dimensions.
     int64_t d = ndim - 2;
     for (; d >= 0; --d) {
@@ -44,6 +41,21 @@ void for_each_element(const Shape& shape, const std::array<const std::vector<int
     }
     if (d < 0) return;
   }
+}
+
+// Calls f(offsets) for every element, with its offset in each tensor.
+template <std::size_t N, typename F>
+void for_each_element(const Shape& shape, const std::array<const std::vector<int64_t>*, N>& strides,
+                      F&& f) {
+  std::array<int64_t, N> inner_stride{};
+  if (shape.dim() > 0)
+    for (std::size_t t = 0; t < N; ++t) inner_stride[t] = strides[t]->back();
+  for_each_row<N>(shape, strides, [&](std::array<int64_t, N> o, int64_t length) {
+    for (int64_t i = 0; i < length; ++i) {
+      f(static_cast<const std::array<int64_t, N>&>(o));
+      for (std::size_t t = 0; t < N; ++t) o[t] += inner_stride[t];
+    }
+  });
 }
 
 }  // namespace mg::cpu
