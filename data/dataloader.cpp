@@ -38,6 +38,13 @@ void DataLoader::set_epoch(int64_t epoch) {
   epoch_ = epoch;
 }
 
+void DataLoader::set_start_batch(int64_t batch) {
+  MG_CHECK(batch >= 0 && batch <= size(),
+           "DataLoader::set_start_batch: batch {} is outside [0, {}] (the batches per epoch)",
+           batch, size());
+  start_batch_ = batch;
+}
+
 int64_t DataLoader::size() const {
   const int64_t n = sampler_->size(), b = options_.batch_size;
   return options_.drop_last ? n / b : (n + b - 1) / b;
@@ -46,7 +53,9 @@ int64_t DataLoader::size() const {
 DataLoader::Iterator DataLoader::begin() {
   auto order = std::make_shared<const std::vector<int64_t>>(sampler_->indices(epoch_));
   ++epoch_;
-  return Iterator(this, std::move(order), 0);
+  const int64_t start = start_batch_;
+  start_batch_ = 0;
+  return Iterator(this, std::move(order), start);
 }
 
 DataLoader::Iterator DataLoader::end() const { return Iterator(this, nullptr, size()); }

@@ -44,6 +44,10 @@ class DataLoader {
   // The epoch whose order the next iteration uses.
   void set_epoch(int64_t epoch);
   int64_t epoch() const { return epoch_; }
+  // Resuming in the middle of an epoch: the next iteration starts at batch `batch` of its
+  // epoch (0 <= batch <= size()) without loading the batches before it; iterations after
+  // that start at 0 again.
+  void set_start_batch(int64_t batch);
 
   // Batches per epoch (len(loader) in PyTorch).
   int64_t size() const;
@@ -90,6 +94,7 @@ class DataLoader {
   std::shared_ptr<const Sampler> sampler_;
   DataLoaderOptions options_;
   int64_t epoch_ = 0;
+  int64_t start_batch_ = 0;
 };
 
 }  // namespace mg::data
