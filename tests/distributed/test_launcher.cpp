@@ -104,8 +104,13 @@ TEST_CASE("minigrad-run: a rank killed by a signal gives 128 + signal") {
 
 TEST_CASE("minigrad-run: SIGTERM to the launcher is forwarded to every rank") {
   require_launcher();
-  const Run r = run_shell(kLauncher + " --nproc-per-node 2 /bin/sh -c 'sleep 60' & pid=$!; "
-                                      "sleep 0.3; kill -TERM $pid; wait $pid; echo \"launcher exit $?\"");
+  // Signal only once both ranks have spoken through the launcher, so its handlers are
+  // installed: a fixed sleep loses that race on a loaded machine.
+  const Run r = run_shell(
+      "out=$(mktemp); " + kLauncher +
+      " --nproc-per-node 2 /bin/sh -c 'echo ready; sleep 60' >$out 2>&1 & pid=$!; "
+      "for i in $(seq 300); do [ $(grep -c ready $out) -ge 2 ] && break; sleep 0.1; done; "
+      "kill -TERM $pid; wait $pid; code=$?; cat $out; rm -f $out; echo \"launcher exit $code\"");
   INFO(r.output);
   REQUIRE_THAT(r.output, MG_CONTAINS("received signal 15; forwarding it to 2 process(es)"));
   REQUIRE_THAT(r.output, MG_CONTAINS("launcher exit 143"));
