@@ -37,6 +37,7 @@ class DistributedSampler : public Sampler {
   int64_t total_size() const { return num_samples_ * world_size_; }
   int64_t world_size() const { return world_size_; }
   int64_t rank() const { return rank_; }
+  bool drop_last() const { return drop_last_; }
 
  private:
   int64_t dataset_size_;
