@@ -51,7 +51,6 @@ time_left() { echo $((budget - SECONDS)); }
 prefix_args=()
 if compgen -G "$root/.deps/*.deb" > /dev/null; then
   deps_prefix="${DEPS_PREFIX:-/opt/deps}"
-  mkdir -p "$deps_prefix" 2>/dev/null || deps_prefix="$root/.deps/prefix"
   unpacked=0
   for deb in "$root"/.deps/*.deb; do
     name=$(dpkg-deb -f "$deb" Package)
@@ -62,7 +61,10 @@ if compgen -G "$root/.deps/*.deb" > /dev/null; then
     esac
     if [[ -n "$header" && -e "$header" ]]; then
       say "deps: $name not unpacked: the machine has $header"
-    elif dpkg-deb -x "$deb" "$deps_prefix"; then
+      continue
+    fi
+    mkdir -p "$deps_prefix" 2>/dev/null || deps_prefix="$root/.deps/prefix"
+    if dpkg-deb -x "$deb" "$deps_prefix"; then
       say "deps: $name $(dpkg-deb -f "$deb" Version) unpacked into $deps_prefix"
       unpacked=1
     else
