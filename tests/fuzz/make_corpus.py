@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the fuzz harnesses (tests/fuzz/corpus/<target>/).
+
+Seeds are small valid files, so the fuzzer starts from inputs that reach deep into the
+readers, plus a few near misses. Run from anywhere; the output is deterministic and
+committed, so this script is only needed to change the seeds.
+"""
+import gzip
+import json
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write(target, name, data):
+    path = os.path.join(HERE, "corpus", target, name)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def idx(dims, values):
+    header = struct.pack(">I", 0x0800 | len(dims)) + b"".join(struct.pack(">I", d) for d in dims)
+    return header + bytes(values)
+
+
+def gz(data):
+    return gzip.compress(data, mtime=0)
+
+
+def safetensors(tensors, metadata=None):
+    """tensors: list of (name, dtype, shape, raw bytes)."""
+    header, offset, payload = {}, 0, b""
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        payload += raw
+    if metadata:
+        header["__metadata__"] = metadata
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    return struct.pack("<Q", len(text)) + text + payload
+
+
+def f32(values):
+    return struct.pack("<%df" % len(values), *values)
+
+
+def i64(values):
+    return struct.pack("<%dq" % len(values), *values)
+
+
+# ---- IDX: labels (1-D) and images (3-D), raw and gzipped ----
+labels = idx([6], [0, 9, 3, 1, 7, 2])
+images = idx([2, 28, 28], [(i * 37) % 256 for i in range(2 * 28 * 28)])
+small = idx([2, 3, 3], list(range(18)))
+write("idx", "labels-idx1-ubyte", labels)
+write("idx", "images-idx3-ubyte", images)
+write("idx", "small-idx3-ubyte", small)
+write("idx", "labels-idx1-ubyte.gz", gz(labels))
+write("idx", "small-idx3-ubyte.gz", gz(small))
+write("idx", "empty-idx3-ubyte", idx([0, 28, 28], []))
+write("idx", "truncated-idx3-ubyte", small[:-5])
+
+# ---- safetensors: what nn::save, nn::load and the training checkpoints hold ----
+write("safetensors", "linear-2x3.safetensors", safetensors(
+    [("bias", "F32", [3], f32([0.1, -0.2, 0.3])),
+     ("weight", "F32", [3, 2], f32([1, 2, 3, 4, 5, 6]))],
+    {"format": "pt"}))
+write("safetensors", "mixed.safetensors", safetensors(
+    [("ints", "I64", [2, 2], i64([1, -2, 3, 1 << 40])),
+     ("empty", "F32", [0, 4], b""),
+     ("scalar", "F32", [], f32([2.5]))],
+    {"note": "seed"}))
+write("safetensors", "checkpoint.safetensors", safetensors(
+    [("model.bias", "F32", [3], f32([0, 0, 0])),
+     ("model.weight", "F32", [3, 2], f32([1, 0, 0, 1, 1, 1])),
+     ("optim.momentum_buffer.0", "F32", [3, 2], f32([0.5] * 6)),
+     ("rng.state", "I64", [2], i64([42, 7]))],
+    {"epoch": "1", "step": "12"}))
+write("safetensors", "header-only.safetensors", safetensors([], {"format": "pt"}))
