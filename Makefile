@@ -1,14 +1,20 @@
 # The two commands of the README:
 #   make train   installs what is missing, builds, and trains the Fashion-MNIST MLP
-#   make test    installs what is missing, builds, and runs every test through CTest
+#   make test    installs what is missing, builds, and runs every test through CTest;
+#                then the CPU tests again under AddressSanitizer + UndefinedBehaviorSanitizer
+#                (test-sanitize) and a bounded libFuzzer run of each file reader (test-fuzz)
 # Everything else is CMake; this file only strings the steps together.
 
 BUILD      ?= build
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 TRAIN_ARGS ?=
+# The sanitizer and fuzz builds live beside the main one, each in a directory of its own.
+ASAN_BUILD   ?= build-asan
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 20
 
-.PHONY: all deps configure build test train clean
+.PHONY: all deps configure build test test-unit test-sanitize test-fuzz train clean
 
 all: build
 
@@ -21,11 +27,35 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j$(JOBS)
 
-test: build
+test: test-unit
+	@$(MAKE) --no-print-directory test-sanitize
+	@$(MAKE) --no-print-directory test-fuzz
+
+test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+
+# The CPU tests built with ASan + UBSan at -O1 -g, as the sanitizers recommend; the first
+# report fails its test. Samples, benchmarks and the install check add build time, not
+# coverage, so they are left out.
+test-sanitize: deps
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 \
+	      -DMINIGRAD_SANITIZE=ON -DMINIGRAD_CUDA=OFF -DMINIGRAD_BUILD_SAMPLES=OFF
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+	cd $(ASAN_BUILD) && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	      ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS) -LE install
+
+# libFuzzer (clang) on the IDX reader and the safetensors loader, FUZZ_SECONDS each,
+# from the seeds in tests/fuzz/corpus/; a crash is saved in $(FUZZ_BUILD)/tests/fuzz/.
+test-fuzz: deps
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
+	      -DCMAKE_CXX_FLAGS=-O1 -DMINIGRAD_FUZZ=ON -DMINIGRAD_FUZZ_SECONDS=$(FUZZ_SECONDS) \
+	      -DMINIGRAD_CUDA=OFF -DMINIGRAD_GLOO=OFF -DMINIGRAD_BUILD_TESTS=OFF \
+	      -DMINIGRAD_BUILD_SAMPLES=OFF
+	cmake --build $(FUZZ_BUILD) -j$(JOBS)
+	cd $(FUZZ_BUILD) && ctest --output-on-failure -j$(JOBS) -L fuzz
 
 train: build
 	$(BUILD)/bin/train_fashion_mnist $(TRAIN_ARGS)
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
