@@ -11,28 +11,39 @@
 // (model, optimizer momentum, epoch, metrics so far) in the safetensors format; --resume
 // continues from one, with the same shuffling as an uninterrupted run.
 //
+// Ctrl-C (SIGINT) or SIGTERM stops the run after the step in progress and writes a
+// checkpoint of exactly where it stands, mid-epoch included; --resume continues from it
+// to the same parameters, bit for bit on the CPU, as a run that was never stopped. A NaN
+// or infinite loss stops the run naming the step; --detect-anomaly then names the op
+// whose backward first produced a non-finite gradient.
+//
 // The CPU matmuls run on OpenBLAS, which uses every core by default; on a machine busy
 // with other work, OPENBLAS_NUM_THREADS=1 is often faster (bench/train_fashion_mnist.md).
 #include <CLI/CLI.hpp>
 
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <minigrad/autograd/anomaly_mode.h>
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/backend.h>
 #include <minigrad/core/generator.h>
+#include <minigrad/core/ops.h>
 #include <minigrad/core/tensor.h>
 #include <minigrad/data/dataloader.h>
 #include <minigrad/data/fashion_mnist.h>
@@ -67,6 +78,8 @@ struct Options {
   std::string save, resume, metrics, plot;
   bool distributed = false;    // one process per device, started by minigrad-run
   double dist_timeout = 300.0; // seconds a rank waits for the others before failing
+  bool detect_anomaly = false;   // check every gradient of every backward (slow)
+  int64_t stop_after_steps = 0;  // hidden, for tests: raise SIGINT after this global step
 };
 
 std::string hidden_str(const std::vector<int64_t>& hidden) {
@@ -181,16 +194,30 @@ EvalResult evaluate(nn::Module& net, data::DataLoader& loader, Device device) {
 
 // ---- checkpoints: model + optimizer + where the run stands, in one safetensors file ----
 
+// Where a run stands: `epochs_done` whole epochs, then `batches` batches of the next one
+// (a checkpoint written at an interrupt), whose training loss so far, summed over its
+// `seen` examples, is `loss_sum`.
+struct RunPosition {
+  int epochs_done = 0;
+  int64_t batches = 0;
+  int64_t seen = 0;
+  Tensor loss_sum;  // float32 scalar; undefined when batches == 0
+};
+
 void save_checkpoint(const std::string& path, const nn::Module& model, const optim::SGD& sgd,
-                     const Options& options, int epoch,
+                     const Options& options, const RunPosition& position,
                      const std::vector<samples::EpochMetrics>& history) {
   nn::Checkpoint ck;
   ck.put("model.", nn::state_dict(model));
   ck.put("optim.", sgd.state_dict());
+  if (position.batches > 0) ck.tensors.emplace("progress.loss_sum", position.loss_sum);
   const Generator::State rng = default_generator().state();
   ck.metadata = {{"format", "pt"},
                  {"program", "train_fashion_mnist"},
-                 {"epoch", std::to_string(epoch)},
+                 {"epoch", std::to_string(position.epochs_done)},
+                 {"epoch_batches", std::to_string(position.batches)},
+                 {"epoch_seen", std::to_string(position.seen)},
+                 {"batch_size", std::to_string(options.batch_size)},
                  {"hidden", hidden_str(options.hidden)},
                  {"seed", std::to_string(options.seed)},
                  {"generator_seed", std::to_string(rng.seed)},
@@ -200,9 +227,9 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const opt
 }
 
 // Loads a checkpoint written by save_checkpoint into model and sgd (both checked before
-// either changes); returns the epoch it was written after, and fills `history`.
-int load_checkpoint(const std::string& path, nn::Module& model, optim::SGD& sgd,
-                    const Options& options, std::vector<samples::EpochMetrics>& history) {
+// either changes); returns where the run stood when it was written, and fills `history`.
+RunPosition load_checkpoint(const std::string& path, nn::Module& model, optim::SGD& sgd,
+                            const Options& options, std::vector<samples::EpochMetrics>& history) {
   const nn::Checkpoint ck = nn::load_tensors(path);
   auto meta = [&](const char* key) {
     const auto it = ck.metadata.find(key);
@@ -215,6 +242,26 @@ int load_checkpoint(const std::string& path, nn::Module& model, optim::SGD& sgd,
            "--resume {}: the checkpoint's model has hidden layers {} but --hidden is {}; pass "
            "--hidden {}",
            path, meta("hidden"), hidden_str(options.hidden), meta("hidden"));
+  RunPosition position;
+  position.epochs_done = std::stoi(meta("epoch"));
+  // Written at an interrupt, the checkpoint stands in the middle of an epoch (checkpoints
+  // from before interrupts existed have no "epoch_batches": they never do).
+  const auto batches = ck.metadata.find("epoch_batches");
+  if (batches != ck.metadata.end() && std::stoll(batches->second) > 0) {
+    MG_CHECK(meta("batch_size") == std::to_string(options.batch_size),
+             "--resume {}: the checkpoint stopped in the middle of an epoch with --batch-size "
+             "{}, but --batch-size is {}; pass --batch-size {}",
+             path, meta("batch_size"), options.batch_size, meta("batch_size"));
+    const auto loss_sum = ck.tensors.find("progress.loss_sum");
+    MG_CHECK(loss_sum != ck.tensors.end() && loss_sum->second.numel() == 1 &&
+                 loss_sum->second.dtype() == DType::Float32,
+             "--resume {}: the checkpoint stopped in the middle of an epoch but has no float32 "
+             "scalar 'progress.loss_sum'",
+             path);
+    position.batches = std::stoll(batches->second);
+    position.seen = std::stoll(meta("epoch_seen"));
+    position.loss_sum = loss_sum->second.reshape({});
+  }
   const nn::TensorDict model_state = ck.get("model."), optim_state = ck.get("optim.");
   nn::check_state_dict(model, model_state, path);
   sgd.check_state_dict(optim_state, path);
@@ -223,7 +270,7 @@ int load_checkpoint(const std::string& path, nn::Module& model, optim::SGD& sgd,
   history = samples::parse_metrics_csv(meta("metrics"), path + " (metrics)");
   default_generator().set_state(
       {std::stoull(meta("generator_seed")), std::stoull(meta("generator_offset"))});
-  return std::stoi(meta("epoch"));
+  return position;
 }
 
 // Writes the CSV and the plot for everything so far (rewritten after every epoch, so a
@@ -237,6 +284,93 @@ void write_reports(const Options& options, const std::vector<samples::EpochMetri
         fmt::format("Fashion-MNIST MLP 784-{}-10, SGD lr {} ({}) momentum {}, batch {}",
                     fmt::join(options.hidden, "-"), options.lr, options.lr_schedule, options.momentum,
                     options.batch_size));
+}
+
+// ======================================================================================
+// Interrupt and resume. The signal handler only records the signal. The training loop
+// looks at it after every step (and after each epoch's evaluation), writes a checkpoint
+// of exactly where the run stands -- model, SGD momentum, random generator, epoch and
+// batch, the epoch's running loss -- and exits with 128 + the signal number (130 for
+// Ctrl-C, 143 for SIGTERM), as a shell reports a process that a signal killed.
+// --resume continues from that batch with the same shuffled order and learning rate, so
+// on the CPU the run ends with the parameters of a run that was never stopped, bit for
+// bit (tests/samples/train_fashion_mnist_test.cpp).
+// ======================================================================================
+volatile std::sig_atomic_t stop_signal = 0;
+
+void record_stop_signal(int signo) { stop_signal = signo; }
+
+// SA_RESETHAND: the handler runs once, so a second Ctrl-C meets the default action and
+// kills the process at once, for when the step in progress is itself stuck. SA_RESTART:
+// a system call the signal lands in (a Gloo socket read, say) resumes instead of failing.
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = record_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESETHAND | SA_RESTART;
+  for (int signo : {SIGINT, SIGTERM})
+    MG_CHECK(sigaction(signo, &action, nullptr) == 0, "sigaction({}) failed: {}", signo,
+             std::strerror(errno));
+}
+
+// The signal that stops the run, or 0 to go on. The ranks of a --distributed run agree
+// on it (a sum over the ranks): one rank stopping alone would leave the others waiting
+// in the next all-reduce until --dist-timeout.
+int agreed_stop_signal(const DistributedRun& dist, Device device) {
+  const int local = stop_signal;
+  if (!dist.group) return local;
+  Tensor flag = full({}, local != 0 ? 1.0 : 0.0, DType::Float32, device);
+  dist.group->allreduce(std::vector<Tensor>{flag})->wait();
+  if (flag.item<float>() == 0.0f) return 0;
+  return local != 0 ? local : SIGTERM;
+}
+
+// This step's loss as every rank sees it: under --distributed the sum over the ranks,
+// so that all of them stop at the same step when one rank's loss is not finite.
+float loss_for_check(const Tensor& loss, const DistributedRun& dist) {
+  if (!dist.group) return loss.item<float>();
+  Tensor sum = ops::clone(loss.detach());
+  dist.group->allreduce(std::vector<Tensor>{sum})->wait();
+  return sum.item<float>();
+}
+
+// Where the run stands after `batches` batches of epoch `epochs_done` + 1. Under
+// --distributed each rank has summed the losses of its own examples; the checkpoint holds
+// the sum over all ranks, which rank 0 alone carries on after --resume.
+RunPosition mid_epoch_position(const DistributedRun& dist, int epochs_done, int64_t batches,
+                               int64_t seen, const Tensor& loss_sum) {
+  if (!dist.group) return {epochs_done, batches, seen, loss_sum};
+  Tensor loss_total = ops::clone(loss_sum);
+  Tensor seen_total = full({}, static_cast<double>(seen), DType::Float32, loss_sum.device());
+  dist.group->allreduce(std::vector<Tensor>{loss_total, seen_total})->wait();
+  return {epochs_done, batches, static_cast<int64_t>(seen_total.item<float>()), loss_total};
+}
+
+// Where an interrupted run leaves its checkpoint: --save, or a fixed name in the
+// current directory.
+std::string interrupt_checkpoint_path(const Options& options) {
+  return options.save.empty() ? "train_fashion_mnist.interrupted.safetensors" : options.save;
+}
+
+// Writes the checkpoint of an interrupted run (rank 0 alone) and returns the exit code.
+int stop_run(int signo, const Options& options, const DistributedRun& dist,
+             const nn::Module& model, const optim::SGD& sgd, const RunPosition& position,
+             int64_t global_step, const std::vector<samples::EpochMetrics>& history) {
+  const char* name = signo == SIGINT ? "SIGINT" : signo == SIGTERM ? "SIGTERM" : "a signal";
+  const std::string path = interrupt_checkpoint_path(options);
+  if (dist.writes_files()) {
+    save_checkpoint(path, model, sgd, options, position, history);
+    write_reports(options, history);
+    const std::string where =
+        position.batches > 0
+            ? fmt::format("epoch {}, batch {}", position.epochs_done + 1, position.batches)
+            : fmt::format("the end of epoch {}", position.epochs_done);
+    fmt::print("train_fashion_mnist: interrupted by {} after step {} ({}); checkpoint written "
+               "to {}; continue with --resume {}\n",
+               name, global_step, where, path, path);
+  }
+  std::fflush(stdout);
+  return 128 + signo;
 }
 
 int run(const Options& options) {
@@ -273,11 +407,23 @@ int run(const Options& options) {
              options.seed);
 
   std::vector<samples::EpochMetrics> history;
-  int start_epoch = 0;
+  RunPosition resumed;
   if (!options.resume.empty()) {
-    start_epoch = load_checkpoint(options.resume, *model, sgd, options, history);
-    fmt::print("resumed from {} after epoch {}\n", options.resume, start_epoch);
+    resumed = load_checkpoint(options.resume, *model, sgd, options, history);
+    if (resumed.batches == 0)
+      fmt::print("resumed from {} after epoch {}\n", options.resume, resumed.epochs_done);
+    else
+      fmt::print("resumed from {} in epoch {} after batch {}\n", options.resume,
+                 resumed.epochs_done + 1, resumed.batches);
   }
+  const int start_epoch = resumed.epochs_done;
+  std::optional<DetectAnomalyGuard> detect_anomaly;
+  if (options.detect_anomaly) {
+    detect_anomaly.emplace();
+    fmt::print("anomaly detection on: every backward checks its gradients for NaN and "
+               "infinity (slow)\n");
+  }
+  install_stop_handlers();
 
   data::DataLoaderOptions train_options;
   train_options.batch_size = options.batch_size;
@@ -306,15 +452,32 @@ int run(const Options& options) {
     train_loader.set_epoch(epoch - 1);  // the order depends on (seed, epoch) alone
     samples::ProgressBar bar(fmt::format("epoch {}/{}", epoch, options.epochs),
                              train_loader.size(), interactive);
-    // The running loss stays on the device: reading it back every step would make a GPU
-    // wait for each step to finish. It is read when the bar redraws and at the end.
+    // The running loss stays on the device; it is read when the bar redraws and at the
+    // end. (The finiteness check below reads each step's loss on its own.)
     Tensor loss_sum = zeros({}, DType::Float32, device);
     int64_t seen = 0, step = 0;
+    if (epoch == start_epoch + 1 && resumed.batches > 0) {  // --resume in mid-epoch
+      train_loader.set_start_batch(resumed.batches);
+      step = resumed.batches;
+      if (dist.rank == 0) {  // the running loss of every rank (mid_epoch_position)
+        seen = resumed.seen;
+        loss_sum = resumed.loss_sum.to(device);
+      }
+    }
     for (const data::Batch& host_batch : train_loader) {
       const data::Batch batch = host_batch.to(device);
-      sgd.set_options(sgd_options.lr(learning_rate(
-          options, (epoch - 1) * train_loader.size() + step, total_steps)));
+      const int64_t global_step = (epoch - 1) * train_loader.size() + step + 1;  // from 1
+      sgd.set_options(sgd_options.lr(learning_rate(options, global_step - 1, total_steps)));
       const Tensor loss = cross_entropy(net->forward(batch.data), batch.target);
+      // A NaN or infinite loss stops the run before backward and the update, so the
+      // parameters stay those of the last good step. Reading the loss waits for the
+      // device once per step, as loss.item() in the usual PyTorch loop does.
+      const float checked_loss = loss_for_check(loss, dist);
+      MG_CHECK(std::isfinite(checked_loss),
+               "step {} (epoch {}, batch {} of {}): the loss is {}; stopping before this "
+               "step's update. Lower the learning rate (--lr {}); --detect-anomaly names the "
+               "op whose backward first produces a NaN or an infinity, if one does",
+               global_step, epoch, step + 1, train_loader.size(), checked_loss, options.lr);
       sgd.zero_grad();
       loss.backward();
       sgd.step();
@@ -324,6 +487,13 @@ int run(const Options& options) {
       }
       seen += batch.size();
       ++step;
+      if (global_step == options.stop_after_steps) std::raise(SIGINT);  // tests: a real signal
+      if (const int signo = agreed_stop_signal(dist, device)) {
+        bar.finish();
+        return stop_run(signo, options, dist, *model, sgd,
+                        mid_epoch_position(dist, epoch - 1, step, seen, loss_sum), global_step,
+                        history);
+      }
       if (bar.due(step)) {
         const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
         bar.update(step, fmt::format("loss {:.4f}  {:.0f} samples/s",
@@ -352,9 +522,17 @@ int run(const Options& options) {
                static_cast<double>(seen) / train_seconds);
     std::fflush(stdout);
 
-    if (!dist.writes_files()) continue;
-    write_reports(options, history);
-    if (!options.save.empty()) save_checkpoint(options.save, *model, sgd, options, epoch, history);
+    if (dist.writes_files()) {
+      write_reports(options, history);
+      if (!options.save.empty())
+        save_checkpoint(options.save, *model, sgd, options, RunPosition{epoch, 0, 0, Tensor()},
+                        history);
+    }
+    // A signal during the evaluation stops the run here, between epochs.
+    if (epoch < options.epochs)
+      if (const int signo = agreed_stop_signal(dist, device))
+        return stop_run(signo, options, dist, *model, sgd, RunPosition{epoch, 0, 0, Tensor()},
+                        epoch * train_loader.size(), history);
   }
 
   if (history.empty()) {
@@ -467,6 +645,12 @@ int main(int argc, char** argv) {
                  "With --distributed: seconds a rank waits for the others before failing")
       ->check(non_negative_number())
       ->capture_default_str();
+  app.add_flag("--detect-anomaly", options.detect_anomaly,
+               "Check every gradient of every backward for NaN and infinity, and name the op "
+               "whose backward produced the first one (slow; as torch.autograd.detect_anomaly)");
+  // For tests: raise a real SIGINT after this global step, so that the interrupt and
+  // resume path runs deterministically. Hidden from --help (an empty group).
+  app.add_option("--stop-after-steps", options.stop_after_steps)->group("");
   CLI11_PARSE(app, argc, argv);
 
   try {
