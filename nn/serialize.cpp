@@ -214,9 +214,18 @@ Checkpoint decode(const char* op, const std::string& path, const std::string& by
                                   header_size, kMaxHeaderBytes));
 
   const char* header_begin = bytes.data() + 8;
+  // A safetensors header nests three levels ({name: {"shape": [...]}}). Deeper JSON is
+  // refused while parsing: the messages below dump() values, which recurses once per
+  // level, and 100000 nested brackets would overflow the stack.
+  constexpr int kMaxJsonDepth = 16;
+  const auto limit_depth = [&](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxJsonDepth)
+      corrupt(op, path, fmt::format("its JSON header nests deeper than {} levels", kMaxJsonDepth));
+    return true;
+  };
   json header;
   try {
-    header = json::parse(header_begin, header_begin + header_size);
+    header = json::parse(header_begin, header_begin + header_size, limit_depth);
   } catch (const json::exception& e) {
     corrupt(op, path, fmt::format("its JSON header does not parse: {}", e.what()));
   }
@@ -264,14 +273,21 @@ Checkpoint decode(const char* op, const std::string& path, const std::string& by
     }
 
     const auto dims = unsigned_list(op, path, info["shape"], "the shape of tensor '" + name + "'");
-    // numel * element size, refusing sizes that overflow (a corrupt shape).
-    uint64_t size = element_size(dtype);
+    // numel * element size, refusing shapes that overflow int64 (a corrupt shape). The
+    // bound is on the product of the dims with zeros counted as ones, which the strides
+    // of the tensor reach even when it is empty: [0, 2^62, 2^62] holds nothing, but its
+    // first stride would be 2^124.
+    constexpr uint64_t kMax = std::numeric_limits<int64_t>::max();
+    uint64_t size = element_size(dtype), span = element_size(dtype);
     bool overflow = false;
     std::vector<int64_t> sizes;
     for (uint64_t d : dims) {
-      overflow = overflow || d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-                 (d != 0 && size > std::numeric_limits<uint64_t>::max() / d);
-      if (!overflow) size *= d;
+      const uint64_t extent = std::max<uint64_t>(d, 1);
+      overflow = overflow || d > kMax || span > kMax / extent;
+      if (!overflow) {
+        size *= d;
+        span *= extent;
+      }
       sizes.push_back(static_cast<int64_t>(d));
     }
     if (overflow)
