@@ -24,3 +24,15 @@ TEST_CASE("fuzz replay: the seed checkpoint of a Linear(2, 3) loads into one") {
   CHECK(model.weight().to_vector<float>() == std::vector<float>{1, 2, 3, 4, 5, 6});
   CHECK(model.bias().to_vector<float>() == std::vector<float>{0.1f, -0.2f, 0.3f});
 }
+
+TEST_CASE("fuzz regressions: the safetensors faults the fuzzer found are named errors now") {
+  const std::string dir = std::string(MINIGRAD_SOURCE_DIR) + "/tests/fuzz/regressions/safetensors/";
+  // Was a stack overflow: error messages dump() JSON values, recursively.
+  REQUIRE_THROWS_WITH(
+      mg::nn::load_tensors(dir + "json-nested-100000-deep-overflowed-the-stack-in-dump.safetensors"),
+      MG_CONTAINS("is not a valid safetensors file: its JSON header nests deeper than 16 levels"));
+  // Was a signed overflow (UBSan) computing the strides of an empty tensor.
+  REQUIRE_THROWS_WITH(
+      mg::nn::load_tensors(dir + "shape-0-then-2e62x2e62-overflowed-int64-strides.safetensors"),
+      MG_CONTAINS("tensor 't' has an impossibly large shape [0,4611686018427387904,4611686018427387904]"));
+}
