@@ -109,9 +109,16 @@ int read_port(int fd) {
 }  // namespace
 
 std::shared_ptr<parallel::ProcessGroup> RankContext::gloo(std::chrono::milliseconds timeout) const {
+#ifdef MINIGRAD_WITH_GLOO
   parallel::ProcessGroupOptions options;
   options.timeout = timeout;
   return std::make_shared<parallel::ProcessGroupGloo>(store, rank, world_size, options);
+#else
+  // The Gloo tests are compiled out then (a GPU machine without libgloo-dev); this keeps
+  // the helper building for the NCCL ones.
+  (void)timeout;
+  MG_FAIL("RankContext::gloo: minigrad was built without Gloo");
+#endif
 }
 
 void RankContext::report(const std::string& name, const std::vector<float>& values) {
