@@ -192,6 +192,57 @@ elif [[ -z "${SKIP_BENCH:-}" && -x "$ddp_bench" && -x "$launcher" ]]; then
   say "ddp-bench: $(wc -l < "$logs/ddp-bench.md") rows in ddp-bench.md"
 fi
 
+# ---- compute-sanitizer (owner: reliability, issue 8): the GPU tests under memcheck and racecheck ----
+# memcheck: out-of-bounds, misaligned and freed device memory accessed by a kernel, in
+# every GPU test but the multi-process NCCL ones (their ranks are processes of their own).
+# API errors are not reported here: the library checks every CUDA return code itself,
+# and some tests provoke errors on purpose (running out of memory).
+# racecheck: shared-memory hazards, in the tests of the kernels that use shared memory
+# (reductions, argmax, log_softmax, cross_entropy: cuda/kernels/reduce.cu, softmax.cu).
+# Each run is bounded by what is left of the budget; a run cut short says so and is not
+# counted as a pass. To leave the section time: SKIP_BENCH=1 SKIP_TRAIN=1 scripts/gpu-check.sh;
+# SKIP_SANITIZER=1 skips it.
+sanitizer=$(command -v compute-sanitizer || true)
+for candidate in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+  [[ -z "$sanitizer" && -x "$candidate" ]] && sanitizer="$candidate"
+done
+test_cuda="$build/bin/test_cuda"
+# run_sanitizer <tool> <Catch2 test spec> <at most this many seconds>
+run_sanitizer() {
+  local tool=$1 spec=$2 seconds=$3 log="$logs/compute-sanitizer-$1.log" status
+  timeout "$seconds" "$sanitizer" --tool "$tool" --report-api-errors no --error-exitcode 86 \
+    "$test_cuda" "$spec" > "$log" 2>&1
+  status=$?
+  local summary
+  summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1 | sed 's/^========= //')
+  case $status in
+    0) say "compute-sanitizer $tool: clean; ${summary:-no summary line} ($(grep -E '^All tests passed|^test cases:' "$log" | tail -1))" ;;
+    86) fail "compute-sanitizer $tool found errors: $summary (see compute-sanitizer-$tool.log)"
+        grep -m 20 -E '^========= (Invalid|Error|Race|Warning)' "$log" ;;
+    124) say "compute-sanitizer $tool: INCOMPLETE, stopped after $seconds s of the budget (see compute-sanitizer-$tool.log)" ;;
+    *) fail "tests failed under compute-sanitizer $tool (exit $status; see compute-sanitizer-$tool.log)"
+       grep -m 20 -E 'FAILED|failed|ERROR' "$log" ;;
+  esac
+}
+if [[ -n "${SKIP_SANITIZER:-}" ]]; then
+  say "compute-sanitizer: skipped (SKIP_SANITIZER set)"
+elif [[ -z "$sanitizer" ]]; then
+  say "compute-sanitizer: not found (PATH, /usr/local/cuda); GPU tests not run under it"
+elif [[ ! -x "$test_cuda" ]]; then
+  say "compute-sanitizer: $test_cuda not built; skipped"
+elif [[ $(time_left) -lt 90 ]]; then
+  say "compute-sanitizer: skipped, $(time_left) s of the ${budget} s budget left"
+else
+  say "compute-sanitizer: $("$sanitizer" --version | tail -1)"
+  # Two thirds of what is left for memcheck (every GPU test), the rest for racecheck.
+  run_sanitizer memcheck '~NCCL:*' $(( ($(time_left) - 30) * 2 / 3 ))
+  if [[ $(time_left) -lt 45 ]]; then
+    say "compute-sanitizer racecheck: skipped, $(time_left) s of the budget left"
+  else
+    run_sanitizer racecheck '*sum*,*argmax*,*softmax*,*cross_entropy*' $(( $(time_left) - 20 ))
+  fi
+fi
+
 if [[ ${#failures[@]} -gt 0 ]]; then
   say "${#failures[@]} failure(s): ${failures[*]}"
   exit 1
