@@ -1,6 +1,7 @@
 // The whole user API of minigrad in one include.
 #pragma once
 
+#include <minigrad/autograd/anomaly_mode.h>
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/device.h>
@@ -10,28 +11,30 @@
 #include <minigrad/core/shape.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/core/tensor.h>
+#include <minigrad/cuda/cuda.h>
+#include <minigrad/data/dataloader.h>
+#include <minigrad/data/dataset.h>
+#include <minigrad/data/distributed_sampler.h>
+#include <minigrad/data/fashion_mnist.h>
+#include <minigrad/data/idx.h>
+#include <minigrad/data/sampler.h>
 #include <minigrad/nn/init.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/module.h>
+#include <minigrad/nn/optim/sgd.h>
+#include <minigrad/nn/serialize.h>
 #include <minigrad/parallel/comm.h>
 #include <minigrad/parallel/communicator.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/device_list.h>
-#include <minigrad/parallel/gather.h>
-#include <minigrad/parallel/parallel_apply.h>
-#include <minigrad/parallel/replicate.h>
-#include <minigrad/parallel/scatter.h>
-#include <minigrad/nn/optim/sgd.h>
-#include <minigrad/nn/serialize.h>
-#include <minigrad/data/dataloader.h>
-#include <minigrad/data/dataset.h>
-#include <minigrad/data/fashion_mnist.h>
-#include <minigrad/data/idx.h>
-#include <minigrad/data/sampler.h>
-#include <minigrad/data/distributed_sampler.h>
 #include <minigrad/parallel/distributed/distributed_data_parallel.h>
 #include <minigrad/parallel/distributed/process_group.h>
 #include <minigrad/parallel/distributed/process_group_gloo.h>
 #include <minigrad/parallel/distributed/process_group_nccl.h>
 #include <minigrad/parallel/distributed/rendezvous.h>
 #include <minigrad/parallel/distributed/tcp_store.h>
+#include <minigrad/parallel/gather.h>
+#include <minigrad/parallel/parallel_apply.h>
+#include <minigrad/parallel/replicate.h>
+#include <minigrad/parallel/scatter.h>
+// The whole user API of minigrad in one include.

@@ -7,8 +7,15 @@
 namespace mg {
 
 Tensor empty(const Shape& shape, DType dtype, Device device) {
-  for (int64_t s : shape)
+  // Strides multiply the sizes (a 0 counted as 1), so that product must fit in int64 even
+  // when the tensor is empty.
+  int64_t extent = static_cast<int64_t>(element_size(dtype));
+  for (int64_t s : shape) {
     MG_CHECK(s >= 0, "empty: negative size in shape {}", shape);
+    MG_CHECK(!__builtin_mul_overflow(extent, std::max<int64_t>(s, 1), &extent),
+             "empty: shape {} of {} is impossibly large (its byte size overflows int64)", shape,
+             dtype);
+  }
   Storage storage(static_cast<size_t>(shape.numel()) * element_size(dtype), device);
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), shape,
                                              contiguous_strides(shape), 0, dtype));

@@ -149,6 +149,8 @@ TEST_CASE("error: creation and element access") {
                           MG_CONTAINS("[2, 2]") && MG_CONTAINS("4 elements"));
   REQUIRE_THROWS_WITH(from_vector(std::vector<int64_t>{1}, {3}), MG_CONTAINS("from_vector"));
   REQUIRE_THROWS_WITH(zeros({2, -1}), MG_CONTAINS("negative") && MG_CONTAINS("[2, -1]"));
+  REQUIRE_THROWS_WITH(empty({0, int64_t{1} << 62, int64_t{1} << 62}),
+                      MG_CONTAINS("empty") && MG_CONTAINS("impossibly large"));
   REQUIRE_THROWS_WITH(arange(0.0, 5.0, 0.0), MG_CONTAINS("arange") && MG_CONTAINS("step"));
   REQUIRE_THROWS_WITH(randint(3, 3, {2}), MG_CONTAINS("randint") && MG_CONTAINS("[3, 3)"));
   REQUIRE_THROWS_WITH(iota({2, 3}).item<float>(),
