@@ -13,9 +13,7 @@ using mg::Shape;
 using mg::Tensor;
 namespace comm = mg::parallel::comm;
 
-namespace {
-std::vector<Device> cpus(size_t n) { return std::vector<Device>(n, Device::cpu()); }
-}  // namespace
+using mg::testing::cpus;
 
 TEST_CASE("flatten and unflatten round-trip as views of one buffer") {
   const Tensor a = mg::randn({2, 3});

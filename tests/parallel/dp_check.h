@@ -19,6 +19,9 @@
 
 namespace mg::testing {
 
+// n CPU "devices": how CI runs several replicas without a GPU.
+inline std::vector<Device> cpus(size_t n) { return std::vector<Device>(n, Device::cpu()); }
+
 // Linear/ReLU layers with the given widths, e.g. {5, 7, 3}: Linear(5,7) ReLU Linear(7,3).
 inline nn::ModulePtr make_mlp(const std::vector<int64_t>& widths) {
   auto mlp = std::make_shared<nn::Sequential>();

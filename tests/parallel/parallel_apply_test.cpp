@@ -13,8 +13,9 @@
 using mg::Device;
 using mg::Tensor;
 
+using mg::testing::cpus;
+
 namespace {
-std::vector<Device> cpus(size_t n) { return std::vector<Device>(n, Device::cpu()); }
 
 // Throws when its input has `bad_rows` rows.
 class FailsOnRows : public mg::nn::Cloneable<FailsOnRows> {

@@ -9,8 +9,9 @@
 using mg::Device;
 using mg::Tensor;
 
+using mg::testing::cpus;
+
 namespace {
-std::vector<Device> cpus(size_t n) { return std::vector<Device>(n, Device::cpu()); }
 
 // A module with a buffer, to see buffers copied.
 class Scaled : public mg::nn::Cloneable<Scaled> {

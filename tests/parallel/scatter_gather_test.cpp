@@ -11,9 +11,7 @@ using mg::Shape;
 using mg::Tensor;
 namespace comm = mg::parallel::comm;
 
-namespace {
-std::vector<Device> cpus(size_t n) { return std::vector<Device>(n, Device::cpu()); }
-}  // namespace
+using mg::testing::cpus;
 
 TEST_CASE("chunk sizes follow torch.chunk") {
   REQUIRE(comm::chunk_sizes(30, 4) == std::vector<int64_t>{8, 8, 8, 6});
