@@ -26,7 +26,20 @@ build="${BUILD_DIR:-build-gpu}"
 arch="${CUDA_ARCH:-90}"
 jobs="${JOBS:-$(nproc)}"
 [[ "$jobs" -gt 16 ]] && jobs=16
-logs="${OUT:-$root/$build/gpu-check}"
+# The device tool brings back at most 8 files from $OUT: the logs are written to a
+# folder of their own and packed into $OUT/gpu-check-logs.tar.gz (with summary.txt
+# beside it) when the script ends, however it ends.
+if [[ -n "${OUT:-}" ]]; then
+  logs="$(mktemp -d /tmp/gpu-check.XXXXXX)"
+  pack_logs() {
+    tar czf "$OUT/gpu-check-logs.tar.gz" -C "$logs" . 2>/dev/null
+    cp "$logs/summary.txt" "$OUT/summary.txt" 2>/dev/null
+  }
+  trap pack_logs EXIT
+  trap 'exit 143' TERM INT
+else
+  logs="$root/$build/gpu-check"
+fi
 mkdir -p "$logs"
 failures=()
 
@@ -103,7 +116,7 @@ say "built in $((SECONDS - start)) s; warnings: $(grep -c 'warning' "$logs/build
 
 # ---- tests: all of them, GPU tests included ----
 start=$SECONDS
-ctest --test-dir "$build" --output-on-failure -j"$jobs" --timeout 600 \
+ctest --test-dir "$build" --output-on-failure -j"$jobs" --timeout "${CTEST_TIMEOUT:-240}" \
       --output-junit "$logs/ctest.xml" > "$logs/ctest.log" 2>&1
 ctest_status=$?
 say "ctest finished in $((SECONDS - start)) s: $(grep -E 'tests passed|tests failed' "$logs/ctest.log" | tail -1)"
@@ -118,6 +131,15 @@ fi
 bench="$build/bin/minigrad-bench"
 if [[ -z "${SKIP_BENCH:-}" && -x "$bench" && $(time_left) -lt 240 ]]; then
   say "benchmarks: skipped, $(time_left) s of the ${budget} s budget left"
+elif [[ -z "${SKIP_BENCH:-}" && -x "$bench" && -x bench/compare.sh ]] && python3 -c "import torch" 2>/dev/null; then
+  # Side by side with PyTorch (installed on the GPU machine): every work and mode of
+  # both frameworks in one go, and the table of ratios.
+  timeout $(( $(time_left) - 60 )) bench/compare.sh --device cuda --build "$build" \
+    --out "$logs/compare.jsonl" > "$logs/compare.md" 2> "$logs/compare.log"
+  say "bench/compare.sh: exit $?; $(grep -c . "$logs/compare.jsonl") results"
+  cat "$logs/compare.md"
+  bench_errors=$(grep '"framework": *"minigrad"' "$logs/compare.jsonl" | grep -c '"error"')
+  [[ "$bench_errors" -eq 0 ]] || fail "$bench_errors minigrad benchmark runs reported an error (see compare.jsonl)"
 elif [[ -z "${SKIP_BENCH:-}" && -x "$bench" ]]; then
   : > "$logs/bench.jsonl"
   for run in "--work tutorial --mode eager" "--work mnist_mlp --mode eager" \
@@ -146,6 +168,15 @@ elif [[ -z "${SKIP_BENCH:-}" && -x "$bench" ]]; then
   fi
 else
   say "benchmarks: skipped ($bench not built or SKIP_BENCH set)"
+fi
+
+# ---- the batch-size sweep of mnist_mlp, both frameworks, and its chart (SWEEP=1) ----
+if [[ -n "${SWEEP:-}" && -x "$bench" && $(time_left) -lt 120 ]]; then
+  say "sweep: skipped, $(time_left) s of the budget left"
+elif [[ -n "${SWEEP:-}" && -x "$bench" ]]; then
+  timeout $(( $(time_left) - 60 )) bench/sweep.sh --device cuda --build "$build" \
+    --out "$logs/sweep-cuda.jsonl" --svg "$logs/sweep-cuda.svg" > "$logs/sweep.md" 2> "$logs/sweep.log"
+  say "sweep: exit $?; $(grep -c . "$logs/sweep-cuda.jsonl") results"
 fi
 
 # ---- a short training run on GPU 0 ----
@@ -179,7 +210,9 @@ say "distributed NCCL tests: $nccl_passed passed, $nccl_skipped skipped"
 ddp_bench="$build/bin/ddp-bench"
 launcher="$build/bin/minigrad-run"
 ddp_time_left=$(( ${GPU_CHECK_BUDGET_S:-540} - SECONDS ))
-if [[ -z "${SKIP_BENCH:-}" && -x "$ddp_bench" && -x "$launcher" && $ddp_time_left -lt 90 ]]; then
+if [[ -n "${SKIP_DDP_BENCH:-}" ]]; then
+  say "ddp-bench: skipped (SKIP_DDP_BENCH set)"
+elif [[ -z "${SKIP_BENCH:-}" && -x "$ddp_bench" && -x "$launcher" && $ddp_time_left -lt 90 ]]; then
   say "ddp-bench: skipped, $ddp_time_left s of the budget left"
 elif [[ -z "${SKIP_BENCH:-}" && -x "$ddp_bench" && -x "$launcher" ]]; then
   {
