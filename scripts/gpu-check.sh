@@ -170,11 +170,20 @@ else
   say "benchmarks: skipped ($bench not built or SKIP_BENCH set)"
 fi
 
+# ---- where a wide_mlp step's GPU time goes, kernel by kernel, both frameworks (PROFILE=1) ----
+if [[ -n "${PROFILE:-}" && -x "$bench" && $(time_left) -lt 150 ]]; then
+  say "kernel profile: skipped, $(time_left) s of the budget left"
+elif [[ -n "${PROFILE:-}" && -x "$bench" ]]; then
+  timeout $(( $(time_left) - 100 )) bench/profile_kernels.sh --work "${PROFILE_WORK:-wide_mlp}" \
+    --build "$build" --out "$logs" > "$logs/profile.md" 2> "$logs/profile.log"
+  say "kernel profile: exit $?; $(grep -E 'of GPU time per step' "$logs/profile.md" | tr '\n' ' ')"
+fi
+
 # ---- the batch-size sweep of mnist_mlp, both frameworks, and its chart (SWEEP=1) ----
 if [[ -n "${SWEEP:-}" && -x "$bench" && $(time_left) -lt 120 ]]; then
   say "sweep: skipped, $(time_left) s of the budget left"
 elif [[ -n "${SWEEP:-}" && -x "$bench" ]]; then
-  timeout $(( $(time_left) - 60 )) bench/sweep.sh --device cuda --build "$build" \
+  timeout $(( $(time_left) - 60 )) bench/sweep.sh --device cuda --build "$build" --replicas "${SWEEP_REPLICAS:-2}" \
     --out "$logs/sweep-cuda.jsonl" --svg "$logs/sweep-cuda.svg" > "$logs/sweep.md" 2> "$logs/sweep.log"
   say "sweep: exit $?; $(grep -c . "$logs/sweep-cuda.jsonl") results"
 fi
