@@ -43,6 +43,10 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = fa
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x @ w^T + b, with w of shape [out, in] as in torch.nn.functional.linear.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
+// relu(linear(x, w, b)) as one op and one graph node: the same values and gradients as
+// the two ops, one pass over the activations fewer (the ReLU is fused into the matrix
+// product's epilogue on CUDA), and only the output kept for backward. b is required.
+Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& b);
 
 // ---- softmax and loss (functions/loss.cpp) ----
 Tensor log_softmax(const Tensor& x, int64_t dim = -1);

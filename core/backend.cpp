@@ -61,6 +61,12 @@ void Backend::addmm(const Tensor& out, const Tensor& bias, const Tensor& a, cons
   binary(BinaryOp::Add, out, out, ops::expand(bias, out.shape()), 1.0);  // out may alias a
 }
 
+void Backend::addmm_relu(const Tensor& out, const Tensor& bias, const Tensor& a,
+                         const Tensor& b) {
+  addmm(out, bias, a, b);
+  unary(UnaryOp::Relu, out, out);
+}
+
 namespace {
 
 std::array<Backend*, kNumDeviceTypes>& backend_table() {

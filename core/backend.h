@@ -101,6 +101,11 @@ class Backend {
   // call (torch.addmm). bias is 1-D, contiguous. The default is matmul followed by a
   // broadcast add; a backend can fuse the two (BLAS beta = 1, a cuBLASLt epilogue).
   virtual void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b);
+  // out = relu(a @ b + bias): a Linear layer followed by a ReLU. The default is addmm
+  // and then relu in place; a backend can fuse the ReLU too (a cuBLASLt epilogue), which
+  // saves a pass over the activations.
+  virtual void addmm_relu(const Tensor& out, const Tensor& bias, const Tensor& a,
+                          const Tensor& b);
 
   // ---- softmax and cross-entropy over the last dim of 2-D [rows, classes] ----
   virtual void log_softmax(const Tensor& out, const Tensor& in) = 0;

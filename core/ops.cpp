@@ -313,15 +313,28 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b) {
-  check_matmul("addmm", a, b);
-  check_same_device("addmm", a, bias);
+namespace {
+// addmm and addmm_relu: checks the operands, returns the (uninitialised) output.
+Tensor addmm_output(const char* op, const Tensor& bias, const Tensor& a, const Tensor& b) {
+  check_matmul(op, a, b);
+  check_same_device(op, a, bias);
   MG_CHECK(bias.dim() == 1 && bias.size(0) == b.size(1) && bias.dtype() == DType::Float32,
-           "addmm: expected a float32 bias of shape [{}] for a product of shape [{}, {}], got {} "
+           "{}: expected a float32 bias of shape [{}] for a product of shape [{}, {}], got {} "
            "({})",
-           b.size(1), a.size(0), b.size(1), bias.shape(), bias.dtype());
-  Tensor out = empty(Shape{a.size(0), b.size(1)}, DType::Float32, a.device());
+           op, b.size(1), a.size(0), b.size(1), bias.shape(), bias.dtype());
+  return empty(Shape{a.size(0), b.size(1)}, DType::Float32, a.device());
+}
+}  // namespace
+
+Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b) {
+  Tensor out = addmm_output("addmm", bias, a, b);
   if (out.numel() > 0) backend_of(a).addmm(out, contiguous(bias), a, b);
+  return out;
+}
+
+Tensor addmm_relu(const Tensor& bias, const Tensor& a, const Tensor& b) {
+  Tensor out = addmm_output("addmm_relu", bias, a, b);
+  if (out.numel() > 0) backend_of(a).addmm_relu(out, contiguous(bias), a, b);
   return out;
 }
 

@@ -45,6 +45,8 @@ Tensor argmax(const Tensor& x, int64_t dim);
 Tensor matmul(const Tensor& a, const Tensor& b);  // 2-D @ 2-D
 // a @ b + bias, with a 1-D bias added to every row (torch.addmm; Linear's forward).
 Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b);
+// relu(a @ b + bias) in one backend call (a Linear layer and the ReLU after it).
+Tensor addmm_relu(const Tensor& bias, const Tensor& a, const Tensor& b);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& output, int64_t dim);
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets);

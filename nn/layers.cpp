@@ -1,6 +1,7 @@
 #include <minigrad/nn/layers.h>
 
 #include <cmath>
+#include <typeinfo>
 
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/grad_mode.h>
@@ -33,6 +34,11 @@ Tensor Linear::forward(const Tensor& input) {
   return linear(input, weight(), has_bias_ ? bias() : Tensor());
 }
 
+Tensor Linear::forward_relu(const Tensor& input) {
+  if (!has_bias_) return relu(forward(input));
+  return linear_relu(input, weight(), bias());
+}
+
 std::string Linear::extra_repr() const {
   // Python's spelling of booleans, so the printout reads exactly as PyTorch's.
   return fmt::format("in_features={}, out_features={}, bias={}", in_features_, out_features_,
@@ -55,8 +61,19 @@ ModulePtr Sequential::operator[](size_t index) const {
 }
 
 Tensor Sequential::forward(const Tensor& input) {
+  const auto children = named_children();
   Tensor x = input;
-  for (const auto& child : named_children()) x = child.second->forward(x);
+  for (size_t i = 0; i < children.size(); ++i) {
+    Module& module = *children[i].second;
+    const Module* next = i + 1 < children.size() ? children[i + 1].second.get() : nullptr;
+    // Exactly these two types: a subclass may override forward, and must be run as is.
+    if (next != nullptr && typeid(*next) == typeid(ReLU) && typeid(module) == typeid(Linear)) {
+      x = static_cast<Linear&>(module).forward_relu(x);
+      ++i;
+    } else {
+      x = module.forward(x);
+    }
+  }
   return x;
 }
 

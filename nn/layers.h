@@ -13,6 +13,9 @@ class Linear : public Cloneable<Linear> {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   Tensor forward(const Tensor& input) override;
+  // relu(forward(input)) as one op (mg::linear_relu): what Sequential runs for a Linear
+  // followed by a ReLU. Layers without bias run the two ops.
+  Tensor forward_relu(const Tensor& input);
   std::string extra_repr() const override;
 
   Tensor& weight() { return parameter("weight"); }
@@ -33,7 +36,9 @@ class ReLU : public Cloneable<ReLU> {
   Tensor forward(const Tensor& input) override;
 };
 
-// Runs its children in order, each one's output the next one's input.
+// Runs its children in order, each one's output the next one's input. A Linear directly
+// followed by a ReLU runs as one fused op (Linear::forward_relu): same values and
+// gradients, one pass over the activations and one saved tensor fewer.
 class Sequential : public Cloneable<Sequential> {
  public:
   Sequential() : Cloneable<Sequential>("Sequential") {}

@@ -16,34 +16,62 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-// One node for the whole layer, as PyTorch's addmm: y = x @ w^T + b. Its backward
-// writes each gradient in the layout of its input: dx = dy @ w, dw = dy^T @ x (a
-// contiguous [out, in], not the transpose of x^T @ dy that a composed matmul would give
-// and AccumulateGrad would then have to copy), db = dy summed over the batch.
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+namespace {
+
+void check_linear(const char* op, const Tensor& x, const Tensor& w, const Tensor& b) {
   MG_CHECK(x.dim() == 2 && w.dim() == 2,
-           "linear: expected input [batch, in] and weight [out, in], got {} and {}", x.shape(),
+           "{}: expected input [batch, in] and weight [out, in], got {} and {}", op, x.shape(),
            w.shape());
   MG_CHECK(x.size(1) == w.size(1),
-           "linear: input of shape {} has {} features but the weight of shape {} expects {}",
+           "{}: input of shape {} has {} features but the weight of shape {} expects {}", op,
            x.shape(), x.size(1), w.shape(), w.size(1));
   if (b.defined()) {
     MG_CHECK(b.dim() == 1 && b.size(0) == w.size(0),
-             "linear: bias of shape {} does not match weight of shape {} (expected [{}])",
+             "{}: bias of shape {} does not match weight of shape {} (expected [{}])", op,
              b.shape(), w.shape(), w.size(0));
   }
+}
+
+// The gradients of y = x @ w^T + b, given dy, each in the layout of its input: dx = dy @ w,
+// dw = dy^T @ x (a contiguous [out, in], not the transpose of x^T @ dy that a composed
+// matmul would give and AccumulateGrad would then have to copy), db = dy summed over
+// the batch.
+std::vector<Tensor> linear_grads(const BackwardArgs& g, const Tensor& dy, const Tensor& x,
+                                 const Tensor& w, bool has_bias) {
+  std::vector<Tensor> grads;
+  grads.push_back(g.needs(0) ? ops::matmul(dy, w) : Tensor());
+  grads.push_back(g.needs(1) ? ops::matmul(ops::transpose(dy, 0, 1), x) : Tensor());
+  if (has_bias) grads.push_back(g.needs(2) ? ops::sum(dy, {0}, false) : Tensor());
+  return grads;
+}
+
+}  // namespace
+
+// One node for the whole layer, as PyTorch's addmm: y = x @ w^T + b.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  check_linear("linear", x, w, b);
   const Tensor wt = ops::transpose(w, 0, 1);
   Tensor y = b.defined() ? ops::addmm(b, x, wt) : ops::matmul(x, wt);
   std::vector<Tensor> inputs{x, w};
   if (b.defined()) inputs.push_back(b);
   record_function("LinearBackward", inputs, {y},
                   [x = x.detach(), w = w.detach(), has_bias = b.defined()](const BackwardArgs& g) {
-                    const Tensor& dy = g.grad();
-                    std::vector<Tensor> grads;
-                    grads.push_back(g.needs(0) ? ops::matmul(dy, w) : Tensor());
-                    grads.push_back(g.needs(1) ? ops::matmul(ops::transpose(dy, 0, 1), x) : Tensor());
-                    if (has_bias) grads.push_back(g.needs(2) ? ops::sum(dy, {0}, false) : Tensor());
-                    return grads;
+                    return linear_grads(g, g.grad(), x, w, has_bias);
+                  });
+  return y;
+}
+
+// y = relu(x @ w^T + b). Backward first masks dy where y is 0 (relu(v) > 0 exactly where
+// v > 0, so the output is the mask and the pre-activation need not be kept), then is
+// linear's.
+Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& b) {
+  MG_CHECK(b.defined(), "linear_relu: the bias is an undefined tensor (use relu(linear(x, w)) "
+                        "for a layer without bias)");
+  check_linear("linear_relu", x, w, b);
+  Tensor y = ops::addmm_relu(b, x, ops::transpose(w, 0, 1));
+  record_function("LinearReluBackward", {x, w, b}, {y},
+                  [x = x.detach(), w = w.detach(), y = y.detach()](const BackwardArgs& g) {
+                    return linear_grads(g, ops::relu_backward(g.grad(), y), x, w, true);
                   });
   return y;
 }

@@ -8,6 +8,9 @@
 #include <minigrad/autograd/node.h>
 #include <minigrad/core/generator.h>
 
+#include <algorithm>
+#include <tuple>
+
 using namespace mg;
 
 namespace {
@@ -79,4 +82,40 @@ TEST_CASE("linear: bad shapes are refused naming the shapes") {
                       MG_CONTAINS("linear: input of shape [2, 3] has 3 features"));
   REQUIRE_THROWS_WITH(linear(x, w, zeros({3})),
                       MG_CONTAINS("linear: bias of shape [3] does not match weight of shape [4, 3]"));
+}
+
+// linear_relu is relu(linear(...)) as one node: the same arithmetic in the same order, so
+// values and gradients must be equal bit for bit on the CPU.
+TEST_CASE("linear_relu: values and gradients equal relu(linear(x, w, b)) exactly") {
+  manual_seed(13);
+  for (const auto& [batch, in, out] : {std::tuple<int64_t, int64_t, int64_t>{7, 5, 3},
+                                       {1, 1, 1}, {33, 17, 65}}) {
+    const Tensor x0 = randn({batch, in}), w0 = randn({out, in}), b0 = randn({out});
+    const Tensor dy = randn({batch, out});
+    Tensor x = leaf_like(x0), w = leaf_like(w0), b = leaf_like(b0);
+    Tensor y = linear_relu(x, w, b);
+    REQUIRE(y.grad_fn() != nullptr);
+    CHECK(y.grad_fn()->name() == "LinearReluBackward");
+    y.backward(dy);
+
+    Tensor xc = leaf_like(x0), wc = leaf_like(w0), bc = leaf_like(b0);
+    Tensor yc = relu(linear(xc, wc, bc));
+    yc.backward(dy);
+    CHECK(y.to_vector<float>() == yc.to_vector<float>());
+    CHECK(x.grad().to_vector<float>() == xc.grad().to_vector<float>());
+    CHECK(w.grad().to_vector<float>() == wc.grad().to_vector<float>());
+    CHECK(b.grad().to_vector<float>() == bc.grad().to_vector<float>());
+    // Some outputs were clipped, so the mask mattered.
+    const auto values = y.to_vector<float>();
+    if (values.size() > 10) CHECK(std::count(values.begin(), values.end(), 0.0f) > 0);
+  }
+}
+
+TEST_CASE("linear_relu: needs a bias, and checks shapes like linear") {
+  const Tensor x = randn({4, 6}), w = randn({2, 6});
+  REQUIRE_THROWS_WITH(linear_relu(x, w, Tensor()), MG_CONTAINS("linear_relu: the bias is an undefined tensor"));
+  REQUIRE_THROWS_WITH(linear_relu(x, randn({2, 5}), randn({2})),
+                         MG_CONTAINS("linear_relu: input of shape [4, 6] has 6 features but the weight of shape [2, 5] expects 5"));
+  REQUIRE_THROWS_WITH(linear_relu(x, w, randn({3})),
+                         MG_CONTAINS("linear_relu: bias of shape [3] does not match weight of shape [2, 6] (expected [2])"));
 }
