@@ -47,10 +47,19 @@ def fmt_ms(r):
     return f"{r['median_ms']:.4g}"
 
 
+def fmt_host(rec):
+    """The host's time inside one GPU step (queueing its work); '—' on the CPU."""
+    if rec is None or "median_host_ms" not in rec:
+        return "—"
+    return f"{rec['median_host_ms']:.4g}"
+
+
 def fmt_mem(r):
     if r is None or "error" in r or r.get("peak_mem_bytes", -1) < 0:
         return "—"
-    return f"{r['peak_mem_bytes'] / 2**20:.1f}"
+    mib = r["peak_mem_bytes"] / 2**20
+    # Three significant digits below 100 MiB: a tiny work's few KiB must not read as 0.
+    return f"{mib:.1f}" if mib >= 100 else f"{mib:.3g}"
 
 
 def ratio(a, b, field="median_ms"):
@@ -78,8 +87,8 @@ def table(records):
                                          k[3], k[4], k[5] or 0))
     lines = [
         "| device | work | mode | batch | minigrad ms | PyTorch ms | ratio | target | "
-        "CPU-time ratio | peak MiB minigrad / PyTorch |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "CPU-time ratio | peak MiB minigrad / PyTorch | host ms per step minigrad / PyTorch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for k in keys:
@@ -97,7 +106,8 @@ def table(records):
             f"| {device} | {work} | {label} | {batch} | {fmt_ms(mg)} | {fmt_ms(th)} | "
             f"{'—' if r is None else f'{r:.3f}'} | "
             f"{target_text} {verdict(r, target, memory_ok)} | "
-            f"{'—' if cpu_r is None else f'{cpu_r:.3f}'} | {fmt_mem(mg)} / {fmt_mem(th)} |")
+            f"{'—' if cpu_r is None else f'{cpu_r:.3f}'} | {fmt_mem(mg)} / {fmt_mem(th)} | "
+            f"{fmt_host(mg)} / {fmt_host(th)} |")
         for name, rec in (("minigrad", mg), ("PyTorch", th)):
             if rec is not None and "error" in rec:
                 notes.append(f"- {device} {work} {label}, {name}: {rec['error']}")
