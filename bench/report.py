@@ -58,8 +58,8 @@ def fmt_mem(r):
     if r is None or "error" in r or r.get("peak_mem_bytes", -1) < 0:
         return "—"
     mib = r["peak_mem_bytes"] / 2**20
-    # Three significant digits below 100 MiB: a tiny work's few KiB must not read as 0.
-    return f"{mib:.1f}" if mib >= 100 else f"{mib:.3g}"
+    # Three significant digits below 1 MiB: a tiny work's few KiB must not read as 0.
+    return f"{mib:.1f}" if mib >= 1 else f"{mib:.3g}"
 
 
 def ratio(a, b, field="median_ms"):
