@@ -12,6 +12,7 @@
 #include <minigrad/core/stream.h>
 #include <minigrad/core/tensor.h>
 #include <minigrad/cuda/cuda.h>
+#include <minigrad/cuda/graph.h>
 #include <minigrad/data/dataloader.h>
 #include <minigrad/data/dataset.h>
 #include <minigrad/data/distributed_sampler.h>

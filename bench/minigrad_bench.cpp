@@ -303,49 +303,34 @@ json run(const Options& opt) {
   std::vector<double> ms, cpu_ms, host_ms;
   if (opt.mode == "graph") {
 #if MINIGRAD_WITH_CUDA
-    // The graph replays fixed addresses: gradients must exist before capture and be
-    // zeroed in place inside it, and the loss goes to a buffer made outside it.
+    // As PyTorch's capture does: the gradients are made by backward inside the graph
+    // (from the graph's own memory: the allocator turns allocations and frees during a
+    // capture into graph nodes) and dropped again at its end, so no kernel zeroes or
+    // accumulates them. The loss goes to a buffer made outside the graph.
     mg::Tensor static_loss = mg::zeros(mg::Shape{}, mg::DType::Float32, device);
-    step();  // make sure every gradient exists
+    sgd.zero_grad(/*set_to_none=*/true);
     StepFn captured = [&] {
-      sgd.zero_grad(/*set_to_none=*/false);
       mg::Tensor l = mg::cross_entropy(forward(x), y);
       l.backward();
       sgd.step();
+      sgd.zero_grad(/*set_to_none=*/true);
       mg::NoGradGuard no_grad;
       static_loss.copy_(l);
     };
     mg::cuda::synchronize(device_index);
-    const auto stream = static_cast<cudaStream_t>(mg::cuda::current_stream(device_index).handle);
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    std::string failure;
-    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
-               "cudaStreamBeginCapture");
+    mg::cuda::CUDAGraph graph;
     try {
+      graph.capture_begin(device_index);
       captured();
+      graph.capture_end();
     } catch (const std::exception& e) {
-      failure = e.what();
-    }
-    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-    if (failure.empty() && end != cudaSuccess)
-      failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
-    if (failure.empty()) {
-      const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-      if (inst != cudaSuccess) failure = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
-    }
-    if (!failure.empty()) {
-      (void)cudaGetLastError();
-      if (graph) cudaGraphDestroy(graph);
-      record["error"] = "CUDA graph capture of the training step failed: " + failure;
+      record["error"] = std::string("CUDA graph capture of the training step failed: ") + e.what();
       return record;
     }
-    StepFn replay = [&] { cuda_check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"); };
+    StepFn replay = [&] { graph.replay(); };
     for (int i = 0; i < opt.warmup; ++i) replay();
     ms = time_on_stream(replay, opt.steps, device_index, host_ms);
     record["final_loss"] = static_loss.item<float>();
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
 #endif
   } else {
 #if MINIGRAD_WITH_CUDA

@@ -9,6 +9,8 @@
 #include <minigrad/core/dtype.h>
 #include <minigrad/core/shape.h>
 #include <minigrad/core/tensor.h>
+#include <minigrad/cuda/cuda.h>
+#include <minigrad/cuda/graph.h>
 
 using namespace mg;
 
@@ -91,4 +93,17 @@ TEST_CASE("asking for a CUDA tensor without a usable CUDA device is a clear erro
   REQUIRE_THROWS_WITH(host.to(Device::cuda(0)), MG_CONTAINS("CUDA"));
   REQUIRE_THROWS_WITH(from_vector(std::vector<float>{1, 2}, {2}, Device::cuda(0)),
                       MG_CONTAINS("CUDA"));
+}
+
+TEST_CASE("CUDAGraph without a usable CUDA device is a clear error") {
+  if (cuda::device_count() > 0) {
+    SUCCEED("CUDA devices present: tests/cuda/graph_test.cpp captures and replays");
+    return;
+  }
+  cuda::CUDAGraph graph;
+  // Without a GPU: "cuda:0 is not a visible device"; without CUDA: "built without CUDA".
+  REQUIRE_THROWS_WITH(graph.capture_begin(), MG_CONTAINS("CUDAGraph::capture_begin"));
+  CHECK_FALSE(graph.is_capturing());
+  REQUIRE_THROWS_WITH(graph.replay(), MG_CONTAINS("CUDAGraph::replay"));
+  REQUIRE_THROWS_WITH(graph.capture_end(), MG_CONTAINS("CUDAGraph::capture_end"));
 }
