@@ -6,6 +6,7 @@
 
 #include <minigrad/core/philox.h>
 #include <minigrad/cuda/kernels/elementwise_loop.cuh>
+#include <minigrad/cuda/kernels/elementwise_map.cuh>
 #include <minigrad/cuda/kernels/launch.h>
 
 namespace mg::cuda::kernels {
@@ -23,13 +24,9 @@ struct CopyFunctor {
 };
 
 template <typename T>
-struct FillFunctor {
-  T* dst;
+struct ConstantValue {
   T value;
-  template <typename Index>
-  __device__ void operator()(const Index (&o)[1]) const {
-    dst[o[0]] = value;
-  }
+  __device__ T operator()() const { return value; }
 };
 
 template <typename T>
@@ -104,15 +101,16 @@ void fill(ElementType type, void* dst, double value, int64_t numel, cudaStream_t
       MG_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(numel) * 4, stream));
       return;
     }
-    launch_elementwise(flat(numel), numel, stream, FillFunctor<float>{static_cast<float*>(dst), v});
+    launch_map(MapOperands<float, 0>{static_cast<float*>(dst), {}}, flat(numel), numel, stream,
+               ConstantValue<float>{v});
   } else {
     const auto v = static_cast<int64_t>(value);
     if (v == 0) {
       MG_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(numel) * 8, stream));
       return;
     }
-    launch_elementwise(flat(numel), numel, stream,
-                       FillFunctor<int64_t>{static_cast<int64_t*>(dst), v});
+    launch_map(MapOperands<int64_t, 0>{static_cast<int64_t*>(dst), {}}, flat(numel), numel, stream,
+               ConstantValue<int64_t>{v});
   }
 }
 

@@ -1,10 +1,10 @@
 // Elementwise math: unary ops, binary ops with broadcasting (stride-0 inputs), scalar
-// ops and relu's backward. Float arithmetic uses the round-to-nearest intrinsics where
-// the CPU computes a product and a sum separately, so that nvcc's fused multiply-add
-// does not make results differ from the CPU backend's in the last bit.
-#include <type_traits>
-
-#include <minigrad/cuda/kernels/elementwise_loop.cuh>
+// ops and relu's backward. Each op is a value function (what happens to one element)
+// run by launch_map, which picks the vectorized kernel for contiguous aligned operands
+// and the strided loop otherwise. Float arithmetic uses the round-to-nearest intrinsics
+// where the CPU computes a product and a sum separately, so that nvcc's fused
+// multiply-add does not make results differ from the CPU backend's in the last bit.
+#include <minigrad/cuda/kernels/elementwise_map.cuh>
 #include <minigrad/cuda/kernels/launch.h>
 
 namespace mg::cuda::kernels {
@@ -18,92 +18,105 @@ __device__ __forceinline__ int64_t add_scaled(int64_t a, int64_t alpha, int64_t 
   return a + alpha * b;
 }
 
-template <typename T>
-struct UnaryFunctor {
-  UnaryKind kind;
-  T* out;
-  const T* in;
-  template <typename Index>
-  __device__ void operator()(const Index (&o)[2]) const {
-    const T x = in[o[1]];
-    T y;
-    if constexpr (std::is_same_v<T, float>) {
-      switch (kind) {
-        case UnaryKind::Neg: y = -x; break;
-        case UnaryKind::Exp: y = expf(x); break;
-        case UnaryKind::Log: y = logf(x); break;
-        default: y = x > 0.0f ? x : 0.0f; break;  // Relu
-      }
-    } else {
-      y = kind == UnaryKind::Neg ? -x : (x > 0 ? x : T(0));
-    }
-    out[o[0]] = y;
-  }
-};
+// ---- value functions ----
 
 template <typename T>
-struct BinaryFunctor {
-  T* out;
-  const T* a;
-  const T* b;
+struct NegValue {
+  __device__ T operator()(T x) const { return -x; }
+};
+struct ExpValue {
+  __device__ float operator()(float x) const { return expf(x); }
+};
+struct LogValue {
+  __device__ float operator()(float x) const { return logf(x); }
+};
+template <typename T>
+struct ReluValue {
+  __device__ T operator()(T x) const { return x > T(0) ? x : T(0); }
+};
+
+// Add and Sub (a - alpha * b is a + (-alpha) * b, also on the CPU).
+template <typename T>
+struct AddScaledValue {
   T alpha;
-  BinaryKind kind;
-  template <typename Index>
-  __device__ void operator()(const Index (&o)[3]) const {
-    const T x = a[o[1]];
-    const T y = b[o[2]];
-    T r;
-    switch (kind) {
-      case BinaryKind::Add: r = add_scaled(x, alpha, y); break;
-      case BinaryKind::Sub: r = add_scaled(x, -alpha, y); break;
-      case BinaryKind::Mul: r = x * y; break;
-      default: r = x / y; break;  // Div
-    }
-    out[o[0]] = r;
-  }
+  __device__ T operator()(T a, T b) const { return add_scaled(a, alpha, b); }
+};
+template <typename T>
+struct MulValue {
+  __device__ T operator()(T a, T b) const { return a * b; }
+};
+template <typename T>
+struct DivValue {
+  __device__ T operator()(T a, T b) const { return a / b; }
 };
 
-// Specialised per op so the common in-place updates (add, mul) carry no switch.
 template <typename T, BinaryKind Kind>
-struct ScalarFunctor {
-  T* out;
-  const T* in;
+struct ScalarValue {
   T scalar;
-  template <typename Index>
-  __device__ void operator()(const Index (&o)[2]) const {
-    const T x = in[o[1]];
-    if constexpr (Kind == BinaryKind::Add) out[o[0]] = x + scalar;
-    if constexpr (Kind == BinaryKind::Sub) out[o[0]] = x - scalar;
-    if constexpr (Kind == BinaryKind::Mul) out[o[0]] = x * scalar;
-    if constexpr (Kind == BinaryKind::Div) out[o[0]] = x / scalar;
+  __device__ T operator()(T x) const {
+    if constexpr (Kind == BinaryKind::Add) {
+      return x + scalar;
+    } else if constexpr (Kind == BinaryKind::Sub) {
+      return x - scalar;
+    } else if constexpr (Kind == BinaryKind::Mul) {
+      return x * scalar;
+    } else {
+      return x / scalar;
+    }
   }
 };
 
-struct ReluBackwardFunctor {
-  float* grad_in;
-  const float* grad_out;
-  const float* input;
-  template <typename Index>
-  __device__ void operator()(const Index (&o)[3]) const {
-    grad_in[o[0]] = input[o[2]] > 0.0f ? grad_out[o[1]] : 0.0f;
+// grad_in = input > 0 ? grad_out : 0, taking (grad_out, input).
+struct ReluBackwardValue {
+  __device__ float operator()(float grad_out, float input) const {
+    return input > 0.0f ? grad_out : 0.0f;
   }
 };
+
+// ---- dispatch ----
+
+template <typename T, typename F>
+void map_unary(T* out, const T* in, const StridedIndexer<2>& layout, int64_t numel,
+               cudaStream_t stream, F f) {
+  launch_map(MapOperands<T, 1>{out, {in}}, layout, numel, stream, f);
+}
+
+template <typename T, typename F>
+void map_binary(T* out, const T* a, const T* b, const StridedIndexer<3>& layout, int64_t numel,
+                cudaStream_t stream, F f) {
+  launch_map(MapOperands<T, 2>{out, {a, b}}, layout, numel, stream, f);
+}
+
+template <typename T>
+void binary_typed(BinaryKind kind, T* out, const T* a, const T* b, T alpha,
+                  const StridedIndexer<3>& layout, int64_t numel, cudaStream_t stream) {
+  switch (kind) {
+    case BinaryKind::Add:
+      map_binary(out, a, b, layout, numel, stream, AddScaledValue<T>{alpha});
+      break;
+    case BinaryKind::Sub:
+      map_binary(out, a, b, layout, numel, stream, AddScaledValue<T>{-alpha});
+      break;
+    case BinaryKind::Mul: map_binary(out, a, b, layout, numel, stream, MulValue<T>{}); break;
+    case BinaryKind::Div: map_binary(out, a, b, layout, numel, stream, DivValue<T>{}); break;
+  }
+}
 
 template <typename T>
 void binary_scalar_typed(BinaryKind kind, T* out, const T* in, T scalar,
                          const StridedIndexer<2>& layout, int64_t numel, cudaStream_t stream) {
   switch (kind) {
     case BinaryKind::Add:
-      launch_elementwise(layout, numel, stream, ScalarFunctor<T, BinaryKind::Add>{out, in, scalar});
+      map_unary(out, in, layout, numel, stream, ScalarValue<T, BinaryKind::Add>{scalar});
       break;
     case BinaryKind::Sub:
-      launch_elementwise(layout, numel, stream, ScalarFunctor<T, BinaryKind::Sub>{out, in, scalar});
+      map_unary(out, in, layout, numel, stream, ScalarValue<T, BinaryKind::Sub>{scalar});
       break;
     case BinaryKind::Mul:
-      launch_elementwise(layout, numel, stream, ScalarFunctor<T, BinaryKind::Mul>{out, in, scalar});
+      map_unary(out, in, layout, numel, stream, ScalarValue<T, BinaryKind::Mul>{scalar});
       break;
     case BinaryKind::Div:
-      launch_elementwise(layout, numel, stream, ScalarFunctor<T, BinaryKind::Div>{out, in, scalar});
+      map_unary(out, in, layout, numel, stream, ScalarValue<T, BinaryKind::Div>{scalar});
       break;
   }
 }
@@ -113,29 +126,35 @@ void binary_scalar_typed(BinaryKind kind, T* out, const T* in, T scalar,
 void unary(UnaryKind kind, ElementType type, void* out, const void* in,
            const StridedIndexer<2>& layout, int64_t numel, cudaStream_t stream) {
   if (type == ElementType::Float32) {
-    launch_elementwise(layout, numel, stream,
-                       UnaryFunctor<float>{kind, static_cast<float*>(out),
-                                           static_cast<const float*>(in)});
+    auto* o = static_cast<float*>(out);
+    const auto* x = static_cast<const float*>(in);
+    switch (kind) {
+      case UnaryKind::Neg: map_unary(o, x, layout, numel, stream, NegValue<float>{}); break;
+      case UnaryKind::Exp: map_unary(o, x, layout, numel, stream, ExpValue{}); break;
+      case UnaryKind::Log: map_unary(o, x, layout, numel, stream, LogValue{}); break;
+      case UnaryKind::Relu: map_unary(o, x, layout, numel, stream, ReluValue<float>{}); break;
+    }
   } else {
-    launch_elementwise(layout, numel, stream,
-                       UnaryFunctor<int64_t>{kind, static_cast<int64_t*>(out),
-                                             static_cast<const int64_t*>(in)});
+    // int64: Neg and Relu only (the backend refuses the others).
+    auto* o = static_cast<int64_t*>(out);
+    const auto* x = static_cast<const int64_t*>(in);
+    if (kind == UnaryKind::Neg) {
+      map_unary(o, x, layout, numel, stream, NegValue<int64_t>{});
+    } else {
+      map_unary(o, x, layout, numel, stream, ReluValue<int64_t>{});
+    }
   }
 }
 
 void binary(BinaryKind kind, ElementType type, void* out, const void* a, const void* b,
             double alpha, const StridedIndexer<3>& layout, int64_t numel, cudaStream_t stream) {
   if (type == ElementType::Float32) {
-    launch_elementwise(layout, numel, stream,
-                       BinaryFunctor<float>{static_cast<float*>(out), static_cast<const float*>(a),
-                                            static_cast<const float*>(b),
-                                            static_cast<float>(alpha), kind});
+    binary_typed(kind, static_cast<float*>(out), static_cast<const float*>(a),
+                 static_cast<const float*>(b), static_cast<float>(alpha), layout, numel, stream);
   } else {
-    launch_elementwise(layout, numel, stream,
-                       BinaryFunctor<int64_t>{static_cast<int64_t*>(out),
-                                              static_cast<const int64_t*>(a),
-                                              static_cast<const int64_t*>(b),
-                                              static_cast<int64_t>(alpha), kind});
+    binary_typed(kind, static_cast<int64_t*>(out), static_cast<const int64_t*>(a),
+                 static_cast<const int64_t*>(b), static_cast<int64_t>(alpha), layout, numel,
+                 stream);
   }
 }
 
@@ -152,7 +171,7 @@ void binary_scalar(BinaryKind kind, ElementType type, void* out, const void* in,
 
 void relu_backward(float* grad_in, const float* grad_out, const float* input,
                    const StridedIndexer<3>& layout, int64_t numel, cudaStream_t stream) {
-  launch_elementwise(layout, numel, stream, ReluBackwardFunctor{grad_in, grad_out, input});
+  map_binary(grad_in, grad_out, input, layout, numel, stream, ReluBackwardValue{});
 }
 
 }  // namespace mg::cuda::kernels

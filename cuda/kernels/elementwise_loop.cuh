@@ -1,6 +1,8 @@
-// The one loop behind every elementwise kernel: a grid-stride loop over the linear
-// index, handing the functor each operand's element offset. Contiguous operands skip
-// the index arithmetic; strided ones use 32-bit div/mod when every offset fits.
+// The loop behind every elementwise kernel: a grid-stride loop over the linear index,
+// handing the functor each operand's element offset. Contiguous operands skip the index
+// arithmetic; strided ones use 32-bit div/mod when every offset fits. Value maps over
+// contiguous, 16-byte-aligned operands use the vector kernel of elementwise_map.cuh
+// instead, and fall back to this loop otherwise.
 #pragma once
 
 #include <algorithm>

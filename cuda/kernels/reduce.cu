@@ -23,7 +23,12 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kColumnsX = 32;                 // outputs per column block
 constexpr int kColumnsY = kThreads / kColumnsX;  // threads walking down each column
-constexpr int64_t kTargetBlocks = 2 * 132;   // about two blocks per SM of an H100/H200
+// Rows a column thread loads before adding any: independent loads in flight, which is
+// what a pass over a large [batch, features] gradient needs to reach HBM bandwidth.
+constexpr int kColumnRowsPerStep = 8;
+constexpr int kColumnBlocksPerSm = 8;        // 8 x 256 threads: all an SM can hold
+constexpr int64_t kSms = 132;                // H100/H200
+constexpr int64_t kTargetBlocks = 2 * kSms;  // rows kernels: about two blocks per SM
 constexpr int kMaxSplits = 1024;
 
 template <typename T>
@@ -106,8 +111,12 @@ __global__ void __launch_bounds__(kThreads)
 
 // Block (32 x 8): threadIdx.x picks one of 32 neighbouring outputs, threadIdx.y strides
 // down the summed elements; the 8 partial sums of each output are added in shared memory.
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
+// When the summed dims collapse to one (FlatRows: a row's offset is row * stride, as for
+// any [batch, features] gradient), each thread loads kColumnRowsPerStep rows at once and
+// then adds them in row order; the rows left over go one at a time. Either way a thread
+// adds its rows in increasing order, the same additions as a one-row-at-a-time loop.
+template <typename T, bool FlatRows>
+__global__ void __launch_bounds__(kThreads, FlatRows ? kColumnBlocksPerSm : 1)
     sum_columns_kernel(const T* in, T* out, typename Accumulator<T>::type* partials,
                        StridedIndexer<1> kept, StridedIndexer<1> reduced, int64_t kept_count,
                        int64_t reduced_count, int splits) {
@@ -119,10 +128,25 @@ __global__ void __launch_bounds__(kThreads)
     const T* base = in + kept_offset(kept, k);
     int64_t begin, end;
     split_range(reduced_count, splits, split, begin, end);
-    for (int64_t r = begin + threadIdx.y; r < end; r += kColumnsY) {
-      int64_t o[1];
-      reduced.offsets(r, o);
-      total += static_cast<A>(base[o[0]]);
+    int64_t r = begin + threadIdx.y;
+    if constexpr (FlatRows) {
+      const int64_t step = int64_t{kColumnsY} * reduced.strides[0][0];
+      const T* p = base + r * reduced.strides[0][0];
+      for (; r + (kColumnRowsPerStep - 1) * kColumnsY < end;
+           r += kColumnsY * kColumnRowsPerStep, p += kColumnRowsPerStep * step) {
+        T values[kColumnRowsPerStep];
+#pragma unroll
+        for (int u = 0; u < kColumnRowsPerStep; ++u) values[u] = p[u * step];
+#pragma unroll
+        for (int u = 0; u < kColumnRowsPerStep; ++u) total += static_cast<A>(values[u]);
+      }
+      for (; r < end; r += kColumnsY, p += step) total += static_cast<A>(*p);
+    } else {
+      for (; r < end; r += kColumnsY) {
+        int64_t o[1];
+        reduced.offsets(r, o);
+        total += static_cast<A>(base[o[0]]);
+      }
     }
   }
   __shared__ A tile[kColumnsY][kColumnsX + 1];
@@ -166,6 +190,16 @@ int choose_splits(int64_t blocks, int64_t reduced_count, int64_t elements_per_bl
   return static_cast<int>(std::clamp<int64_t>(std::min(for_occupancy, for_work), 1, kMaxSplits));
 }
 
+// Flat column sums (see sum_columns_kernel) fill the GPU in one wave: as many splits as
+// keep every block resident at once (a few blocks more would run in a second, mostly
+// idle wave), but at least ~16 rows per thread in each split. The count depends on the
+// shape only, so results are the same bits on every run.
+int column_splits(int64_t blocks, int64_t reduced_count) {
+  const int64_t for_occupancy = std::max<int64_t>(1, kSms * kColumnBlocksPerSm / blocks);
+  const int64_t for_work = ceil_div(reduced_count, int64_t{kColumnsY} * 16);
+  return static_cast<int>(std::clamp<int64_t>(std::min(for_occupancy, for_work), 1, kMaxSplits));
+}
+
 SumLaunch choose_launch(const SumPlan& plan) {
   const int64_t kept_count = plan.kept_count, reduced_count = plan.reduced_count;
   const bool kept_innermost_contiguous =
@@ -174,7 +208,9 @@ SumLaunch choose_launch(const SumPlan& plan) {
       plan.reduced.ndim >= 1 && plan.reduced.strides[0][plan.reduced.ndim - 1] == 1;
   if (kept_count > 1 && kept_innermost_contiguous && !reduced_innermost_contiguous) {
     const int64_t blocks = ceil_div(kept_count, kColumnsX);
-    return {SumShape::Columns, blocks, choose_splits(blocks, reduced_count, kColumnsY)};
+    const int splits = plan.reduced.ndim == 1 ? column_splits(blocks, reduced_count)
+                                              : choose_splits(blocks, reduced_count, kColumnsY);
+    return {SumShape::Columns, blocks, splits};
   }
   if (reduced_count >= 1024) {
     return {SumShape::RowsBlock, kept_count, choose_splits(kept_count, reduced_count, kThreads)};
@@ -191,9 +227,15 @@ void sum_typed(T* out, const T* in, const SumPlan& plan, void* scratch, cudaStre
   const dim3 grid(static_cast<unsigned>(launch.blocks), static_cast<unsigned>(launch.splits));
   switch (launch.shape) {
     case SumShape::Columns:
-      sum_columns_kernel<T><<<grid, dim3(kColumnsX, kColumnsY), 0, stream>>>(
-          in, out, partials, plan.kept, plan.reduced, plan.kept_count, plan.reduced_count,
-          launch.splits);
+      if (plan.reduced.ndim == 1) {
+        sum_columns_kernel<T, true><<<grid, dim3(kColumnsX, kColumnsY), 0, stream>>>(
+            in, out, partials, plan.kept, plan.reduced, plan.kept_count, plan.reduced_count,
+            launch.splits);
+      } else {
+        sum_columns_kernel<T, false><<<grid, dim3(kColumnsX, kColumnsY), 0, stream>>>(
+            in, out, partials, plan.kept, plan.reduced, plan.kept_count, plan.reduced_count,
+            launch.splits);
+      }
       break;
     case SumShape::RowsBlock:
       sum_rows_kernel<T, kThreads><<<grid, kThreads, 0, stream>>>(

@@ -1,5 +1,6 @@
 // Elementwise ops on CUDA against the CPU backend: contiguous, broadcast (stride-0),
-// transposed and narrowed inputs, float32 and int64, out of place and in place.
+// transposed and narrowed inputs, float32 and int64, out of place and in place; the
+// vectorized path at its size boundaries and on misaligned views.
 #include "gpu_compare.h"
 
 using namespace mg;
@@ -112,5 +113,112 @@ TEST_CASE("relu backward matches the CPU") {
     (relu(xg) * g.to(gpu())).sum().backward();
     REQUIRE(xg.grad().device() == gpu());
     require_equal(xg.grad(), xc.grad());
+  }
+}
+
+// ---- the vectorized path (contiguous operands, 16-byte aligned) ----
+
+namespace {
+// Sizes around the vector width (4 floats, 2 int64s), the vector kernel's tile (256
+// threads x 2 vectors x 4 floats = 2048 elements), and a large odd size.
+const std::vector<int64_t>& vector_sizes() {
+  static const std::vector<int64_t> values = {1,    3,    4,    5,    7,    8,    9,   1023,
+                                              1024, 1025, 2047, 2048, 2049, 4097, (1 << 20) + 3};
+  return values;
+}
+}  // namespace
+
+TEST_CASE("vectorized ops match the CPU at vector and tile boundaries") {
+  for (int64_t n : vector_sizes()) {
+    CAPTURE(n);
+    const Tensor a = random_cpu({n}, 40);
+    const Tensor b = random_cpu({n}, 41);
+    const Tensor positive = add(a * a, 0.1);
+    const Tensor divisor = add(b * b, 0.5);
+    const Tensor ag = a.to(gpu()), bg = b.to(gpu()), pg = positive.to(gpu()),
+                 dg = divisor.to(gpu());
+    require_equal(neg(ag), neg(a));
+    require_equal(relu(ag), relu(a));
+    require_close(exp(ag), exp(a), 1e-6, 1e-7);
+    require_close(log(pg), log(positive), 1e-6, 1e-6);
+    require_equal(ag + bg, a + b);
+    require_equal(ag - bg, a - b);
+    require_equal(ag * bg, a * b);
+    require_equal(ag / dg, a / divisor);
+    require_equal(ag + 2.5, a + 2.5);
+    require_equal(ag - 1.25, a - 1.25);
+    require_equal(ag * -3.0, a * -3.0);
+    require_equal(ag / 4.0, a / 4.0);
+    require_equal(ops::relu_backward(bg, ag), ops::relu_backward(b, a));
+    require_equal(full({n}, 3.5, DType::Float32, gpu()), full({n}, 3.5));
+    // int64 (2 per vector).
+    const Tensor labels = arange(-n, n);
+    const Tensor odd = arange(1, 4 * n + 1, 2);  // no zeros
+    const Tensor lg = labels.to(gpu()), og = odd.to(gpu());
+    require_equal(lg + og, labels + odd);
+    require_equal(lg * og, labels * odd);
+    require_equal(lg / og, labels / odd);
+    require_equal(lg * 3.0, labels * 3.0);
+    require_equal(full({n}, -7, DType::Int64, gpu()), full({n}, -7, DType::Int64));
+  }
+}
+
+TEST_CASE("contiguous views that are not 16-byte aligned match the CPU") {
+  // Offsets of 1-3 floats leave the data misaligned for 16-byte loads (the strided
+  // path must run); 4 floats is aligned again (the vector path on a view).
+  for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{1025}, int64_t{4097}}) {
+    for (int64_t offset : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}}) {
+      CAPTURE(n, offset);
+      const Tensor a = random_cpu({n + 4}, 42);
+      const Tensor b = random_cpu({n + 4}, 43);
+      const Tensor ag = a.to(gpu()), bg = b.to(gpu());
+      const Tensor av = a.narrow(0, offset, n), bv = b.narrow(0, 0, n);
+      const Tensor agv = ag.narrow(0, offset, n), bgv = bg.narrow(0, 0, n);
+      REQUIRE(agv.is_contiguous());
+      require_equal(relu(agv), relu(av));
+      require_close(exp(agv), exp(av), 1e-6, 1e-7);
+      require_equal(agv * 0.5, av * 0.5);
+      require_equal(agv + bgv, av + bv);  // one operand aligned, one not
+      require_equal(bgv - agv, bv - av);
+      require_equal(agv * agv, av * av);
+      require_equal(ops::relu_backward(bgv, agv), ops::relu_backward(bv, av));
+      // A misaligned output: fill and an in-place update write through the view, and
+      // the elements around it stay as they were.
+      Tensor c = random_cpu({n + 4}, 42);  // a fresh copy of a
+      Tensor cg = c.to(gpu());
+      NoGradGuard no_grad;
+      c.narrow(0, offset, n).fill_(2.5);
+      cg.narrow(0, offset, n).fill_(2.5);
+      require_equal(cg, c);
+      c.narrow(0, offset, n).add_(bv, -0.125);
+      cg.narrow(0, offset, n).add_(bgv, -0.125);
+      require_equal(cg, c);
+    }
+  }
+}
+
+TEST_CASE("in-place add_ with alpha (the SGD step) and mul_ on whole tensors") {
+  for (int64_t n : vector_sizes()) {
+    CAPTURE(n);
+    Tensor p = random_cpu({n}, 44);
+    const Tensor g = random_cpu({n}, 45);
+    Tensor pg = p.to(gpu());
+    const Tensor gg = g.to(gpu());
+    NoGradGuard no_grad;
+    p.add_(g, -0.01);
+    pg.add_(gg, -0.01);
+    require_equal(pg, p);
+    p.add_(g);  // gradient accumulation: alpha 1
+    pg.add_(gg);
+    require_equal(pg, p);
+    p.add_(p, 0.5);  // both inputs are the output
+    pg.add_(pg, 0.5);
+    require_equal(pg, p);
+    p.mul_(g);
+    pg.mul_(gg);
+    require_equal(pg, p);
+    p.mul_(0.9);
+    pg.mul_(0.9);
+    require_equal(pg, p);
   }
 }

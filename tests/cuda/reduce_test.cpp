@@ -1,6 +1,7 @@
 // Sums over every combination of dims (full, last dim, first dim, middle, several) and
 // argmax on CUDA against the CPU backend.
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "gpu_compare.h"
@@ -47,6 +48,29 @@ TEST_CASE("sums over the last dim and over the first dim (bias gradients)") {
       require_sum_close(xg.t().sum({1}), x.t().sum({1}), rows);
     }
   }
+}
+
+TEST_CASE("large column sums (bias gradients) match the CPU") {
+  // Odd row and column counts: the last unrolled step of each split and the last block
+  // of 32 columns are partial. [8192, 10] is the classifier's bias gradient (many
+  // splits of few columns); [100, 8192] has too few rows to split.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {8193, 4099}, {8192, 10}, {100, 8192}, {65, 33}, {64, 32}};
+  for (const auto& [rows, cols] : shapes) {
+    CAPTURE(rows, cols);
+    const Tensor x = random_cpu({rows, cols}, 37);
+    const Tensor xg = x.to(gpu());
+    require_sum_close(xg.sum({0}), x.sum({0}), rows);
+    // A narrowed view: the same row stride as x, fewer columns.
+    require_sum_close(xg.narrow(1, 1, cols - 1).sum({0}),
+                      x.narrow(1, 1, cols - 1).sum({0}), rows);
+  }
+  // int64 column sums are exact.
+  const Tensor labels = arange(0, 2049 * 515).reshape({2049, 515});
+  require_equal(labels.to(gpu()).sum({0}), labels.sum({0}));
+  // Summed dims that do not collapse into one (a transposed batch): the indexer path.
+  const Tensor x = random_cpu({4, 300, 70}, 38);
+  require_sum_close(x.to(gpu()).transpose(0, 1).sum({0, 1}), x.transpose(0, 1).sum({0, 1}), 1200);
 }
 
 TEST_CASE("sums over middle and several dims, and int64 sums") {
