@@ -69,11 +69,12 @@ TEST_CASE("addmm reads views that start one float into their buffer, and non-BLA
     const Tensor x = wide.narrow(1, 1, 12), xg = wide_g.narrow(1, 1, 12);
     const Tensor bias = bias_buffer.narrow(0, 1, 33), bias_g = bias_buffer_g.narrow(0, 1, 33);
     require_addmm_close(ops::addmm(bias_g, xg, wg.t()), ops::addmm(bias, x, w.t()), 12);
-    // A weight that is itself a narrowed view: rows 1..33 of a [34, 12] buffer.
-    const Tensor w_buffer = random_cpu({34, 12}, 203);
+    // A weight that is itself a view one float in: columns 1..12 of a [33, 13] buffer
+    // (leading dimension 13), transposed as Linear passes it.
+    const Tensor w_buffer = random_cpu({33, 13}, 203);
     const Tensor w_buffer_g = w_buffer.to(gpu());
-    require_addmm_close(ops::addmm(bias_g, xg, w_buffer_g.narrow(0, 1, 33).t()),
-                        ops::addmm(bias, x, w_buffer.narrow(0, 1, 33).t()), 12);
+    require_addmm_close(ops::addmm(bias_g, xg, w_buffer_g.narrow(1, 1, 12).t()),
+                        ops::addmm(bias, x, w_buffer.narrow(1, 1, 12).t()), 12);
     // Every other column: packed before the GEMM.
     const Tensor every_other = ops::as_strided(wide, {m, 12}, {40, 2}, 1);
     const Tensor every_other_g = ops::as_strided(wide_g, {m, 12}, {40, 2}, 1);
@@ -158,7 +159,8 @@ TEST_CASE("addmm from several threads at once matches the CPU") {
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      for (int i = 0; i < kCalls; ++i) results[static_cast<size_t>(t)].push_back(ops::addmm(bg, xg, wg.t()));
+      std::vector<Tensor>& mine = results[static_cast<size_t>(t)];
+      for (int i = 0; i < kCalls; ++i) mine.push_back(ops::addmm(bg, xg, wg.t()));
       cuda::synchronize(0);  // results made on this thread's stream, read after join
     });
   }
@@ -172,7 +174,8 @@ TEST_CASE("addmm from several threads at once matches the CPU") {
 TEST_CASE("Linear's forward is one fused cuBLASLt call for aligned and for small odd shapes") {
   // Linear(5, 2) on a batch of 30 (the small training benchmark) and a plain aligned
   // layer: each forward must take the fused path, not the bias-copy fallback.
-  for (const auto& shape : {std::array<int64_t, 3>{30, 5, 2}, std::array<int64_t, 3>{64, 128, 96}}) {
+  using Shape3 = std::array<int64_t, 3>;
+  for (const Shape3& shape : {Shape3{30, 5, 2}, Shape3{64, 128, 96}}) {
     const int64_t m = shape[0], k = shape[1], n = shape[2];
     CAPTURE(m, k, n);
     const Tensor x = random_cpu({m, k}, 260), w = random_cpu({n, k}, 261);
