@@ -7,7 +7,8 @@
 //
 // The methods are spread over files by family: backend.cpp (devices, streams, events),
 // backend_copy.cpp (copies), backend_data.cpp (fill, arange, random),
-// backend_math.cpp (elementwise, reductions, softmax, cross-entropy), blas.cpp (matmul).
+// backend_math.cpp (elementwise, reductions, softmax, cross-entropy), blas.cpp (matmul),
+// blas_lt.cpp (addmm: the bias fused into a cuBLASLt GEMM).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -64,6 +65,8 @@ class CudaBackend final : public Backend {
 
   // blas.cpp
   void matmul(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  // blas_lt.cpp
+  void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) override;
 };
 
 CudaBackend& cuda_backend();

@@ -3,7 +3,8 @@
 // cuBLAS is column-major and minigrad row-major: out = a @ b is computed as
 // out^T = b^T @ a^T, with transposed views passed as transposes rather than copied. The
 // operand swapping and the leading dimensions are worked out in cuda/gemm_plan.h (plain
-// C++, checked by tests/core on machines without a GPU).
+// C++, checked by tests/core on machines without a GPU). addmm, through cuBLASLt, is in
+// cuda/blas_lt.cpp.
 #include <minigrad/cuda/blas.h>
 
 #include <climits>
@@ -28,6 +29,7 @@ constexpr std::size_t kWorkspaceBytes = 32u << 20;
 
 struct PooledHandle {
   cublasHandle_t handle = nullptr;
+  cublasLtHandle_t lt_handle = nullptr;
   // A workspace per stream the handle has run on. One per stream, not per handle: a
   // thread may switch streams (StreamGuard), and a pooled handle may move to a thread on
   // another stream, while GEMMs queued on the previous stream still use the workspace.
@@ -50,12 +52,14 @@ PooledHandle create_handle(int device) {
   ScopedDevice scoped(device);
   PooledHandle h;
   MG_CUBLAS_CHECK(cublasCreate(&h.handle));
+  MG_CUBLAS_CHECK(cublasLtCreate(&h.lt_handle));
   return h;
 }
 
 // The handle's workspace for `stream`, made on the stream's first GEMM; nullptr when that
 // first GEMM happens inside a graph capture, where cudaMalloc is not allowed (cuBLAS then
-// uses its own workspace pool, which capture turns into graph memory nodes).
+// uses its own workspace pool, which capture turns into graph memory nodes, and cuBLASLt
+// runs without a workspace).
 void* stream_workspace(PooledHandle& h, int device, cudaStream_t stream) {
   for (const auto& [s, workspace] : h.workspaces)
     if (s == stream) return workspace;
@@ -86,14 +90,14 @@ cublasOperation_t operation(const GemmOperandLayout& layout) {
   return layout.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
 }
 
-int checked_int(int64_t value, const char* what) {
-  MG_CHECK(value <= INT_MAX, "matmul on CUDA: {} {} exceeds cuBLAS's 32-bit limit", what, value);
+int checked_int(int64_t value, const char* op, const char* what) {
+  MG_CHECK(value <= INT_MAX, "{} on CUDA: {} {} exceeds cuBLAS's 32-bit limit", op, what, value);
   return static_cast<int>(value);
 }
 
 }  // namespace
 
-cublasHandle_t blas_handle(int device, cudaStream_t stream) {
+BlasContext blas_context(int device, cudaStream_t stream) {
   thread_local ThreadHandles mine;
   if (mine.by_device.empty()) mine.by_device.resize(static_cast<size_t>(visible_device_count()));
   PooledHandle& h = mine.by_device[static_cast<size_t>(device)];
@@ -111,10 +115,32 @@ cublasHandle_t blas_handle(int device, cudaStream_t stream) {
   MG_CUBLAS_CHECK(cublasSetStream(h.handle, stream));
   // cublasSetStream also puts the handle back on cuBLAS's default workspace pool, so the
   // stream's own workspace is set again after it, every time.
-  void* workspace = stream_workspace(h, device, stream);
-  if (workspace != nullptr)
-    MG_CUBLAS_CHECK(cublasSetWorkspace(h.handle, workspace, kWorkspaceBytes));
-  return h.handle;
+  BlasContext context;
+  context.handle = h.handle;
+  context.lt_handle = h.lt_handle;
+  context.workspace = stream_workspace(h, device, stream);
+  if (context.workspace != nullptr) {
+    MG_CUBLAS_CHECK(cublasSetWorkspace(h.handle, context.workspace, kWorkspaceBytes));
+    context.workspace_bytes = kWorkspaceBytes;
+  }
+  return context;
+}
+
+cublasComputeType_t gemm_compute_type() {
+  // TF32 (10-bit mantissa products, 8x the fp32 rate on tensor cores) only when asked,
+  // as in PyTorch: the default keeps full fp32 results that match the CPU.
+  return allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+void gemm_ex(cublasHandle_t handle, const GemmPlan& plan, const Tensor& out, const Tensor& a,
+             const Tensor& b, float beta, const char* op) {
+  const float alpha = 1.0f;
+  MG_CUBLAS_CHECK(cublasGemmEx(
+      handle, operation(plan.lhs), operation(plan.rhs), checked_int(plan.gemm_m, op, "n"),
+      checked_int(plan.gemm_n, op, "m"), checked_int(plan.gemm_k, op, "k"), &alpha, b.data_ptr(),
+      CUDA_R_32F, checked_int(plan.lhs.ld, op, "leading dimension"), a.data_ptr(), CUDA_R_32F,
+      checked_int(plan.rhs.ld, op, "leading dimension"), &beta, out.data_ptr(), CUDA_R_32F,
+      checked_int(plan.ldc, op, "n"), gemm_compute_type(), CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaBackend::matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
@@ -131,18 +157,8 @@ void CudaBackend::matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
   // Views that are neither row- nor column-major go to cuBLAS as contiguous copies.
   const Tensor a_operand = plan.rhs.pack ? ops::clone(a) : a;
   const Tensor b_operand = plan.lhs.pack ? ops::clone(b) : b;
-  const float alpha = 1.0f, beta = 0.0f;
-  // TF32 (10-bit mantissa products, 8x the fp32 rate on tensor cores) only when asked,
-  // as in PyTorch: the default keeps full fp32 results that match the CPU.
-  const cublasComputeType_t compute =
-      allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  cublasHandle_t handle = blas_handle(scope.device(), scope.stream());
-  MG_CUBLAS_CHECK(cublasGemmEx(
-      handle, operation(plan.lhs), operation(plan.rhs), checked_int(plan.gemm_m, "n"),
-      checked_int(plan.gemm_n, "m"), checked_int(plan.gemm_k, "k"), &alpha, b_operand.data_ptr(),
-      CUDA_R_32F, checked_int(plan.lhs.ld, "leading dimension"), a_operand.data_ptr(), CUDA_R_32F,
-      checked_int(plan.rhs.ld, "leading dimension"), &beta, out.data_ptr(), CUDA_R_32F,
-      checked_int(plan.ldc, "n"), compute, CUBLAS_GEMM_DEFAULT));
+  gemm_ex(blas_context(scope.device(), scope.stream()).handle, plan, out, a_operand, b_operand,
+          0.0f, "matmul");
 }
 
 }  // namespace mg::cuda

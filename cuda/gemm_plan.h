@@ -18,6 +18,10 @@
 // expanded views have odd ones); the leading dimension is then only raised to what
 // cuBLAS requires. A view that is neither (every other column, a stride-0 broadcast of
 // a row) is copied contiguously first and passed as op N with ld = cols.
+//
+// cuBLASLt (cuda/blas_lt.cpp, addmm) takes the same plan, plus the alignment of each
+// matrix (gemm_alignment_bytes) so that its heuristic only offers kernels that can read
+// views starting at an offset.
 #pragma once
 
 #include <algorithm>
@@ -65,6 +69,16 @@ inline GemmPlan gemm_plan(int64_t m, int64_t k, int64_t n, int64_t a_row_stride,
   plan.gemm_k = k;
   plan.ldc = std::max<int64_t>(n, 1);
   return plan;
+}
+
+// The alignment in bytes that a matrix at `address` keeps at the start of every column
+// when columns are `ld` elements of `element_bytes` apart (ld = 0 for a vector): the
+// largest power of two dividing both, at most 256 (what cuBLASLt assumes when not told).
+// A narrowed view one float into its buffer gives 4, and so does an odd leading dimension.
+inline uint32_t gemm_alignment_bytes(uintptr_t address, int64_t ld, int64_t element_bytes) {
+  const uint64_t bits = static_cast<uint64_t>(address) |
+                        static_cast<uint64_t>(ld) * static_cast<uint64_t>(element_bytes) | 256u;
+  return static_cast<uint32_t>(bits & (~bits + 1));  // the lowest set bit
 }
 
 }  // namespace mg::cuda

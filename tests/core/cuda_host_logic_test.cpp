@@ -251,6 +251,25 @@ TEST_CASE("cuda gemm plan: transposed views go as transposes, not copies") {
   CHECK(one_column.ld == 12);
 }
 
+TEST_CASE("cuda gemm alignment: what cuBLASLt is told about views that start at an offset") {
+  constexpr int64_t f = sizeof(float);
+  // A fresh allocation (256-byte aligned) with a leading dimension of 64 floats.
+  CHECK(cuda::gemm_alignment_bytes(0x7f0000000000u, 64, f) == 256);
+  // Larger alignments are capped at 256, what cuBLASLt assumes by default.
+  CHECK(cuda::gemm_alignment_bytes(0x7f0000001000u, 1024, f) == 256);
+  // One float into the buffer (a narrowed view): 4 bytes, whatever the leading dimension.
+  CHECK(cuda::gemm_alignment_bytes(0x7f0000000004u, 64, f) == 4);
+  // Four floats in: 16 bytes.
+  CHECK(cuda::gemm_alignment_bytes(0x7f0000000010u, 64, f) == 16);
+  // An aligned start but an odd leading dimension (Linear(5, 2)'s input): later columns
+  // start 20 bytes apart, so only 4-byte alignment holds for all of them.
+  CHECK(cuda::gemm_alignment_bytes(0x7f0000000000u, 5, f) == 4);
+  CHECK(cuda::gemm_alignment_bytes(0x7f0000000000u, 6, f) == 8);
+  // A vector (ld 0): the pointer alone.
+  CHECK(cuda::gemm_alignment_bytes(0x7f0000000008u, 0, f) == 8);
+  CHECK(cuda::gemm_alignment_bytes(0x7f0000000000u, 0, f) == 256);
+}
+
 TEST_CASE("cuda kernel indexing: offsets match a naive walk for views, transposes and broadcasts") {
   // Contiguous: collapses to one dim.
   check_indexer<2>({3, 4, 5}, {{{20, 5, 1}, {20, 5, 1}}});
