@@ -67,6 +67,8 @@ class CudaBackend final : public Backend {
   void matmul(const Tensor& out, const Tensor& a, const Tensor& b) override;
   // blas_lt.cpp
   void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) override;
+  void addmm_relu(const Tensor& out, const Tensor& bias, const Tensor& a,
+                  const Tensor& b) override;
 };
 
 CudaBackend& cuda_backend();

@@ -1,6 +1,7 @@
 // CudaBackend::addmm: out = a @ b + bias (Linear's forward) as one cublasLtMatmul whose
 // epilogue adds the bias, as PyTorch does, instead of a GEMM followed by a broadcast add
-// (a second read and write of the whole output).
+// (a second read and write of the whole output). addmm_relu (a Linear followed by a
+// ReLU) uses CUBLASLT_EPILOGUE_RELU_BIAS, so the ReLU costs no pass of its own either.
 //
 // The operands are laid out by the same plan as matmul (cuda/gemm_plan.h): cuBLASLt's
 // column-major D is out^T, [n, m], so the bias (one value per output feature, per row of
@@ -46,10 +47,11 @@ struct ProblemKey {
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   uint32_t align_a = 0, align_b = 0, align_c = 0, align_bias = 0;
   size_t workspace_bytes = 0;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;  // or RELU_BIAS (addmm_relu)
 
   auto tied() const {
     return std::tie(device, m, n, k, transpose_a, transpose_b, lda, ldb, ldc, compute, align_a,
-                    align_b, align_c, align_bias, workspace_bytes);
+                    align_b, align_c, align_bias, workspace_bytes, epilogue);
   }
   bool operator<(const ProblemKey& other) const { return tied() < other.tied(); }
 };
@@ -112,7 +114,7 @@ std::unique_ptr<ProblemPlan> make_plan(const ProblemKey& key, cublasLtHandle_t l
   set_operation_attribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, op(key.transpose_a));
   set_operation_attribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, op(key.transpose_b));
   set_operation_attribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                          static_cast<uint32_t>(CUBLASLT_EPILOGUE_BIAS));
+                          static_cast<uint32_t>(key.epilogue));
   set_operation_attribute(plan->operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   // Stored shapes: op(A) is m x k, op(B) is k x n, C = D is m x n.
   plan->a_layout = key.transpose_a ? matrix_layout(key.k, key.m, key.lda)
@@ -172,11 +174,14 @@ uint32_t alignment_of(const Tensor& t, int64_t ld) {
                               static_cast<int64_t>(sizeof(float)));
 }
 
-// out = a @ b + bias in one cublasLtMatmul; false (nothing done) when cuBLASLt refuses.
+// out = a @ b + bias (then relu, with CUBLASLT_EPILOGUE_RELU_BIAS) in one
+// cublasLtMatmul; false (nothing done) when cuBLASLt refuses.
 bool fused_addmm(const BlasContext& blas, int device, cudaStream_t stream, const GemmPlan& plan,
-                 const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) {
+                 const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b,
+                 cublasLtEpilogue_t epilogue) {
   if (!worth_asking(plan)) return false;
   ProblemKey key;
+  key.epilogue = epilogue;
   key.device = device;
   key.m = plan.gemm_m;
   key.n = plan.gemm_n;
@@ -220,13 +225,18 @@ AddmmPathCounts addmm_path_counts() {
   return counts;
 }
 
-void CudaBackend::addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) {
+namespace {
+
+// addmm and addmm_relu: one fused cublasLtMatmul when cuBLASLt takes the problem, else
+// the bias copied into out and cublasGemmEx with beta = 1, then (relu) a ReLU in place.
+void addmm_cuda(CudaBackend& backend, const Tensor& out, const Tensor& bias, const Tensor& a,
+                const Tensor& b, bool relu) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   MG_CHECK(out.is_contiguous() && out.dtype() == DType::Float32 && bias.is_contiguous() &&
                bias.dim() == 1 && bias.size(0) == n,
-           "addmm on CUDA: expected a contiguous float32 output and a contiguous bias of shape "
+           "{} on CUDA: expected a contiguous float32 output and a contiguous bias of shape "
            "[{}], got {} and {}",
-           n, out.shape(), bias.shape());
+           relu ? "addmm_relu" : "addmm", n, out.shape(), bias.shape());
   if (m == 0 || n == 0) return;
   OpScope scope(out);
   if (k > 0) {
@@ -235,16 +245,29 @@ void CudaBackend::addmm(const Tensor& out, const Tensor& bias, const Tensor& a, 
     const Tensor a_operand = plan.rhs.pack ? ops::clone(a) : a;
     const Tensor b_operand = plan.lhs.pack ? ops::clone(b) : b;
     const BlasContext blas = blas_context(scope.device(), scope.stream());
-    if (fused_addmm(blas, scope.device(), scope.stream(), plan, out, bias, a_operand, b_operand)) {
+    if (fused_addmm(blas, scope.device(), scope.stream(), plan, out, bias, a_operand, b_operand,
+                    relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)) {
       fused_calls.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    copy(out, ops::expand(bias, out.shape()));
-    gemm_ex(blas.handle, plan, out, a_operand, b_operand, 1.0f, "addmm");
+    backend.copy(out, ops::expand(bias, out.shape()));
+    gemm_ex(blas.handle, plan, out, a_operand, b_operand, 1.0f, relu ? "addmm_relu" : "addmm");
   } else {
-    copy(out, ops::expand(bias, out.shape()));  // an empty sum: every row is the bias
+    backend.copy(out, ops::expand(bias, out.shape()));  // an empty sum: every row is the bias
   }
+  if (relu) backend.unary(UnaryOp::Relu, out, out);
   fallback_calls.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+void CudaBackend::addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) {
+  addmm_cuda(*this, out, bias, a, b, /*relu=*/false);
+}
+
+void CudaBackend::addmm_relu(const Tensor& out, const Tensor& bias, const Tensor& a,
+                             const Tensor& b) {
+  addmm_cuda(*this, out, bias, a, b, /*relu=*/true);
 }
 
 }  // namespace mg::cuda

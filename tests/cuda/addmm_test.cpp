@@ -2,6 +2,7 @@
 // the GEMM's epilogue, against the CPU backend: odd sizes, the transposed weight view
 // Linear passes, views starting one float into their buffer, k == 0, TF32, Linear's
 // backward, several threads at once, and a CUDA graph capture replayed on new inputs.
+#include <algorithm>
 #include <array>
 #include <string>
 #include <thread>
@@ -233,4 +234,38 @@ TEST_CASE("addmm captured in a CUDA graph replays on new inputs") {
   CHECK(cudaGraphDestroy(graph) == cudaSuccess);
 }
 
+#endif  // MINIGRAD_WITH_CUDA
+
+#if MINIGRAD_WITH_CUDA
+TEST_CASE("addmm_relu and linear_relu match the CPU, through the fused epilogue and the fallback") {
+  // {m, k, n}: Linear shapes; k == 1 takes the fallback (GEMM, then a ReLU kernel).
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {30, 5, 2}, {256, 784, 512}, {33, 17, 65}, {7, 1, 9}, {1, 64, 3}};
+  uint64_t seed = 300;
+  for (const auto& [m, k, n] : shapes) {
+    CAPTURE(m, k, n);
+    const Tensor x = random_cpu({m, k}, ++seed), w = random_cpu({n, k}, ++seed);
+    const Tensor b = random_cpu({n}, ++seed), dy = random_cpu({m, n}, ++seed);
+    const Tensor xg = x.to(gpu()), wg = w.to(gpu()), bg = b.to(gpu());
+    const uint64_t fused_before = fused_calls();
+    const Tensor yg = ops::addmm_relu(bg, xg, wg.t());
+    if (k > 1) CHECK(fused_calls() - fused_before == 1);
+    const Tensor y = ops::addmm_relu(b, x, w.t());
+    require_addmm_close(yg, y, k);
+    // Some outputs were clipped, and the clipped ones are exactly zero on the GPU too.
+    const auto values = yg.to_vector<float>();
+    if (values.size() > 8) CHECK(std::count(values.begin(), values.end(), 0.0f) > 0);
+
+    // Through autograd: the node keeps the output as the ReLU mask. The expected
+    // gradients use the GPU's own mask, since an output within rounding of zero may be
+    // clipped on one backend and not on the other.
+    Tensor xlg = xg.detach().set_requires_grad(true), wlg = wg.detach().set_requires_grad(true);
+    Tensor blg = bg.detach().set_requires_grad(true);
+    linear_relu(xlg, wlg, blg).backward(dy.to(gpu()));
+    const Tensor dpre = ops::relu_backward(dy, yg.to(Device::cpu()));
+    require_addmm_close(xlg.grad(), ops::matmul(dpre, w), n);
+    require_addmm_close(wlg.grad(), ops::matmul(ops::transpose(dpre, 0, 1), x), m);
+    require_addmm_close(blg.grad(), ops::sum(dpre, {0}, false), m);
+  }
+}
 #endif  // MINIGRAD_WITH_CUDA
