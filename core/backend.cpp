@@ -69,6 +69,68 @@ void Backend::addmm_relu(const Tensor& out, const Tensor& bias, const Tensor& a,
 
 namespace {
 
+std::string describe_operand(const Tensor& t) {
+  if (!t.defined()) return "undefined";
+  return fmt::format("shape {} {}{} on {}", t.shape(), t.dtype(),
+                     t.is_contiguous() ? "" : " (not contiguous)", t.device());
+}
+
+}  // namespace
+
+void check_sgd_step(const SgdStep& step, Device device) {
+  const bool momentum = step.momentum != 0.0;
+  for (size_t i = 0; i < step.tensors.size(); ++i) {
+    const SgdTensor& t = step.tensors[i];
+    MG_CHECK(t.param.defined(), "sgd_step: parameter {} is undefined", i);
+    const auto fits = [&](const Tensor& x) {
+      return x.defined() && x.dtype() == DType::Float32 && x.is_contiguous() &&
+             x.shape() == t.param.shape() && x.device() == device;
+    };
+    const bool buffer_fits = momentum ? fits(t.momentum_buffer) : !t.momentum_buffer.defined();
+    MG_CHECK(fits(t.param) && fits(t.grad) && buffer_fits,
+             "sgd_step on {}: tensor {} does not fit (param: {}; grad: {}; momentum buffer: {}; "
+             "momentum {}): expected float32 contiguous tensors of the param's shape on {}, "
+             "with a buffer exactly when momentum != 0",
+             device, i, describe_operand(t.param), describe_operand(t.grad),
+             describe_operand(t.momentum_buffer), step.momentum, device);
+  }
+}
+
+// The update as the in-place ops add_ and mul_ compute it, one op at a time: the
+// reference every fused sgd_step reproduces bit for bit.
+void Backend::sgd_step(const SgdStep& step) {
+  if (step.tensors.empty()) return;
+  check_sgd_step(step, step.tensors.front().param.device());
+  for (const SgdTensor& t : step.tensors) {
+    if (t.param.numel() == 0) continue;
+    Tensor d_p = t.grad;  // the gradient itself is never written
+    if (step.weight_decay != 0.0) {
+      d_p = empty(t.grad.shape(), DType::Float32, t.grad.device());
+      binary(BinaryOp::Add, d_p, t.grad, t.param, step.weight_decay);
+    }
+    if (step.momentum != 0.0) {
+      const Tensor& buf = t.momentum_buffer;
+      if (t.new_buffer) {
+        copy(buf, d_p);
+      } else {
+        binary_scalar(BinaryOp::Mul, buf, buf, step.momentum);
+        binary(BinaryOp::Add, buf, buf, d_p, 1.0 - step.dampening);
+      }
+      if (step.nesterov) {
+        const Tensor next =
+            d_p.is_same(t.grad) ? empty(t.grad.shape(), DType::Float32, t.grad.device()) : d_p;
+        binary(BinaryOp::Add, next, d_p, buf, step.momentum);
+        d_p = next;
+      } else {
+        d_p = buf;
+      }
+    }
+    binary(BinaryOp::Add, t.param, t.param, d_p, -step.lr);
+  }
+}
+
+namespace {
+
 std::array<Backend*, kNumDeviceTypes>& backend_table() {
   static MissingCudaBackend missing_cuda;
   static std::array<Backend*, kNumDeviceTypes> table{&cpu_backend(), &missing_cuda};

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <minigrad/core/allocator.h>
 #include <minigrad/core/device.h>
@@ -39,6 +40,35 @@ inline const char* op_name(BinaryOp op) {
   }
   return "?";
 }
+
+// One step of optim::SGD's update rule (nn/optim/sgd.h) over tensors of one device:
+//
+//   d_p = g + weight_decay * p                        (when weight_decay != 0)
+//   buf = d_p                                         (a new buffer: its first step)
+//   buf = buf * momentum + (1 - dampening) * d_p      (a buffer's later steps)
+//   d_p = nesterov ? d_p + momentum * buf : buf       (when momentum != 0)
+//   p   = p + (-lr) * d_p
+//
+// in float32, each product and sum rounded on its own (no fused multiply-add), with
+// the scalars rounded to float first (weight_decay, momentum, 1 - dampening computed in
+// double, -lr), as the in-place ops add_ and mul_ compute it: a fused implementation
+// gives the bits of that composition.
+struct SgdTensor {
+  Tensor param;
+  Tensor grad;
+  Tensor momentum_buffer;     // undefined when momentum == 0
+  bool new_buffer = false;    // its first step: momentum_buffer's values are not read
+};
+struct SgdStep {
+  std::vector<SgdTensor> tensors;
+  double lr = 0.0, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
+  bool nesterov = false;
+};
+
+// mg::Error unless `step` is what Backend::sgd_step takes: every param, grad and
+// momentum buffer (one per tensor exactly when momentum != 0) is float32, contiguous,
+// of the param's shape and on `device`.
+void check_sgd_step(const SgdStep& step, Device device);
 
 class Backend {
  public:
@@ -119,6 +149,13 @@ class Backend {
   // grad_logits = (softmax(logits) - onehot(targets)) * grad_loss / rows
   virtual void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
                                       const Tensor& logits, const Tensor& targets) = 0;
+
+  // ---- optimizers ----
+  // Updates params (and momentum buffers) in place, as check_sgd_step() describes
+  // them: all on one device of this backend. The default is the composition of
+  // elementwise ops (several per tensor); a backend fuses it into one pass per tensor
+  // (CPU) or one launch per group of tensors (CUDA), with the same bits.
+  virtual void sgd_step(const SgdStep& step);
 };
 
 // The backend table, by DeviceType. The CPU backend is always there; the CUDA entry is

@@ -8,7 +8,8 @@
 // The methods are spread over files by family: backend.cpp (devices, streams, events),
 // backend_copy.cpp (copies), backend_data.cpp (fill, arange, random),
 // backend_math.cpp (elementwise, reductions, softmax, cross-entropy), blas.cpp (matmul),
-// blas_lt.cpp (addmm: the bias fused into a cuBLASLt GEMM).
+// blas_lt.cpp (addmm: the bias fused into a cuBLASLt GEMM), backend_optim.cpp (optimizer
+// updates).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -69,6 +70,9 @@ class CudaBackend final : public Backend {
   void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) override;
   void addmm_relu(const Tensor& out, const Tensor& bias, const Tensor& a,
                   const Tensor& b) override;
+
+  // backend_optim.cpp
+  void sgd_step(const SgdStep& step) override;
 };
 
 CudaBackend& cuda_backend();

@@ -54,6 +54,8 @@ class CpuBackend final : public Backend {
   void cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets) override;
   void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
                               const Tensor& logits, const Tensor& targets) override;
+  // optim.cpp
+  void sgd_step(const SgdStep& step) override;
 };
 
 CpuBackend& cpu_backend();

@@ -110,4 +110,32 @@ void cross_entropy_backward(float* grad, const float* grad_loss, MatrixView logi
                             const int64_t* targets, int64_t target_stride, int64_t rows,
                             int64_t cols, TargetErrorSink error, cudaStream_t stream);
 
+// ---- optim.cu ----
+// One tensor of an SGD step (core/backend.h's SgdTensor as device pointers).
+// momentum_buffer is null without momentum; a new buffer is written, never read.
+struct SgdTensorPointers {
+  float* param;
+  const float* grad;
+  float* momentum_buffer;
+  int64_t numel;
+  bool new_buffer;
+};
+// The step's options, already rounded to float as add_ and mul_ round their scalars.
+struct SgdScalars {
+  float weight_decay;
+  float momentum;
+  float keep;    // 1 - dampening
+  float neg_lr;  // -lr
+  bool use_weight_decay;
+  bool use_momentum;
+  bool nesterov;
+};
+// SGD's update of every tensor (rounded as core/backend.h's SgdStep says), in one
+// launch per group of up to kSgdTensorsPerLaunch tensors. The tensors' pointers travel
+// by value in the kernel's parameters: nothing is allocated or copied to the device,
+// so the step can be captured in a CUDA graph.
+constexpr int kSgdTensorsPerLaunch = 96;
+void sgd_step(const SgdTensorPointers* tensors, std::size_t count, const SgdScalars& scalars,
+              cudaStream_t stream);
+
 }  // namespace mg::cuda::kernels

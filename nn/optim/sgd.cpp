@@ -1,8 +1,10 @@
 #include <minigrad/nn/optim/sgd.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/backend.h>
 #include <minigrad/core/ops.h>
 
 namespace mg::optim {
@@ -48,41 +50,106 @@ void SGD::set_options(SGDOptions options) {
   options_ = options;
 }
 
+namespace {
+
+// Whether a parameter's update can go to Backend::sgd_step: float32 contiguous tensors
+// of one shape on one device (a gradient that is a contiguous view into a bucket
+// qualifies). Anything else keeps the per-tensor ops, which handle views and report
+// mismatches.
+bool fits_fused_step(const Tensor& p, const Tensor& grad, const Tensor& buf) {
+  const auto fits = [&](const Tensor& t) {
+    return t.dtype() == DType::Float32 && t.is_contiguous() && t.shape() == p.shape() &&
+           t.device() == p.device();
+  };
+  return fits(p) && fits(grad) && (!buf.defined() || fits(buf));
+}
+
+}  // namespace
+
 void SGD::step() {
   NoGradGuard no_grad;
+  const bool use_momentum = options_.momentum() != 0.0;
+
+  // One fused update per device, over every parameter there that fits it.
+  struct DeviceStep {
+    Device device;
+    SgdStep step;
+    std::vector<size_t> new_buffer_indices;  // kept once the step has written them
+  };
+  std::vector<DeviceStep> steps;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    const Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    const Tensor& buf = momentum_buffers_[i];
+    if (!fits_fused_step(p, grad, use_momentum ? buf : Tensor())) {
+      step_unfused(i);
+      continue;
+    }
+    auto group = std::find_if(steps.begin(), steps.end(),
+                              [&](const DeviceStep& s) { return s.device == p.device(); });
+    if (group == steps.end()) {
+      DeviceStep s{p.device(), SgdStep{}, {}};
+      s.step.lr = options_.lr();
+      s.step.momentum = options_.momentum();
+      s.step.dampening = options_.dampening();
+      s.step.weight_decay = options_.weight_decay();
+      s.step.nesterov = options_.nesterov();
+      steps.push_back(std::move(s));
+      group = steps.end() - 1;
+    }
+    SgdTensor t{p, grad, Tensor(), false};
+    if (use_momentum) {
+      t.new_buffer = !buf.defined();
+      // The first step writes d_p into it without reading it.
+      t.momentum_buffer = t.new_buffer ? empty(p.shape(), DType::Float32, p.device()) : buf;
+      if (t.new_buffer) group->new_buffer_indices.push_back(i);
+    }
+    group->step.tensors.push_back(std::move(t));
+  }
+
+  for (DeviceStep& s : steps) {
+    backend(s.device).sgd_step(s.step);
+    // Buffers become state only once written, so a failed step leaves none half made.
+    size_t next = 0;
+    for (const SgdTensor& t : s.step.tensors)
+      if (t.new_buffer) momentum_buffers_[s.new_buffer_indices[next++]] = t.momentum_buffer;
+  }
+}
+
+// The update of parameter i as in-place tensor ops: the reference the fused step
+// reproduces, kept for parameters it does not take (non-contiguous, views).
+void SGD::step_unfused(size_t i) {
   const double lr = options_.lr();
   const double momentum = options_.momentum();
   const double dampening = options_.dampening();
   const double weight_decay = options_.weight_decay();
   const bool nesterov = options_.nesterov();
 
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor& p = params_[i];
-    const Tensor grad = p.grad();
-    if (!grad.defined()) continue;
+  Tensor& p = params_[i];
+  const Tensor grad = p.grad();
 
-    // d_p = g + weight_decay * p, into a new tensor: the gradient itself stays as it is.
-    Tensor d_p = grad;
-    if (weight_decay != 0.0) d_p = ops::clone(grad).add_(p, weight_decay);
+  // d_p = g + weight_decay * p, into a new tensor: the gradient itself stays as it is.
+  Tensor d_p = grad;
+  if (weight_decay != 0.0) d_p = ops::clone(grad).add_(p, weight_decay);
 
-    if (momentum != 0.0) {
-      Tensor& buf = momentum_buffers_[i];
-      if (!buf.defined()) {
-        buf = ops::clone(d_p);  // the first step starts the average at d_p itself
-      } else {
-        buf.mul_(momentum).add_(d_p, 1.0 - dampening);
-      }
-      if (nesterov) {
-        // d_p + momentum * buf, out of place when d_p is still the gradient.
-        if (d_p.is_same(grad)) d_p = ops::clone(grad);
-        d_p.add_(buf, momentum);
-      } else {
-        d_p = buf;
-      }
+  if (momentum != 0.0) {
+    Tensor& buf = momentum_buffers_[i];
+    if (!buf.defined()) {
+      buf = ops::clone(d_p);  // the first step starts the average at d_p itself
+    } else {
+      buf.mul_(momentum).add_(d_p, 1.0 - dampening);
     }
-
-    p.add_(d_p, -lr);
+    if (nesterov) {
+      // d_p + momentum * buf, out of place when d_p is still the gradient.
+      if (d_p.is_same(grad)) d_p = ops::clone(grad);
+      d_p.add_(buf, momentum);
+    } else {
+      d_p = buf;
+    }
   }
+
+  p.add_(d_p, -lr);
 }
 
 void SGD::zero_grad(bool set_to_none) {

@@ -7,10 +7,11 @@
 //   d_p = nesterov ? d_p + momentum * buf : buf        (when momentum != 0)
 //   p   = p - lr * d_p
 //
-// The update runs as a few in-place tensor ops per parameter (mul_, add_), so it works
-// on whatever device each parameter lives on. One fused kernel per step would be
-// faster; that is a performance change for later, and this version is the reference it
-// must match.
+// step() updates every parameter of a device in one fused call (Backend::sgd_step: one
+// pass per tensor on the CPU, one multi-tensor kernel launch on CUDA), rounding as the
+// in-place ops add_ and mul_ do, so the results are those of the per-tensor ops bit for
+// bit. Parameters or gradients that are not float32-contiguous (views with strides)
+// take those ops (mul_, add_) one tensor at a time.
 #pragma once
 
 #include <map>
@@ -92,6 +93,8 @@ class SGD {
                         const std::string& source = "SGD state dict") const;
 
  private:
+  void step_unfused(size_t index);
+
   std::vector<Tensor> params_;
   std::vector<Tensor> momentum_buffers_;  // one per parameter; undefined until first used
   SGDOptions options_;

@@ -1,0 +1,37 @@
+// CudaBackend: optimizer updates. SGD's step over all the tensors of a device is one
+// multi-tensor kernel launch per kSgdTensorsPerLaunch tensors (kernels/optim.cu),
+// where the composition of elementwise ops launches up to five kernels per tensor.
+#include <vector>
+
+#include <minigrad/cuda/backend.h>
+#include <minigrad/cuda/kernels/launch.h>
+
+namespace mg::cuda {
+
+void CudaBackend::sgd_step(const SgdStep& step) {
+  if (step.tensors.empty()) return;
+  const Device device = step.tensors.front().param.device();
+  MG_CHECK(device.type() == DeviceType::CUDA, "sgd_step on CUDA: parameter 0 is on {}", device);
+  check_sgd_step(step, device);
+  OpScope scope(device.index());
+
+  std::vector<kernels::SgdTensorPointers> tensors;
+  tensors.reserve(step.tensors.size());
+  const bool use_momentum = step.momentum != 0.0;
+  for (const SgdTensor& t : step.tensors) {
+    tensors.push_back(kernels::SgdTensorPointers{
+        static_cast<float*>(t.param.data_ptr()), static_cast<const float*>(t.grad.data_ptr()),
+        use_momentum ? static_cast<float*>(t.momentum_buffer.data_ptr()) : nullptr,
+        t.param.numel(), t.new_buffer});
+  }
+  const kernels::SgdScalars scalars{static_cast<float>(step.weight_decay),
+                                    static_cast<float>(step.momentum),
+                                    static_cast<float>(1.0 - step.dampening),
+                                    static_cast<float>(-step.lr),
+                                    step.weight_decay != 0.0,
+                                    use_momentum,
+                                    step.nesterov};
+  kernels::sgd_step(tensors.data(), tensors.size(), scalars, scope.stream());
+}
+
+}  // namespace mg::cuda

@@ -1,0 +1,138 @@
+// Optimizer updates: SGD as one multi-tensor kernel. Each launch carries up to
+// kSgdTensorsPerLaunch tensors' pointers and sizes by value in its parameters (no
+// pointer table in device memory: nothing to allocate or copy per step, and a graph
+// capture records the launch whole). Each block updates one chunk of one tensor; a
+// block finds its tensor by a binary search over the tensors' first chunks, which all
+// its threads read from the same constant-bank words.
+//
+// Rounding: every product and sum is __fmul_rn / __fadd_rn, so nvcc cannot contract
+// them into FMAs, and the bits are those of the elementwise kernels (add_scaled,
+// ScalarFunctor's mul) the unfused update runs, and of the CPU backend.
+#include <algorithm>
+#include <cstdint>
+
+#include <minigrad/cuda/check.h>
+#include <minigrad/cuda/kernels/launch.h>
+
+namespace mg::cuda::kernels {
+namespace {
+
+constexpr int kSgdThreads = 256;
+constexpr int64_t kSgdChunk = 16 * kSgdThreads;  // elements per block
+constexpr int kMaxTensors = kSgdTensorsPerLaunch;
+
+struct SgdLaunchTensors {
+  float* param[kMaxTensors];
+  const float* grad[kMaxTensors];
+  float* momentum_buffer[kMaxTensors];
+  int64_t numel[kMaxTensors];
+  // Tensor t is worked on by blocks [first_chunk[t], first_chunk[t + 1]).
+  uint32_t first_chunk[kMaxTensors + 1];
+  uint8_t new_buffer[kMaxTensors];
+  int32_t count;
+};
+// Kernel parameters of up to 4 KB are accepted on every GPU and CUDA version we build for.
+static_assert(sizeof(SgdLaunchTensors) + sizeof(SgdScalars) <= 4096,
+              "SGD's kernel parameters must stay within 4 KB");
+
+template <bool kWeightDecay, bool kMomentum, bool kNesterov>
+__global__ void __launch_bounds__(kSgdThreads)
+    sgd_kernel(const __grid_constant__ SgdLaunchTensors tensors, const SgdScalars s) {
+  const uint32_t block = blockIdx.x;
+  int lo = 0, hi = tensors.count - 1;  // the last tensor whose first chunk is <= block
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tensors.first_chunk[mid] <= block) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int t = lo;
+  float* p = tensors.param[t];
+  const float* g = tensors.grad[t];
+  float* buf = tensors.momentum_buffer[t];
+  const bool new_buffer = tensors.new_buffer[t] != 0;
+  const int64_t begin = static_cast<int64_t>(block - tensors.first_chunk[t]) * kSgdChunk;
+  const int64_t end = min(begin + kSgdChunk, tensors.numel[t]);
+  for (int64_t i = begin + threadIdx.x; i < end; i += kSgdThreads) {
+    const float p_i = p[i];
+    float d_p = g[i];
+    if constexpr (kWeightDecay) d_p = __fadd_rn(d_p, __fmul_rn(s.weight_decay, p_i));
+    if constexpr (kMomentum) {
+      // buf.mul_(momentum).add_(d_p, 1 - dampening), or d_p itself the first time.
+      const float b =
+          new_buffer ? d_p : __fadd_rn(__fmul_rn(buf[i], s.momentum), __fmul_rn(s.keep, d_p));
+      buf[i] = b;
+      if constexpr (kNesterov) {
+        d_p = __fadd_rn(d_p, __fmul_rn(s.momentum, b));
+      } else {
+        d_p = b;
+      }
+    }
+    p[i] = __fadd_rn(p_i, __fmul_rn(s.neg_lr, d_p));
+  }
+}
+
+template <bool kWeightDecay, bool kMomentum, bool kNesterov>
+void launch_sgd(const SgdLaunchTensors& tensors, uint32_t blocks, const SgdScalars& s,
+                cudaStream_t stream) {
+  sgd_kernel<kWeightDecay, kMomentum, kNesterov><<<blocks, kSgdThreads, 0, stream>>>(tensors, s);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+template <bool kWeightDecay>
+void launch_sgd(const SgdLaunchTensors& tensors, uint32_t blocks, const SgdScalars& s,
+                cudaStream_t stream) {
+  if (!s.use_momentum) {
+    launch_sgd<kWeightDecay, false, false>(tensors, blocks, s, stream);
+  } else if (s.nesterov) {
+    launch_sgd<kWeightDecay, true, true>(tensors, blocks, s, stream);
+  } else {
+    launch_sgd<kWeightDecay, true, false>(tensors, blocks, s, stream);
+  }
+}
+
+void launch_sgd(const SgdLaunchTensors& tensors, uint32_t blocks, const SgdScalars& s,
+                cudaStream_t stream) {
+  if (s.use_weight_decay) {
+    launch_sgd<true>(tensors, blocks, s, stream);
+  } else {
+    launch_sgd<false>(tensors, blocks, s, stream);
+  }
+}
+
+}  // namespace
+
+void sgd_step(const SgdTensorPointers* tensors, std::size_t count, const SgdScalars& scalars,
+              cudaStream_t stream) {
+  // gridDim.x may reach 2^31 - 1; a launch stops short of it (a tensor of 2^31 chunks,
+  // 8 * 10^12 elements, cannot exist).
+  constexpr int64_t kMaxBlocks = INT32_MAX;
+  SgdLaunchTensors launch{};
+  int64_t blocks = 0;
+  const auto flush = [&] {
+    if (launch.count == 0) return;
+    launch.first_chunk[launch.count] = static_cast<uint32_t>(blocks);
+    launch_sgd(launch, static_cast<uint32_t>(blocks), scalars, stream);
+    launch = SgdLaunchTensors{};
+    blocks = 0;
+  };
+  for (std::size_t i = 0; i < count; ++i) {
+    const SgdTensorPointers& t = tensors[i];
+    if (t.numel <= 0) continue;
+    const int64_t chunks = (t.numel + kSgdChunk - 1) / kSgdChunk;
+    if (launch.count == kMaxTensors || blocks + chunks > kMaxBlocks) flush();
+    const int n = launch.count++;
+    launch.param[n] = t.param;
+    launch.grad[n] = t.grad;
+    launch.momentum_buffer[n] = t.momentum_buffer;
+    launch.numel[n] = t.numel;
+    launch.first_chunk[n] = static_cast<uint32_t>(blocks);
+    launch.new_buffer[n] = t.new_buffer ? 1 : 0;
+    blocks += chunks;
+  }
+  flush();
+}
+
+}  // namespace mg::cuda::kernels
