@@ -105,7 +105,7 @@ TEST_CASE("SGD fused step on the GPU: the CPU's bits for every option, odd sizes
 
 TEST_CASE("SGD fused step on the GPU: 200 tensors take several launches, each tensor updated once") {
 #if MINIGRAD_WITH_CUDA
-  static_assert(200 > 2 * kernels::kSgdTensorsPerLaunch, "the test must need three launches");
+  static_assert(200 > 2 * cuda::kernels::kSgdTensorsPerLaunch, "the test must need three launches");
 #endif
   std::vector<Shape> shapes;
   for (int64_t k = 0; k < 200; ++k) shapes.push_back(Shape{(k * 37) % 301 + 1});
