@@ -1,9 +1,13 @@
 // CudaBackend: optimizer updates. SGD's step over all the tensors of a device is one
 // multi-tensor kernel launch per kSgdTensorsPerLaunch tensors (kernels/optim.cu),
 // where the composition of elementwise ops launches up to five kernels per tensor.
+#include <algorithm>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #include <minigrad/cuda/backend.h>
+#include <minigrad/cuda/check.h>
 #include <minigrad/cuda/kernels/launch.h>
 
 namespace mg::cuda {
@@ -14,6 +18,19 @@ void CudaBackend::sgd_step(const SgdStep& step) {
   MG_CHECK(device.type() == DeviceType::CUDA, "sgd_step on CUDA: parameter 0 is on {}", device);
   check_sgd_step(step, device);
   OpScope scope(device.index());
+  const bool any_new_buffer = std::any_of(step.tensors.begin(), step.tensors.end(),
+                                          [](const SgdTensor& t) { return t.new_buffer; });
+  if (any_new_buffer) {
+    // A buffer's first step is a different update (buf = d_p): a graph that captured it
+    // would restart the momentum on every replay, from a buffer in the graph's memory.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MG_CUDA_CHECK(cudaStreamIsCapturing(scope.stream(), &capture));
+    MG_CHECK(capture == cudaStreamCaptureStatusNone,
+             "sgd_step on {}: the momentum buffers' first step cannot be captured in a CUDA "
+             "graph (every replay would start the momentum again); run one step before the "
+             "capture",
+             device);
+  }
 
   std::vector<kernels::SgdTensorPointers> tensors;
   tensors.reserve(step.tensors.size());

@@ -12,7 +12,7 @@
 // alignments, workspace): a training step of a small model asks once per layer.
 //
 // cuBLASLt may refuse a problem (no algorithm for the alignments, CUBLAS_STATUS_NOT_
-// SUPPORTED); then, and for k == 0, the bias is copied into out and cublasGemmEx adds
+// SUPPORTED); then, for a bias that is not 16-byte aligned, and for k == 0, the bias is copied into out and cublasGemmEx adds
 // the product with beta = 1, which is always available.
 #include <minigrad/cuda/blas_lt.h>
 
@@ -32,6 +32,12 @@
 
 namespace mg::cuda {
 namespace {
+
+// cuBLASLt's alignment preferences cover A, B, C and D but not the epilogue's bias
+// vector: the heuristic may offer a kernel that loads the bias 16 bytes at a time, which
+// faults with a misaligned address on a bias view that starts between two 16-byte
+// boundaries (seen by PyTorch and Marian). Such a bias takes the fallback.
+constexpr uint32_t kMinBiasAlignmentBytes = 16;
 
 // Distinct problems kept; beyond this (a program with endlessly varying shapes) new
 // problems take the fallback instead of growing the cache without bound.
@@ -196,6 +202,7 @@ bool fused_addmm(const BlasContext& blas, int device, cudaStream_t stream, const
   key.align_b = alignment_of(a, plan.rhs.ld);
   key.align_c = alignment_of(out, plan.ldc);
   key.align_bias = alignment_of(bias, 0);
+  if (key.align_bias < kMinBiasAlignmentBytes) return false;
   key.workspace_bytes = blas.workspace_bytes;
   const void* bias_pointer = bias.data_ptr();
   ProblemPlan* problem = find_or_make_plan(key, blas.lt_handle, bias_pointer);

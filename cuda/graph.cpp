@@ -7,6 +7,8 @@
 #if MINIGRAD_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include <minigrad/cuda/backend.h>
+#include <minigrad/cuda/blas.h>
 #include <minigrad/cuda/check.h>
 #include <minigrad/cuda/cuda.h>
 #include <minigrad/cuda/device.h>
@@ -59,6 +61,11 @@ void CUDAGraph::capture_begin(int device) {
            index, device_count());
   ScopedDevice scoped(index);
   const cudaStream_t stream = current_cuda_stream(index);
+  // What an op would otherwise make on its first use, with calls a capture forbids
+  // (cudaMalloc, a stream synchronisation, cublasCreate): the device's pool and
+  // invalid-target flag, this thread's cuBLAS handles and the stream's GEMM workspace.
+  prepare_device(index);
+  (void)blas_context(index, stream);
   // Thread-local mode: other threads' unsafe calls (a cudaMalloc elsewhere) do not break
   // this capture, and this thread's do, where they would silently go missing.
   MG_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));

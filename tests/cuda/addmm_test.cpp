@@ -43,6 +43,7 @@ void check_linear_shaped_addmm(int64_t m, int64_t k, int64_t n, uint64_t seed) {
 
 #if MINIGRAD_WITH_CUDA
 uint64_t fused_calls() { return cuda::addmm_path_counts().fused; }
+uint64_t fallback_calls() { return cuda::addmm_path_counts().fallback; }
 #endif
 
 }  // namespace
@@ -189,6 +190,27 @@ TEST_CASE("Linear's forward is one fused cuBLASLt call for aligned and for small
     const Tensor expected = linear(x, w, b);
     require_addmm_close(y1, expected, k);
     require_addmm_close(y2, expected, k);
+  }
+}
+
+TEST_CASE("addmm with a bias off a 16-byte boundary takes the fallback, on one 16 bytes in fused") {
+  // cuBLASLt is not told the bias's alignment, and may load it 16 bytes at a time.
+  const Tensor x = random_cpu({64, 128}, 265), w = random_cpu({96, 128}, 266);
+  const Tensor bias_buffer = random_cpu({100}, 267);
+  const Tensor xg = x.to(gpu()), wg = w.to(gpu()), bias_buffer_g = bias_buffer.to(gpu());
+  for (int64_t offset : {int64_t{1}, int64_t{2}, int64_t{4}}) {
+    CAPTURE(offset);
+    const Tensor bias = bias_buffer.narrow(0, offset, 96);
+    const Tensor bias_g = bias_buffer_g.narrow(0, offset, 96);
+    const uint64_t fused_before = fused_calls(), fallback_before = fallback_calls();
+    const Tensor out = ops::addmm(bias_g, xg, wg.t());
+    const Tensor out_relu = ops::addmm_relu(bias_g, xg, wg.t());
+    const bool aligned = reinterpret_cast<uintptr_t>(bias_g.data_ptr()) % 16 == 0;
+    if (offset < 4) REQUIRE_FALSE(aligned);
+    CHECK(fused_calls() - fused_before == (aligned ? 2u : 0u));
+    CHECK(fallback_calls() - fallback_before == (aligned ? 0u : 2u));
+    require_addmm_close(out, ops::addmm(bias, x, w.t()), 128);
+    require_addmm_close(out_relu, ops::addmm_relu(bias, x, w.t()), 128);
   }
 }
 

@@ -258,3 +258,33 @@ TEST_CASE("SGD step captured in a CUDA graph: replays equal eager steps, nothing
   REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
 }
 #endif
+
+#if MINIGRAD_WITH_CUDA
+TEST_CASE("SGD's first momentum step inside a CUDA graph capture is an error that says why") {
+  const std::vector<Shape> shapes = {{33}, {4097}};
+  const optim::SGDOptions options(0.05, 0.9);
+  Twins t = make_twins(shapes, 600);
+  optim::SGD cpu_sgd(t.cpu, options);
+  optim::SGD gpu_sgd(t.gpu, options);
+  set_grads(t, 9000);
+  cuda::synchronize(0);
+  const auto stream = static_cast<cudaStream_t>(cuda::current_stream(0).handle);
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  std::string failure;
+  try {
+    gpu_sgd.step();
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  if (graph != nullptr) CHECK(cudaGraphDestroy(graph) == cudaSuccess);
+  REQUIRE(end == cudaSuccess);
+  CHECK_THAT(failure, MG_CONTAINS("run one step before the capture"));
+  // Nothing was half made: no buffer, and the step runs eagerly afterwards.
+  for (size_t k = 0; k < shapes.size(); ++k) CHECK_FALSE(gpu_sgd.momentum_buffer(k).defined());
+  cpu_sgd.step();
+  gpu_sgd.step();
+  require_twins_equal(t, cpu_sgd, gpu_sgd);
+}
+#endif
