@@ -61,7 +61,7 @@ ModulePtr Sequential::operator[](size_t index) const {
 }
 
 Tensor Sequential::forward(const Tensor& input) {
-  const auto children = named_children();
+  const auto& children = named_children();
   Tensor x = input;
   for (size_t i = 0; i < children.size(); ++i) {
     Module& module = *children[i].second;
