@@ -30,9 +30,15 @@ build: configure
 test: test-unit
 	@$(MAKE) --no-print-directory test-sanitize
 	@$(MAKE) --no-print-directory test-fuzz
+	@echo "== make test passed; the three stages:"
+	@for stage in "main suite:$(BUILD)" "sanitizers:$(ASAN_BUILD)" "fuzzing:$(FUZZ_BUILD)"; do \
+	  log="$${stage#*:}/ctest-output.log"; \
+	  printf '   %-11s %s; %s skipped\n' "$${stage%%:*}" "$$(grep -h 'tests passed' "$$log")" \
+	         "$$(grep -c '(Skipped)$$' "$$log")"; \
+	done
 
 test-unit: build
-	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -O ctest-output.log
 
 # The CPU tests built with ASan + UBSan at -O1 -g, as the sanitizers recommend; the first
 # report fails its test. Samples, benchmarks and the install check add build time, not
@@ -42,7 +48,7 @@ test-sanitize: deps
 	      -DMINIGRAD_SANITIZE=ON -DMINIGRAD_CUDA=OFF -DMINIGRAD_BUILD_SAMPLES=OFF
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 	cd $(ASAN_BUILD) && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	      ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS) -LE install
+	      ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS) -LE install -O ctest-output.log
 
 # libFuzzer (clang) on the IDX reader and the safetensors loader, FUZZ_SECONDS each,
 # from the seeds in tests/fuzz/corpus/; a crash is saved in $(FUZZ_BUILD)/tests/fuzz/.
@@ -52,7 +58,7 @@ test-fuzz: deps
 	      -DMINIGRAD_CUDA=OFF -DMINIGRAD_GLOO=OFF -DMINIGRAD_BUILD_TESTS=OFF \
 	      -DMINIGRAD_BUILD_SAMPLES=OFF
 	cmake --build $(FUZZ_BUILD) -j$(JOBS)
-	cd $(FUZZ_BUILD) && ctest --output-on-failure -j$(JOBS) -L fuzz
+	cd $(FUZZ_BUILD) && ctest --output-on-failure -j$(JOBS) -L fuzz -O ctest-output.log
 
 train: build
 	$(BUILD)/bin/train_fashion_mnist $(TRAIN_ARGS)
