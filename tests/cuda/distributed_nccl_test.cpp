@@ -6,14 +6,13 @@
 // minigrad was built with NCCL. The ranks are this binary's hidden worker cases below.
 #ifdef MINIGRAD_WITH_NCCL
 
-#include <sys/stat.h>
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
 #include "catch_compat.h"
+#include "shell_run.h"
 
 #include <minigrad/core/backend.h>
 #include <minigrad/core/generator.h>
@@ -29,32 +28,12 @@ namespace {
 const std::string kLauncher = std::string(MINIGRAD_BINARY_DIR) + "/bin/minigrad-run";
 const std::string kSelf = std::string(MINIGRAD_BINARY_DIR) + "/bin/test_cuda";
 
+using mg::testing::Run;
+using mg::testing::run_shell;
+
 // The ranks are fresh processes (fork + exec by the launcher), so this process having
 // initialised CUDA does not matter to them.
-void require_launcher() {
-  struct stat st {};
-  if (::stat(kLauncher.c_str(), &st) != 0) {
-    std::printf("%s was not built (MINIGRAD_BUILD_SAMPLES=OFF): skipping\n", kLauncher.c_str());
-    std::exit(77);
-  }
-}
-
-struct Run {
-  int exit_code = -1;
-  std::string output;
-};
-
-Run run_shell(const std::string& command) {
-  Run run;
-  FILE* pipe = ::popen(("exec 2>&1; " + command).c_str(), "r");
-  MG_CHECK(pipe != nullptr, "popen failed for: {}", command);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) run.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
+void require_launcher() { mg::testing::require_program(kLauncher); }
 
 // A rank of the job: every process on GPU LOCAL_RANK mod the GPUs there are, each its
 // own NCCL "host", sockets on loopback.

@@ -1,13 +1,12 @@
 // minigrad-run (samples/minigrad-run.cpp): environment, prefixed output, failure
 // propagation, signal forwarding, and a real rendezvous of this test binary's hidden
 // worker case below through the environment it sets.
-#include <sys/stat.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
 
 #include "catch_compat.h"
+#include "shell_run.h"
 
 #include <minigrad/core/error.h>
 
@@ -22,31 +21,11 @@ namespace {
 
 const std::string kLauncher = std::string(MINIGRAD_BINARY_DIR) + "/bin/minigrad-run";
 
+using mg::testing::Run;
+using mg::testing::run_shell;
+
 // The launcher is a sample program; a build without samples has none to test.
-void require_launcher() {
-  struct stat st {};
-  if (::stat(kLauncher.c_str(), &st) != 0) {
-    std::printf("%s was not built (MINIGRAD_BUILD_SAMPLES=OFF): skipping\n", kLauncher.c_str());
-    std::exit(77);  // CTest's SKIP_RETURN_CODE for these tests
-  }
-}
-
-struct Run {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-Run run_shell(const std::string& command) {
-  Run run;
-  FILE* pipe = ::popen(("exec 2>&1; " + command).c_str(), "r");
-  MG_CHECK(pipe != nullptr, "popen failed for: {}", command);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) run.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
+void require_launcher() { mg::testing::require_program(kLauncher); }
 
 }  // namespace
 
