@@ -7,6 +7,13 @@
 #   scripts/gpu-check.sh                 # everything
 #   BUILD_DIR=build-x CUDA_ARCH=80 scripts/gpu-check.sh
 #   SKIP_BENCH=1 SKIP_TRAIN=1 scripts/gpu-check.sh
+#   SKIP_PROFILE=1 SKIP_SWEEP=1 SKIP_SANITIZER=1 SKIP_DDP_BENCH=1 scripts/gpu-check.sh
+#
+# In order, each inside what is left of the budget: build; the whole test suite;
+# bench/compare.sh (both frameworks, the table of ratios); bench/profile_kernels.sh (a
+# wide_mlp step's kernels under Nsight Compute, both frameworks); bench/sweep.sh (mnist_mlp
+# batch 32..16384, the SVG chart); a short training run; the NCCL checks; ddp-bench;
+# compute-sanitizer memcheck and racecheck with what time remains.
 #
 # The GPU machine reaches no package registry: run scripts/fetch-gpu-deps.sh here first
 # and name .deps in the device tool's `carry`; the header-only packages found there are
@@ -27,13 +34,17 @@ arch="${CUDA_ARCH:-90}"
 jobs="${JOBS:-$(nproc)}"
 [[ "$jobs" -gt 16 ]] && jobs=16
 # The device tool brings back at most 8 files from $OUT: the logs are written to a
-# folder of their own and packed into $OUT/gpu-check-logs.tar.gz (with summary.txt
-# beside it) when the script ends, however it ends.
+# folder of their own and packed into $OUT/gpu-check-logs.tar.gz (with the summary, the
+# comparison table, the kernel profile and the sweep chart beside it) when the script
+# ends, however it ends.
 if [[ -n "${OUT:-}" ]]; then
   logs="$(mktemp -d /tmp/gpu-check.XXXXXX)"
   pack_logs() {
     tar czf "$OUT/gpu-check-logs.tar.gz" -C "$logs" . 2>/dev/null
-    cp "$logs/summary.txt" "$OUT/summary.txt" 2>/dev/null
+    # The results a reader wants first, beside the tarball (at most 8 files come back).
+    for f in summary.txt compare.md compare.jsonl profile.md sweep-cuda.svg; do
+      [[ -f "$logs/$f" ]] && cp "$logs/$f" "$OUT/$f"
+    done
   }
   trap pack_logs EXIT
   trap 'exit 143' TERM INT
@@ -170,19 +181,23 @@ else
   say "benchmarks: skipped ($bench not built or SKIP_BENCH set)"
 fi
 
-# ---- where a wide_mlp step's GPU time goes, kernel by kernel, both frameworks (PROFILE=1) ----
-if [[ -n "${PROFILE:-}" && -x "$bench" && $(time_left) -lt 150 ]]; then
+# ---- where a wide_mlp step's GPU time goes, kernel by kernel, both frameworks ----
+profile=1
+[[ -n "${SKIP_PROFILE:-}${SKIP_BENCH:-}" ]] && profile=""
+if [[ -n "$profile" && -x "$bench" && $(time_left) -lt 150 ]]; then
   say "kernel profile: skipped, $(time_left) s of the budget left"
-elif [[ -n "${PROFILE:-}" && -x "$bench" ]]; then
+elif [[ -n "$profile" && -x "$bench" ]]; then
   timeout $(( $(time_left) - 100 )) bench/profile_kernels.sh --work "${PROFILE_WORK:-wide_mlp}" \
     --build "$build" --out "$logs" > "$logs/profile.md" 2> "$logs/profile.log"
   say "kernel profile: exit $?; $(grep -E 'of GPU time per step' "$logs/profile.md" | tr '\n' ' ')"
 fi
 
-# ---- the batch-size sweep of mnist_mlp, both frameworks, and its chart (SWEEP=1) ----
-if [[ -n "${SWEEP:-}" && -x "$bench" && $(time_left) -lt 120 ]]; then
+# ---- the batch-size sweep of mnist_mlp, both frameworks, and its chart ----
+sweep=1
+[[ -n "${SKIP_SWEEP:-}${SKIP_BENCH:-}" ]] && sweep=""
+if [[ -n "$sweep" && -x "$bench" && $(time_left) -lt 120 ]]; then
   say "sweep: skipped, $(time_left) s of the budget left"
-elif [[ -n "${SWEEP:-}" && -x "$bench" ]]; then
+elif [[ -n "$sweep" && -x "$bench" ]]; then
   timeout $(( $(time_left) - 60 )) bench/sweep.sh --device cuda --build "$build" --replicas "${SWEEP_REPLICAS:-2}" \
     --out "$logs/sweep-cuda.jsonl" --svg "$logs/sweep-cuda.svg" > "$logs/sweep.md" 2> "$logs/sweep.log"
   say "sweep: exit $?; $(grep -c . "$logs/sweep-cuda.jsonl") results"
