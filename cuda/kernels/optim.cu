@@ -19,6 +19,7 @@ namespace {
 
 constexpr int kSgdThreads = 256;
 constexpr int64_t kSgdChunk = 16 * kSgdThreads;  // elements per block
+constexpr int kSgdBatch = 4;  // elements per thread loaded together (see sgd_kernel)
 constexpr int kMaxTensors = kSgdTensorsPerLaunch;
 
 struct SgdLaunchTensors {
@@ -55,22 +56,41 @@ __global__ void __launch_bounds__(kSgdThreads)
   const bool new_buffer = tensors.new_buffer[t] != 0;
   const int64_t begin = static_cast<int64_t>(block - tensors.first_chunk[t]) * kSgdChunk;
   const int64_t end = min(begin + kSgdChunk, tensors.numel[t]);
-  for (int64_t i = begin + threadIdx.x; i < end; i += kSgdThreads) {
-    const float p_i = p[i];
-    float d_p = g[i];
-    if constexpr (kWeightDecay) d_p = __fadd_rn(d_p, __fmul_rn(s.weight_decay, p_i));
-    if constexpr (kMomentum) {
-      // buf.mul_(momentum).add_(d_p, 1 - dampening), or d_p itself the first time.
-      const float b =
-          new_buffer ? d_p : __fadd_rn(__fmul_rn(buf[i], s.momentum), __fmul_rn(s.keep, d_p));
-      buf[i] = b;
-      if constexpr (kNesterov) {
-        d_p = __fadd_rn(d_p, __fmul_rn(s.momentum, b));
-      } else {
-        d_p = b;
+  // kSgdBatch elements per thread are loaded before any is computed or stored, so that
+  // each thread has that many loads per operand in flight: with one at a time a
+  // memory-bound kernel stays far below the HBM bandwidth. Each element is still read
+  // before it is written, by the one thread that owns it.
+  for (int64_t base = begin + threadIdx.x; base < end; base += kSgdBatch * kSgdThreads) {
+    float p_v[kSgdBatch], g_v[kSgdBatch], buf_v[kSgdBatch];
+#pragma unroll
+    for (int u = 0; u < kSgdBatch; ++u) {
+      const int64_t i = base + u * kSgdThreads;
+      if (i < end) {
+        p_v[u] = p[i];
+        g_v[u] = g[i];
+        if constexpr (kMomentum) buf_v[u] = new_buffer ? 0.0f : buf[i];
       }
     }
-    p[i] = __fadd_rn(p_i, __fmul_rn(s.neg_lr, d_p));
+#pragma unroll
+    for (int u = 0; u < kSgdBatch; ++u) {
+      const int64_t i = base + u * kSgdThreads;
+      if (i >= end) continue;
+      float d_p = g_v[u];
+      if constexpr (kWeightDecay) d_p = __fadd_rn(d_p, __fmul_rn(s.weight_decay, p_v[u]));
+      if constexpr (kMomentum) {
+        // buf.mul_(momentum).add_(d_p, 1 - dampening), or d_p itself the first time.
+        const float b = new_buffer ? d_p
+                                   : __fadd_rn(__fmul_rn(buf_v[u], s.momentum),
+                                               __fmul_rn(s.keep, d_p));
+        buf[i] = b;
+        if constexpr (kNesterov) {
+          d_p = __fadd_rn(d_p, __fmul_rn(s.momentum, b));
+        } else {
+          d_p = b;
+        }
+      }
+      p[i] = __fadd_rn(p_v[u], __fmul_rn(s.neg_lr, d_p));
+    }
   }
 }
 
