@@ -43,9 +43,10 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = fa
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x @ w^T + b, with w of shape [out, in] as in torch.nn.functional.linear.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
-// relu(linear(x, w, b)) as one op and one graph node: the same values and gradients as
-// the two ops, one pass over the activations fewer (the ReLU is fused into the matrix
-// product's epilogue on CUDA), and only the output kept for backward. b is required.
+// relu(linear(x, w, b)) computed as one op: the same values, gradients and backward graph
+// (LinearBackward, ReluBackward) as the two ops, with one pass over the activations fewer
+// (the ReLU is fused into the matrix product's epilogue on CUDA) and no pre-activation
+// in memory. b is required.
 Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& b);
 
 // ---- softmax and loss (functions/loss.cpp) ----

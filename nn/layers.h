@@ -38,7 +38,7 @@ class ReLU : public Cloneable<ReLU> {
 
 // Runs its children in order, each one's output the next one's input. A Linear directly
 // followed by a ReLU runs as one fused op (Linear::forward_relu): same values and
-// gradients, one pass over the activations and one saved tensor fewer.
+// gradients (and backward graph), one pass over the activations fewer.
 class Sequential : public Cloneable<Sequential> {
  public:
   Sequential() : Cloneable<Sequential>("Sequential") {}

@@ -47,32 +47,49 @@ std::vector<Tensor> linear_grads(const BackwardArgs& g, const Tensor& dy, const 
 
 }  // namespace
 
-// One node for the whole layer, as PyTorch's addmm: y = x @ w^T + b.
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  check_linear("linear", x, w, b);
-  const Tensor wt = ops::transpose(w, 0, 1);
-  Tensor y = b.defined() ? ops::addmm(b, x, wt) : ops::matmul(x, wt);
+namespace {
+
+// Records linear's node (LinearBackward) for x, w, b producing y.
+void record_linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
   std::vector<Tensor> inputs{x, w};
   if (b.defined()) inputs.push_back(b);
   record_function("LinearBackward", inputs, {y},
                   [x = x.detach(), w = w.detach(), has_bias = b.defined()](const BackwardArgs& g) {
                     return linear_grads(g, g.grad(), x, w, has_bias);
                   });
+}
+
+}  // namespace
+
+// One node for the whole layer, as PyTorch's addmm: y = x @ w^T + b.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  check_linear("linear", x, w, b);
+  const Tensor wt = ops::transpose(w, 0, 1);
+  Tensor y = b.defined() ? ops::addmm(b, x, wt) : ops::matmul(x, wt);
+  record_linear(x, w, b, y);
   return y;
 }
 
-// y = relu(x @ w^T + b). Backward first masks dy where y is 0 (relu(v) > 0 exactly where
-// v > 0, so the output is the mask and the pre-activation need not be kept), then is
-// linear's.
+// y = relu(x @ w^T + b), computed in one op; the pre-activation never exists.
+//
+// The backward graph is still the unfused one, LinearBackward then ReluBackward, and
+// not one node: the engine frees a node's incoming gradient and saved tensors once it
+// has run, so ReluBackward's dy and y are gone before LinearBackward allocates dx and
+// dw. A single node would hold dy, y and the masked gradient through its matmuls: two
+// activations more at the peak of backward (512 MiB for wide_mlp on the H200). In the
+// graph, an alias of y stands for the pre-activation: only its shape, dtype and device
+// are read, and ReluBackward masks with y itself (relu(v) > 0 exactly where v > 0).
 Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& b) {
   MG_CHECK(b.defined(), "linear_relu: the bias is an undefined tensor (use relu(linear(x, w)) "
                         "for a layer without bias)");
   check_linear("linear_relu", x, w, b);
   Tensor y = ops::addmm_relu(b, x, ops::transpose(w, 0, 1));
-  record_function("LinearReluBackward", {x, w, b}, {y},
-                  [x = x.detach(), w = w.detach(), y = y.detach()](const BackwardArgs& g) {
-                    return linear_grads(g, ops::relu_backward(g.grad(), y), x, w, true);
-                  });
+  if (!needs_graph({x, w, b})) return y;
+  const Tensor pre = y.detach();
+  record_linear(x, w, b, pre);
+  record_function("ReluBackward", {pre}, {y}, [y = y.detach()](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::relu_backward(g.grad(), y)};
+  });
   return y;
 }
 

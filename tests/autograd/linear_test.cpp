@@ -84,8 +84,8 @@ TEST_CASE("linear: bad shapes are refused naming the shapes") {
                       MG_CONTAINS("linear: bias of shape [3] does not match weight of shape [4, 3]"));
 }
 
-// linear_relu is relu(linear(...)) as one node: the same arithmetic in the same order, so
-// values and gradients must be equal bit for bit on the CPU.
+// linear_relu is relu(linear(...)) computed as one op: the same arithmetic in the same
+// order, so values and gradients must be equal bit for bit on the CPU.
 TEST_CASE("linear_relu: values and gradients equal relu(linear(x, w, b)) exactly") {
   manual_seed(13);
   for (const auto& [batch, in, out] : {std::tuple<int64_t, int64_t, int64_t>{7, 5, 3},
@@ -94,8 +94,10 @@ TEST_CASE("linear_relu: values and gradients equal relu(linear(x, w, b)) exactly
     const Tensor dy = randn({batch, out});
     Tensor x = leaf_like(x0), w = leaf_like(w0), b = leaf_like(b0);
     Tensor y = linear_relu(x, w, b);
+    // The unfused graph: ReluBackward (masking with y), then LinearBackward.
     REQUIRE(y.grad_fn() != nullptr);
-    CHECK(y.grad_fn()->name() == "LinearReluBackward");
+    CHECK(y.grad_fn()->name() == "ReluBackward");
+    CHECK(y.grad_fn()->next_edges()[0].function->name() == "LinearBackward");
     y.backward(dy);
 
     Tensor xc = leaf_like(x0), wc = leaf_like(w0), bc = leaf_like(b0);

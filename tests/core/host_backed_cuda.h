@@ -2,19 +2,54 @@
 // devices whose memory is ordinary host memory and whose ops are the CPU backend's.
 // Tensors made on it carry Device::cuda(i), so the ops layer's device checks (which
 // never look at where memory really is) can be exercised everywhere. Installed for one
-// scope; the real backend table entry is restored on exit.
+// scope; the real backend table entry is restored on exit. It also counts what a test
+// may want to see: the bytes its tensors hold (now and at the peak) and the fused
+// Linear+ReLU calls.
 #pragma once
+
+#include <algorithm>
+#include <cstddef>
 
 #include <minigrad/core/backend.h>
 #include <minigrad/core/cpu/cpu_backend.h>
 
 namespace mg::testing {
 
+// The CPU allocator, counting the bytes of live allocations and their high-water mark
+// (not thread-safe: for single-threaded tests).
+class CountingAllocator final : public Allocator {
+ public:
+  void* allocate(std::size_t nbytes) override {
+    void* ptr = cpu_allocator().allocate(nbytes);
+    current_ += nbytes;
+    peak_ = std::max(peak_, current_);
+    return ptr;
+  }
+  void deallocate(void* ptr, std::size_t nbytes) override {
+    cpu_allocator().deallocate(ptr, nbytes);
+    current_ -= nbytes;
+  }
+  std::size_t current_bytes() const { return current_; }
+  std::size_t peak_bytes() const { return peak_; }
+  void reset_peak() { peak_ = current_; }
+
+ private:
+  std::size_t current_ = 0, peak_ = 0;
+};
+
+// The stand-in's memory: one for the process and never destroyed, so a tensor that
+// outlives the stand-in can still be freed.
+inline CountingAllocator& host_backed_memory() {
+  static CountingAllocator* memory = new CountingAllocator();
+  return *memory;
+}
+
 class HostBackedCudaBackend final : public Backend {
  public:
   DeviceType type() const override { return DeviceType::CUDA; }
   int device_count() const override { return 2; }
-  Allocator& allocator(int) override { return cpu_allocator(); }
+  Allocator& allocator(int) override { return host_backed_memory(); }
+  int addmm_relu_calls() const { return addmm_relu_calls_; }
   int current_device() const override { return current_; }
   void set_device(int index) override { current_ = index; }
   Stream current_stream(int index) override { return Stream{Device::cuda(index), nullptr}; }
@@ -60,6 +95,11 @@ class HostBackedCudaBackend final : public Backend {
   void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) override {
     cpu().addmm(out, bias, a, b);
   }
+  void addmm_relu(const Tensor& out, const Tensor& bias, const Tensor& a,
+                  const Tensor& b) override {
+    ++addmm_relu_calls_;
+    cpu().addmm_relu(out, bias, a, b);
+  }
   void log_softmax(const Tensor& out, const Tensor& in) override { cpu().log_softmax(out, in); }
   void log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
                             const Tensor& output) override {
@@ -76,6 +116,7 @@ class HostBackedCudaBackend final : public Backend {
  private:
   static Backend& cpu() { return cpu_backend(); }
   int current_ = 0;
+  int addmm_relu_calls_ = 0;
 };
 
 // Installs a HostBackedCudaBackend as the CUDA backend for its lifetime.
@@ -87,6 +128,7 @@ class ScopedHostBackedCuda {
   ~ScopedHostBackedCuda() { register_backend(DeviceType::CUDA, previous_); }
   ScopedHostBackedCuda(const ScopedHostBackedCuda&) = delete;
   ScopedHostBackedCuda& operator=(const ScopedHostBackedCuda&) = delete;
+  HostBackedCudaBackend& stand_in() { return fake_; }
 
  private:
   HostBackedCudaBackend fake_;
