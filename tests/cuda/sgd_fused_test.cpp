@@ -3,6 +3,7 @@
 // product and sum on its own (__fmul_rn / __fadd_rn on the GPU, no FMA contraction on
 // the CPU) with the scalars rounded to float first, so the comparison is bit for bit.
 #include "gpu_compare.h"
+#include "sgd_options.h"
 
 #include <string>
 #include <vector>
@@ -20,21 +21,9 @@ using mg::cuda_test::gpu;
 using mg::cuda_test::random_cpu;
 using mg::cuda_test::require_equal;
 
-namespace {
+using mg::testing::all_sgd_options;
 
-// Every valid combination of momentum 0/0.9, dampening 0/0.1, weight_decay 0/1e-2 and
-// nesterov (which needs momentum and no dampening).
-std::vector<optim::SGDOptions> all_options() {
-  std::vector<optim::SGDOptions> out;
-  for (double momentum : {0.0, 0.9})
-    for (double dampening : {0.0, 0.1})
-      for (double weight_decay : {0.0, 1e-2})
-        for (bool nesterov : {false, true}) {
-          if (nesterov && (momentum == 0.0 || dampening != 0.0)) continue;
-          out.emplace_back(0.05, momentum, dampening, weight_decay, nesterov);
-        }
-  return out;
-}
+namespace {
 
 // The same parameters on the CPU and on the GPU.
 struct Twins {
@@ -82,7 +71,7 @@ void require_twins_equal(const Twins& t, const optim::SGD& cpu_sgd, const optim:
 TEST_CASE("SGD fused step on the GPU: the CPU's bits for every option, odd sizes, 4 steps") {
   // 257 x 300 spans many of the kernel's chunks; the others end mid-warp or mid-block.
   const std::vector<Shape> shapes = {{1}, {7}, {33}, {1000}, {4097}, {13, 17}, {257, 300}};
-  for (const auto& options : all_options()) {
+  for (const auto& options : all_sgd_options()) {
     CAPTURE(options.momentum(), options.dampening(), options.weight_decay(), options.nesterov());
     Twins t = make_twins(shapes, 10);
     // One parameter never gets a gradient: skipped on both.

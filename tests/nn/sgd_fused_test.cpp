@@ -2,6 +2,7 @@
 // the update rule written out here as a plain loop, and against the composition of
 // elementwise ops it replaces: bit for bit, for every option, over several steps.
 #include "catch_compat.h"
+#include "sgd_options.h"
 
 #include <cstdint>
 #include <cstring>
@@ -19,26 +20,10 @@ namespace optim = mg::optim;
 using mg::Shape;
 using mg::Tensor;
 
+using mg::testing::all_sgd_options;
+using mg::testing::describe;
+
 namespace {
-
-// Every valid combination of momentum 0/0.9, dampening 0/0.1, weight_decay 0/1e-2 and
-// nesterov (which needs momentum and no dampening).
-std::vector<optim::SGDOptions> all_options() {
-  std::vector<optim::SGDOptions> out;
-  for (double momentum : {0.0, 0.9})
-    for (double dampening : {0.0, 0.1})
-      for (double weight_decay : {0.0, 1e-2})
-        for (bool nesterov : {false, true}) {
-          if (nesterov && (momentum == 0.0 || dampening != 0.0)) continue;
-          out.emplace_back(0.05, momentum, dampening, weight_decay, nesterov);
-        }
-  return out;
-}
-
-std::string describe(const optim::SGDOptions& o) {
-  return fmt::format("lr {} momentum {} dampening {} weight_decay {} nesterov {}", o.lr(),
-                     o.momentum(), o.dampening(), o.weight_decay(), o.nesterov());
-}
 
 // One parameter as the reference sees it.
 struct ReferenceParam {
@@ -109,7 +94,7 @@ const std::vector<Shape>& odd_shapes() {
 }  // namespace
 
 TEST_CASE("SGD fused step: bit for bit the reference loop, for every option, over 4 steps") {
-  for (const auto& options : all_options()) {
+  for (const auto& options : all_sgd_options()) {
     INFO(describe(options));
     std::vector<Tensor> params;
     std::vector<ReferenceParam> reference;
@@ -148,7 +133,7 @@ TEST_CASE("SGD fused step: bit for bit the reference loop, for every option, ove
 
 TEST_CASE("SGD fused step: the CPU backend's one pass gives the bits of the per-op composition") {
   mg::Backend& cpu = mg::backend(mg::DeviceType::CPU);
-  for (const auto& options : all_options()) {
+  for (const auto& options : all_sgd_options()) {
     INFO(describe(options));
     const bool momentum = options.momentum() != 0.0;
     std::vector<Tensor> fused_p, composed_p, fused_buf, composed_buf;
