@@ -1,6 +1,7 @@
 #include <minigrad/autograd/node.h>
 
 #include <atomic>
+#include <mutex>
 
 #include <minigrad/autograd/anomaly_mode.h>
 #include <minigrad/autograd/grad_mode.h>
@@ -56,6 +57,10 @@ Edge gradient_edge(const Tensor& t) {
   TensorImpl& impl = *t.impl();
   if (impl.autograd.grad_fn) return {impl.autograd.grad_fn, impl.autograd.output_nr};
   if (!impl.autograd.requires_grad) return {};
+  // Replicas running on worker threads (parallel_apply) may use one leaf at the same
+  // time: its AccumulateGrad is made once, and its weak pointer written by one thread.
+  static std::mutex accumulator_mutex;
+  std::lock_guard<std::mutex> lock(accumulator_mutex);
   std::shared_ptr<Node> accumulator = impl.autograd.grad_accumulator.lock();
   if (!accumulator) {
     accumulator = std::make_shared<AccumulateGrad>(t.impl_ptr());

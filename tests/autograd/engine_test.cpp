@@ -302,3 +302,28 @@ TEST_CASE("gradients flow through views into the base leaf") {
   loss.backward();
   CHECK(grad_of(x) == std::vector<float>{2, 3, 3, 2, 3, 3});
 }
+
+// DataParallel's worker threads can use one leaf at the same moment (replica 0 is the
+// module itself): the leaf must get one AccumulateGrad, made by one of them. Each round
+// makes a fresh leaf and releases the threads at once, so that its accumulator is
+// created concurrently; two different nodes for one leaf would split its gradient.
+TEST_CASE("a leaf used by several threads at once gets one AccumulateGrad") {
+  constexpr int kThreads = 4, kRounds = 300;
+  for (int round = 0; round < kRounds; ++round) {
+    Tensor w = ones({3}).set_requires_grad(true);
+    std::atomic<int> ready{0};
+    std::vector<const Node*> seen(kThreads, nullptr);
+    std::vector<Tensor> outputs(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        ready.fetch_add(1);
+        while (ready.load() < kThreads) std::this_thread::yield();
+        outputs[t] = mul(w, 2.0);  // keeps the graph (and the accumulator) alive
+        seen[t] = outputs[t].grad_fn()->next_edges()[0].function.get();
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    for (int t = 1; t < kThreads; ++t) REQUIRE(seen[t] == seen[0]);
+  }
+}
