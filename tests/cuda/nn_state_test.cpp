@@ -1,10 +1,9 @@
 // optim::SGD and safetensors checkpoints with parameters on the GPU: the same updates as
 // on the CPU, and save/load/resume across devices.
 #include "gpu_compare.h"
+#include "temp_dir.h"
 
-#include <unistd.h>
 
-#include <filesystem>
 #include <string>
 
 #include <minigrad/nn/optim/sgd.h>
@@ -17,18 +16,6 @@ using mg::cuda_test::require_close;
 using mg::cuda_test::require_equal;
 
 namespace {
-
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    path = std::filesystem::temp_directory_path() /
-           ("minigrad-cuda-nn-test-" + std::to_string(::getpid()));
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 std::shared_ptr<nn::Sequential> mlp() {
   return std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
@@ -79,17 +66,17 @@ TEST_CASE("SGD on GPU parameters follows the CPU, for every option") {
 }
 
 TEST_CASE("save a GPU module, load it into a GPU module in place, bit for bit") {
-  TempDir dir;
+  mg::testing::TempDir dir;
   manual_seed(41);
   auto saved = mlp();
   saved->to(gpu());
-  nn::save(*saved, dir.file("m.safetensors"));
+  nn::save(*saved, (dir / "m.safetensors"));
 
   manual_seed(42);
   auto restored = mlp();
   restored->to(gpu());
   const auto handles = restored->parameters();
-  nn::load(*restored, dir.file("m.safetensors"));
+  nn::load(*restored, (dir / "m.safetensors"));
   const auto a = saved->parameters();
   const auto b = restored->parameters();
   for (size_t i = 0; i < a.size(); ++i) {
@@ -99,14 +86,14 @@ TEST_CASE("save a GPU module, load it into a GPU module in place, bit for bit") 
   }
 
   // A mismatched file leaves the GPU module as it was.
-  nn::save_tensors({{"0.weight", zeros({2, 2})}}, dir.file("bad.safetensors"));
-  REQUIRE_THROWS_WITH(nn::load(*restored, dir.file("bad.safetensors")),
+  nn::save_tensors({{"0.weight", zeros({2, 2})}}, (dir / "bad.safetensors"));
+  REQUIRE_THROWS_WITH(nn::load(*restored, (dir / "bad.safetensors")),
                       MG_CONTAINS("size mismatch for '0.weight': shape [2, 2]"));
   for (size_t i = 0; i < a.size(); ++i) require_equal(b[i], a[i]);
 }
 
 TEST_CASE("SGD state saved from the GPU resumes on the GPU and on the CPU") {
-  TempDir dir;
+  mg::testing::TempDir dir;
   const Tensor start = random_cpu({33, 5}, 43);
   Tensor p = start.to(gpu()).detach().set_requires_grad(true);
   const auto options = optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.01);
@@ -118,16 +105,16 @@ TEST_CASE("SGD state saved from the GPU resumes on the GPU and on the CPU") {
   nn::Checkpoint ck;
   ck.put("model.", {{"p", p}});
   ck.put("optim.", sgd.state_dict());
-  nn::save_tensors(ck, dir.file("ck.safetensors"));
+  nn::save_tensors(ck, (dir / "ck.safetensors"));
   set_grad_from(p);
   sgd.step();
 
-  const nn::Checkpoint loaded = nn::load_tensors(dir.file("ck.safetensors"));
+  const nn::Checkpoint loaded = nn::load_tensors((dir / "ck.safetensors"));
   for (const Device device : {gpu(), Device::cpu()}) {
     CAPTURE(device.str());
     Tensor q = loaded.get("model.").at("p").to(device).detach().set_requires_grad(true);
     optim::SGD resumed({q}, options);
-    resumed.load_state_dict(loaded.get("optim."), dir.file("ck.safetensors"));
+    resumed.load_state_dict(loaded.get("optim."), (dir / "ck.safetensors"));
     REQUIRE(resumed.momentum_buffer(0).device() == device);
     set_grad_from(q);
     resumed.step();

@@ -3,10 +3,9 @@
 // routing: momentum buffers and loaded values land on each parameter's own device, and
 // saving gathers from it. (tests/cuda/nn_state_test.cpp runs the same on a real GPU.)
 #include "catch_compat.h"
+#include "temp_dir.h"
 
-#include <unistd.h>
 
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -35,18 +34,6 @@ struct CudaOrStandIn {
     if (mg::backend(mg::DeviceType::CUDA).device_count() == 0)
       stand_in = std::make_unique<mg::testing::ScopedHostBackedCuda>();
   }
-};
-
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    path = std::filesystem::temp_directory_path() /
-           ("minigrad-nn-devices-test-" + std::to_string(::getpid()));
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
 };
 
 std::shared_ptr<nn::Sequential> mlp() {
@@ -95,20 +82,20 @@ TEST_CASE("SGD on a cuda device keeps its buffers there and follows the CPU") {
 TEST_CASE("save from a cuda module and load into another, in place on its device") {
   CudaOrStandIn cuda;
   const Device gpu = Device::cuda(0);
-  TempDir dir;
+  mg::testing::TempDir dir;
   mg::manual_seed(32);
   auto source = mlp();
-  nn::save(*source, dir.file("cpu.safetensors"));
+  nn::save(*source, (dir / "cpu.safetensors"));
   source->to(gpu);
-  nn::save(*source, dir.file("gpu.safetensors"));
+  nn::save(*source, (dir / "gpu.safetensors"));
   // The same values give the same file, wherever they lived.
-  CHECK(read_bytes(dir.file("gpu.safetensors")) == read_bytes(dir.file("cpu.safetensors")));
+  CHECK(read_bytes((dir / "gpu.safetensors")) == read_bytes((dir / "cpu.safetensors")));
 
   mg::manual_seed(33);
   auto target = mlp();
   target->to(gpu);
   const auto handles = target->parameters();
-  nn::load(*target, dir.file("gpu.safetensors"));
+  nn::load(*target, (dir / "gpu.safetensors"));
   const auto loaded = target->parameters();
   const auto expected = source->parameters();
   for (size_t i = 0; i < loaded.size(); ++i) {
