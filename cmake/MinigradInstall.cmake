@@ -10,10 +10,10 @@ install(TARGETS minigrad EXPORT minigradTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 foreach(layer IN LISTS MINIGRAD_LAYERS ITEMS cuda)
-  install(DIRECTORY ${layer}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/minigrad/${layer}
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/minigrad/${layer}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/minigrad/${layer}
           FILES_MATCHING PATTERN "*.h")
 endforeach()
-install(FILES minigrad.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/minigrad)
+install(FILES ${PROJECT_SOURCE_DIR}/minigrad/minigrad.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/minigrad)
 install(EXPORT minigradTargets NAMESPACE minigrad::
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/minigrad)
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/minigradConfig.cmake.in

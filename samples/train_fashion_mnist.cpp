@@ -54,10 +54,10 @@
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/distributed/distributed_data_parallel.h>
 #include <minigrad/parallel/distributed/rendezvous.h>
-#include <minigrad/samples/support/devices.h>
-#include <minigrad/samples/support/metrics.h>
-#include <minigrad/samples/support/progress.h>
-#include <minigrad/samples/support/svg_plot.h>
+#include "support/devices.h"
+#include "support/metrics.h"
+#include "support/progress.h"
+#include "support/svg_plot.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include <minigrad/samples/support/devices.h>
+#include "devices.h"
 
 #include <cctype>
 

@@ -1,4 +1,4 @@
-#include <minigrad/samples/support/metrics.h>
+#include "metrics.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include <minigrad/samples/support/progress.h>
+#include "progress.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include <minigrad/samples/support/svg_plot.h>
+#include "svg_plot.h"
 
 #include <algorithm>
 #include <cmath>

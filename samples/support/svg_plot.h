@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include <minigrad/samples/support/metrics.h>
+#include "metrics.h"
 
 namespace mg::samples {
 

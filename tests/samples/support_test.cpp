@@ -3,9 +3,9 @@
 #include "catch_compat.h"
 
 #include <minigrad/core/error.h>
-#include <minigrad/samples/support/devices.h>
-#include <minigrad/samples/support/metrics.h>
-#include <minigrad/samples/support/svg_plot.h>
+#include "../../samples/support/devices.h"
+#include "../../samples/support/metrics.h"
+#include "../../samples/support/svg_plot.h"
 
 using namespace mg;
 using samples::parse_devices;
