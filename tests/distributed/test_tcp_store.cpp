@@ -1,5 +1,6 @@
 // TCPStore between threads of one process, on loopback, the server on a free port.
 #include <atomic>
+#include <limits>
 #include <thread>
 
 #include "catch_compat.h"
@@ -170,4 +171,82 @@ TEST_CASE("TCPStore: invalid arguments are refused with clear errors") {
   auto server = make_server();
   server->set("text", "abc");
   REQUIRE_THROWS_WITH(server->add("text", 1), MG_CONTAINS("not an integer counter"));
+}
+
+TEST_CASE("TCPStore: add that would overflow int64 is an error naming the key; the counter stays") {
+  auto server = make_server();
+  auto client = make_client(server->port(), 1);
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  const int64_t min = std::numeric_limits<int64_t>::min();
+  REQUIRE(client->add("up", max) == max);
+  REQUIRE_THROWS_WITH(client->add("up", 1), MG_CONTAINS("TCPStore::add of key 'up'"));
+  REQUIRE_THROWS_WITH(client->add("up", 1),
+                      MG_CONTAINS("key 'up' holds 9223372036854775807; adding 1 would overflow "
+                                  "int64, so it is left unchanged"));
+  REQUIRE(client->add("up", 0) == max);
+  REQUIRE(client->add("up", -max) == 0);
+  REQUIRE(client->add("down", min) == min);
+  REQUIRE_THROWS_WITH(client->add("down", -1),
+                      MG_CONTAINS("key 'down' holds -9223372036854775808; adding -1 would overflow"));
+  REQUIRE(server->get("down") == std::to_string(min));
+  // The connection stays in step after an error reply.
+  client->set("after", "ok");
+  REQUIRE(client->get("after") == "ok");
+}
+
+TEST_CASE("TCPStore: a rank of another job is refused with a message naming both ids") {
+  TCPStoreOptions server_options;
+  server_options.is_server = true;
+  server_options.rank = 0;
+  server_options.run_id = "job-a";
+  TCPStore server("127.0.0.1", 0, server_options);
+  server.set("rank_0", "job a's address");
+
+  TCPStoreOptions other;
+  other.rank = 1;
+  other.run_id = "job-b";
+  other.timeout = 5s;
+  try {
+    TCPStore intruder("127.0.0.1", server.port(), other);
+    FAIL("a rank of job-b joined the store of job-a");
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    CHECK_THAT(message, MG_CONTAINS(fmt::format("TCPStore (rank 1): the store at 127.0.0.1:{} "
+                                                "refused this rank", server.port())));
+    CHECK_THAT(message, MG_CONTAINS("rank 1 of job 'job-b' reached the store of job 'job-a'"));
+    CHECK_THAT(message, MG_CONTAINS("two jobs were given one MASTER_PORT"));
+  }
+  // Job a's keys are untouched and its own ranks get in.
+  TCPStoreOptions same = other;
+  same.run_id = "job-a";
+  TCPStore member("127.0.0.1", server.port(), same);
+  REQUIRE(member.get("rank_0") == "job a's address");
+  REQUIRE(member.run_id() == "job-a");
+}
+
+TEST_CASE("TCPStore: a second server on a taken port says the port is in use") {
+  auto first = make_server();
+  TCPStoreOptions options;
+  options.is_server = true;
+  options.rank = 0;
+  options.run_id = "second-job";
+  REQUIRE_THROWS_WITH(TCPStore("127.0.0.1", first->port(), options),
+                      MG_CONTAINS(fmt::format("TCPStore (rank 0, job 'second-job'): cannot serve "
+                                              "the store on 127.0.0.1:{}",
+                                              first->port())));
+  REQUIRE_THROWS_WITH(TCPStore("127.0.0.1", first->port(), options),
+                      MG_CONTAINS("give each job a MASTER_PORT of its own"));
+}
+
+TEST_CASE("TCPStore: run ids are checked") {
+  TCPStoreOptions options;
+  options.is_server = true;
+  options.run_id = "";
+  REQUIRE_THROWS_WITH(TCPStore("127.0.0.1", 0, options), MG_CONTAINS("a run id has 1 to 128 characters"));
+  options.run_id = "has space";
+  REQUIRE_THROWS_WITH(TCPStore("127.0.0.1", 0, options), MG_CONTAINS("has the character ' '"));
+  options.run_id = "a1b2-c3d4:5e_6.f";
+  TCPStore fine("127.0.0.1", 0, options);
+  fine.set("k", "v");
+  REQUIRE(fine.get("k") == "v");
 }

@@ -21,6 +21,14 @@ namespace mg::parallel::net {
 
 std::string errno_string(int error) { return std::system_category().message(error); }
 
+void set_nonblocking(int fd, bool on) {
+  const int flags = fcntl(fd, F_GETFL, 0);
+  MG_CHECK(flags >= 0, "socket: fcntl(F_GETFL) failed: {}", errno_string(errno));
+  const int wanted = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
+  MG_CHECK(fcntl(fd, F_SETFL, wanted) == 0, "socket: fcntl(F_SETFL) failed: {}",
+           errno_string(errno));
+}
+
 Socket& Socket::operator=(Socket&& other) noexcept {
   if (this != &other) {
     close();
@@ -59,14 +67,6 @@ AddrInfoPtr resolve(const std::string& host, int port, bool passive, std::string
     return nullptr;
   }
   return AddrInfoPtr(result);
-}
-
-void set_nonblocking(int fd, bool on) {
-  const int flags = fcntl(fd, F_GETFL, 0);
-  MG_CHECK(flags >= 0, "socket: fcntl(F_GETFL) failed: {}", errno_string(errno));
-  const int wanted = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
-  MG_CHECK(fcntl(fd, F_SETFL, wanted) == 0, "socket: fcntl(F_SETFL) failed: {}",
-           errno_string(errno));
 }
 
 void set_nodelay(int fd) {

@@ -54,6 +54,9 @@ enum class RecvStatus { Ok, Timeout, Closed };
 RecvStatus recv_exact(int fd, void* data, std::size_t size, Clock::time_point deadline,
                       const char* what);
 
+// Sets or clears O_NONBLOCK.
+void set_nonblocking(int fd, bool on);
+
 // errno's message, thread-safe.
 std::string errno_string(int error);
 

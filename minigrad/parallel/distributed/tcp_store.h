@@ -1,25 +1,32 @@
 // TCPStore: a small key-value store over TCP through which the ranks of a job meet.
 //
-// Rank 0 serves it (a background thread) on MASTER_ADDR:MASTER_PORT; every rank,
-// rank 0 included, is a client. The process groups exchange what they need through it:
-// the NCCL unique id, the Gloo pair addresses, barrier counters. As in PyTorch's
-// c10d::TCPStore:
+// Rank 0 serves it (a background thread, tcp_store_server.cpp) on MASTER_ADDR:MASTER_PORT;
+// every rank, rank 0 included, is a client. The process groups exchange what they need
+// through it: the NCCL unique id, the Gloo pair addresses, barrier counters. As in
+// PyTorch's c10d::TCPStore:
 //   set(key, value)        stores bytes under key (replacing them)
 //   get(key)               waits until key is set, then returns its bytes
 //   add(key, delta)        atomically adds to an integer counter, returns the new value
+//                          (an overflow of int64 is an error naming the key)
 //   wait(keys)             waits until every key is set
 //   check(keys)            whether every key is set, without waiting
 // Every wait is bounded by a timeout; running out throws an mg::Error naming the key(s),
 // the rank, the store's address and the time waited, so a rank that never arrives makes
 // the others fail instead of hang.
 //
-// The protocol is length-prefixed binary: a message is one command byte, a u32 count of
-// arguments, then each argument as a u32 length and its bytes (little-endian). A reply
-// has the same form. get and wait are answered by the server only once their keys exist,
-// so a waiting client costs nothing but an open connection.
+// Each job has an id (run_id: torchrun's rendezvous id; minigrad-run makes one). A client
+// opens its connection with a handshake that carries it, and every key it sends is under
+// "<run_id>/", so a rank of another job that reaches this port (two jobs given one
+// MASTER_PORT) is refused with an error naming both ids, instead of mixing its keys into
+// this job's rendezvous.
+//
+// The server never lets one client stall another (see tcp_store_server.cpp): sockets are
+// non-blocking, waits are parked, and every buffer is bounded (the limits below); a client
+// over a limit is dropped with a line on the server's stderr saying why.
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -32,6 +39,8 @@ namespace net {
 class Socket;
 }
 
+class TCPStoreServer;
+
 struct TCPStoreOptions {
   // Serve the store from this process (rank 0). With port 0 the server binds a free
   // port; read it back with TCPStore::port().
@@ -40,7 +49,26 @@ struct TCPStoreOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // This process's rank, for error messages (-1: unknown).
   int rank = -1;
+  // The job's id; the server and its clients must agree (see check_run_id for the form).
+  // make_store reads it from MINIGRAD_RUN_ID or TORCHELASTIC_RUN_ID.
+  std::string run_id = "default";
+
+  // Bounds. One message (a request, or a reply such as a get's value), header included;
+  // the client checks its own requests against it too, so a value too large for the
+  // store is an error naming its key.
+  std::size_t max_message_bytes = std::size_t{64} << 20;
+  // Server only. Replies queued for one client that does not read them: past this, the
+  // client is dropped (one reply always fits, whatever its size).
+  std::size_t max_output_bytes = std::size_t{64} << 20;
+  // Server only. All clients' partial requests and unsent replies together.
+  std::size_t max_buffered_bytes = std::size_t{512} << 20;
+  // Server only. The keys and values the store holds; a set past it is refused.
+  std::size_t max_data_bytes = std::size_t{1} << 30;
 };
+
+// A run id is 1 to 128 characters from [A-Za-z0-9._:-] (a UUID, "job-42", a host:port).
+// Otherwise an mg::Error naming `origin` (e.g. "MINIGRAD_RUN_ID").
+void check_run_id(const std::string& run_id, const std::string& origin);
 
 class TCPStore {
  public:
@@ -62,23 +90,29 @@ class TCPStore {
   // The server's port (the one it bound when asked for port 0).
   int port() const { return port_; }
   int rank() const { return options_.rank; }
+  const std::string& run_id() const { return options_.run_id; }
   std::chrono::milliseconds timeout() const { return options_.timeout; }
   void set_timeout(std::chrono::milliseconds timeout) { options_.timeout = timeout; }
   bool is_server() const { return server_ != nullptr; }
 
-  class Server;  // tcp_store.cpp
-
  private:
-  // Sends one request and reads its reply, waiting at most `timeout` for it.
+  // Sends one request and reads its reply, waiting at most `timeout` for it: the reply's
+  // code, its arguments in `reply`. `op` and `what` name it in errors.
+  uint8_t exchange(uint8_t command, const std::vector<std::string>& args,
+                   std::chrono::milliseconds timeout, const char* op, const std::string& what,
+                   std::vector<std::string>& reply);
+  // exchange(), with an error reply thrown as an mg::Error; the reply's arguments.
   std::vector<std::string> request(uint8_t command, const std::vector<std::string>& args,
                                    std::chrono::milliseconds timeout, const char* op,
                                    const std::string& what);
-  std::string where() const;  // "rank 1, store at 127.0.0.1:29500"
+  void handshake();
+  std::string key_of(const std::string& key) const { return options_.run_id + "/" + key; }
+  std::string where() const;  // "rank 1, job 'x', store at 127.0.0.1:29500"
 
   std::string host_;
   int port_;
   TCPStoreOptions options_;
-  std::unique_ptr<Server> server_;
+  std::unique_ptr<TCPStoreServer> server_;
   std::unique_ptr<net::Socket> socket_;
   std::mutex mutex_;  // one request at a time on the connection
   // After a timed-out request the server may still answer it later; the connection
