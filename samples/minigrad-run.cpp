@@ -3,15 +3,21 @@
 //
 //   minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
 //   minigrad-run --nproc-per-node 4 --nnodes 2 --node-rank 0 --master-addr node0
-//                --master-port 29500 PROGRAM ARGS...        (and --node-rank 1 on node1)
+//                --master-port 29500 --run-id job42 PROGRAM ARGS...  (and --node-rank 1 on node1)
 //
 // For each local process k it sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE (nproc * nnodes),
-// RANK (node_rank * nproc + k), LOCAL_RANK (k), LOCAL_WORLD_SIZE and GROUP_RANK, then
-// forks and execs PROGRAM ARGS. Each line a process writes comes out prefixed with
+// RANK (node_rank * nproc + k), LOCAL_RANK (k), LOCAL_WORLD_SIZE, GROUP_RANK and
+// MINIGRAD_RUN_ID, then forks and execs PROGRAM ARGS. Each line a process writes comes out prefixed with
 // "[rank R] " on the same stream (stdout or stderr). When one process fails, the others
 // get SIGTERM, then SIGKILL after a grace period, and minigrad-run exits with the first
 // failure's code (128 + signal for a process killed by a signal). SIGINT and SIGTERM sent
 // to minigrad-run are forwarded to every process.
+//
+// MINIGRAD_RUN_ID is the job's id (torchrun's --rdzv-id): the store refuses a rank of
+// another job, so two jobs given one port fail clearly instead of mixing their keys. It is
+// --run-id, else MINIGRAD_RUN_ID from our environment, else on one node a new random id,
+// and on several nodes "default" (their launchers cannot agree on a random one: give
+// every node the same --run-id).
 //
 // On one node without --master-port, a free port is chosen (torchrun --standalone).
 // Unless OMP_NUM_THREADS is set, each process gets OMP_NUM_THREADS=1 when several run,
@@ -26,12 +32,14 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include <minigrad/parallel/distributed/socket.h>
+#include <minigrad/parallel/distributed/tcp_store.h>
 
 namespace {
 
@@ -44,12 +52,13 @@ struct Options {
   std::string master_addr = "127.0.0.1";
   int master_port = -1;       // -1: choose (one node) or 29500
   double grace_seconds = 5.0;  // between SIGTERM and SIGKILL
+  std::string run_id;         // empty: choose
   std::vector<std::string> command;
 };
 
 constexpr const char* kUsage =
     "usage: minigrad-run --nproc-per-node N [--nnodes M --node-rank R --master-addr A "
-    "--master-port P] [--grace-period SECONDS] PROGRAM [ARGS...]\n";
+    "--master-port P] [--run-id ID] [--grace-period SECONDS] PROGRAM [ARGS...]\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   fmt::print(stderr, "minigrad-run: {}\n{}", message, kUsage);
@@ -100,6 +109,13 @@ Options parse_args(int argc, char** argv) {
       o.master_addr = value;
     } else if (arg == "--master-port") {
       o.master_port = parse_int(arg, value, 1, 65535);
+    } else if (arg == "--run-id" || arg == "--rdzv-id") {
+      try {
+        mg::parallel::check_run_id(value, arg);
+      } catch (const std::exception& e) {
+        usage_error(e.what());
+      }
+      o.run_id = value;
     } else if (arg == "--grace-period") {
       char* end = nullptr;
       o.grace_seconds = std::strtod(value.c_str(), &end);
@@ -114,6 +130,22 @@ Options parse_args(int argc, char** argv) {
   if (o.command.empty()) usage_error("no program to run");
   if (o.node_rank >= o.nnodes)
     usage_error(fmt::format("--node-rank {} must be below --nnodes {}", o.node_rank, o.nnodes));
+  if (o.run_id.empty()) {
+    const char* inherited = std::getenv("MINIGRAD_RUN_ID");
+    if (inherited != nullptr && *inherited != '\0') {
+      try {
+        mg::parallel::check_run_id(inherited, "MINIGRAD_RUN_ID");
+      } catch (const std::exception& e) {
+        usage_error(e.what());
+      }
+      o.run_id = inherited;
+    } else if (o.nnodes == 1) {
+      std::random_device random;
+      o.run_id = fmt::format("minigrad-run-{:08x}{:08x}", random(), random());
+    } else {
+      o.run_id = "default";
+    }
+  }
   if (o.master_port < 0) {
     if (o.nnodes == 1) {
       // A port free now; rank 0's store binds it moments later (SO_REUSEADDR).
@@ -227,6 +259,7 @@ std::string describe_status(int status) {
   ::setenv("LOCAL_RANK", std::to_string(local_rank).c_str(), 1);
   ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node).c_str(), 1);
   ::setenv("GROUP_RANK", std::to_string(o.node_rank).c_str(), 1);
+  ::setenv("MINIGRAD_RUN_ID", o.run_id.c_str(), 1);
   if (o.nproc_per_node > 1) ::setenv("OMP_NUM_THREADS", "1", /*overwrite=*/0);
   std::vector<char*> args;
   for (const std::string& a : o.command) args.push_back(const_cast<char*>(a.c_str()));

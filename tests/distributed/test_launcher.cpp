@@ -9,6 +9,7 @@
 #include "shell_run.h"
 
 #include <minigrad/core/error.h>
+#include <minigrad/parallel/distributed/socket.h>
 
 #ifdef MINIGRAD_WITH_GLOO
 #include <minigrad/core/generator.h>
@@ -44,6 +45,39 @@ TEST_CASE("minigrad-run: sets the torchrun environment and prefixes each line wi
     REQUIRE_THAT(r.output, MG_CONTAINS(prefix + "to stderr " + std::to_string(rank) + "\n"));
     REQUIRE_THAT(r.output, MG_CONTAINS(prefix + "unterminated " + std::to_string(rank) + "\n"));
   }
+}
+
+TEST_CASE("minigrad-run: every rank of a job gets its run id; each job a new one unless given") {
+  require_launcher();
+  const std::string print = " /bin/sh -c 'echo \"id=$MINIGRAD_RUN_ID.\"'";
+  const auto ids = [](const std::string& output) {
+    std::vector<std::string> found;
+    for (size_t at = 0; (at = output.find("id=", at)) != std::string::npos; at += 3)
+      found.push_back(output.substr(at + 3, output.find('.', at) - at - 3));
+    return found;
+  };
+  const Run first = run_shell(kLauncher + " --nproc-per-node 3" + print);
+  const Run second = run_shell(kLauncher + " --nproc-per-node 3" + print);
+  INFO(first.output << second.output);
+  const std::vector<std::string> a = ids(first.output), b = ids(second.output);
+  REQUIRE(a.size() == 3);
+  REQUIRE(b.size() == 3);
+  REQUIRE_THAT(a[0], MG_CONTAINS("minigrad-run-"));
+  REQUIRE((a[1] == a[0] && a[2] == a[0]));
+  REQUIRE((b[1] == b[0] && b[2] == b[0]));
+  REQUIRE(a[0] != b[0]);
+
+  REQUIRE(ids(run_shell(kLauncher + " --nproc-per-node 2 --run-id job-42" + print).output) ==
+          std::vector<std::string>{"job-42", "job-42"});
+  REQUIRE(ids(run_shell("MINIGRAD_RUN_ID=from-env " + kLauncher + " --nproc-per-node 1" + print)
+                  .output) == std::vector<std::string>{"from-env"});
+  // Several nodes cannot agree on a random id: without --run-id they share the default.
+  REQUIRE(ids(run_shell(kLauncher + " --nproc-per-node 1 --nnodes 2 --master-addr 127.0.0.1 "
+                                    "--master-port 29511" + print)
+                  .output) == std::vector<std::string>{"default"});
+  const Run bad = run_shell(kLauncher + " --nproc-per-node 1 --run-id 'a b' /bin/true");
+  REQUIRE(bad.exit_code == 2);
+  REQUIRE_THAT(bad.output, MG_CONTAINS("--run-id: run id 'a b' has the character ' '"));
 }
 
 TEST_CASE("minigrad-run: ranks of node R of M nodes, and an explicit master") {
@@ -121,7 +155,13 @@ TEST_CASE("worker process of a minigrad-run job: init_process_group from the env
   using namespace mg::parallel;
   ProcessGroupOptions options;
   options.timeout = std::chrono::seconds(30);
-  auto pg = init_process_group("gloo", options);
+  std::shared_ptr<ProcessGroup> pg;
+  try {
+    pg = init_process_group("gloo", options);
+  } catch (const std::exception& e) {
+    fmt::print("worker could not join: {}\n", e.what());  // one line, unlike Catch2's report
+    throw;
+  }
   Tensor t = full(Shape{4}, pg->rank() + 1.0);
   pg->allreduce(t)->wait();
   const float sum = t.to_vector<float>()[0];
@@ -131,10 +171,10 @@ TEST_CASE("worker process of a minigrad-run job: init_process_group from the env
   Tensor x = full(Shape{2, 3}, static_cast<double>(pg->rank()));
   ddp.forward(x).sum().backward();
   // Rank r's bias gradient is 2 (two rows); averaged it stays 2; weight's is 2r per entry,
-  // averaged (0 + 2) / 2 = 1 with two ranks.
+  // averaged over n ranks n - 1 (1 with two ranks).
   fmt::print("worker {} of {}: sum {} bias grad {} weight grad {}\n", pg->rank(), pg->size(), sum,
              net->bias().grad().to_vector<float>()[0], net->weight().grad().to_vector<float>()[0]);
-  REQUIRE(sum == 3.0f);
+  REQUIRE(sum == static_cast<float>(pg->size() * (pg->size() + 1) / 2));
 }
 
 TEST_CASE("minigrad-run: a job of this binary's worker meets through the environment") {
@@ -145,6 +185,46 @@ TEST_CASE("minigrad-run: a job of this binary's worker meets through the environ
   REQUIRE(r.exit_code == 0);
   REQUIRE_THAT(r.output, MG_CONTAINS("[rank 0] worker 0 of 2: sum 3 bias grad 2 weight grad 1"));
   REQUIRE_THAT(r.output, MG_CONTAINS("[rank 1] worker 1 of 2: sum 3 bias grad 2 weight grad 1"));
+}
+
+// Two jobs given one MASTER_PORT at the same moment: one rank 0 binds it; the other job's
+// rank 0 cannot, and its other ranks reach the first job's store. They must be refused
+// there (their run id differs), so that one job fails clearly and the other succeeds.
+// Before jobs had ids, the intruders' keys replaced the first job's and both died.
+TEST_CASE("minigrad-run: two jobs started at once on one port never kill each other") {
+  require_launcher();
+  int port = 0;
+  {
+    mg::parallel::net::Socket probe = mg::parallel::net::listen_on("127.0.0.1", 0);
+    port = mg::parallel::net::local_port(probe);
+  }
+  const std::string job = kLauncher + " --nproc-per-node 3 --master-port " + std::to_string(port) +
+                          " " + MINIGRAD_BINARY_DIR + "/bin/test_distributed '[launcher-worker]'";
+  for (int trial = 0; trial < 2; ++trial) {
+    const Run r = run_shell("a=$(mktemp); b=$(mktemp); (" + job + ") >$a 2>&1 & pa=$!; (" + job +
+                            ") >$b 2>&1 & pb=$!; wait $pa; ca=$?; wait $pb; cb=$?; "
+                            "echo \"== job A exit $ca\"; cat $a; echo \"== job B exit $cb\"; cat $b; "
+                            "rm -f $a $b");
+    INFO("trial " << trial << ":\n" << r.output);
+    const size_t b_at = r.output.find("== job B exit");
+    REQUIRE(b_at != std::string::npos);
+    int succeeded = 0;
+    for (const std::string& out : {r.output.substr(0, b_at), r.output.substr(b_at)}) {
+      const std::string status = out.substr(0, out.find('\n'));  // "== job A exit 0"
+      if (status.substr(status.size() - 2) == " 0") {
+        ++succeeded;
+        for (int rank = 0; rank < 3; ++rank)
+          REQUIRE_THAT(out, MG_CONTAINS(fmt::format("[rank {}] worker {} of 3: sum 6", rank, rank)));
+      } else {
+        // Failed, and says why: its rank 0 found the port taken, or a rank was refused by
+        // the other job's store.
+        const bool port_taken = out.find("give each job a MASTER_PORT of its own") != std::string::npos;
+        const bool refused = out.find("reached the store of job 'minigrad-run-") != std::string::npos;
+        REQUIRE((port_taken || refused));
+      }
+    }
+    REQUIRE(succeeded >= 1);
+  }
 }
 
 #endif  // MINIGRAD_WITH_GLOO

@@ -64,6 +64,29 @@ TEST_CASE("rendezvous: an invalid variable is named with its value") {
   REQUIRE_THROWS_WITH(parse(vars), MG_CONTAINS("WORLD_SIZE=0 is outside"));
 }
 
+TEST_CASE("rendezvous: the job's id comes from MINIGRAD_RUN_ID, else TORCHELASTIC_RUN_ID") {
+  auto vars = full_env();
+  REQUIRE(parse(vars).run_id == "default");
+  vars["TORCHELASTIC_RUN_ID"] = "torch-7f3a";
+  REQUIRE(parse(vars).run_id == "torch-7f3a");
+  vars["MINIGRAD_RUN_ID"] = "minigrad-run-0123abcd";
+  REQUIRE(parse(vars).run_id == "minigrad-run-0123abcd");
+  vars["MINIGRAD_RUN_ID"] = "no/slashes";
+  REQUIRE_THROWS_WITH(parse(vars), MG_CONTAINS("environment variable MINIGRAD_RUN_ID: run id "
+                                               "'no/slashes' has the character '/'"));
+}
+
+TEST_CASE("rendezvous: make_store gives the store the job's id") {
+  DistributedEnv env;
+  env.master_addr = "127.0.0.1";
+  env.master_port = 0;
+  env.run_id = "env-job";
+  auto store = make_store(env, std::chrono::seconds(10));
+  REQUIRE(store->run_id() == "env-job");
+  store->set("k", "v");
+  REQUIRE(store->get("k") == "v");
+}
+
 TEST_CASE("rendezvous: an unknown or missing backend is a clear error") {
   REQUIRE_THROWS_WITH(init_process_group("mpi"), MG_CONTAINS("unknown backend \"mpi\""));
 #ifndef MINIGRAD_WITH_NCCL

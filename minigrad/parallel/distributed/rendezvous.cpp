@@ -60,6 +60,13 @@ DistributedEnv DistributedEnv::from(const std::function<const char*(const char*)
   MG_CHECK(env.local_rank < env.local_world_size,
            "rendezvous: LOCAL_RANK={} must be below LOCAL_WORLD_SIZE={}", env.local_rank,
            env.local_world_size);
+  for (const char* name : {"MINIGRAD_RUN_ID", "TORCHELASTIC_RUN_ID"}) {
+    const char* id = getenv(name);
+    if (id == nullptr || *id == '\0') continue;
+    env.run_id = id;
+    check_run_id(env.run_id, fmt::format("rendezvous: environment variable {}", name));
+    break;
+  }
   return env;
 }
 
@@ -72,6 +79,7 @@ std::shared_ptr<TCPStore> make_store(const DistributedEnv& env, std::chrono::mil
   options.is_server = env.rank == 0;
   options.timeout = timeout;
   options.rank = env.rank;
+  options.run_id = env.run_id;
   return std::make_shared<TCPStore>(env.master_addr, env.master_port, options);
 }
 

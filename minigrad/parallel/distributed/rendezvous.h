@@ -4,6 +4,9 @@
 //   RANK, WORLD_SIZE           this process's rank among all processes of the job
 //   LOCAL_RANK                 its rank on this machine (which GPU it takes)
 //   LOCAL_WORLD_SIZE           processes on this machine (optional)
+//   MINIGRAD_RUN_ID            the job's id (minigrad-run sets it; else torchrun's
+//                              TORCHELASTIC_RUN_ID; else "default"): the store refuses
+//                              a rank whose id differs, naming both
 //
 //   auto pg = parallel::init_process_group("gloo");      // or "nccl"
 //   auto model = std::make_shared<parallel::DistributedDataParallel>(net, pg);
@@ -25,6 +28,7 @@ struct DistributedEnv {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
+  std::string run_id = "default";
 
   // Reads the variables above; a missing or invalid one is an mg::Error naming it.
   static DistributedEnv from_environment();
