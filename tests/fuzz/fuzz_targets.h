@@ -12,16 +12,19 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include <minigrad/core/error.h>
 #include <minigrad/data/idx.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/serialize.h>
+#include <minigrad/parallel/distributed/store_protocol.h>
 
 namespace mg::fuzz {
 
@@ -99,6 +102,75 @@ inline void safetensors_one_input(const uint8_t* data, std::size_t size) {
     nn::load(model, file.path());
   } catch (const mg::Error&) {
   }
+}
+
+// parallel/distributed/store_protocol.h: the TCPStore's message parser, on what a client
+// may send. The first byte seeds how the rest, a byte stream, is cut into reads (1 to 256
+// bytes each, as recv might return them); the limits are small so that inputs reach them.
+//   - parse_message over the whole stream, message after message: each complete one has
+//     the one encoding (re-encoding it gives back its bytes), within the limits; the end
+//     is a partial message or one verdict of malformed.
+//   - MessageBuffer, fed the stream in those reads (as the server is), gives the same
+//     messages and the same verdict, and never holds more than one message plus a read.
+inline void store_one_input(const uint8_t* data, std::size_t size) {
+  namespace store = mg::parallel::store;
+  if (size == 0) return;
+  store::Limits limits;
+  limits.max_message_bytes = 4096;
+  limits.max_args = 64;
+  const char* bytes = reinterpret_cast<const char*>(data) + 1;
+  const std::size_t n = size - 1;
+
+  std::vector<store::Message> messages;
+  std::string verdict;  // the malformed message's error, if the stream has one
+  for (std::size_t pos = 0;;) {
+    store::Parsed p = store::parse_message(bytes + pos, n - pos, limits);
+    if (p.status == store::ParseStatus::NeedMore) {
+      MG_FUZZ_ASSERT(p.size > n - pos);
+      MG_FUZZ_ASSERT(p.size <= limits.max_message_bytes);
+      break;
+    }
+    if (p.status == store::ParseStatus::Malformed) {
+      MG_FUZZ_ASSERT(!p.error.empty());
+      verdict = p.error;
+      break;
+    }
+    MG_FUZZ_ASSERT(p.size >= store::kHeaderBytes && p.size <= n - pos);
+    MG_FUZZ_ASSERT(p.size <= limits.max_message_bytes);
+    MG_FUZZ_ASSERT(p.message.args.size() <= limits.max_args);
+    MG_FUZZ_ASSERT(store::message_size(p.message.args) == p.size);
+    MG_FUZZ_ASSERT(store::encode_message(p.message.code, p.message.args) == std::string(bytes + pos, p.size));
+    (void)store::check_request(p.message);  // any message gets a verdict, never a crash
+    pos += p.size;
+    messages.push_back(std::move(p.message));
+  }
+
+  store::MessageBuffer buffer(limits);
+  constexpr std::size_t kMaxRead = 256;
+  std::size_t fed = 0, taken = 0;
+  uint32_t cut = data[0];
+  for (;;) {
+    store::Message m;
+    std::string error;
+    const store::ParseStatus status = buffer.next(m, error);
+    if (status == store::ParseStatus::Complete) {
+      MG_FUZZ_ASSERT(taken < messages.size());
+      MG_FUZZ_ASSERT(m.code == messages[taken].code && m.args == messages[taken].args);
+      ++taken;
+      continue;
+    }
+    if (status == store::ParseStatus::Malformed) {
+      MG_FUZZ_ASSERT(taken == messages.size() && error == verdict && !verdict.empty());
+      return;
+    }
+    MG_FUZZ_ASSERT(buffer.buffered() < limits.max_message_bytes + kMaxRead);
+    if (fed == n) break;
+    cut = cut * 1103515245u + 12345u;
+    const std::size_t length = std::min<std::size_t>(1 + (cut >> 16) % kMaxRead, n - fed);
+    buffer.append(bytes + fed, length);
+    fed += length;
+  }
+  MG_FUZZ_ASSERT(taken == messages.size() && verdict.empty());
 }
 
 }  // namespace mg::fuzz

@@ -15,6 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def write(target, name, data):
     path = os.path.join(HERE, "corpus", target, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data)
 
@@ -79,3 +80,31 @@ write("safetensors", "checkpoint.safetensors", safetensors(
      ("rng.state", "I64", [2], i64([42, 7]))],
     {"epoch": "1", "step": "12"}))
 write("safetensors", "header-only.safetensors", safetensors([], {"format": "pt"}))
+
+
+# ---- store: TCPStore message streams (store_protocol.h) after one byte that seeds how
+# the fuzz target cuts them into reads ----
+def message(code, args):
+    payload = b"".join(struct.pack("<I", len(a)) + a for a in args)
+    return struct.pack("<BII", code, len(args), len(payload)) + payload
+
+
+SET, GET, ADD, CHECK, WAIT, HELLO = 1, 2, 3, 4, 5, 6
+OK, VALUE, ERROR = 100, 101, 102
+hello = message(HELLO, [b"minigrad-tcpstore", b"2", b"default", b"1"])
+session = (hello + message(SET, [b"default/gloo/0/rank_1", bytes(range(40))]) +
+           message(GET, [b"default/gloo/0/rank_0"]) + message(ADD, [b"default/barrier", b"1"]) +
+           message(CHECK, [b"default/a", b"default/b"]) + message(WAIT, []) +
+           message(WAIT, [b"default/x"] * 3))
+write("store", "session", b"\x00" + session)
+write("store", "session-cut-small", b"\x07" + session)
+write("store", "replies", b"\x2a" + message(OK, [b"default"]) + message(VALUE, [b"3"]) +
+      message(ERROR, [b"key 'c' holds 9223372036854775807; adding 1 would overflow int64"]))
+write("store", "truncated", b"\x01" + session[:-3])
+write("store", "too-many-arguments", b"\x02" + struct.pack("<BII", CHECK, 65, 4 * 65) + bytes(4 * 65))
+write("store", "too-large", b"\x03" + struct.pack("<BII", SET, 2, 1 << 30) + struct.pack("<I", 3) + b"key")
+write("store", "argument-past-end", b"\x04" + struct.pack("<BII", SET, 2, 12) + struct.pack("<I", 3) +
+      b"key" + struct.pack("<I", 99) + b"v")
+write("store", "trailing-bytes", b"\x05" + struct.pack("<BII", GET, 1, 9) + struct.pack("<I", 3) + b"key" +
+      b"xx")
+write("store", "http", b"\x06GET / HTTP/1.1\r\nHost: store\r\n\r\n")
