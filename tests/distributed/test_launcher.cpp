@@ -47,7 +47,7 @@ TEST_CASE("minigrad-run: sets the torchrun environment and prefixes each line wi
   }
 }
 
-TEST_CASE("minigrad-run: every rank of a job gets its run id; each job a new one unless given") {
+TEST_CASE("minigrad-run: every rank of a job gets its run id, each job a new one unless given") {
   require_launcher();
   const std::string print = " /bin/sh -c 'echo \"id=$MINIGRAD_RUN_ID.\"'";
   const auto ids = [](const std::string& output) {

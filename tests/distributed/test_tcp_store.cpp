@@ -173,7 +173,7 @@ TEST_CASE("TCPStore: invalid arguments are refused with clear errors") {
   REQUIRE_THROWS_WITH(server->add("text", 1), MG_CONTAINS("not an integer counter"));
 }
 
-TEST_CASE("TCPStore: add that would overflow int64 is an error naming the key; the counter stays") {
+TEST_CASE("TCPStore: add that would overflow int64 is an error naming the key, and the counter stays") {
   auto server = make_server();
   auto client = make_client(server->port(), 1);
   const int64_t max = std::numeric_limits<int64_t>::max();

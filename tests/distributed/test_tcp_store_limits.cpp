@@ -56,7 +56,7 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 }  // namespace
 
-TEST_CASE("TCPStore server: a client that never reads its replies is dropped; the others are "
+TEST_CASE("TCPStore server: a client that never reads its replies is dropped, and the others are "
           "served meanwhile") {
   StderrCapture log;
   auto server = make_server();
