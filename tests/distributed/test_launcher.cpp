@@ -200,7 +200,7 @@ TEST_CASE("minigrad-run: two jobs started at once on one port never kill each ot
   }
   const std::string job = kLauncher + " --nproc-per-node 3 --master-port " + std::to_string(port) +
                           " " + MINIGRAD_BINARY_DIR + "/bin/test_distributed '[launcher-worker]'";
-  for (int trial = 0; trial < 2; ++trial) {
+  for (int trial = 0; trial < 3; ++trial) {
     const Run r = run_shell("a=$(mktemp); b=$(mktemp); (" + job + ") >$a 2>&1 & pa=$!; (" + job +
                             ") >$b 2>&1 & pb=$!; wait $pa; ca=$?; wait $pb; cb=$?; "
                             "echo \"== job A exit $ca\"; cat $a; echo \"== job B exit $cb\"; cat $b; "
