@@ -50,6 +50,11 @@ void SGD::set_options(SGDOptions options) {
   options_ = options;
 }
 
+void SGD::set_lr(double lr) {
+  SGDOptions options = options_;
+  set_options(options.lr(lr));
+}
+
 namespace {
 
 // Whether a parameter's update can go to Backend::sgd_step: float32 contiguous tensors

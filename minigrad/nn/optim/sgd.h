@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <minigrad/core/tensor.h>
+#include <minigrad/nn/optim/optimizer.h>
 
 namespace mg::optim {
 
@@ -55,7 +56,7 @@ class SGDOptions {
   bool nesterov_;
 };
 
-class SGD {
+class SGD : public Optimizer {
  public:
   // `params` are leaf tensors (Module::parameters()); SGD keeps handles to them and
   // updates them in place, so the module sees the new values.
@@ -63,14 +64,16 @@ class SGD {
 
   // One update of every parameter that has a gradient; parameters without one are
   // skipped (and their momentum buffers left as they are), as in PyTorch.
-  void step();
+  void step() override;
   // Clears the parameters' gradients (set_to_none) or fills them with zeros.
-  void zero_grad(bool set_to_none = true);
+  void zero_grad(bool set_to_none = true) override;
 
-  const std::vector<Tensor>& parameters() const { return params_; }
+  const std::vector<Tensor>& parameters() const override { return params_; }
   const SGDOptions& options() const { return options_; }
   // Changes options between steps (a learning-rate schedule); validated as at construction.
   void set_options(SGDOptions options);
+  double lr() const override { return options_.lr(); }
+  void set_lr(double lr) override;
 
   // The momentum buffer of parameter `index`, undefined before its first step with
   // momentum.
@@ -80,17 +83,17 @@ class SGD {
   // What resuming needs to continue bit for bit: "momentum_buffer.<i>" for every
   // parameter i that has a buffer (PyTorch's state[i]["momentum_buffer"]). The tensors
   // are the live buffers; save them (nn::save_tensors) before the next step.
-  std::map<std::string, Tensor> state_dict() const;
+  std::map<std::string, Tensor> state_dict() const override;
   // Restores buffers saved by state_dict() from a checkpoint named `source` (a file name,
   // for messages). Every key, shape and dtype is checked first, all problems reported in
   // one mg::Error; only then are the buffers replaced (copied to each parameter's device).
   // Parameters without a "momentum_buffer.<i>" entry get no buffer, as after construction.
   void load_state_dict(const std::map<std::string, Tensor>& state,
-                       const std::string& source = "SGD state dict");
+                       const std::string& source = "SGD state dict") override;
   // The checks of load_state_dict alone: a caller restoring a model and its optimizer
   // from one checkpoint checks both before changing either.
   void check_state_dict(const std::map<std::string, Tensor>& state,
-                        const std::string& source = "SGD state dict") const;
+                        const std::string& source = "SGD state dict") const override;
 
  private:
   void step_unfused(size_t index);
