@@ -110,21 +110,18 @@ class TCPStoreServer::Loop {
     limits_.max_message_bytes = options.max_message_bytes;
     port_ = net::local_port(listener_);
     net::set_nonblocking(listener_.fd(), true);
-    epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
-    MG_CHECK(epoll_fd_ >= 0, "TCPStore server: epoll_create1 failed: {}", net::errno_string(errno));
-    stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    MG_CHECK(stop_fd_ >= 0, "TCPStore server: eventfd failed: {}", net::errno_string(errno));
-    watch(stop_fd_, EPOLLIN, kStopId);
+    epoll_ = net::Socket(::epoll_create1(EPOLL_CLOEXEC));
+    MG_CHECK(epoll_.valid(), "TCPStore server: epoll_create1 failed: {}", net::errno_string(errno));
+    stop_ = net::Socket(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    MG_CHECK(stop_.valid(), "TCPStore server: eventfd failed: {}", net::errno_string(errno));
+    watch(stop_.fd(), EPOLLIN, kStopId);
     watch(listener_.fd(), EPOLLIN, kListenerId);
     // Fails only at the open-file limit already; then the back-off alone handles it.
     spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
 
   ~Loop() {
-    clients_.clear();
     if (spare_fd_ >= 0) ::close(spare_fd_);
-    ::close(stop_fd_);
-    ::close(epoll_fd_);
   }
 
   int port() const { return port_; }
@@ -132,14 +129,14 @@ class TCPStoreServer::Loop {
   void stop() {
     const uint64_t one = 1;
     // If this write fails the eventfd is broken and epoll reports it, which stops too.
-    [[maybe_unused]] const ssize_t n = ::write(stop_fd_, &one, sizeof(one));
+    [[maybe_unused]] const ssize_t n = ::write(stop_.fd(), &one, sizeof(one));
   }
 
   void run() {
     epoll_event events[64];
     for (;;) {
       const int timeout_ms = listener_polled_ ? -1 : ms_until(listener_resume_);
-      const int n = ::epoll_wait(epoll_fd_, events, 64, timeout_ms);
+      const int n = ::epoll_wait(epoll_.fd(), events, 64, timeout_ms);
       if (n < 0) {
         if (errno == EINTR) continue;
         log(fmt::format("epoll_wait failed ({}); the store stops", net::errno_string(errno)));
@@ -202,7 +199,7 @@ class TCPStoreServer::Loop {
     epoll_event ev{};
     ev.events = events;
     ev.data.u64 = id;
-    MG_CHECK(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) == 0,
+    MG_CHECK(::epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, fd, &ev) == 0,
              "TCPStore server: epoll_ctl(ADD) failed: {}", net::errno_string(errno));
   }
 
@@ -233,7 +230,7 @@ class TCPStoreServer::Loop {
     epoll_event ev{};
     ev.events = want;
     ev.data.u64 = c.id;
-    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.socket.fd(), &ev) != 0) {
+    if (::epoll_ctl(epoll_.fd(), EPOLL_CTL_MOD, c.socket.fd(), &ev) != 0) {
       drop(c, fmt::format("epoll_ctl(MOD) failed: {}", net::errno_string(errno)));
       return;
     }
@@ -299,7 +296,7 @@ class TCPStoreServer::Loop {
     epoll_event ev{};
     ev.events = c->events;
     ev.data.u64 = c->id;
-    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    if (::epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, fd, &ev) != 0) {
       log(fmt::format("cannot watch {}: epoll_ctl(ADD) failed: {}", c->name(),
                       net::errno_string(errno)));
       return;  // c's socket closes here
@@ -352,7 +349,7 @@ class TCPStoreServer::Loop {
 
   void pause_listener() {
     if (listener_polled_) {
-      ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listener_.fd(), nullptr);
+      ::epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, listener_.fd(), nullptr);
       listener_polled_ = false;
     }
     listener_resume_ = Clock::now() + backoff_;
@@ -364,7 +361,7 @@ class TCPStoreServer::Loop {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u64 = kListenerId;
-    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listener_.fd(), &ev) == 0) {
+    if (::epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, listener_.fd(), &ev) == 0) {
       listener_polled_ = true;
     } else {
       log(fmt::format("cannot watch the listening socket ({}); retrying in {} ms",
@@ -379,8 +376,10 @@ class TCPStoreServer::Loop {
     if (c.dead) return;
     if (!why.empty()) log(fmt::format("dropping {}: {}", c.name(), why));
     if (c.waiter) unregister(c);
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.socket.fd(), nullptr);
+    ::epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, c.socket.fd(), nullptr);
     c.socket.close();
+    // Without a spare (none could be opened), the descriptor just freed becomes it.
+    if (spare_fd_ < 0) spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     c.dead = true;
     buffered_ -= c.accounted;
     c.accounted = 0;
@@ -675,8 +674,8 @@ class TCPStoreServer::Loop {
   std::string prefix_;  // "<run id>/"
   net::Socket listener_;
   int port_ = 0;
-  int epoll_fd_ = -1;
-  int stop_fd_ = -1;
+  net::Socket epoll_;  // (owned descriptors, closed last)
+  net::Socket stop_;   // an eventfd: written to stop the loop
   int spare_fd_ = -1;  // kept for the open-file limit (at_fd_limit)
   bool at_fd_limit_ = false;
   bool listener_polled_ = true;
