@@ -56,6 +56,7 @@ class CpuBackend final : public Backend {
                               const Tensor& logits, const Tensor& targets) override;
   // optim.cpp
   void sgd_step(const SgdStep& step) override;
+  void adam_step(const AdamStep& step) override;
 };
 
 CpuBackend& cpu_backend();
