@@ -73,6 +73,7 @@ class CudaBackend final : public Backend {
 
   // backend_optim.cpp
   void sgd_step(const SgdStep& step) override;
+  void adam_step(const AdamStep& step) override;
 };
 
 CudaBackend& cuda_backend();
