@@ -26,6 +26,7 @@
 #include <minigrad/nn/optim/optimizer.h>
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/nn/serialize.h>
+#include <minigrad/nn/utils/clip_grad.h>
 #include <minigrad/parallel/comm.h>
 #include <minigrad/parallel/communicator.h>
 #include <minigrad/parallel/data_parallel.h>

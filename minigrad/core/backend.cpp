@@ -24,6 +24,7 @@ class MissingCudaBackend final : public Backend {
   void synchronize(int) override { fail(); }
   void* event_create(int) override { fail(); }
   void event_destroy(void*) override {}
+  void abs_max(const Tensor&, const Tensor&) override { fail(); }
   void event_record(void*, const Stream&) override { fail(); }
   void event_block(void*, const Stream&) override { fail(); }
   void event_synchronize(void*) override { fail(); }

@@ -168,6 +168,9 @@ class Backend {
   virtual void sum(const Tensor& out, const Tensor& in) = 0;
   // out[i] = argmax_j in[i, j]; in is 2-D, out int64 of size rows.
   virtual void argmax(const Tensor& out, const Tensor& in) = 0;
+  // out (one float32) = the largest |in| over all elements, NaN if any is NaN (the
+  // infinity norm, for gradient clipping). in is float32, contiguous, not empty.
+  virtual void abs_max(const Tensor& out, const Tensor& in) = 0;
 
   // ---- linear algebra ----
   // out[m,n] = a[m,k] @ b[k,n]. a and b may be contiguous or transposed views; a

@@ -64,6 +64,9 @@ std::size_t sum_scratch_bytes(ElementType type, const SumPlan& plan);
 // give the same bits on every run.
 void sum(ElementType type, void* out, const void* in, const SumPlan& plan, void* scratch,
          cudaStream_t stream);
+// *out = max |in[i]| over n > 0 contiguous floats, NaN if any is NaN. Deterministic (a
+// maximum does not depend on the order it is taken in).
+void abs_max(float* out, const float* in, int64_t n, cudaStream_t stream);
 // out[i] = the first j with the largest in[i, j].
 void argmax_rows(int64_t* out, const float* in, int64_t rows, int64_t cols, int64_t row_stride,
                  int64_t col_stride, cudaStream_t stream);
