@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -15,19 +16,8 @@
 #include <minigrad/core/backend.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/cuda/check.h>
-
-// In non-blocking mode an NCCL call may return ncclInProgress: the operation was accepted
-// and completes in the background (Impl::settle waits for it). Anything else but success
-// is an error, reported as MG_NCCL_CHECK reports it.
-#define MG_NCCL_CHECK_NONBLOCKING(expr)                                                     \
-  do {                                                                                      \
-    const ncclResult_t mg_nccl_result_ = (expr);                                            \
-    if (mg_nccl_result_ != ncclSuccess && mg_nccl_result_ != ncclInProgress)                \
-      ::mg::cuda::detail::throw_library_error("NCCL", #expr,                                \
-                                              ncclGetErrorString(mg_nccl_result_),          \
-                                              static_cast<int>(mg_nccl_result_), __FILE__, \
-                                              __LINE__);                                    \
-  } while (0)
+#include <minigrad/parallel/distributed/nccl_point_to_point.h>
+#include <minigrad/parallel/distributed/p2p_message.h>
 
 namespace mg::parallel {
 
@@ -53,10 +43,12 @@ struct ProcessGroupNccl::Impl {
   int size = 1;
   int device_index = 0;
   std::shared_ptr<TCPStore> store;
+  std::string prefix;  // this group's keys in the store: "nccl/0/", "nccl/0/sub1/"
   ProcessGroupOptions options;
   ncclComm_t comm = nullptr;
   cudaStream_t comm_stream = nullptr;
-  uint64_t sequence = 0;
+  std::atomic<uint64_t> sequence{0};  // numbers operations in messages: "allreduce #3"
+  std::unique_ptr<detail::NcclPointToPoint> p2p;  // send and recv, over lanes of their own
 
   std::mutex mutex;         // guards the two below (wait() may run on any thread)
   bool aborted = false;
@@ -118,12 +110,15 @@ struct ProcessGroupNccl::Impl {
 namespace {
 
 // One collective in flight: the events that bracket it on the communication stream and
-// the buffer it works on (kept alive until the caller's stream is ordered after it).
+// the tensors it works on (kept alive until the caller's stream is ordered after it).
 class NcclWork : public Work {
  public:
   NcclWork(std::shared_ptr<ProcessGroupNccl::Impl> group, std::string description,
-           std::shared_ptr<CoalescedBuffer> buffer)
-      : group_(std::move(group)), description_(std::move(description)), buffer_(std::move(buffer)) {
+           std::shared_ptr<CoalescedBuffer> buffer, std::vector<Tensor> tensors = {})
+      : group_(std::move(group)),
+        description_(std::move(description)),
+        buffer_(std::move(buffer)),
+        tensors_(std::move(tensors)) {
     DeviceGuard guard(group_->device());
     MG_CUDA_CHECK(cudaEventCreate(&start_));
     MG_CUDA_CHECK(cudaEventCreate(&end_));
@@ -202,6 +197,7 @@ class NcclWork : public Work {
   std::shared_ptr<ProcessGroupNccl::Impl> group_;
   std::string description_;
   std::shared_ptr<CoalescedBuffer> buffer_;
+  std::vector<Tensor> tensors_;
   cudaEvent_t start_ = nullptr;
   cudaEvent_t end_ = nullptr;
   Clock::time_point started_;
@@ -231,11 +227,11 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<TCPStore> store, int rank, in
   impl_->store = std::move(store);
   impl_->options = options;
 
-  std::string prefix;
   {
     std::lock_guard<std::mutex> lock(group_counter_mutex);
-    prefix = fmt::format("nccl/{}/", group_counter++);
+    impl_->prefix = fmt::format("nccl/{}/", group_counter++);
   }
+  const std::string& prefix = impl_->prefix;
   DeviceGuard guard(impl_->device());
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + options.timeout;
@@ -261,10 +257,19 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<TCPStore> store, int rank, in
   impl_->settle(fmt::format("ncclCommInitRankConfig (world size {}, cuda:{})", size, index).c_str(),
                 start, deadline);
   MG_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->comm_stream, cudaStreamNonBlocking));
+  detail::NcclLaneConfig lanes;
+  lanes.store = impl_->store;
+  lanes.prefix = prefix;
+  lanes.rank = rank;
+  lanes.size = size;
+  lanes.device_index = index;
+  lanes.timeout = options.timeout;
+  impl_->p2p = std::make_unique<detail::NcclPointToPoint>(std::move(lanes));
 }
 
 ProcessGroupNccl::~ProcessGroupNccl() {
   if (!impl_) return;
+  impl_->p2p.reset();  // stops the lanes
   DeviceGuard guard(impl_->device());
   if (impl_->comm != nullptr && !impl_->aborted) {
     // A non-blocking communicator is finalised first (that flushes the collectives still
@@ -342,6 +347,61 @@ std::shared_ptr<Work> ProcessGroupNccl::broadcast(std::vector<Tensor> tensors, i
                                             nccl_dtype(flat.dtype()), root, comm, stream));
   });
   return work;
+}
+
+std::shared_ptr<Work> ProcessGroupNccl::reduce_scatter(Tensor output, Tensor input, ReduceOp op) {
+  check_flat_pair("reduce_scatter", input, "input", output, "output", op == ReduceOp::Average);
+  impl_->throw_if_failed("reduce_scatter");
+  if (output.numel() == 0) return std::make_shared<CompletedWork>();
+  DeviceGuard guard(impl_->device());
+  auto work = std::make_shared<NcclWork>(
+      impl_,
+      fmt::format("reduce_scatter #{} ({} of {} {} elements into {})", impl_->sequence++,
+                  reduce_op_name(op), input.numel(), dtype_name(input.dtype()), output.numel()),
+      nullptr, std::vector<Tensor>{output, input});
+  // In place (output = input's slice for this rank) is the form NCCL documents.
+  work->launch([&](ncclComm_t comm, cudaStream_t stream) {
+    MG_NCCL_CHECK_NONBLOCKING(ncclReduceScatter(input.data_ptr(), output.data_ptr(),
+                                                static_cast<size_t>(output.numel()),
+                                                nccl_dtype(input.dtype()),
+                                                op == ReduceOp::Average ? ncclAvg : ncclSum, comm,
+                                                stream));
+  });
+  return work;
+}
+
+std::shared_ptr<Work> ProcessGroupNccl::all_gather(Tensor output, Tensor input) {
+  check_flat_pair("all_gather", output, "output", input, "input", false);
+  impl_->throw_if_failed("all_gather");
+  if (input.numel() == 0) return std::make_shared<CompletedWork>();
+  DeviceGuard guard(impl_->device());
+  auto work = std::make_shared<NcclWork>(
+      impl_,
+      fmt::format("all_gather #{} ({} x {} {} elements)", impl_->sequence++, size(),
+                  input.numel(), dtype_name(input.dtype())),
+      nullptr, std::vector<Tensor>{output, input});
+  work->launch([&](ncclComm_t comm, cudaStream_t stream) {
+    MG_NCCL_CHECK_NONBLOCKING(ncclAllGather(input.data_ptr(), output.data_ptr(),
+                                            static_cast<size_t>(input.numel()),
+                                            nccl_dtype(input.dtype()), comm, stream));
+  });
+  return work;
+}
+
+std::shared_ptr<Work> ProcessGroupNccl::send(std::vector<Tensor> tensors, int dst, int tag) {
+  check_message("send", tensors, dst, tag);
+  std::string description =
+      fmt::format("send #{} (to rank {}, tag {}: {})", impl_->sequence++, dst, tag,
+                  detail::describe(detail::message_header(tensors, tag)));
+  return impl_->p2p->send(std::move(tensors), dst, tag, std::move(description));
+}
+
+std::shared_ptr<Work> ProcessGroupNccl::recv(std::vector<Tensor> tensors, int src, int tag) {
+  check_message("recv", tensors, src, tag);
+  std::string description =
+      fmt::format("recv #{} (from rank {}, tag {}: {})", impl_->sequence++, src, tag,
+                  detail::describe(detail::message_header(tensors, tag)));
+  return impl_->p2p->recv(std::move(tensors), src, tag, std::move(description));
 }
 
 std::shared_ptr<Work> ProcessGroupNccl::barrier() {

@@ -46,8 +46,18 @@ class ProcessGroupNccl : public ProcessGroup {
   std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root = 0) override;
   // An all-reduce of one element whose wait() blocks the host, as PyTorch's NCCL barrier.
   std::shared_ptr<Work> barrier() override;
+  // ncclReduceScatter and ncclAllGather, ordered like allreduce.
+  std::shared_ptr<Work> reduce_scatter(Tensor output, Tensor input,
+                                       ReduceOp op = ReduceOp::Sum) override;
+  std::shared_ptr<Work> all_gather(Tensor output, Tensor input) override;
+  // Over a lane per direction and peer: a two-rank communicator, stream and thread of its
+  // own (nccl_point_to_point.h), so a send and a recv never wait for each other's kernel.
+  std::shared_ptr<Work> send(std::vector<Tensor> tensors, int dst, int tag = 0) override;
+  std::shared_ptr<Work> recv(std::vector<Tensor> tensors, int src, int tag = 0) override;
   using ProcessGroup::allreduce;
   using ProcessGroup::broadcast;
+  using ProcessGroup::recv;
+  using ProcessGroup::send;
 
   struct Impl;  // nccl_process_group.cpp
 
