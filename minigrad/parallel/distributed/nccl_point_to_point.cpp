@@ -365,6 +365,7 @@ class NcclLane : public std::enable_shared_from_this<NcclLane> {
     TCPStoreOptions options;
     options.timeout = left;
     options.rank = config_.rank;
+    options.run_id = config_.store->run_id();  // the store refuses a connection of another job
     TCPStore store(config_.store->host(), config_.store->port(), options);
     ncclUniqueId id;
     if (sending_) {

@@ -50,7 +50,8 @@ struct TCPStoreOptions {
   // This process's rank, for error messages (-1: unknown).
   int rank = -1;
   // The job's id; the server and its clients must agree (see check_run_id for the form).
-  // make_store reads it from MINIGRAD_RUN_ID or TORCHELASTIC_RUN_ID.
+  // make_store reads it from MINIGRAD_RUN_ID or TORCHELASTIC_RUN_ID. A further connection
+  // to a store (another TCPStore to its host and port) takes store.run_id().
   std::string run_id = "default";
 
   // Bounds. One message (a request, or a reply such as a get's value), header included;
