@@ -127,7 +127,7 @@ class MessageWork : public Work {
 };
 
 // One direction between this rank and a peer: see nccl_point_to_point.h.
-class NcclLane : public std::enable_shared_from_this<NcclLane> {
+class NcclLane {
  public:
   NcclLane(const NcclLaneConfig& config, int peer, bool sending)
       : config_(config), peer_(peer), sending_(sending) {
