@@ -239,7 +239,7 @@ TEST_CASE("ProcessGroupGloo: send and recv check their arguments") {
 }
 
 TEST_CASE(
-    "ProcessGroupGloo: a recv from a rank that died fails at once, one never sent times out") {
+    "ProcessGroupGloo: a recv from a rank that died fails at once, the group refuses the next") {
   auto results = run_ranks(3, [](RankContext& ctx) {
     ctx.start_together();
     auto pg = ctx.gloo(5s);
