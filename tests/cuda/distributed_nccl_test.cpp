@@ -1,7 +1,8 @@
 // ProcessGroupNccl and DistributedDataParallel over real NCCL: 2 and 4 processes started
 // by minigrad-run on the one GPU of the GPU machine. NCCL refuses two ranks on one GPU
 // unless each process claims a different host (NCCL_HOSTID), in which case the ranks talk
-// over sockets on loopback (see ../shared/device/README.md): slow, but real NCCL.
+// over sockets on loopback (NCCL's socket transport, as between two machines): slow, but
+// real NCCL.
 // In test_cuda, so skipped (exit 77, by test_main) without a GPU; compiled only when
 // minigrad was built with NCCL. The ranks are this binary's hidden worker cases below.
 #ifdef MINIGRAD_WITH_NCCL
