@@ -1,4 +1,4 @@
-// train_fashion_mnist stopped by a signal and resumed (issue 8): the checkpoint written at
+// train_fashion_mnist stopped by a signal and resumed: the checkpoint written at
 // the interrupt continues to the very parameters of a run that was never stopped, bit for
 // bit on the CPU; a diverging loss stops the run naming the step; --detect-anomaly is
 // harmless on a healthy run.

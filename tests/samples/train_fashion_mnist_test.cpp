@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include <minigrad/core/backend.h>
+#include <minigrad/cuda/cuda.h>
 
 #include "data/synthetic_fashion_mnist.h"
 #include "samples/run_program.h"
@@ -52,6 +52,9 @@ TEST_CASE("train_fashion_mnist: one epoch writes the metrics CSV, the SVG plot a
   REQUIRE_THAT(run.output, MG_CONTAINS("epoch  1/1  train_loss "));
   REQUIRE_THAT(run.output, MG_CONTAINS("test_accuracy "));
   REQUIRE(run.output.find('\r') == std::string::npos);
+  // One epoch, in the singular.
+  REQUIRE_THAT(run.output, MG_CONTAINS(", 1 epoch, seed 1\n") && MG_CONTAINS(" after 1 epoch ("));
+  REQUIRE(run.output.find("1 epochs") == std::string::npos);
 
   const auto csv = lines(read_text(dir / "m.csv"));
   REQUIRE(csv.size() == 2);
@@ -119,19 +122,44 @@ TEST_CASE("train_fashion_mnist: bad flag values are refused by CLI11") {
 }
 
 TEST_CASE("train_fashion_mnist: --devices with a GPU that does not exist says which devices do") {
-  const int gpus = mg::backend(mg::DeviceType::CUDA).device_count();
+  const int gpus = mg::cuda::device_count();
   const int missing = gpus <= 3 ? 3 : gpus;
   const auto run = run_program(kProgram + " --devices " + std::to_string(missing));
   INFO(run.output);
-  REQUIRE(run.exit_code != 0);
+  REQUIRE(run.exit_code == 2);
   std::string available = "cpu";
   for (int i = 0; i < gpus; ++i) available += ", " + std::to_string(i);
   if (gpus > 0) available += ", all";
-  REQUIRE_THAT(run.output,
-               MG_CONTAINS("--devices " + std::to_string(missing) + ": no CUDA device " +
-                           std::to_string(missing) + "; this machine has " + std::to_string(gpus) +
-                           " CUDA device" + (gpus == 1 ? "" : "s") + " (available: " + available +
-                           ")"));
+  const std::string why =
+      mg::cuda::is_built()
+          ? "this machine has " + std::to_string(gpus) + " CUDA device" + (gpus == 1 ? "" : "s") +
+                " (available: " + available + ")"
+          : "minigrad was built without CUDA (available: cpu)";
+  REQUIRE_THAT(run.output, MG_CONTAINS("train_fashion_mnist: error: --devices " +
+                                       std::to_string(missing) + ": no CUDA device " +
+                                       std::to_string(missing) + "; " + why));
+}
+
+// Whatever finds a bad flag -- CLI11's parser, a validator, or --devices looking at the
+// machine -- the user sees one prefix, the hint to --help, and exit code 2.
+TEST_CASE("train_fashion_mnist: every option error has one prefix and exit code 2") {
+  for (const char* flags : {"--epochs abc", "--epochs 0", "--batch-size -4", "--lr -0.1",
+                            "--hidden 256,x", "--no-such-flag", "--lr-schedule linear",
+                            "--devices gpu", "--devices cpu,0", "--devices 99"}) {
+    const auto run = run_program(kProgram + " " + flags);
+    INFO(flags << "\n" << run.output);
+    CHECK(run.exit_code == 2);
+    CHECK(run.output.rfind("train_fashion_mnist: error: ", 0) == 0);
+    CHECK_THAT(run.output, MG_CONTAINS("\nRun with --help for more information.\n"));
+  }
+  const auto help = run_program(kProgram + " --help");
+  CHECK(help.exit_code == 0);
+  CHECK_THAT(help.output, MG_CONTAINS("--devices") && MG_CONTAINS("cpu,cpu"));
+  // Not a flag's fault: a missing dataset is an error of the run, exit code 1.
+  TempDir dir;
+  const auto missing = run_program(kProgram + " --data-dir " + (dir / "nowhere"));
+  CHECK(missing.exit_code == 1);
+  CHECK(missing.output.rfind("train_fashion_mnist: error: FashionMNIST: cannot find", 0) == 0);
 }
 
 TEST_CASE("train_fashion_mnist: a missing or corrupt dataset file is named, with the fault") {
