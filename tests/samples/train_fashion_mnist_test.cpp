@@ -109,6 +109,45 @@ TEST_CASE("train_fashion_mnist: --resume continues after the saved epoch") {
                                             "hidden layers 32 but --hidden is 64"));
 }
 
+TEST_CASE("train_fashion_mnist --optimizer adamw: one epoch learns, with its defaults or flags") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, true);
+  const auto run = run_program(small_run(dir.path()) + " --epochs 1 --optimizer adamw --metrics " +
+                               (dir / "m.csv"));
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  REQUIRE_THAT(run.output, MG_CONTAINS("AdamW lr 0.001 (cosine) weight_decay 0.01, batch size 50"));
+  const auto csv = lines(read_text(dir / "m.csv"));
+  REQUIRE(csv.size() == 2);
+  double accuracy = 0;
+  REQUIRE(std::sscanf(csv[1].c_str(), "%*d,%*f,%*f,%lf", &accuracy) == 1);
+  REQUIRE(accuracy > 0.5);
+
+  const auto tuned = run_program(small_run(dir.path()) + " --epochs 1 --optimizer adamw --lr "
+                                 "0.003 --weight-decay 0.1 --lr-schedule constant");
+  INFO(tuned.output);
+  REQUIRE(tuned.exit_code == 0);
+  REQUIRE_THAT(tuned.output, MG_CONTAINS("AdamW lr 0.003 (constant) weight_decay 0.1"));
+  const auto sgd = run_program(small_run(dir.path()) + " --epochs 1 --weight-decay 1e-4");
+  INFO(sgd.output);
+  REQUIRE(sgd.exit_code == 0);
+  REQUIRE_THAT(sgd.output, MG_CONTAINS("SGD lr 0.05 (cosine) momentum 0.9 weight_decay 0.0001"));
+}
+
+TEST_CASE("train_fashion_mnist: --optimizer and its flags refuse what they cannot take") {
+  auto run = run_program(kProgram + " --optimizer adam");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 2);
+  REQUIRE_THAT(run.output, MG_CONTAINS("--optimizer: adam not in {sgd,adamw}"));
+  run = run_program(kProgram + " --optimizer adamw --momentum 0.5");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 2);
+  REQUIRE_THAT(run.output, MG_CONTAINS("train_fashion_mnist: error: --momentum is SGD's"));
+  run = run_program(kProgram + " --optimizer adamw --weight-decay -1");
+  REQUIRE(run.exit_code == 2);
+  REQUIRE_THAT(run.output, MG_CONTAINS("--weight-decay"));
+}
+
 TEST_CASE("train_fashion_mnist: bad flag values are refused by CLI11") {
   for (const char* flags : {"--epochs abc", "--epochs 0", "--batch-size -4", "--lr -0.1",
                             "--hidden 256,x", "--no-such-flag"}) {
