@@ -303,3 +303,26 @@ TEST_CASE("repository: the library's includes point down the layers") {
   CHECK(checked > 300);
   CHECK(problems.empty());
 }
+
+// What the layout promises: <minigrad/...> is a path from the repository root, in the
+// library, the programs, the benchmarks and the tests alike.
+TEST_CASE("repository: every #include <minigrad/...> is a file of the repository") {
+  static const std::regex include(R"(^\s*#\s*include\s*<(minigrad/[^>]+)>)");
+  std::vector<std::string> problems;
+  size_t checked = 0;
+  for (const std::string& file : tracked_files()) {
+    const std::string ext = fs::path(file).extension().string();
+    if (ext != ".h" && ext != ".cpp" && ext != ".cu" && ext != ".cuh") continue;
+    const std::vector<std::string> lines = lines_of(read_file(kRoot / file));
+    for (size_t i = 0; i < lines.size(); ++i) {
+      std::smatch m;
+      if (!std::regex_search(lines[i], m, include)) continue;
+      ++checked;
+      if (!fs::is_regular_file(kRoot / m[1].str()))
+        problems.push_back(file + ":" + std::to_string(i + 1) + ": <" + m[1].str() + ">");
+    }
+  }
+  INFO(checked << " includes checked" << join(problems));
+  CHECK(checked > 500);
+  CHECK(problems.empty());
+}
