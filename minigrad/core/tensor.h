@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <minigrad/core/checked_math.h>
 #include <minigrad/core/device.h>
 #include <minigrad/core/dtype.h>
 #include <minigrad/core/error.h>
@@ -76,7 +77,11 @@ class Tensor {
   Device device() const { return checked().storage.device(); }
   const Storage& storage() const { return checked().storage; }
   bool is_contiguous() const;
-  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * element_size(dtype()); }
+  // numel * element size; an mg::Error for a broadcast view too large to hold in memory.
+  std::size_t nbytes() const {
+    return static_cast<std::size_t>(
+        checked_mul(numel(), static_cast<int64_t>(element_size(dtype())), "nbytes"));
+  }
 
   // Pointer to the first element (storage + offset). Device memory on CUDA.
   void* data_ptr() const;
