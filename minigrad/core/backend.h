@@ -5,6 +5,11 @@
 // every output and broadcasts inputs (stride-0 views), so a backend only computes:
 // inputs and outputs are already on its device, shapes agree, and any input may be a
 // strided view. Outputs are freshly allocated and contiguous unless stated otherwise.
+// Where an output may be an existing tensor (the in-place forms of binary and
+// binary_scalar, copy and fill into a view, sgd_step), the caller bumps that tensor's
+// version counter (core/tensor.h: bump_version), never the backend: Tensor's in-place
+// methods, ops::copy_, the optimizers and the engine do it, and code that writes a
+// visible tensor through a Backend directly must do it too.
 #pragma once
 
 #include <cstdint>

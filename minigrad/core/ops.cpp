@@ -215,10 +215,12 @@ void copy_(const Tensor& dst, const Tensor& src) {
   MG_CHECK(dst.dtype() == src.dtype(), "copy_: dtype mismatch: destination {} vs source {}",
            dst.dtype(), src.dtype());
   const Tensor source = src.shape() == dst.shape() ? src : expand(src, dst.shape());
-  if (dst.numel() == 0) return;
-  // The non-CPU side's backend moves data between the host and its devices.
-  Backend& b = !dst.device().is_cpu() ? backend_of(dst) : backend_of(source);
-  b.copy(dst, source);
+  if (dst.numel() > 0) {
+    // The non-CPU side's backend moves data between the host and its devices.
+    Backend& b = !dst.device().is_cpu() ? backend_of(dst) : backend_of(source);
+    b.copy(dst, source);
+  }
+  bump_version(dst, "copy_");
 }
 
 Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : clone(t); }

@@ -3,14 +3,15 @@
 // log_softmax with a gather.
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
+#include <minigrad/autograd/saved_tensor.h>
 #include <minigrad/core/ops.h>
 
 namespace mg {
 
 Tensor log_softmax(const Tensor& x, int64_t dim) {
   Tensor out = ops::log_softmax(x, dim);
-  record_function("LogSoftmaxBackward", {x}, {out}, [y = out.detach(), dim](const BackwardArgs& g) {
-    return std::vector<Tensor>{ops::log_softmax_backward(g.grad(), y, dim)};
+  record_function("LogSoftmaxBackward", {x}, {out}, [y = SavedTensor(out), dim](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::log_softmax_backward(g.grad(), y.unpack(g), dim)};
   });
   return out;
 }
@@ -18,8 +19,9 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   Tensor loss = ops::cross_entropy(logits, targets);
   record_function("CrossEntropyBackward", {logits}, {loss},
-                  [logits = logits.detach(), targets = targets.detach()](const BackwardArgs& g) {
-                    return std::vector<Tensor>{ops::cross_entropy_backward(g.grad(), logits, targets)};
+                  [logits = SavedTensor(logits), targets = SavedTensor(targets)](const BackwardArgs& g) {
+                    return std::vector<Tensor>{
+                        ops::cross_entropy_backward(g.grad(), logits.unpack(g), targets.unpack(g))};
                   });
   return loss;
 }

@@ -306,7 +306,7 @@ std::shared_ptr<Work> ProcessGroupNccl::allreduce(std::vector<Tensor> tensors, R
   impl_->throw_if_failed("allreduce");
   DeviceGuard guard(impl_->device());
   // Flattened on the caller's stream; the collective waits for it there.
-  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors));
+  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors), "allreduce");
   auto work = std::make_shared<NcclWork>(
       impl_,
       fmt::format("allreduce #{} ({} of {} bytes)", impl_->sequence++, reduce_op_name(op),
@@ -329,7 +329,7 @@ std::shared_ptr<Work> ProcessGroupNccl::broadcast(std::vector<Tensor> tensors, i
            root, size(), rank());
   impl_->throw_if_failed("broadcast");
   DeviceGuard guard(impl_->device());
-  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors));
+  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors), "broadcast");
   auto work = std::make_shared<NcclWork>(
       impl_,
       fmt::format("broadcast #{} ({} bytes from rank {})", impl_->sequence++, buffer->nbytes(),
@@ -348,7 +348,7 @@ std::shared_ptr<Work> ProcessGroupNccl::barrier() {
   impl_->throw_if_failed("barrier");
   DeviceGuard guard(impl_->device());
   auto buffer = std::make_shared<CoalescedBuffer>(
-      std::vector<Tensor>{zeros(Shape{1}, DType::Float32, impl_->device())});
+      std::vector<Tensor>{zeros(Shape{1}, DType::Float32, impl_->device())}, "barrier");
   auto work = std::make_shared<NcclWork>(
       impl_, fmt::format("barrier #{}", impl_->sequence++), buffer);
   const Tensor flat = buffer->flat();

@@ -43,7 +43,9 @@ void ProcessGroup::check_tensors(const char* collective, const std::vector<Tenso
   }
 }
 
-CoalescedBuffer::CoalescedBuffer(std::vector<Tensor> tensors) : tensors_(std::move(tensors)) {
+CoalescedBuffer::CoalescedBuffer(std::vector<Tensor> tensors, const char* collective)
+    : tensors_(std::move(tensors)) {
+  for (const Tensor& t : tensors_) bump_version(t, collective);
   flat_ = flatten_dense_tensors(tensors_);
   aliased_ = tensors_.size() == 1 && flat_.storage().is_alias_of(tensors_[0].storage());
 }

@@ -95,10 +95,13 @@ class ProcessGroup {
 };
 
 // The tensors of a collective as one contiguous buffer, and the copy back afterwards.
-// A single contiguous tensor is used as it is (no copy at all).
+// A single contiguous tensor is used as it is (no copy at all). Making one bumps the
+// version of every tensor (core/tensor.h: bump_version) under the collective's name:
+// the collective is about to rewrite them in place, so a graph that saved one of them
+// for backward refuses it instead of using the new values.
 class CoalescedBuffer {
  public:
-  explicit CoalescedBuffer(std::vector<Tensor> tensors);
+  CoalescedBuffer(std::vector<Tensor> tensors, const char* collective);
   const Tensor& flat() const { return flat_; }
   // Copies the reduced values back into the tensors (nothing when flat() is theirs).
   void copy_back() const;
