@@ -110,22 +110,27 @@ class Backend {
                              uint64_t offset) = 0;
 
   // ---- elementwise (float32; add/sub/mul/div also int64) ----
+  // relu(NaN) is NaN (PyTorch's clamp_min propagates NaN).
   virtual void unary(UnaryOp op, const Tensor& out, const Tensor& in) = 0;
   // out = a op (alpha * b) for Add/Sub; out = a op b otherwise. `out` may alias `a`
-  // (in-place updates), element for element.
+  // (in-place updates), element for element. int64 sums and products wrap around (two's
+  // complement, as in PyTorch); int64 divisors are checked by ops::binary (no zero, no
+  // INT64_MIN / -1), and alpha is a whole number in int64's range.
   virtual void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b,
                       double alpha) = 0;
   // out = in op scalar (Add or Mul); `out` may alias `in`.
   virtual void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& in,
                              double scalar) = 0;
-  // grad_in = grad_out where input > 0, else 0.
+  // grad_in = 0 where input <= 0, else grad_out (a NaN input passes the gradient, as
+  // PyTorch's threshold_backward).
   virtual void relu_backward(const Tensor& grad_in, const Tensor& grad_out,
                              const Tensor& input) = 0;
 
   // ---- reductions ----
   // `out` has in's rank, size 1 in the reduced dims (keepdim form): out = sum over them.
   virtual void sum(const Tensor& out, const Tensor& in) = 0;
-  // out[i] = argmax_j in[i, j]; in is 2-D, out int64 of size rows.
+  // out[i] = argmax_j in[i, j]; in is 2-D, out int64 of size rows. NaN is larger than
+  // every number (PyTorch's order); ties go to the first index.
   virtual void argmax(const Tensor& out, const Tensor& in) = 0;
 
   // ---- linear algebra ----
@@ -137,8 +142,8 @@ class Backend {
   // broadcast add; a backend can fuse the two (BLAS beta = 1, a cuBLASLt epilogue).
   virtual void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b);
   // out = relu(a @ b + bias): a Linear layer followed by a ReLU. The default is addmm
-  // and then relu in place; a backend can fuse the ReLU too (a cuBLASLt epilogue), which
-  // saves a pass over the activations.
+  // and then relu in place. A backend may fuse the ReLU into its GEMM only where that
+  // keeps relu(NaN) = NaN (cuBLASLt's RELU epilogue is max(x, 0), so CUDA does not).
   virtual void addmm_relu(const Tensor& out, const Tensor& bias, const Tensor& a,
                           const Tensor& b);
 

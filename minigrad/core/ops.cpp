@@ -239,6 +239,38 @@ Tensor copy_to(const Tensor& t, Device device) {
 
 // ---------------------------------------------------------------- elementwise
 
+namespace {
+
+// int64 division traps (SIGFPE) on a zero divisor and on INT64_MIN / -1, whose quotient
+// 2^63 does not fit: both are refused before any kernel runs, as PyTorch's
+// "ZeroDivisionError". The operands are read on the host (a copy, and a wait, for a GPU
+// tensor: integer division is not on any hot path), element pair by element pair after
+// broadcasting.
+void check_int64_division(const Tensor& a, const Tensor& b, const char* op) {
+  const Tensor ha = a.device().is_cpu() ? a : copy_to(a, Device::cpu());
+  const Tensor hb = b.device().is_cpu() ? b : copy_to(b, Device::cpu());
+  const auto* x = static_cast<const int64_t*>(ha.data_ptr());
+  const auto* y = static_cast<const int64_t*>(hb.data_ptr());
+  bool zero = false, overflow = false;
+  cpu::for_each_element<2>(ha.shape(), {&ha.strides(), &hb.strides()},
+                           [&](const std::array<int64_t, 2>& k) {
+                             const int64_t d = y[k[1]];
+                             zero = zero || d == 0;
+                             overflow = overflow ||
+                                        (d == -1 && x[k[0]] == std::numeric_limits<int64_t>::min());
+                           });
+  MG_CHECK(!zero,
+           "{}: ZeroDivisionError: integer division by zero (int64 tensors of shapes {} and {} "
+           "on {})",
+           op, a.shape(), b.shape(), a.device());
+  MG_CHECK(!overflow,
+           "{}: integer overflow: {} / -1 does not fit in int64 (int64 tensors of shapes {} and {} "
+           "on {})",
+           op, std::numeric_limits<int64_t>::min(), a.shape(), b.shape(), a.device());
+}
+
+}  // namespace
+
 Tensor unary(UnaryOp op, const Tensor& x) {
   check_float(op_name(op), x);
   Tensor out = empty(x.shape(), x.dtype(), x.device());
@@ -258,6 +290,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   if (out.numel() == 0) return out;
   const Tensor ea = a.shape() == shape ? a : expand(a, shape);
   const Tensor eb = b.shape() == shape ? b : expand(b, shape);
+  if (op == BinaryOp::Div && a.dtype() == DType::Int64) check_int64_division(ea, eb, name);
   backend_of(a).binary(op, out, ea, eb, 1.0);
   return out;
 }
@@ -267,6 +300,11 @@ Tensor binary_scalar(BinaryOp op, const Tensor& x, double scalar) {
   MG_CHECK(x.dtype() != DType::Int64 || scalar == std::trunc(scalar),
            "{}: the scalar {} is not a whole number, but the tensor (shape {}) is int64",
            op_name(op), scalar, x.shape());
+  if (x.dtype() == DType::Int64) {
+    checked_int64(scalar, op_name(op));
+    if (op == BinaryOp::Div && x.numel() > 0)
+      check_int64_division(x, expand(scalar_tensor(scalar, DType::Int64), x.shape()), "div");
+  }
   Tensor out = empty(x.shape(), x.dtype(), x.device());
   if (x.numel() > 0) backend_of(x).binary_scalar(op, out, x, scalar);
   return out;

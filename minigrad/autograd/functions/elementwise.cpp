@@ -121,6 +121,12 @@ Tensor operator-(const Tensor& a, double b) { return add(a, -b); }
 Tensor operator-(double a, const Tensor& b) { return add(neg(b), a); }
 Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
 Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
-Tensor operator/(const Tensor& a, double b) { return mul(a, 1.0 / b); }
+// a * (1 / b): an int64 tensor takes only the b whose inverse is whole (the result
+// keeps its dtype, and a fraction is refused, not truncated). An int64 tensor divided by
+// 0 is PyTorch's ZeroDivisionError, not a product with infinity.
+Tensor operator/(const Tensor& a, double b) {
+  if (a.dtype() == DType::Int64 && b == 0.0) return ops::binary_scalar(BinaryOp::Div, a, b);
+  return mul(a, 1.0 / b);
+}
 
 }  // namespace mg
