@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <minigrad/core/allocator.h>
+#include <minigrad/core/cross_entropy_options.h>
 #include <minigrad/core/device.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/core/tensor.h>
@@ -152,13 +153,18 @@ class Backend {
   // grad_in = grad_out - exp(output) * sum(grad_out, -1)
   virtual void log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
                                     const Tensor& output) = 0;
-  // loss (scalar) = mean_i (logsumexp(logits[i]) - logits[i, targets[i]]).
-  // targets int64 in [0, classes); the CPU backend checks, the CUDA one assumes it.
-  virtual void cross_entropy(const Tensor& loss, const Tensor& logits,
-                             const Tensor& targets) = 0;
-  // grad_logits = (softmax(logits) - onehot(targets)) * grad_loss / rows
+  // The row losses of core/cross_entropy_options.h, reduced as options.reduction() says
+  // into `loss`: a scalar for Mean and Sum, [rows] for None (0 for an ignored row).
+  // targets int64 [rows], each in [0, classes) or options.ignore_index(); the CPU backend
+  // throws on any other value, the CUDA one reports it through its target check.
+  virtual void cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets,
+                             const CrossEntropyOptions& options) = 0;
+  // grad_logits[i] = (softmax(logits[i]) - q_i) * s_i, where q_i = (1 - eps) onehot(t_i)
+  // + eps / classes and s_i is grad_loss (Sum), grad_loss / rows not ignored (Mean) or
+  // grad_loss[i] (None); an ignored row's gradient is 0.
   virtual void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
-                                      const Tensor& logits, const Tensor& targets) = 0;
+                                      const Tensor& logits, const Tensor& targets,
+                                      const CrossEntropyOptions& options) = 0;
 
   // ---- optimizers ----
   // Updates params (and momentum buffers) in place, as check_sgd_step() describes

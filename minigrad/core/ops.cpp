@@ -463,7 +463,8 @@ Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& output, int64_
   return out;
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& options) {
   check_same_device("cross_entropy", logits, targets);
   MG_CHECK(logits.dim() == 2, "cross_entropy: expected logits of shape [batch, classes], got {}",
            logits.shape());
@@ -476,15 +477,28 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
            targets.shape(), logits.shape(), logits.size(0));
   MG_CHECK(logits.size(0) > 0 && logits.size(1) > 0,
            "cross_entropy: expected a non-empty batch, got logits of shape {}", logits.shape());
-  Tensor loss = empty(Shape{}, DType::Float32, logits.device());
-  backend_of(logits).cross_entropy(loss, logits, targets);
+  const double eps = options.label_smoothing();
+  MG_CHECK(eps >= 0.0 && eps <= 1.0,
+           "cross_entropy: label_smoothing must be between 0.0 and 1.0, got {}", eps);
+  const Shape loss_shape =
+      options.reduction() == Reduction::None ? Shape{logits.size(0)} : Shape{};
+  Tensor loss = empty(loss_shape, DType::Float32, logits.device());
+  backend_of(logits).cross_entropy(loss, logits, targets, options);
   return loss;
 }
 
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits,
-                              const Tensor& targets) {
+                              const Tensor& targets, const CrossEntropyOptions& options) {
+  const Shape loss_shape =
+      options.reduction() == Reduction::None ? Shape{logits.size(0)} : Shape{};
+  MG_CHECK(grad_loss.shape() == loss_shape && grad_loss.device() == logits.device() &&
+               grad_loss.dtype() == DType::Float32,
+           "cross_entropy_backward: expected a float32 gradient of shape {} on {} (reduction "
+           "{}), got shape {} ({}, on {})",
+           loss_shape, logits.device(), reduction_name(options.reduction()), grad_loss.shape(),
+           grad_loss.dtype(), grad_loss.device());
   Tensor grad = empty(logits.shape(), DType::Float32, logits.device());
-  backend_of(logits).cross_entropy_backward(grad, grad_loss, logits, targets);
+  backend_of(logits).cross_entropy_backward(grad, grad_loss, logits, targets, options);
   return grad;
 }
 

@@ -1,6 +1,7 @@
 // log_softmax and cross-entropy. cross_entropy is fused (one kernel forward, one
-// backward: softmax minus one-hot), which is both faster and stabler than composing
-// log_softmax with a gather.
+// backward: softmax minus the smoothed one-hot target), which is both faster and stabler
+// than composing log_softmax with a gather; ignore_index, label smoothing and the
+// reduction are options of the same kernels (core/cross_entropy_options.h).
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
 #include <minigrad/autograd/saved_tensor.h>
@@ -16,12 +17,14 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
   return out;
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
-  Tensor loss = ops::cross_entropy(logits, targets);
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& options) {
+  Tensor loss = ops::cross_entropy(logits, targets, options);
   record_function("CrossEntropyBackward", {logits}, {loss},
-                  [logits = SavedTensor(logits), targets = SavedTensor(targets)](const BackwardArgs& g) {
-                    return std::vector<Tensor>{
-                        ops::cross_entropy_backward(g.grad(), logits.unpack(g), targets.unpack(g))};
+                  [logits = SavedTensor(logits), targets = SavedTensor(targets),
+                   options](const BackwardArgs& g) {
+                    return std::vector<Tensor>{ops::cross_entropy_backward(
+                        g.grad(), logits.unpack(g), targets.unpack(g), options)};
                   });
   return loss;
 }
