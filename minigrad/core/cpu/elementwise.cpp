@@ -99,6 +99,16 @@ T sub(T x, T y) {
   }
 }
 
+// torch.maximum: NaN if either operand is NaN.
+template <typename T>
+T maximum(T x, T y) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(x)) return x;
+    if (std::isnan(y)) return y;
+  }
+  return x > y ? x : y;
+}
+
 template <typename T>
 void binary_typed(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, T alpha) {
   switch (op) {
@@ -106,6 +116,7 @@ void binary_typed(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor&
     case BinaryOp::Sub: map2<T>(out, a, b, [alpha](T x, T y) { return sub(x, mul(alpha, y)); }); break;
     case BinaryOp::Mul: map2<T>(out, a, b, [](T x, T y) { return mul(x, y); }); break;
     case BinaryOp::Div: map2<T>(out, a, b, [](T x, T y) { return x / y; }); break;
+    case BinaryOp::Maximum: map2<T>(out, a, b, [](T x, T y) { return maximum(x, y); }); break;
   }
 }
 
@@ -116,6 +127,7 @@ void binary_scalar_typed(BinaryOp op, const Tensor& out, const Tensor& in, T s) 
     case BinaryOp::Sub: map1<T>(out, in, [s](T x) { return sub(x, s); }); break;
     case BinaryOp::Mul: map1<T>(out, in, [s](T x) { return mul(x, s); }); break;
     case BinaryOp::Div: map1<T>(out, in, [s](T x) { return x / s; }); break;
+    case BinaryOp::Maximum: map1<T>(out, in, [s](T x) { return maximum(x, s); }); break;
   }
 }
 
@@ -129,6 +141,9 @@ void CpuBackend::unary(UnaryOp op, const Tensor& out, const Tensor& in) {
     // x <= 0 is false for NaN, so relu(NaN) is NaN, as PyTorch's (x > 0 ? x : 0 would
     // turn it into 0 and hide the NaN from everything downstream).
     case UnaryOp::Relu: map1<float>(out, in, [](float x) { return x <= 0.0f ? 0.0f : x; }); break;
+    // IEEE square root: correctly rounded, as the GPU's __fsqrt_rn.
+    case UnaryOp::Sqrt: map1<float>(out, in, [](float x) { return std::sqrt(x); }); break;
+    case UnaryOp::Abs: map1<float>(out, in, [](float x) { return std::fabs(x); }); break;
   }
 }
 
