@@ -5,8 +5,12 @@
 // computed before (w*w with w.mul_(5) under a NoGradGuard gave 10, not 2).
 #include "catch_compat.h"
 
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -263,4 +267,27 @@ TEST_CASE("UnsafePreserveVersionCounter: a rewrite that restores the saved value
   }
   CHECK(a.version() == 0);
   CHECK(b.version() == 1);
+}
+
+TEST_CASE("version counter: backward closures capture tensors only as SavedTensor") {
+  // A closure that captured `x = x.detach()` (how every backward saved tensors before)
+  // would skip the version check. Each capture list before a BackwardArgs parameter in
+  // autograd/functions/ is read, and none may call detach().
+  const std::filesystem::path dir =
+      std::filesystem::path(MINIGRAD_SOURCE_DIR) / "minigrad" / "autograd" / "functions";
+  const std::regex capture(R"(\[([^\[\]]*)\]\s*\(\s*const BackwardArgs)");
+  int closures = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::ifstream in(entry.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string source = text.str();
+    for (auto it = std::sregex_iterator(source.begin(), source.end(), capture);
+         it != std::sregex_iterator(); ++it) {
+      ++closures;
+      INFO(entry.path().filename().string() << ": [" << (*it)[1].str() << "]");
+      CHECK((*it)[1].str().find("detach()") == std::string::npos);
+    }
+  }
+  CHECK(closures >= 20);  // the scan found the closures it is meant to check
 }

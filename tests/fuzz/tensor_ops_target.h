@@ -26,7 +26,8 @@
 // with a negative size or an element count past int64 are passed on (the library must
 // refuse them), but it never asks for a valid tensor of more than kMaxElements
 // elements (that would be a legitimate allocation of gigabytes), and it runs ops that
-// allocate or visit every element only on tensors that small. Views of any size
+// allocate or visit in proportion to their operands' sizes only on operands whose sizes
+// multiply (0 counted as 1) to at most kMaxElements. Views of any size
 // (expand to INT64_MAX elements) are made and kept: their arithmetic is the point.
 #pragma once
 
@@ -167,7 +168,18 @@ inline int64_t safe_numel(const std::vector<int64_t>& sizes) {
   return n;
 }
 
-inline bool small(const Tensor& t) { return t.defined() && t.numel() <= kMaxElements; }
+// What an op on t may allocate or visit: the product of its sizes with each 0 counted
+// as 1, not its element count. A sum over dim 0 of an empty [0, 2^40] tensor makes a
+// [1, 2^40] output (4 TiB: a legitimate allocation failure, which ASan reports as a crash
+// rather than returning null), and matmul, cat and broadcasting grow the same way.
+inline bool small(const Tensor& t) {
+  if (!t.defined()) return false;
+  int64_t extent = 1;
+  for (int64_t s : t.shape())
+    if (__builtin_mul_overflow(extent, std::max<int64_t>(s, 1), &extent) || extent > kMaxElements)
+      return false;
+  return true;
+}
 
 // What every tensor a call returns must satisfy.
 inline void check_result(const Tensor& t) {
@@ -430,6 +442,8 @@ class Program {
     const int64_t n = safe_numel(sizes);
     // Valid but large: a real allocation, not a bug. Invalid: passed on, must be refused.
     if (n > kMaxElements) return;
+    // (An empty tensor with huge sizes is cheap to make and is kept; small() keeps ops
+    // that would allocate in proportion to those sizes away from it.)
     switch (kind) {
       case 0: return keep(zeros(shape, dtype));
       case 1: return keep(ones(shape, dtype));

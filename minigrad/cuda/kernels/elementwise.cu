@@ -38,7 +38,13 @@ __device__ __forceinline__ int64_t add_scaled(int64_t a, int64_t alpha, int64_t 
 
 template <typename T>
 struct NegValue {
-  __device__ T operator()(T x) const { return wrap_sub(T(0), x); }
+  __device__ T operator()(T x) const {
+    if constexpr (std::is_integral_v<T>) {
+      return wrap_sub(T(0), x);  // -INT64_MIN wraps to itself
+    } else {
+      return -x;  // not 0 - x, which would turn -0.0 into +0.0
+    }
+  }
 };
 struct ExpValue {
   __device__ float operator()(float x) const { return expf(x); }
