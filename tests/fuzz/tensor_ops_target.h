@@ -91,6 +91,11 @@ enum Op : uint8_t {
   kNumOps
 };
 
+constexpr const char* kOpNames[kNumOps] = {
+    "create", "narrow", "expand", "view", "transpose", "chunk", "cat", "copy_out", "unary",
+    "binary", "scalar", "in_place", "reduce", "matmul", "loss", "require_grad", "backward",
+    "read", "preserve", "as_strided"};
+
 constexpr int64_t kEdges[16] = {
     std::numeric_limits<int64_t>::max(),     std::numeric_limits<int64_t>::min(),
     std::numeric_limits<int64_t>::max() - 1, std::numeric_limits<int64_t>::min() + 1,
@@ -205,13 +210,18 @@ class Program {
  public:
   Program(const uint8_t* data, size_t size) : in_(data, size) {}
 
+  // With MINIGRAD_FUZZ_TRACE set, each op and each refusal is printed to stderr: what a
+  // seed or a saved crash does, step by step.
   void run() {
+    const bool trace = std::getenv("MINIGRAD_FUZZ_TRACE") != nullptr;
     for (int64_t step = 0; step < kMaxOps && !in_.done(); ++step) {
       const auto op = static_cast<Op>(in_.byte() % kNumOps);
+      if (trace) std::fprintf(stderr, "op %lld: %s\n", static_cast<long long>(step), kOpNames[op]);
       try {
         run_op(op);
-      } catch (const mg::Error&) {
+      } catch (const mg::Error& e) {
         // A refused call is a correct answer to bad input.
+        if (trace) std::fprintf(stderr, "  mg::Error: %s\n", e.what());
       }
     }
   }
