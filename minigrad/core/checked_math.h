@@ -45,6 +45,10 @@ inline bool mul_overflows(int64_t a, int64_t b) {
   return __builtin_mul_overflow(a, b, &out);
 }
 
+// ceil(a / b) for a >= 0 and b > 0, without the (a + b - 1) that overflows for a large b
+// (chunk(x, INT64_MAX), a batch size of INT64_MAX).
+inline int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
 // A double that a caller wants stored in, or used as, an int64 (a fill value, a scalar
 // operand, an arange bound): refused unless finite and within [-2^63, 2^63), where the
 // conversion is defined; PyTorch's "value cannot be converted to type int64_t without

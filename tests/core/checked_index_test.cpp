@@ -16,6 +16,9 @@
 #include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/core/tensor.h>
+#include <minigrad/data/dataloader.h>
+#include <minigrad/data/dataset.h>
+#include <minigrad/parallel/comm.h>
 
 using namespace mg;
 
@@ -199,4 +202,22 @@ TEST_CASE("checked index: dims and duplicate dims of reductions and transposes")
   REQUIRE_THROWS_WITH(t.mean({0, 0}), MG_CONTAINS("appears more than once"));
   REQUIRE_THROWS_WITH(t.mean({1, -1}), MG_CONTAINS("appears more than once"));
   REQUIRE_THROWS_WITH(t.argmax(kMin), MG_CONTAINS("argmax"));
+}
+
+TEST_CASE("checked index: batch counts and scatter sizes do not overflow either") {
+  // (n + batch_size - 1) / batch_size wrapped for a batch size near INT64_MAX.
+  auto dataset = std::make_shared<data::TensorDataset>(zeros({10, 2}));
+  data::DataLoaderOptions options;
+  options.batch_size = kMax;
+  CHECK(data::DataLoader(dataset, options).size() == 1);
+  CHECK(ceil_div(10, kMax) == 1);
+  CHECK(parallel::comm::chunk_sizes(10, kMax) == std::vector<int64_t>(10, 1));
+  CHECK(parallel::comm::chunk_sizes(kMax, 2) ==
+        std::vector<int64_t>{int64_t{1} << 62, kMax - (int64_t{1} << 62)});
+  const Tensor x = zeros({4, 2});
+  REQUIRE_THROWS_WITH(parallel::comm::scatter(x, {Device::cpu(), Device::cpu(), Device::cpu()},
+                                              {kMax, kMax, 6}),
+                      MG_CONTAINS("scatter: integer overflow"));
+  REQUIRE_THROWS_WITH(parallel::comm::scatter(x, {Device::cpu(), Device::cpu()}, {-1, 5}),
+                      MG_CONTAINS("scatter") && MG_CONTAINS(">= 0"));
 }

@@ -141,8 +141,7 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
            "zero-dimensional tensor (shape [])");
   dim = wrap_dim(dim, x.dim(), "chunk");
   const int64_t size = x.size(dim);
-  // ceil(size / chunks) without size + chunks - 1, which overflows for large chunks.
-  const int64_t piece = size / chunks + (size % chunks != 0 ? 1 : 0);
+  const int64_t piece = ceil_div(size, chunks);
   std::vector<int64_t> sizes;
   // Each step ends at most at size: start + piece could overflow for a size near INT64_MAX
   // (an expanded view), start + min(piece, size - start) cannot.
