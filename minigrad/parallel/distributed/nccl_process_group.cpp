@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -15,19 +16,8 @@
 #include <minigrad/core/backend.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/cuda/check.h>
-
-// In non-blocking mode an NCCL call may return ncclInProgress: the operation was accepted
-// and completes in the background (Impl::settle waits for it). Anything else but success
-// is an error, reported as MG_NCCL_CHECK reports it.
-#define MG_NCCL_CHECK_NONBLOCKING(expr)                                                     \
-  do {                                                                                      \
-    const ncclResult_t mg_nccl_result_ = (expr);                                            \
-    if (mg_nccl_result_ != ncclSuccess && mg_nccl_result_ != ncclInProgress)                \
-      ::mg::cuda::detail::throw_library_error("NCCL", #expr,                                \
-                                              ncclGetErrorString(mg_nccl_result_),          \
-                                              static_cast<int>(mg_nccl_result_), __FILE__, \
-                                              __LINE__);                                    \
-  } while (0)
+#include <minigrad/parallel/distributed/nccl_point_to_point.h>
+#include <minigrad/parallel/distributed/p2p_message.h>
 
 namespace mg::parallel {
 
@@ -53,10 +43,13 @@ struct ProcessGroupNccl::Impl {
   int size = 1;
   int device_index = 0;
   std::shared_ptr<TCPStore> store;
+  std::string prefix;  // this group's keys in the store: "nccl/0/", "nccl/0/sub1/"
+  uint64_t subgroups = 0;  // new_group calls so far
   ProcessGroupOptions options;
   ncclComm_t comm = nullptr;
   cudaStream_t comm_stream = nullptr;
-  uint64_t sequence = 0;
+  std::atomic<uint64_t> sequence{0};  // numbers operations in messages: "allreduce #3"
+  std::unique_ptr<detail::NcclPointToPoint> p2p;  // send and recv, over lanes of their own
 
   std::mutex mutex;         // guards the two below (wait() may run on any thread)
   bool aborted = false;
@@ -216,8 +209,23 @@ class NcclWork : public Work {
 
 }  // namespace
 
+namespace {
+
+std::string next_group_prefix() {
+  std::lock_guard<std::mutex> lock(group_counter_mutex);
+  return fmt::format("nccl/{}/", group_counter++);
+}
+
+}  // namespace
+
 ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<TCPStore> store, int rank, int size,
                                    ProcessGroupOptions options)
+    : ProcessGroupNccl(std::move(store), next_group_prefix(), rank, size, options) {}
+
+// Also a sub-group (new_group): its own communicator, made like any group's from a
+// unique id that its rank 0 puts in the store under the sub-group's keys.
+ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<TCPStore> store, std::string prefix, int rank,
+                                   int size, ProcessGroupOptions options)
     : ProcessGroup(rank, size), impl_(std::make_shared<Impl>()) {
   MG_CHECK(store != nullptr, "ProcessGroupNccl: store is null (rank {})", rank);
   MG_CHECK(options.timeout.count() > 0, "ProcessGroupNccl: timeout must be positive, got {} ms",
@@ -235,18 +243,14 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<TCPStore> store, int rank, in
   impl_->store = std::move(store);
   impl_->options = options;
 
-  std::string prefix;
-  {
-    std::lock_guard<std::mutex> lock(group_counter_mutex);
-    prefix = fmt::format("nccl/{}/", group_counter++);
-  }
+  impl_->prefix = std::move(prefix);
   DeviceGuard guard(impl_->device());
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + options.timeout;
 
   // The unique id travels through the store: rank 0 makes it, the others wait for it.
   ncclUniqueId id;
-  const std::string key = prefix + "unique_id";
+  const std::string key = impl_->prefix + "unique_id";
   if (rank == 0) {
     MG_NCCL_CHECK(ncclGetUniqueId(&id));
     impl_->store->set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
@@ -265,10 +269,19 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<TCPStore> store, int rank, in
   impl_->settle(fmt::format("ncclCommInitRankConfig (world size {}, cuda:{})", size, index).c_str(),
                 start, deadline);
   MG_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->comm_stream, cudaStreamNonBlocking));
+  detail::NcclLaneConfig lanes;
+  lanes.store = impl_->store;
+  lanes.prefix = impl_->prefix;
+  lanes.rank = rank;
+  lanes.size = size;
+  lanes.device_index = index;
+  lanes.timeout = options.timeout;
+  impl_->p2p = std::make_unique<detail::NcclPointToPoint>(std::move(lanes));
 }
 
 ProcessGroupNccl::~ProcessGroupNccl() {
   if (!impl_) return;
+  impl_->p2p.reset();  // stops the lanes
   DeviceGuard guard(impl_->device());
   if (impl_->comm != nullptr && !impl_->aborted) {
     // A non-blocking communicator is finalised first (that flushes the collectives still
@@ -387,6 +400,35 @@ std::shared_ptr<Work> ProcessGroupNccl::all_gather(Tensor output, Tensor input) 
                                             nccl_dtype(input.dtype()), comm, stream));
   });
   return work;
+}
+
+std::shared_ptr<Work> ProcessGroupNccl::send(std::vector<Tensor> tensors, int dst, int tag) {
+  check_message("send", tensors, dst, tag);
+  std::string description =
+      fmt::format("send #{} (to rank {}, tag {}: {})", impl_->sequence++, dst, tag,
+                  detail::describe(detail::message_header(tensors, tag)));
+  return impl_->p2p->send(std::move(tensors), dst, tag, std::move(description));
+}
+
+std::shared_ptr<Work> ProcessGroupNccl::recv(std::vector<Tensor> tensors, int src, int tag) {
+  check_message("recv", tensors, src, tag);
+  std::string description =
+      fmt::format("recv #{} (from rank {}, tag {}: {})", impl_->sequence++, src, tag,
+                  detail::describe(detail::message_header(tensors, tag)));
+  return impl_->p2p->recv(std::move(tensors), src, tag, std::move(description));
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroupNccl::new_group(const std::vector<int>& ranks) {
+  const int index = check_new_group(ranks);
+  // Every rank of this group calls new_group in the same order, members or not, so the
+  // n-th sub-group has the same keys everywhere; they are under this group's own.
+  const std::string prefix = fmt::format("{}sub{}/", impl_->prefix, impl_->subgroups++);
+  if (index < 0) return nullptr;
+  agree_on_members(*impl_->store, prefix, ranks);
+  ProcessGroupOptions options = impl_->options;
+  options.device_index = impl_->device_index;
+  return std::shared_ptr<ProcessGroupNccl>(new ProcessGroupNccl(
+      impl_->store, prefix, index, static_cast<int>(ranks.size()), options));
 }
 
 std::shared_ptr<Work> ProcessGroupNccl::barrier() {

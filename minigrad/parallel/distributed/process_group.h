@@ -10,6 +10,10 @@
 //                                      buffer (DistributedDataParallel's gradients)
 //   reduce_scatter, all_gather         flat: one tensor in, one out (ZeRO and FSDP shard
 //                                      gradients and gather parameters with these)
+//   send, recv                         point to point, matched by (peer, tag), checked
+//                                      against each other (a pipeline's stages)
+//   new_group                          a sub-group of some ranks, with connections of its
+//                                      own (tensor parallelism inside data parallelism)
 //
 // Backends (the network code is theirs; minigrad re-implements no collective):
 //   ProcessGroupGloo (process_group_gloo.h): CPU tensors, over Gloo's TCP transport.
@@ -29,6 +33,8 @@
 #include <minigrad/core/tensor.h>
 
 namespace mg::parallel {
+
+class TCPStore;
 
 enum class ReduceOp { Sum, Average };
 const char* reduce_op_name(ReduceOp op);
@@ -107,6 +113,34 @@ class ProcessGroup {
                                                ReduceOp op = ReduceOp::Sum) = 0;
   virtual std::shared_ptr<Work> all_gather(Tensor output, Tensor input) = 0;
 
+  // Point to point, as torch.distributed.isend / irecv: the tensors travel as one message
+  // (coalesced; float32 or int64, one dtype) to group rank `dst`, and recv fills its
+  // tensors from the message that rank `src` sent. Messages from one rank to another are
+  // matched by tag (tag >= 0), in the order they were posted; other tags and other peers
+  // are independent, so any number may be in flight, and a send and a recv between the
+  // same two ranks may be posted in either order (a 1F1B pipeline posts both). Only
+  // wait() blocks: a send completes once its peer has taken the message (Gloo) or it has
+  // left (NCCL), a recv once the message is in its tensors. A recv whose tensors differ
+  // from the message's (number, shapes or dtype) fails with both descriptions, and the
+  // message is dropped. The tensors must not be touched until wait(); the wait is bounded
+  // by the group's timeout.
+  virtual std::shared_ptr<Work> send(std::vector<Tensor> tensors, int dst, int tag = 0) = 0;
+  virtual std::shared_ptr<Work> recv(std::vector<Tensor> tensors, int src, int tag = 0) = 0;
+  std::shared_ptr<Work> send(const Tensor& tensor, int dst, int tag = 0) {
+    return send(std::vector<Tensor>{tensor}, dst, tag);
+  }
+  std::shared_ptr<Work> recv(const Tensor& tensor, int src, int tag = 0) {
+    return recv(std::vector<Tensor>{tensor}, src, tag);
+  }
+
+  // Sub-groups, as torch.distributed.new_group: every rank of this group calls it, in the
+  // same order, with the same sorted list of distinct ranks of this group; the members
+  // get a new group whose rank() is their index in `ranks`, the others nullptr. Same
+  // backend, device and timeout. A sub-group has connections, store keys and tags of its
+  // own, so its collectives and messages run beside this group's and other sub-groups'
+  // without mixing (a 2-D mesh: row and column groups). Sub-groups have sub-groups too.
+  virtual std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) = 0;
+
  protected:
   // Checks the tensors of a collective against this group: defined, on device(), one
   // dtype that the op supports. Names the collective, the tensor index and the rank.
@@ -115,6 +149,18 @@ class ProcessGroup {
   // Checks the two tensors of reduce_scatter (whole = input, part = output) or all_gather
   // (whole = output, part = input) as the comment above says, naming the collective, the
   // sizes and the rank. Returns true when part is whole's slice for this rank (in place).
+  // Checks a send or recv: its tensors (as check_tensors), a peer in [0, size()) other
+  // than this rank, and a tag >= 0.
+  void check_message(const char* op, const std::vector<Tensor>& tensors, int peer,
+                     int tag) const;
+  // Checks new_group's ranks (not empty, sorted, distinct, in [0, size())) and returns
+  // this rank's index in them, or -1 when it is not a member.
+  int check_new_group(const std::vector<int>& ranks) const;
+  // For a member of a new sub-group: checks through the store, under the sub-group's
+  // keys, that every member was given the same ranks (an mg::Error naming the first one
+  // that was not, or that did not arrive within timeout()).
+  void agree_on_members(TCPStore& store, const std::string& prefix,
+                        const std::vector<int>& ranks) const;
   bool check_flat_pair(const char* collective, const Tensor& whole, const char* whole_name,
                        const Tensor& part, const char* part_name, bool average) const;
 
