@@ -37,7 +37,7 @@ Tensor leaf(std::vector<float> values, const Shape& shape) {
 
 }  // namespace
 
-TEST_CASE("version counter: the issue's case, w*w after w.mul_(5), throws instead of grad 10") {
+TEST_CASE("version counter: w*w, then w.mul_(5) under no_grad, then backward throws instead of grad 10") {
   Tensor w = ones({3}).set_requires_grad(true);
   Tensor y = (w * w).sum();
   {

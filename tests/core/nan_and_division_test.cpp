@@ -78,7 +78,7 @@ TEST_CASE("NaN: linear_relu and a Sequential with NaN weights give NaN, as the u
       CHECK(fused[i] == unfused[i]);
     }
   }
-  // The issue's symptom: a checkpoint with a NaN weight trained on with a finite loss.
+  // A checkpoint with a NaN weight used to train on with a finite loss (relu hid the NaN).
   auto model = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
       std::make_shared<nn::Linear>(3, 5), std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Linear>(5, 2)});
