@@ -219,6 +219,9 @@ TEST_CASE("version counter: gradient accumulation, zero_grad and collectives bum
   const Tensor view = bucket.narrow(0, 1, 2);
   const parallel::CoalescedBuffer buffer({view}, "allreduce");
   CHECK(bucket.version() == 1);
+  // One that only reads them (a send of activations a graph still needs) leaves them be.
+  const parallel::CoalescedBuffer sent({view, bucket}, /*writes_as=*/nullptr);
+  CHECK(bucket.version() == 1);
 }
 
 TEST_CASE("UnsafePreserveVersionCounter: a rewrite that restores the saved values keeps the graph") {

@@ -170,13 +170,15 @@ class ProcessGroup {
 };
 
 // The tensors of a collective as one contiguous buffer, and the copy back afterwards.
-// A single contiguous tensor is used as it is (no copy at all). Making one bumps the
-// version of every tensor (core/tensor.h: bump_version) under the collective's name:
-// the collective is about to rewrite them in place, so a graph that saved one of them
-// for backward refuses it instead of using the new values.
+// A single contiguous tensor is used as it is (no copy at all). For a collective that
+// rewrites the tensors in place (allreduce, broadcast, recv), `writes_as` is its name and
+// making the buffer bumps every tensor's version counter under it (core/tensor.h:
+// bump_version), so a graph that saved one of them for backward refuses it instead of
+// using the new values; a collective that only reads them (send) passes nullptr and
+// leaves their versions alone (a pipeline stage sends activations its graph still needs).
 class CoalescedBuffer {
  public:
-  CoalescedBuffer(std::vector<Tensor> tensors, const char* collective);
+  CoalescedBuffer(std::vector<Tensor> tensors, const char* writes_as);
   const Tensor& flat() const { return flat_; }
   // Copies the reduced values back into the tensors (nothing when flat() is theirs).
   void copy_back() const;
