@@ -4,6 +4,10 @@
 #include <minigrad/autograd/anomaly_mode.h>
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/grad_mode.h>
+#include <minigrad/autograd/saved_tensor.h>
+#include <minigrad/autograd/version_counter.h>
+#include <minigrad/core/checked_math.h>
+#include <minigrad/core/cross_entropy_options.h>
 #include <minigrad/core/device.h>
 #include <minigrad/core/dtype.h>
 #include <minigrad/core/error.h>

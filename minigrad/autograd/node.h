@@ -65,24 +65,31 @@ class Node {
 };
 
 // What a backward function receives: the output gradients (zeros where an output got
-// none) and which inputs want a gradient, so it can skip work nobody needs.
+// none), which inputs want a gradient, so it can skip work nobody needs, and the name
+// of the node, which SavedTensor::unpack quotes when a saved tensor was modified.
 class BackwardArgs {
  public:
-  BackwardArgs(const std::vector<Tensor>& grads, const std::vector<Edge>& edges)
-      : grads_(grads), edges_(edges) {}
+  BackwardArgs(const std::vector<Tensor>& grads, const std::vector<Edge>& edges,
+               const std::string& node_name)
+      : grads_(grads), edges_(edges), node_name_(node_name) {}
   const Tensor& grad(size_t output = 0) const { return grads_[output]; }
   const std::vector<Tensor>& grads() const { return grads_; }
   bool needs(size_t input) const { return edges_[input].valid(); }
+  const std::string& node_name() const { return node_name_; }
 
  private:
   const std::vector<Tensor>& grads_;
   const std::vector<Edge>& edges_;
+  const std::string& node_name_;
 };
 
 using BackwardFunction = std::function<std::vector<Tensor>(const BackwardArgs&)>;
 
 // A Node whose backward is a closure written next to its forward (see autograd/functions/).
-// The closure holds the tensors forward saved; release_saved() drops it.
+// The closure holds what forward saved: tensors only as SavedTensor
+// (autograd/saved_tensor.h), which checks their version when backward unpacks them, so
+// an in-place write between forward and backward is an error and not a wrong gradient.
+// release_saved() drops the closure.
 class FunctionNode final : public Node {
  public:
   FunctionNode(std::string name, BackwardFunction backward)

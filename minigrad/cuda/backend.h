@@ -61,9 +61,11 @@ class CudaBackend final : public Backend {
   void log_softmax(const Tensor& out, const Tensor& in) override;
   void log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
                             const Tensor& output) override;
-  void cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets) override;
+  void cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& options) override;
   void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
-                              const Tensor& logits, const Tensor& targets) override;
+                              const Tensor& logits, const Tensor& targets,
+                              const CrossEntropyOptions& options) override;
 
   // blas.cpp
   void matmul(const Tensor& out, const Tensor& a, const Tensor& b) override;

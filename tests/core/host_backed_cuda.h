@@ -106,12 +106,14 @@ class HostBackedCudaBackend final : public Backend {
                             const Tensor& output) override {
     cpu().log_softmax_backward(grad_in, grad_out, output);
   }
-  void cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets) override {
-    cpu().cross_entropy(loss, logits, targets);
+  void cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& options) override {
+    cpu().cross_entropy(loss, logits, targets, options);
   }
   void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
-                              const Tensor& logits, const Tensor& targets) override {
-    cpu().cross_entropy_backward(grad_logits, grad_loss, logits, targets);
+                              const Tensor& logits, const Tensor& targets,
+                              const CrossEntropyOptions& options) override {
+    cpu().cross_entropy_backward(grad_logits, grad_loss, logits, targets, options);
   }
 
  private:

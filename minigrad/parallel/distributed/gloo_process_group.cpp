@@ -350,7 +350,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(std::vector<Tensor> tensors, R
   // A group of one has nothing to exchange: the sum and the mean are the tensors as they are.
   if (size() == 1) return std::make_shared<CompletedWork>();
   // Coalesced on the caller's thread: the caller may reuse its gradients at once.
-  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors));
+  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors), "allreduce");
   const std::string detail = fmt::format("{} of {} bytes", reduce_op_name(op), buffer->nbytes());
   Impl* impl = impl_.get();
   return impl->enqueue("allreduce", detail, [impl, buffer, op](uint32_t tag) {
@@ -374,7 +374,7 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(std::vector<Tensor> tensors, i
   MG_CHECK(root >= 0 && root < size(), "broadcast (gloo): root {} is outside [0, {}) (rank {})",
            root, size(), rank());
   if (size() == 1) return std::make_shared<CompletedWork>();
-  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors));
+  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors), "broadcast");
   const std::string detail = fmt::format("{} bytes from rank {}", buffer->nbytes(), root);
   Impl* impl = impl_.get();
   return impl->enqueue("broadcast", detail, [impl, buffer, root](uint32_t tag) {
@@ -397,6 +397,7 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(Tensor output, Tensor inp
     return std::make_shared<CompletedWork>();
   }
   if (output.numel() == 0) return std::make_shared<CompletedWork>();
+  bump_version(output, "reduce_scatter");  // rewritten in place (core/tensor.h)
   const std::string detail = fmt::format("{} of {} {} elements into {}", reduce_op_name(op),
                                          input.numel(), dtype_name(input.dtype()), output.numel());
   Impl* impl = impl_.get();
@@ -428,6 +429,7 @@ std::shared_ptr<Work> ProcessGroupGloo::all_gather(Tensor output, Tensor input) 
     return std::make_shared<CompletedWork>();
   }
   if (input.numel() == 0) return std::make_shared<CompletedWork>();
+  bump_version(output, "all_gather");  // rewritten in place (core/tensor.h)
   const std::string detail = fmt::format("{} x {} {} elements", size(), input.numel(),
                                          dtype_name(input.dtype()));
   Impl* impl = impl_.get();
