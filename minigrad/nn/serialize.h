@@ -22,7 +22,7 @@
 // the fault; so is a float tensor holding a NaN or an infinity, unless
 // LoadOptions::allow_non_finite says otherwise.
 //
-// One checkpoint can hold several things (issue 8: model, optimizer, RNG, epoch):
+// One checkpoint can hold several things (model, optimizer, random generator, epoch):
 //
 //   nn::Checkpoint ck;
 //   ck.put("model.", nn::state_dict(model));
