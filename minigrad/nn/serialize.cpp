@@ -91,9 +91,10 @@ std::vector<uint64_t> unsigned_list(const char* op, const std::string& path, con
   return out;
 }
 
-// A NaN or an infinity in a checkpoint is nearly always a run that diverged; loaded
-// silently, it trains on with a finite-looking loss (relu turns the NaN into zeros) to
-// chance accuracy. Every float tensor is checked, and the message lists each bad one.
+// A NaN or an infinity in a checkpoint is nearly always the state of a run that
+// diverged; loading it silently moves the failure away from its cause (a run resumed from
+// it stops at its first step, or trains on with dead units). Every float tensor is
+// checked, and the message lists each bad one.
 void check_finite(const char* op, const std::string& path, const TensorDict& tensors) {
   std::string list;
   size_t bad_tensors = 0;
@@ -113,8 +114,8 @@ void check_finite(const char* op, const std::string& path, const TensorDict& ten
   }
   if (bad_tensors > 0)
     MG_FAIL("{}: '{}' holds non-finite values (NaN or infinity) in {} tensor{} (a checkpoint of "
-            "a run that diverged?); nothing was loaded. Set LoadOptions::allow_non_finite to "
-            "load it anyway:{}",
+            "a run that diverged?); nothing was loaded (nn::LoadOptions::allow_non_finite "
+            "loads it anyway):{}",
             op, path, bad_tensors, bad_tensors == 1 ? "" : "s", list);
 }
 
