@@ -16,6 +16,7 @@
 //   devices              --devices: cpu, GPU ids, cpu,cpu
 //   distributed_run      --distributed: joining the job, agreeing over the ranks
 //   training_checkpoint  --save / --resume: model, optimizer, where the run stands
+//   run_files            the paths of --save, --metrics, --plot, --resume, checked first
 //   stop_signal          Ctrl-C / SIGTERM: stop after the step in progress, checkpoint
 //   running_loss         the epoch's training loss, kept on the device
 //   evaluate             the test loss and accuracy
@@ -58,6 +59,7 @@
 #include "support/distributed_run.h"
 #include "support/evaluate.h"
 #include "support/progress.h"
+#include "support/run_files.h"
 #include "support/running_loss.h"
 #include "support/stop_signal.h"
 #include "support/train_options.h"
@@ -326,6 +328,9 @@ int run(const TrainOptions& options) {
       options.distributed
           ? samples::join_distributed_run(options.dist_timeout, options.batch_size, devices)
           : DistributedRun{};
+  // Before the data loads and anything trains: a path that cannot be used fails now, not
+  // when the first epoch is done (or never, as a FIFO given to --resume would).
+  samples::check_run_files(options, dist, devices.front());
   data::FashionMNISTOptions data_options;
   data_options.normalize = !options.no_normalize;
   auto train_set =

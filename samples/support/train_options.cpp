@@ -57,11 +57,18 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
       ->capture_default_str();
   app.add_flag("--no-normalize", options.no_normalize,
                "Scale pixels to [0, 1] only (default: also normalise with mean 0.2860, std 0.3530)");
-  app.add_option("--save", options.save, "Write a checkpoint (safetensors) here after every epoch");
-  app.add_option("--resume", options.resume, "Continue from a checkpoint written by --save");
+  app.add_option("--save", options.save,
+                 "Write a checkpoint (safetensors) here after every epoch, replacing the file "
+                 "atomically; a symbolic link is followed and the file it points to replaced; "
+                 "anything else that is not a regular file is refused");
+  app.add_option("--resume", options.resume,
+                 "Continue from a checkpoint written by --save (a regular file; one holding NaN "
+                 "or infinite values is refused)");
   app.add_option("--metrics", options.metrics,
-                 "Write per-epoch metrics to this CSV (epoch,train_loss,test_loss,test_accuracy,seconds)");
-  app.add_option("--plot", options.plot, "Draw the loss and accuracy curves into this SVG");
+                 "Write per-epoch metrics to this CSV (epoch,train_loss,test_loss,test_accuracy,"
+                 "seconds), replaced as --save is");
+  app.add_option("--plot", options.plot,
+                 "Draw the loss and accuracy curves into this SVG, replaced as --save is");
   app.add_flag("--distributed", options.distributed,
                "One process per device with DistributedDataParallel; start with minigrad-run "
                "(--batch-size stays the global batch)");
