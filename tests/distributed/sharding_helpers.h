@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include <minigrad/autograd/functions.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/nn/layers.h>
+#include <minigrad/nn/optim/optimizer.h>
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/parallel/distributed/flat_parameter.h>
 #include <minigrad/parallel/distributed/process_group_gloo.h>
@@ -86,29 +88,62 @@ inline void require_close(const std::vector<float>& a, const std::vector<float>&
   }
 }
 
+// Builds an optimizer over the given tensors (the whole model's, or a rank's shards).
+using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
+
+inline MakeOptimizer sgd_momentum() {
+  return [](std::vector<Tensor> params) {
+    return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions(0.1).momentum(0.9));
+  };
+}
+
+// Clips the whole gradient to max_norm, computed here on its own (in double) as
+// torch.nn.utils.clip_grad_norm_ does: the reference for the sharded versions.
+inline void reference_clip(const std::vector<Tensor>& params, double max_norm) {
+  double squares = 0.0;
+  for (float g : flat_values(params, true)) squares += static_cast<double>(g) * g;
+  const double coef = max_norm / (std::sqrt(squares) + 1e-6);
+  if (coef >= 1.0) return;
+  for (const Tensor& p : params) Tensor(p.grad()).mul_(coef);
+}
+
 // The single-process run on the whole batch: the loss of every step, the gradients of
-// the first, and the parameters after the last.
+// the first (after clipping, when max_norm > 0), and the parameters after the last.
 struct Reference {
   std::vector<float> losses;
   std::vector<float> first_grads;
   std::vector<float> params;
 };
 
-inline Reference reference_run(uint64_t seed, int steps, const optim::SGDOptions& options) {
+inline Reference reference_run(uint64_t seed, int steps, const MakeOptimizer& make,
+                               double max_norm = 0.0) {
   auto net = make_uneven_mlp(seed);
-  optim::SGD sgd(net->parameters(), options);
+  auto opt = make(net->parameters());
   Reference ref;
   for (int step = 0; step < steps; ++step) {
     const ShardBatch b = make_shard_batch(static_cast<uint64_t>(50 + step));
-    sgd.zero_grad();
+    opt->zero_grad();
     const Tensor loss = cross_entropy(net->forward(b.x), b.y);
     loss.backward();
+    if (max_norm > 0.0) reference_clip(net->parameters(), max_norm);
     ref.losses.push_back(loss.item<float>());
     if (step == 0) ref.first_grads = flat_values(net->parameters(), true);
-    sgd.step();
+    opt->step();
   }
   ref.params = flat_values(net->parameters());
   return ref;
+}
+
+// The mean over the ranks of each step's loss (the whole batch's loss, for equal slices).
+inline std::vector<float> mean_losses(const std::vector<RankResult>& results) {
+  std::vector<float> mean;
+  for (const RankResult& r : results) {
+    const auto losses = r.floats("losses");
+    mean.resize(losses.size(), 0.0f);
+    for (size_t i = 0; i < losses.size(); ++i)
+      mean[i] += losses[i] / static_cast<float>(results.size());
+  }
+  return mean;
 }
 
 // Rebuilds a flattened group (parameters in order, padding dropped) from every rank's

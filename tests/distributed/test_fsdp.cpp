@@ -91,7 +91,7 @@ const std::vector<int64_t> kUnitNumels{42, 16, 3, 6};
 }  // namespace
 
 TEST_CASE("FullyShardedDataParallel: SGD steps equal the single-process whole-batch steps and DDP's") {
-  const Reference ref = reference_run(77, kSteps, kSgd);
+  const Reference ref = reference_run(77, kSteps, sgd_momentum());
   for (int world : {2, 4}) {
     DYNAMIC_SECTION(world << " ranks") {
       auto results = run_ranks(world, [](RankContext& ctx) {
@@ -124,7 +124,7 @@ TEST_CASE("FullyShardedDataParallel: SGD steps equal the single-process whole-ba
 }
 
 TEST_CASE("FullyShardedDataParallel: the comparison fails for a missing collective or a double average") {
-  const Reference ref = reference_run(77, kSteps, kSgd);
+  const Reference ref = reference_run(77, kSteps, sgd_momentum());
   for (Variant variant : {Variant::NoCommunication, Variant::AveragedTwice}) {
     DYNAMIC_SECTION((variant == Variant::NoCommunication ? "no communication" : "averaged twice")) {
       auto results = run_ranks(2, [variant](RankContext& ctx) { train_fsdp(ctx, variant); });

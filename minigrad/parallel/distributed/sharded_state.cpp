@@ -31,6 +31,12 @@ Tensor slot_of(const Tensor& flat, const FlatParameter& group, size_t k) {
                    group.params()[k].shape());
 }
 
+bool same_values(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  if (a.dtype() == DType::Int64) return a.to_vector<int64_t>() == b.to_vector<int64_t>();
+  return a.to_vector<float>() == b.to_vector<float>();
+}
+
 }  // namespace
 
 nn::TensorDict gather_full_optimizer_state(const nn::TensorDict& sharded,
@@ -112,21 +118,21 @@ nn::TensorDict shard_full_optimizer_state(const nn::TensorDict& full,
     }
     if (!complete) continue;
     if (per_element) {
-      Tensor all = zeros(Shape{flat.layout().padded_numel()}, DType::Float32, device);
+      Tensor all = zeros(Shape{flat.layout().padded_numel()}, states[0].dtype(), device);
       for (size_t k = 0; k < states.size(); ++k) ops::copy_(slot_of(all, flat, k), states[k]);
       const ShardLayout& layout = flat.layout();
       sharded.emplace(fmt::format("{}.{}", name, g),
                       ops::clone(ops::narrow(all, 0, layout.shard_begin(flat.rank()),
                                              layout.shard_numel)));
     } else {
-      // Per-parameter state (a step count): equal for every parameter of the group.
+      // Per-parameter state (Adam's step count): one value for the whole group, so every
+      // parameter of it must hold the same. It stays where it is (Adam keeps it on the CPU).
       for (size_t k = 1; k < states.size(); ++k)
-        if (states[k].shape() != states[0].shape() ||
-            states[k].to_vector<float>() != states[0].to_vector<float>())
+        if (!same_values(states[k], states[0]))
           problems.push_back(fmt::format(
               "'{}' differs between parameters {} and {} of one shard group (shape {} and {})",
               name, flat.indices()[0], flat.indices()[k], states[0].shape(), states[k].shape()));
-      sharded.emplace(fmt::format("{}.{}", name, g), ops::copy_to(states[0], device));
+      sharded.emplace(fmt::format("{}.{}", name, g), ops::clone(states[0]));
     }
   }
   if (!problems.empty()) {
