@@ -47,25 +47,27 @@ std::vector<float> full_params(FullyShardedDataParallel& fsdp) {
 // How a rank trains: FSDP as it is, or one of the wrong variants the comparison must catch.
 enum class Variant { Fsdp, NoCommunication, AveragedTwice };
 
-void train_fsdp(RankContext& ctx, Variant variant) {
+void train_fsdp(RankContext& ctx, Variant variant, const MakeOptimizer& make,
+                double max_norm = 0.0) {
   // No communication: a group of this rank alone, so nothing is reduced or gathered.
   auto pg = variant == Variant::NoCommunication ? single_process_group() : ctx.gloo();
   // Each rank starts from other weights: FSDP must start them all from rank 0's.
   auto net = make_uneven_mlp(77 + static_cast<uint64_t>(ctx.rank));
   auto fsdp = fully_shard(net, pg);
-  optim::SGD sgd(fsdp->parameters(), kSgd);
+  auto opt = make(fsdp->parameters());  // over the shards
   std::vector<float> losses;
   for (int step = 0; step < kSteps; ++step) {
     const ShardBatch b = local_slice(step, ctx.rank, ctx.world_size);
-    sgd.zero_grad();
+    opt->zero_grad();
     Tensor loss = cross_entropy(fsdp->forward(b.x), b.y);
     losses.push_back(loss.item<float>());
     if (variant == Variant::AveragedTwice) loss = loss * (1.0 / ctx.world_size);
     loss.backward();
+    if (max_norm > 0.0) parallel::clip_grad_norm_(fsdp->parameters(), max_norm, *pg);
     if (step == 0)
       for (size_t u = 0; u < fsdp->num_units(); ++u)
         ctx.report(fmt::format("grad.{}", u), fsdp->unit(u).shard().grad());
-    sgd.step();
+    opt->step();
   }
   ctx.report("losses", losses);
   const auto params = full_params(*fsdp);
@@ -90,35 +92,32 @@ const std::vector<int64_t> kUnitNumels{42, 16, 3, 6};
 
 }  // namespace
 
-TEST_CASE("FullyShardedDataParallel: SGD steps equal the single-process whole-batch steps and DDP's") {
-  const Reference ref = reference_run(77, kSteps, sgd_momentum());
-  for (int world : {2, 4}) {
-    DYNAMIC_SECTION(world << " ranks") {
-      auto results = run_ranks(world, [](RankContext& ctx) {
-        train_fsdp(ctx, Variant::Fsdp);
-        ctx.report("ddp", ddp_params(ctx));
-      });
-      INFO(describe(results));
-      for (const RankResult& r : results) REQUIRE(r.ok());
-
-      // The loss of the whole batch is the mean of the ranks' losses on equal slices.
-      for (int step = 0; step < kSteps; ++step) {
-        double mean = 0.0;
-        for (const RankResult& r : results) mean += r.floats("losses")[static_cast<size_t>(step)];
-        mean /= world;
-        CHECK(mean == Approx(ref.losses[static_cast<size_t>(step)]).epsilon(1e-5));
+TEST_CASE("FullyShardedDataParallel: steps equal the single-process whole-batch steps and DDP's") {
+  for (double max_norm : {0.0, 0.5}) {
+    const Reference ref = reference_run(77, kSteps, sgd_momentum(), max_norm);
+    for (int world : {2, 4}) {
+      DYNAMIC_SECTION(world << " ranks" << (max_norm > 0 ? ", clipped" : "")) {
+        auto results = run_ranks(world, [max_norm](RankContext& ctx) {
+          train_fsdp(ctx, Variant::Fsdp, sgd_momentum(), max_norm);
+          if (max_norm == 0.0) ctx.report("ddp", ddp_params(ctx));
+        });
+        INFO(describe(results));
+        for (const RankResult& r : results) REQUIRE(r.ok());
+        // The loss of the whole batch is the mean of the ranks' losses on equal slices.
+        require_close(mean_losses(results), ref.losses);
+        // The shards of the averaged gradient, put back together, are the whole gradient.
+        std::vector<float> grads;
+        for (size_t u = 0; u < kUnitNumels.size(); ++u) {
+          const auto unit = unshard_reports(results, fmt::format("grad.{}", u), kUnitNumels[u]);
+          grads.insert(grads.end(), unit.begin(), unit.end());
+        }
+        require_close(grads, ref.first_grads);
+        require_close(results[0].floats("params"), ref.params);
+        if (max_norm == 0.0)
+          for (const RankResult& r : results) require_close(r.floats("ddp"), ref.params);
+        // On 4 ranks, rank 3's shard of unit 2 (3 elements) is padding alone.
+        if (world == 4) REQUIRE(make_shard_layout({2, 1}, 4).real_numel(3) == 0);
       }
-      // The shards of the averaged gradient, put back together, are the whole gradient.
-      std::vector<float> grads;
-      for (size_t u = 0; u < kUnitNumels.size(); ++u) {
-        const auto unit = unshard_reports(results, fmt::format("grad.{}", u), kUnitNumels[u]);
-        grads.insert(grads.end(), unit.begin(), unit.end());
-      }
-      require_close(grads, ref.first_grads);
-      require_close(results[0].floats("params"), ref.params);
-      for (const RankResult& r : results) require_close(r.floats("ddp"), ref.params);
-      // A shard of padding alone: on 4 ranks, rank 3's shard of unit 2 (3 elements).
-      if (world == 4) REQUIRE(make_shard_layout({2, 1}, 4).real_numel(3) == 0);
     }
   }
 }
@@ -127,50 +126,13 @@ TEST_CASE("FullyShardedDataParallel: the comparison fails for a missing collecti
   const Reference ref = reference_run(77, kSteps, sgd_momentum());
   for (Variant variant : {Variant::NoCommunication, Variant::AveragedTwice}) {
     DYNAMIC_SECTION((variant == Variant::NoCommunication ? "no communication" : "averaged twice")) {
-      auto results = run_ranks(2, [variant](RankContext& ctx) { train_fsdp(ctx, variant); });
+      auto results = run_ranks(
+          2, [variant](RankContext& ctx) { train_fsdp(ctx, variant, sgd_momentum()); });
       INFO(describe(results));
       for (const RankResult& r : results) REQUIRE(r.ok());
       CHECK_FALSE(all_close(results[0].floats("params"), ref.params));
     }
   }
-}
-
-TEST_CASE("FullyShardedDataParallel: sharded clip_grad_norm_ equals clipping the whole gradient") {
-  // Reference: clip the whole batch's gradient to a norm below its own.
-  auto net = make_uneven_mlp(5);
-  const ShardBatch b = make_shard_batch(6);
-  cross_entropy(net->forward(b.x), b.y).backward();
-  double squares = 0.0;
-  for (float g : flat_values(net->parameters(), true)) squares += static_cast<double>(g) * g;
-  const double norm = std::sqrt(squares);
-  const double max_norm = norm / 3.0;
-  std::vector<float> clipped = flat_values(net->parameters(), true);
-  for (float& g : clipped) g = static_cast<float>(g * (max_norm / (norm + 1e-6)));
-
-  auto results = run_ranks(4, [max_norm](RankContext& ctx) {
-    auto pg = ctx.gloo();
-    auto fsdp = fully_shard(make_uneven_mlp(5), pg);
-    const ShardBatch all = make_shard_batch(6);
-    const int64_t per = kShardBatch / 4;
-    cross_entropy(fsdp->forward(all.x.narrow(0, ctx.rank * per, per)),
-                  all.y.narrow(0, ctx.rank * per, per))
-        .backward();
-    const double total = parallel::clip_grad_norm_(fsdp->parameters(), max_norm, *pg);
-    ctx.report("norm", std::vector<float>{static_cast<float>(total)});
-    for (size_t u = 0; u < fsdp->num_units(); ++u)
-      ctx.report(fmt::format("grad.{}", u), fsdp->unit(u).shard().grad());
-  });
-  INFO(describe(results));
-  for (const RankResult& r : results) {
-    REQUIRE(r.ok());
-    CHECK(r.floats("norm")[0] == Approx(norm).epsilon(1e-5));
-  }
-  std::vector<float> grads;
-  for (size_t u = 0; u < kUnitNumels.size(); ++u) {
-    const auto unit = unshard_reports(results, fmt::format("grad.{}", u), kUnitNumels[u]);
-    grads.insert(grads.end(), unit.begin(), unit.end());
-  }
-  require_close(grads, clipped);
 }
 
 namespace {

@@ -66,11 +66,10 @@ FlatParameter::FlatParameter(std::vector<Tensor> params, std::vector<size_t> ind
   full_ = zeros(Shape{layout_.padded_numel()}, DType::Float32, device);  // padding: zeros
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
-    const Tensor slot =
-        ops::view(ops::narrow(full_, 0, layout_.offsets[i], layout_.numels[i]), p.shape());
-    ops::copy_(slot, p);
+    const Tensor home = slot(full_, i);
+    ops::copy_(home, p);
     // From here on the parameter is its slot: its old memory goes with the last handle.
-    p.set_data(slot);
+    p.set_data(home);
   }
   const Tensor mine = ops::narrow(full_, 0, layout_.shard_begin(rank), layout_.shard_numel);
   shard_ = storage == ShardStorage::ViewOfFull ? mine.detach() : ops::clone(mine);
@@ -96,20 +95,14 @@ std::shared_ptr<Work> FlatParameter::all_gather(ProcessGroup& group) const {
   return group.all_gather(full_, shard_.detach());
 }
 
-Tensor FlatParameter::flatten_grads() const {
-  const Device device = full_.device();
-  Tensor flat = empty(Shape{layout_.padded_numel()}, DType::Float32, device);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor slot = ops::narrow(flat, 0, layout_.offsets[i], layout_.numels[i]);
-    const Tensor grad = params_[i].grad();
-    if (grad.defined()) {
-      ops::copy_(ops::view(slot, grad.shape()), grad);
-    } else if (slot.numel() > 0) {
-      backend(device).fill(slot, 0.0);
-    }
-  }
+Tensor FlatParameter::slot(const Tensor& flat, size_t k) const {
+  return ops::view(ops::narrow(flat, 0, layout_.offsets[k], layout_.numels[k]), params_[k].shape());
+}
+
+Tensor FlatParameter::new_flat() const {
+  Tensor flat = empty(Shape{layout_.padded_numel()}, DType::Float32, full_.device());
   const int64_t padding = layout_.padded_numel() - layout_.numel;
-  if (padding > 0) backend(device).fill(ops::narrow(flat, 0, layout_.numel, padding), 0.0);
+  if (padding > 0) backend(flat.device()).fill(ops::narrow(flat, 0, layout_.numel, padding), 0.0);
   return flat;
 }
 

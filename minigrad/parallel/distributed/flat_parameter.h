@@ -100,9 +100,12 @@ class FlatParameter {
   // Starts filling full() with every rank's shard (this rank's included).
   std::shared_ptr<Work> all_gather(ProcessGroup& group) const;
 
-  // The parameters' gradients laid out as full() is (zeros for padding and for a
-  // parameter without a gradient): the input of the gradient's reduce_scatter.
-  Tensor flatten_grads() const;
+  // Parameter k's slot in `flat`, any tensor laid out as full() is, shaped like the
+  // parameter: where its gradient goes in the flat gradients, its state in a flat state.
+  Tensor slot(const Tensor& flat, size_t k) const;
+  // An uninitialised tensor laid out as full(), with its padding zeroed: to be filled
+  // slot by slot (the gradients before their reduce_scatter).
+  Tensor new_flat() const;
   // This rank's shard of the parameters' gradients (as flatten_grads() sliced, without
   // building the whole of it): ZeRO-1, where every rank holds the averaged gradients.
   Tensor shard_of_grads() const;

@@ -268,10 +268,8 @@ nn::TensorDict FullyShardedDataParallel::full_state_dict() {
     Tensor full = empty(Shape{flat.layout().padded_numel()}, DType::Float32, flat.shard().device());
     process_group_->all_gather(full, flat.shard().detach())->wait();
     if (!root) continue;
-    for (size_t k = 0; k < unit.names.size(); ++k) {
-      const Tensor slot = ops::narrow(full, 0, flat.layout().offsets[k], flat.layout().numels[k]);
-      out.emplace(unit.names[k], ops::clone(ops::view(slot, flat.params()[k].shape())));
-    }
+    for (size_t k = 0; k < unit.names.size(); ++k)
+      out.emplace(unit.names[k], ops::clone(flat.slot(full, k)));
   }
   if (root)
     for (const auto& [name, b] : module_->named_buffers()) out.emplace(name, ops::clone(b));
@@ -285,10 +283,8 @@ void FullyShardedDataParallel::load_full_state_dict(const nn::TensorDict& state,
   for (const Units::Unit& unit : units_->list) {
     FlatParameter& flat = *unit.flat;
     Tensor full = zeros(Shape{flat.layout().padded_numel()}, DType::Float32, flat.shard().device());
-    for (size_t k = 0; k < unit.names.size(); ++k) {
-      const Tensor slot = ops::narrow(full, 0, flat.layout().offsets[k], flat.layout().numels[k]);
-      ops::copy_(ops::view(slot, flat.params()[k].shape()), state.at(unit.names[k]));
-    }
+    for (size_t k = 0; k < unit.names.size(); ++k)
+      ops::copy_(flat.slot(full, k), state.at(unit.names[k]));
     flat.load_shard_from_full(full);
   }
   for (auto& [name, b] : module_->named_buffers()) ops::copy_(b, state.at(name));

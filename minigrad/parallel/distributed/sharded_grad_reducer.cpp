@@ -42,6 +42,7 @@ ShardedGradReducer::ShardedGradReducer(std::vector<FlatParameter*> groups,
     ready_.emplace_back(groups_[g]->params().size(), false);
   }
   pending_.resize(groups_.size());
+  filling_.resize(groups_.size());
   reset_iteration();
 }
 
@@ -62,6 +63,7 @@ void ShardedGradReducer::reset_iteration() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     std::fill(ready_[g].begin(), ready_[g].end(), false);
     pending_[g] = ready_[g].size();
+    filling_[g] = Tensor();
   }
   next_group_ = 0;
 }
@@ -103,6 +105,18 @@ void ShardedGradReducer::mark_ready(size_t group, size_t param) {
            "{}: parameter '{}' got a second gradient before its group's reduction (rank {}); "
            "a backward left other parameters without one",
            owner_, names_[group][param], process_group_->rank());
+  // Into the group's flat buffer at once, so the full-sized gradient lives no longer.
+  FlatParameter& flat = *groups_[group];
+  if (!filling_[group].defined()) filling_[group] = flat.new_flat();
+  const Tensor& p = flat.params()[param];
+  const Tensor grad = p.grad();
+  const Tensor slot = flat.slot(filling_[group], param);
+  if (grad.defined()) {
+    ops::copy_(slot, grad);
+    p.set_grad(Tensor());
+  } else if (slot.numel() > 0) {
+    backend(slot.device()).fill(slot, 0.0);
+  }
   ready_[group][param] = true;
   --pending_[group];
   if (next_group_ == 0 && in_flight_.empty()) stats_ = ShardedReductionStats{};
@@ -122,8 +136,7 @@ void ShardedGradReducer::launch(size_t g) {
   while (in_flight_.size() >= kMaxInFlight) complete_oldest();
   InFlight job;
   job.group = g;
-  job.input = flat.flatten_grads();
-  for (const Tensor& p : flat.params()) p.set_grad(Tensor());  // the shard is all we keep
+  job.input = std::move(filling_[g]);
   job.output = empty(Shape{flat.layout().shard_numel}, DType::Float32, job.input.device());
   try {
     job.work = process_group_->reduce_scatter(job.output, job.input, ReduceOp::Average);

@@ -6,21 +6,23 @@
 // Reducer (reducer.h). In backward:
 //
 //   hook(p) fires when p.grad is final for this backward
-//     -> when every parameter of group g is ready (and groups 0..g-1 have launched, so
-//        that every rank issues its collectives in one order), the group's gradients are
-//        copied into one flat buffer and freed (p.grad = none), and
-//        reduce_scatter(average) starts on it: this rank receives only its shard of the
-//        averaged gradient;
+//     -> p.grad is copied into its slot of the group's flat gradient buffer (allocated at
+//        the group's first hook) and freed (p.grad = none);
+//     -> when every parameter of group g is in (and groups 0..g-1 have launched, so that
+//        every rank issues its collectives in one order), reduce_scatter(average) starts
+//        on the buffer: this rank receives only its shard of the averaged gradient;
 //     -> after_launch(g) runs (FSDP frees the unit's gathered parameters there);
 //   the last group's launch ends the iteration
-//     -> wait for the reductions still running; each one's result goes into its group's
+//     -> wait for the reduction still running; each one's result goes into its group's
 //        shard().grad (set on the first backward after zero_grad, added to after that, so
 //        gradient accumulation over several backwards works).
 //
 // Between backward and the optimizer step a rank so holds 1/N of the gradients. During
-// backward it holds, besides, the gradients of the groups not launched yet and the flat
-// buffers of at most kMaxInFlight reductions: launching one more first waits for the
-// oldest (a Gloo group runs them one at a time anyway).
+// backward it holds, besides, the flat buffer of the group being filled, the one being
+// reduced (one reduction in flight: launching the next first waits for it, which costs
+// nothing on a Gloo group, whose collectives run one at a time anyway; Gloo's
+// reduce_scatter also allocates a scratch of the buffer's size while it runs) and the
+// gradient autograd is producing.
 //
 // A parameter that gets no gradient keeps its group from launching; the next check()
 // (FSDP's forward, ZeRO's step) names it. A failed collective is reported by the
@@ -50,7 +52,7 @@ struct ShardedReductionStats {
 
 class ShardedGradReducer : public std::enable_shared_from_this<ShardedGradReducer> {
  public:
-  static constexpr size_t kMaxInFlight = 2;
+  static constexpr size_t kMaxInFlight = 1;
 
   // `groups` in launch order; names[g][k] names parameter k of group g in messages.
   // `owner` ("ZeroRedundancyOptimizer", "FullyShardedDataParallel") starts every message.
@@ -95,6 +97,7 @@ class ShardedGradReducer : public std::enable_shared_from_this<ShardedGradReduce
   mutable std::mutex mutex_;
   std::vector<std::vector<bool>> ready_;
   std::vector<size_t> pending_;  // parameters of each group not ready yet
+  std::vector<Tensor> filling_;  // each group's flat gradients while they come in
   size_t next_group_ = 0;        // the next group to launch
   std::deque<InFlight> in_flight_;
   std::string failure_;

@@ -24,13 +24,6 @@ bool split_key(const std::string& key, std::string& name, size_t& index) {
   return true;
 }
 
-// The slot of parameter k in a flat tensor laid out as the group is, shaped like it.
-Tensor slot_of(const Tensor& flat, const FlatParameter& group, size_t k) {
-  const ShardLayout& layout = group.layout();
-  return ops::view(ops::narrow(flat, 0, layout.offsets[k], layout.numels[k]),
-                   group.params()[k].shape());
-}
-
 bool same_values(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
   if (a.dtype() == DType::Int64) return a.to_vector<int64_t>() == b.to_vector<int64_t>();
@@ -61,7 +54,7 @@ nn::TensorDict gather_full_optimizer_state(const nn::TensorDict& sharded,
       group.all_gather(all, ops::contiguous(state))->wait();
       if (!root) continue;
       for (size_t k = 0; k < flat.params().size(); ++k)
-        full.emplace(fmt::format("{}.{}", name, flat.indices()[k]), ops::clone(slot_of(all, flat, k)));
+        full.emplace(fmt::format("{}.{}", name, flat.indices()[k]), ops::clone(flat.slot(all, k)));
     } else if (root) {  // one value for the whole group: every parameter gets it
       for (size_t k = 0; k < flat.params().size(); ++k)
         full.emplace(fmt::format("{}.{}", name, flat.indices()[k]), ops::clone(state));
@@ -119,7 +112,7 @@ nn::TensorDict shard_full_optimizer_state(const nn::TensorDict& full,
     if (!complete) continue;
     if (per_element) {
       Tensor all = zeros(Shape{flat.layout().padded_numel()}, states[0].dtype(), device);
-      for (size_t k = 0; k < states.size(); ++k) ops::copy_(slot_of(all, flat, k), states[k]);
+      for (size_t k = 0; k < states.size(); ++k) ops::copy_(flat.slot(all, k), states[k]);
       const ShardLayout& layout = flat.layout();
       sharded.emplace(fmt::format("{}.{}", name, g),
                       ops::clone(ops::narrow(all, 0, layout.shard_begin(flat.rank()),
