@@ -61,7 +61,6 @@ void measure(RankContext& ctx, const std::shared_ptr<ProcessGroup>& pg, Stage st
     nn::ModulePtr model = net;
     std::shared_ptr<FullyShardedDataParallel> fsdp;
     std::unique_ptr<optim::Optimizer> opt;
-    std::unique_ptr<ZeroRedundancyOptimizer> zero;
     if (stage == Stage::Ddp || stage == Stage::Zero1) {
       DDPOptions options;
       options.gradient_as_bucket_view = true;
@@ -75,16 +74,16 @@ void measure(RankContext& ctx, const std::shared_ptr<ProcessGroup>& pg, Stage st
       ZeroOptions options;
       options.stage = stage == Stage::Zero1 ? 1 : 2;
       options.bucket_cap_mb = kUnitBytes / (1 << 20);  // a layer per bucket
-      zero = std::make_unique<ZeroRedundancyOptimizer>(net->parameters(), pg, sgd_momentum(),
-                                                       options);
+      opt = std::make_unique<ZeroRedundancyOptimizer>(net->parameters(), pg, sgd_momentum(),
+                                                      options);
     } else {
       opt = sgd_momentum()(net->parameters());
     }
     auto step = [&] {
       // Gradients zeroed in place (not freed), so that plain and DDP steps allocate none.
-      if (zero) zero->zero_grad(false); else opt->zero_grad(false);
+      opt->zero_grad(false);
       cross_entropy(model->forward(x), y).backward();
-      if (zero) zero->step(); else opt->step();
+      opt->step();
     };
     step();
     step();

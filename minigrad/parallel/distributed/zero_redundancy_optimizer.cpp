@@ -11,85 +11,111 @@
 
 namespace mg::parallel {
 
+namespace {
+
+ProcessGroup& group_of(const std::shared_ptr<ProcessGroup>& group) {
+  MG_CHECK(group != nullptr, "ZeroRedundancyOptimizer: the process group is null");
+  return *group;
+}
+
+}  // namespace
+
+// The parameters in buckets, made (and checked, and made equal over the ranks) before
+// the optim::Optimizer base, which holds the shards as its parameters.
+struct ZeroRedundancyOptimizer::Buckets {
+  std::vector<std::unique_ptr<FlatParameter>> list;
+  std::vector<Tensor> shards;
+  std::vector<std::vector<std::string>> names;  // for messages: "parameter <i>"
+
+  Buckets(const std::vector<Tensor>& params, ProcessGroup& group, const ZeroOptions& options) {
+    MG_CHECK(options.stage == 1 || options.stage == 2,
+             "ZeroRedundancyOptimizer: stage must be 1 or 2, got {} (stage 3 is "
+             "FullyShardedDataParallel)",
+             options.stage);
+    MG_CHECK(std::isfinite(options.bucket_cap_mb) && options.bucket_cap_mb > 0.0,
+             "ZeroRedundancyOptimizer: bucket_cap_mb must be positive, got {}",
+             options.bucket_cap_mb);
+    MG_CHECK(!params.empty(), "ZeroRedundancyOptimizer: no parameters to optimize");
+    std::vector<nn::NamedTensor> named;
+    std::unordered_set<const TensorImpl*> seen;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Tensor& p = params[i];
+      MG_CHECK(p.defined() && p.is_leaf() && p.requires_grad() && p.dtype() == DType::Float32,
+               "ZeroRedundancyOptimizer: parameter {} must be a float32 leaf that requires grad",
+               i);
+      MG_CHECK(p.device() == group.device(),
+               "ZeroRedundancyOptimizer: parameter {} (shape {}) is on {}, but the process group "
+               "({}) works on {}",
+               i, p.shape(), p.device(), group.backend_name(), group.device());
+      MG_CHECK(seen.insert(p.impl()).second,
+               "ZeroRedundancyOptimizer: parameter {} appears twice in the list", i);
+      named.emplace_back(fmt::format("parameter {}", i), p);
+    }
+    // Every rank starts from rank 0's parameters (stage 1 under DDP: they already are).
+    check_same_shapes_across_ranks(group, named, "ZeroRedundancyOptimizer");
+    broadcast_from_rank0(group, params);
+
+    // As DDP's buckets: from the last parameter (whose gradient backward produces first)
+    // to the first, closing a bucket once it holds bucket_cap_mb.
+    const auto cap = static_cast<size_t>(std::max(1.0, options.bucket_cap_mb * 1024.0 * 1024.0));
+    std::vector<std::vector<size_t>> members(1);
+    size_t bytes = 0;
+    for (size_t i = params.size(); i-- > 0;) {
+      members.back().push_back(i);
+      bytes += params[i].nbytes();
+      if (bytes >= cap && i > 0) {
+        members.emplace_back();
+        bytes = 0;
+      }
+    }
+    for (const std::vector<size_t>& indices : members) {
+      std::vector<Tensor> tensors;
+      names.emplace_back();
+      for (size_t i : indices) {
+        tensors.push_back(params[i]);
+        names.back().push_back(named[i].first);
+      }
+      list.push_back(std::make_unique<FlatParameter>(std::move(tensors), indices, group.rank(),
+                                                     group.size(), ShardStorage::ViewOfFull));
+      shards.push_back(list.back()->shard());
+    }
+  }
+};
+
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params,
                                                  std::shared_ptr<ProcessGroup> process_group,
                                                  const OptimizerFactory& make_optimizer,
                                                  ZeroOptions options)
-    : params_(std::move(params)), process_group_(std::move(process_group)), options_(options) {
-  MG_CHECK(process_group_ != nullptr, "ZeroRedundancyOptimizer: the process group is null");
-  MG_CHECK(options_.stage == 1 || options_.stage == 2,
-           "ZeroRedundancyOptimizer: stage must be 1 or 2, got {} (stage 3 is "
-           "FullyShardedDataParallel)",
-           options_.stage);
-  MG_CHECK(std::isfinite(options_.bucket_cap_mb) && options_.bucket_cap_mb > 0.0,
-           "ZeroRedundancyOptimizer: bucket_cap_mb must be positive, got {}",
-           options_.bucket_cap_mb);
-  MG_CHECK(!params_.empty(), "ZeroRedundancyOptimizer: no parameters to optimize");
-  std::vector<nn::NamedTensor> named;
-  std::unordered_set<const TensorImpl*> seen;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor& p = params_[i];
-    MG_CHECK(p.defined() && p.is_leaf() && p.requires_grad() && p.dtype() == DType::Float32,
-             "ZeroRedundancyOptimizer: parameter {} must be a float32 leaf that requires grad",
-             i);
-    MG_CHECK(p.device() == process_group_->device(),
-             "ZeroRedundancyOptimizer: parameter {} (shape {}) is on {}, but the process group "
-             "({}) works on {}",
-             i, p.shape(), p.device(), process_group_->backend_name(), process_group_->device());
-    MG_CHECK(seen.insert(p.impl()).second,
-             "ZeroRedundancyOptimizer: parameter {} appears twice in the list", i);
-    named.emplace_back(fmt::format("parameter {}", i), p);
-  }
-  // Every rank starts from rank 0's parameters (stage 1 under DDP: they already are).
-  check_same_shapes_across_ranks(*process_group_, named, "ZeroRedundancyOptimizer");
-  broadcast_from_rank0(*process_group_, params_);
+    : ZeroRedundancyOptimizer(Buckets(params, group_of(process_group), options), params,
+                              process_group, make_optimizer, options) {}
 
-  // Buckets as DDP makes them: from the last parameter (whose gradient backward produces
-  // first) to the first, closing one once it holds bucket_cap_mb.
-  const auto cap = static_cast<size_t>(std::max(1.0, options_.bucket_cap_mb * 1024.0 * 1024.0));
-  std::vector<std::vector<size_t>> buckets(1);
-  size_t bytes = 0;
-  for (size_t i = params_.size(); i-- > 0;) {
-    buckets.back().push_back(i);
-    bytes += params_[i].nbytes();
-    if (bytes >= cap && i > 0) {
-      buckets.emplace_back();
-      bytes = 0;
-    }
-  }
-  std::vector<Tensor> shards;
-  std::vector<std::vector<std::string>> names;
-  for (const std::vector<size_t>& indices : buckets) {
-    std::vector<Tensor> members;
-    names.emplace_back();
-    for (size_t i : indices) {
-      members.push_back(params_[i]);
-      names.back().push_back(named[i].first);
-    }
-    buckets_.push_back(std::make_unique<FlatParameter>(std::move(members), indices,
-                                                       process_group_->rank(),
-                                                       process_group_->size(),
-                                                       ShardStorage::ViewOfFull));
-    shards.push_back(buckets_.back()->shard());
-  }
-
-  optimizer_ = make_optimizer(shards);
-  MG_CHECK(optimizer_ != nullptr, "ZeroRedundancyOptimizer: the optimizer factory returned null");
-  const std::vector<Tensor>& given = optimizer_->parameters();
-  bool same = given.size() == shards.size();
-  for (size_t b = 0; same && b < shards.size(); ++b) same = given[b].is_same(shards[b]);
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Buckets&& buckets, std::vector<Tensor> params,
+                                                 std::shared_ptr<ProcessGroup> process_group,
+                                                 const OptimizerFactory& make_optimizer,
+                                                 ZeroOptions options)
+    : optim::Optimizer(buckets.shards, "ZeroRedundancyOptimizer"),
+      full_params_(std::move(params)),
+      process_group_(std::move(process_group)),
+      options_(options),
+      buckets_(std::move(buckets.list)) {
+  local_ = make_optimizer(parameters());
+  MG_CHECK(local_ != nullptr, "ZeroRedundancyOptimizer: the optimizer factory returned null");
+  const std::vector<Tensor>& given = local_->parameters();
+  bool same = given.size() == parameters().size();
+  for (size_t b = 0; same && b < given.size(); ++b) same = given[b].is_same(parameters()[b]);
   MG_CHECK(same,
            "ZeroRedundancyOptimizer: the optimizer factory must build the optimizer over the "
            "{} shard tensors it is given (it has {} parameters)",
-           shards.size(), given.size());
-
+           parameters().size(), given.size());
   if (options_.stage == 2) {
     std::vector<FlatParameter*> groups;
     for (auto& b : buckets_) groups.push_back(b.get());
-    reducer_ = ShardedGradReducer::create(std::move(groups), std::move(names), process_group_,
-                                          "ZeroRedundancyOptimizer");
+    reducer_ = ShardedGradReducer::create(std::move(groups), std::move(buckets.names),
+                                          process_group_, "ZeroRedundancyOptimizer");
   }
 }
+
+ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
 
 void ZeroRedundancyOptimizer::step() {
   bool any_grad = false;
@@ -107,7 +133,7 @@ void ZeroRedundancyOptimizer::step() {
   }
   if (!any_grad) return;  // as an optimizer whose parameters have no gradients
 
-  optimizer_->step();  // this rank's shards only
+  local_->step();  // this rank's shards only
   if (options_.stage == 1)
     for (auto& bucket : buckets_) bucket->shard().set_grad(Tensor());  // a copy: let it go
 
@@ -123,8 +149,9 @@ void ZeroRedundancyOptimizer::step() {
 }
 
 void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
+  optim::Optimizer::zero_grad(set_to_none);  // the shards'
   NoGradGuard no_grad;
-  for (const Tensor& p : params_) {
+  for (const Tensor& p : full_params_) {  // stage 1's full gradients (stage 2 frees them)
     Tensor g = p.grad();
     if (!g.defined()) continue;
     if (set_to_none) {
@@ -133,12 +160,10 @@ void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
       g.zero_();
     }
   }
-  optimizer_->zero_grad(set_to_none);
 }
 
 double ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm) {
-  if (options_.stage == 2) return parallel::clip_grad_norm_(optimizer_->parameters(), max_norm,
-                                                            *process_group_);
+  if (options_.stage == 2) return parallel::clip_grad_norm_(parameters(), max_norm, *process_group_);
   // Stage 1: every rank holds the whole averaged gradient, so the norm needs no
   // communication and every rank scales by the same factor.
   MG_CHECK(std::isfinite(max_norm) && max_norm >= 0.0,
@@ -147,7 +172,7 @@ double ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm) {
            max_norm);
   NoGradGuard no_grad;
   double squares = 0.0;
-  for (const Tensor& p : params_) {
+  for (const Tensor& p : full_params_) {
     const Tensor g = p.grad();
     if (!g.defined() || g.numel() == 0) continue;
     squares += static_cast<double>(
@@ -156,29 +181,49 @@ double ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm) {
   const double total = std::sqrt(squares);
   const double coef = max_norm / (total + 1e-6);
   if (coef < 1.0)
-    for (const Tensor& p : params_)
+    for (const Tensor& p : full_params_)
       if (Tensor g = p.grad(); g.defined()) g.mul_(coef);
   return total;
 }
 
-std::vector<const FlatParameter*> ZeroRedundancyOptimizer::groups() const {
+std::vector<const FlatParameter*> ZeroRedundancyOptimizer::buckets() const {
   std::vector<const FlatParameter*> out;
   for (const auto& b : buckets_) out.push_back(b.get());
   return out;
 }
 
-void ZeroRedundancyOptimizer::load_state_dict(const nn::TensorDict& state,
-                                              const std::string& source) {
-  optimizer_->load_state_dict(state, source);
+std::unique_ptr<optim::Optimizer> ZeroRedundancyOptimizer::make_like(std::vector<Tensor>) const {
+  MG_FAIL("ZeroRedundancyOptimizer::make_like: a ZeroRedundancyOptimizer shards a model's "
+          "parameters over its process group; build a new one over them (its local optimizer "
+          "is {})",
+          local_->name());
+}
+
+void ZeroRedundancyOptimizer::check_param_state(
+    size_t index, const optim::TensorDict& state,
+    const std::function<std::string(const std::string&)>& /*key*/,
+    std::vector<std::string>& problems) const {
+  // The local optimizer's own checks, on this one shard's state.
+  optim::TensorDict one;
+  for (const auto& [name, t] : state) one.emplace(fmt::format("{}.{}", name, index), t);
+  try {
+    local_->check_state_dict(one, fmt::format("the state of shard {}", index));
+  } catch (const Error& e) {
+    problems.push_back(e.what());
+  }
+}
+
+void ZeroRedundancyOptimizer::set_param_state(size_t index, const optim::TensorDict& state) {
+  local_->set_state(index, state);
 }
 
 nn::TensorDict ZeroRedundancyOptimizer::full_state_dict() {
-  return gather_full_optimizer_state(optimizer_->state_dict(), groups(), *process_group_);
+  return gather_full_optimizer_state(state_dict(), buckets(), *process_group_);
 }
 
 void ZeroRedundancyOptimizer::load_full_state_dict(const nn::TensorDict& state,
                                                    const std::string& source) {
-  optimizer_->load_state_dict(shard_full_optimizer_state(state, groups(), source), source);
+  load_state_dict(shard_full_optimizer_state(state, buckets(), source), source);
 }
 
 ZeroStats ZeroRedundancyOptimizer::stats() const {
@@ -187,7 +232,7 @@ ZeroStats ZeroRedundancyOptimizer::stats() const {
     out.parameter_bytes += b->full().nbytes();
     out.shard_bytes += b->shard().nbytes();
   }
-  for (const auto& [name, t] : optimizer_->state_dict()) out.optimizer_state_bytes += t.nbytes();
+  for (const auto& [name, t] : state_dict()) out.optimizer_state_bytes += t.nbytes();
   out.all_gather_bytes = all_gather_bytes_;
   return out;
 }

@@ -19,14 +19,21 @@
 //
 // The parameters are laid into buckets of about bucket_cap_mb (last parameter first, as
 // DDP's buckets), each a FlatParameter (flat_parameter.h) with ShardStorage::ViewOfFull:
-// every rank keeps all the parameters, and the optimizer it was given is built over its
-// shards of the buckets -- one 1-D tensor per bucket, a view of its slot of the flat
-// buffer. step():
+// every rank keeps all the parameters, and the optimizer it was given (the "local"
+// optimizer) is built over its shards of the buckets -- one 1-D tensor per bucket, a view
+// of its slot of the flat buffer. step():
 //
 //   stage 1: each shard's gradient is copied out of the parameters' (DDP-averaged) ones;
 //   stage 2: the hooks put it there during backward (ShardedGradReducer);
-//   then:    the optimizer steps the shards only (1/N of the work and of the state), and an
-//            all_gather per bucket fills every rank's flat buffers with everyone's update.
+//   then:    the local optimizer steps the shards only (1/N of the work and of the
+//            state), and an all_gather per bucket fills every rank's flat buffers, so all
+//            the parameters, with everyone's update.
+//
+// It is itself an optim::Optimizer over this rank's shards (as FSDP's parameters() are its
+// shards): parameters() are the shards; set_lr, state(i) and state_dict() are the local
+// optimizer's (state "<name>.<bucket>": a sharded checkpoint); zero_grad() also clears the
+// full gradients of stage 1. full_state_dict() gathers the state an unsharded optimizer
+// over the original parameters would hold.
 //
 // Any elementwise optimizer (SGD, Adam, AdamW) steps a shard exactly as it would the
 // same elements inside whole tensors, so the parameters follow those of a single process.
@@ -55,7 +62,7 @@ struct ZeroOptions {
   double bucket_cap_mb = 25.0;
 };
 
-// Builds the wrapped optimizer over the shards it is given.
+// Builds the local optimizer over the shards it is given.
 using OptimizerFactory =
     std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor> shards)>;
 
@@ -67,35 +74,38 @@ struct ZeroStats {
   size_t all_gather_bytes = 0;  // flat buffers filled by the last step's all-gathers
 };
 
-class ZeroRedundancyOptimizer {
+class ZeroRedundancyOptimizer : public optim::Optimizer {
  public:
   ZeroRedundancyOptimizer(std::vector<Tensor> params, std::shared_ptr<ProcessGroup> process_group,
                           const OptimizerFactory& make_optimizer, ZeroOptions options = {});
-  ZeroRedundancyOptimizer(const ZeroRedundancyOptimizer&) = delete;
-  ZeroRedundancyOptimizer& operator=(const ZeroRedundancyOptimizer&) = delete;
+  ~ZeroRedundancyOptimizer() override;
 
   // Steps this rank's shards, then gathers every rank's update into all the parameters.
-  void step();
-  // The parameters' gradients and the shards'.
-  void zero_grad(bool set_to_none = true);
+  void step() override;
+  // The shards' gradients and the original parameters'.
+  void zero_grad(bool set_to_none = true) override;
   // The 2-norm of the whole gradient, clipped to max_norm as nn::utils::clip_grad_norm_
   // would (stage 1: on the full gradients every rank holds; stage 2: on the shards, one
   // all-reduce). Call between backward and step().
   double clip_grad_norm_(double max_norm);
 
-  // The wrapped optimizer, over this rank's shards (its lr is the one to schedule).
-  optim::Optimizer& optimizer() { return *optimizer_; }
-  const std::vector<Tensor>& parameters() const { return params_; }
+  double lr() const override { return local_->lr(); }
+  void set_lr(double lr) override { local_->set_lr(lr); }
+  // mg::Error: a ZeroRedundancyOptimizer is built over a model's parameters, not shards.
+  std::unique_ptr<optim::Optimizer> make_like(std::vector<Tensor> params) const override;
+
+  // The parameters it was given, which every rank keeps whole.
+  const std::vector<Tensor>& full_parameters() const { return full_params_; }
   const ZeroOptions& options() const { return options_; }
   size_t num_buckets() const { return buckets_.size(); }
   const FlatParameter& bucket(size_t b) const { return *buckets_[b]; }
+  std::vector<const FlatParameter*> buckets() const;
 
-  // ---- checkpoints ----
-  // This rank's optimizer state ("<name>.<bucket>"), to resume on as many ranks.
-  nn::TensorDict state_dict() const { return optimizer_->state_dict(); }
-  void load_state_dict(const nn::TensorDict& state, const std::string& source = "state dict");
-  // A collective: on rank 0, the state an unsharded optimizer over parameters() would
-  // hold ("<name>.<i>"), loadable by it; an empty dict on the other ranks.
+  // ---- state: the local optimizer's, one entry per bucket shard ----
+  std::vector<std::string> state_names() const override { return local_->state_names(); }
+  optim::TensorDict state(size_t index) const override { return local_->state(index); }
+  // A collective: on rank 0, the state an unsharded optimizer over full_parameters()
+  // would hold ("<name>.<i>"), loadable by it; an empty dict on the other ranks.
   nn::TensorDict full_state_dict();
   // Every rank passes the same full state (e.g. read from one file); each keeps its shard.
   void load_full_state_dict(const nn::TensorDict& state, const std::string& source = "state dict");
@@ -103,14 +113,23 @@ class ZeroRedundancyOptimizer {
   ZeroStats stats() const;
   ShardedReductionStats last_reduction_stats() const;
 
- private:
-  std::vector<const FlatParameter*> groups() const;
+ protected:
+  void check_param_state(size_t index, const optim::TensorDict& state,
+                         const std::function<std::string(const std::string&)>& key,
+                         std::vector<std::string>& problems) const override;
+  void set_param_state(size_t index, const optim::TensorDict& state) override;
 
-  std::vector<Tensor> params_;
+ private:
+  struct Buckets;  // the buckets and their shards, made before the base class
+  ZeroRedundancyOptimizer(Buckets&& buckets, std::vector<Tensor> params,
+                          std::shared_ptr<ProcessGroup> process_group,
+                          const OptimizerFactory& make_optimizer, ZeroOptions options);
+
+  std::vector<Tensor> full_params_;
   std::shared_ptr<ProcessGroup> process_group_;
   ZeroOptions options_;
   std::vector<std::unique_ptr<FlatParameter>> buckets_;
-  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::Optimizer> local_;      // over the shards
   std::shared_ptr<ShardedGradReducer> reducer_;  // stage 2
   size_t all_gather_bytes_ = 0;
 };
