@@ -12,6 +12,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include <minigrad/nn/serialize.h>
 
 #include "data/synthetic_fashion_mnist.h"
@@ -206,5 +208,53 @@ TEST_CASE("train_fashion_mnist --distributed: two ranks interrupted and resumed 
   require_same_tensors(straight, resumed);
   CHECK(metrics_without_seconds(dir / "straight.csv") ==
         metrics_without_seconds(dir / "resumed.csv"));
+}
+#endif
+
+#if MINIGRAD_WITH_GLOO
+TEST_CASE("train_fashion_mnist --distributed --zero: every stage trains as DDP does, and their "
+          "checkpoints resume one another bit-identical") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, false);
+  const std::string flags = mg::testing::program_path("minigrad-run") + " --nproc-per-node 2 " +
+                            small_run(dir.path()) + " --distributed --epochs 2";
+  const std::string straight = dir / "straight.safetensors";
+  const auto reference = run_program(flags + " --zero 0 --save " + straight + " --metrics " +
+                                     (dir / "zero0.csv"));
+  INFO(reference.output);
+  REQUIRE(reference.exit_code == 0);
+
+  // On two ranks a reduce-scatter adds the same two numbers as the all-reduce does, so every
+  // stage takes DDP's steps bit for bit: the same metrics, and checkpoints (gathered in full
+  // on rank 0) of the same tensors.
+  for (int zero : {1, 2, 3}) {
+    DYNAMIC_SECTION("--zero " << zero) {
+      const std::string csv = dir / fmt::format("zero{}.csv", zero);
+      const std::string ck = dir / fmt::format("zero{}.safetensors", zero);
+      const auto run = run_program(flags + fmt::format(" --zero {} --save {} --metrics {}", zero, ck, csv));
+      INFO(run.output);
+      REQUIRE(run.exit_code == 0);
+      REQUIRE_THAT(run.output, MG_CONTAINS(fmt::format("[rank 0] sharded over the ranks: ZeRO-{}", zero)));
+      CHECK(metrics_without_seconds(csv) == metrics_without_seconds(dir / "zero0.csv"));
+      require_same_tensors(straight, ck);
+    }
+  }
+
+  // Interrupted under ZeRO-3 in mid-epoch, resumed under ZeRO-2: DDP's end, bit for bit.
+  const std::string resumed = dir / "resumed.safetensors";
+  const auto stopped = run_program(flags + " --zero 3 --save " + resumed + " --stop-after-steps 4");
+  INFO(stopped.output);
+  REQUIRE(stopped.exit_code == 130);
+  const auto rest = run_program(flags + " --zero 2 --resume " + resumed + " --save " + resumed);
+  INFO(rest.output);
+  REQUIRE(rest.exit_code == 0);
+  require_same_tensors(straight, resumed);
+}
+
+TEST_CASE("train_fashion_mnist: --zero without --distributed is a usage error") {
+  const auto run = run_program(kProgram + " --zero 2 --epochs 1");
+  REQUIRE(run.exit_code != 0);
+  REQUIRE_THAT(run.output, MG_CONTAINS("--zero 2 shards the training over the ranks of a "
+                                       "--distributed run"));
 }
 #endif

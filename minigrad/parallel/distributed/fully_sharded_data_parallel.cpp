@@ -79,6 +79,12 @@ struct FullyShardedDataParallel::Units {
     unit.flat->free_full();
   }
 
+  // What a forward starts from: every unit sharded. (A unit still gathered is one kept
+  // for a backward that never came, or a prefetch nobody used: it may be stale.)
+  void reshard_all() {
+    for (size_t u = 0; u < list.size(); ++u) reshard(u);
+  }
+
   // Backward reached unit u's output: its parameters are needed now, the previous
   // unit's next.
   void before_backward(size_t u) {
@@ -210,20 +216,25 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
   units_->check("at forward");
   reducer_->check("at forward");
   module_->train(is_training());
+  units_->reshard_all();
+  const size_t last = units_->list.size() - 1;
 
-  // Unit u around `body`: gathered just before, freed just after; in backward, gathered
-  // again by the node on its output before its own nodes run.
+  // Unit u around `body`: gathered just before, freed just after (but the last one, when
+  // a backward follows); in backward, gathered again by the node on its output before its
+  // own nodes run.
   auto run_unit = [&](size_t u, const std::function<Tensor()>& body) {
     units_->unshard(u);
+    if (units_->options.forward_prefetch && u < last) units_->start_gather(u + 1);
     Tensor y;
     try {
       y = body();
     } catch (...) {
-      units_->reshard(u);
+      units_->reshard_all();
       throw;
     }
-    units_->reshard(u);
-    if (!GradMode::is_enabled() || !y.requires_grad()) return y;
+    const bool backward_follows = GradMode::is_enabled() && y.requires_grad();
+    if (u != last || !backward_follows) units_->reshard(u);
+    if (!backward_follows) return y;
     std::weak_ptr<Units> weak = units_;
     auto node = std::make_shared<UnshardBeforeBackward>([weak, u] {
       if (auto units = weak.lock()) units->before_backward(u);

@@ -15,9 +15,11 @@
 // The wrapped module keeps its own parameter tensors, now views of the unit's flat
 // buffer, whose memory exists only while the unit runs:
 //
-//   forward of unit u:  allocate the flat buffer, all_gather the shards into it, run the
-//                       child, free the buffer (Storage::resize_(0)); the output passes
-//                       through an UnshardBeforeBackward node;
+//   forward of unit u:  allocate the flat buffer, all_gather the shards into it (and start
+//                       gathering unit u+1: forward_prefetch), run the child, free the
+//                       buffer (Storage::resize_(0)); the output passes through an
+//                       UnshardBeforeBackward node. The last unit stays gathered when a
+//                       backward is to follow: its backward comes first, at once;
 //   backward of unit u: that node runs as soon as u's output gradient is in, before any of
 //                       u's own backward: it gathers u's parameters again into the same
 //                       storage block -- so the views that u's autograd nodes saved in
@@ -27,8 +29,8 @@
 //                       post-accumulate hooks reduce_scatter them (ShardedGradReducer)
 //                       and free u's buffer once more.
 //
-// So a rank holds, besides its shards, the gathered parameters of one unit in forward and
-// of two in backward (the one computing and the one being prefetched).
+// So a rank holds, besides its shards, the gathered parameters of at most two units (the
+// one computing and the one being prefetched).
 //
 // Why a freed storage block and not re-running the unit in backward (activation
 // checkpointing): the autograd graph built in forward stays the graph backward runs, and
@@ -58,6 +60,8 @@ struct FSDPOptions {
   // arrived (FSDP's BackwardPrefetch.BACKWARD_PRE): communication overlaps compute, for
   // the memory of one more gathered unit.
   bool backward_prefetch = true;
+  // The same in forward (FSDP's forward_prefetch): unit u+1's gather runs while u computes.
+  bool forward_prefetch = true;
 };
 
 // What a rank has held and sent, for benchmarks and memory checks.

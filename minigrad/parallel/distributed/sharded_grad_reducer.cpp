@@ -66,6 +66,7 @@ void ShardedGradReducer::reset_iteration() {
     filling_[g] = Tensor();
   }
   next_group_ = 0;
+  iteration_started_ = false;
 }
 
 std::string ShardedGradReducer::unready_names() const {
@@ -105,9 +106,16 @@ void ShardedGradReducer::mark_ready(size_t group, size_t param) {
            "{}: parameter '{}' got a second gradient before its group's reduction (rank {}); "
            "a backward left other parameters without one",
            owner_, names_[group][param], process_group_->rank());
+  if (!iteration_started_) {  // the first gradient of this backward
+    iteration_started_ = true;
+    stats_ = ShardedReductionStats{};
+  }
   // Into the group's flat buffer at once, so the full-sized gradient lives no longer.
   FlatParameter& flat = *groups_[group];
-  if (!filling_[group].defined()) filling_[group] = flat.new_flat();
+  if (!filling_[group].defined()) {
+    filling_[group] = flat.new_flat();
+    hold(filling_[group].nbytes());
+  }
   const Tensor& p = flat.params()[param];
   const Tensor grad = p.grad();
   const Tensor slot = flat.slot(filling_[group], param);
@@ -119,7 +127,6 @@ void ShardedGradReducer::mark_ready(size_t group, size_t param) {
   }
   ready_[group][param] = true;
   --pending_[group];
-  if (next_group_ == 0 && in_flight_.empty()) stats_ = ShardedReductionStats{};
   // Strictly in group order: every rank must issue the same collectives in the same order.
   while (next_group_ < groups_.size() && pending_[next_group_] == 0) launch(next_group_++);
   if (next_group_ == groups_.size()) finish_iteration();
@@ -129,6 +136,7 @@ void ShardedGradReducer::fail(const std::exception& e) {
   failure_ = e.what();
   in_flight_.clear();
   reset_iteration();
+  buffer_bytes_ = 0;
 }
 
 void ShardedGradReducer::launch(size_t g) {
@@ -138,6 +146,7 @@ void ShardedGradReducer::launch(size_t g) {
   job.group = g;
   job.input = std::move(filling_[g]);
   job.output = empty(Shape{flat.layout().shard_numel}, DType::Float32, job.input.device());
+  hold(job.output.nbytes());
   try {
     job.work = process_group_->reduce_scatter(job.output, job.input, ReduceOp::Average);
   } catch (const std::exception& e) {
@@ -162,6 +171,7 @@ void ShardedGradReducer::complete_oldest() {
   }
   stats_.wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
   stats_.comm_seconds += std::max(0.0, job.work->duration_seconds());
+  buffer_bytes_ -= job.input.nbytes() + job.output.nbytes();
   const Tensor& shard = groups_[job.group]->shard();
   const Tensor grad = shard.grad();
   if (grad.defined()) {
@@ -170,6 +180,11 @@ void ShardedGradReducer::complete_oldest() {
   } else {
     shard.set_grad(job.output);
   }
+}
+
+void ShardedGradReducer::hold(size_t bytes) {
+  buffer_bytes_ += bytes;
+  stats_.peak_buffer_bytes = std::max(stats_.peak_buffer_bytes, buffer_bytes_);
 }
 
 void ShardedGradReducer::finish_iteration() {

@@ -48,6 +48,7 @@ struct ShardedReductionStats {
   size_t bytes = 0;          // flat gradient buffers handed to reduce_scatter
   double comm_seconds = 0.0; // the communication thread's busy time on them
   double wait_seconds = 0.0; // how long backward blocked waiting for them
+  size_t peak_buffer_bytes = 0;  // the most flat gradient buffers held at once
 };
 
 class ShardedGradReducer : public std::enable_shared_from_this<ShardedGradReducer> {
@@ -84,6 +85,7 @@ class ShardedGradReducer : public std::enable_shared_from_this<ShardedGradReduce
   void launch(size_t group);
   void complete_oldest();
   void finish_iteration();
+  void hold(size_t bytes);  // counts a flat buffer into the peak
   void reset_iteration();
   void fail(const std::exception& e);
   std::string unready_names() const;
@@ -99,7 +101,9 @@ class ShardedGradReducer : public std::enable_shared_from_this<ShardedGradReduce
   std::vector<size_t> pending_;  // parameters of each group not ready yet
   std::vector<Tensor> filling_;  // each group's flat gradients while they come in
   size_t next_group_ = 0;        // the next group to launch
+  bool iteration_started_ = false;
   std::deque<InFlight> in_flight_;
+  size_t buffer_bytes_ = 0;  // flat buffers held now (filling and in flight)
   std::string failure_;
   ShardedReductionStats stats_, last_stats_;
 };
