@@ -281,6 +281,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({0, 1, 2, 3}));
   app.add_option("--optimizer", bench.optimizer, "sgd (with momentum 0.9)")
       ->check(CLI::IsMember({"sgd"}));
+  bool json = false;
+  app.add_flag("--json", json, "rank 0 prints one JSON line instead of the tables");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -347,7 +349,22 @@ int main(int argc, char** argv) {
       if (timed) allreduce_ms.push_back(ms_since(t0));
     }
 
-    if (pg->rank() == 0) {
+    if (pg->rank() == 0 && json) {
+      const std::vector<float> values = gathered.to_vector<float>();
+      std::string ranks;
+      for (int r = 0; r < pg->size(); ++r) {
+        const float* v = values.data() + r * Footprint::kFields;
+        ranks += fmt::format(
+            "{}{{\"rank\":{},\"parameters\":{},\"gradients\":{},\"optimizer\":{},"
+            "\"allocator\":{},\"arithmetic\":{},\"sent_ring\":{},\"sent_measured\":{}}}",
+            r == 0 ? "" : ",", r, v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
+      }
+      fmt::print("{{\"bench\":\"ddp-bench\",\"ranks\":{},\"widths\":\"{}\",\"batch\":{},"
+                 "\"optimizer\":\"{}\",\"zero\":{},\"plain_ms\":{:.4f},\"ddp_ms\":{:.4f},"
+                 "\"zero_ms\":{:.4f},\"footprint\":[{}]}}\n",
+                 pg->size(), widths_text, batch, bench.optimizer, bench.zero, median(plain_ms),
+                 median(ddp_ms), bench.zero > 0 ? median(zero_ms) : median(ddp_ms), ranks);
+    } else if (pg->rank() == 0) {
       size_t params = 0;
       for (const Tensor& p : plain.model->parameters()) params += static_cast<size_t>(p.numel());
       const char* omp = std::getenv("OMP_NUM_THREADS");
