@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <functional>
-#include <typeinfo>
 #include <unordered_set>
 
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/autograd/node.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/nn/fusion.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/parallel/distributed/same_model.h>
 
@@ -253,17 +253,15 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
   for (size_t i = 0; i < children.size(); ++i) {
     nn::Module& child = *children[i].second;
     const nn::Module* next = i + 1 < children.size() ? children[i + 1].second.get() : nullptr;
-    const bool fused = next != nullptr && typeid(*next) == typeid(nn::ReLU) &&
-                       typeid(child) == typeid(nn::Linear);
+    nn::Linear* fused = nn::fusable_linear_relu(child, next);
     const int u = units_->unit_of_child[i];
     if (u < 0) {
       x = child.forward(x);
       continue;
     }
-    x = run_unit(static_cast<size_t>(u), [&] {
-      return fused ? static_cast<nn::Linear&>(child).forward_relu(x) : child.forward(x);
-    });
-    if (fused) ++i;
+    x = run_unit(static_cast<size_t>(u),
+                 [&] { return fused != nullptr ? fused->forward_relu(x) : child.forward(x); });
+    if (fused != nullptr) ++i;
   }
   return x;
 }
