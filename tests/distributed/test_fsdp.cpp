@@ -63,7 +63,7 @@ void train_fsdp(RankContext& ctx, Variant variant, const MakeOptimizer& make,
     losses.push_back(loss.item<float>());
     if (variant == Variant::AveragedTwice) loss = loss * (1.0 / ctx.world_size);
     loss.backward();
-    if (max_norm > 0.0) parallel::clip_grad_norm_(fsdp->parameters(), max_norm, *pg);
+    if (max_norm > 0.0) fsdp->clip_grad_norm_(max_norm);
     if (step == 0)
       for (size_t u = 0; u < fsdp->num_units(); ++u)
         ctx.report(fmt::format("grad.{}", u), fsdp->unit(u).shard().grad());

@@ -10,6 +10,7 @@
 #include <minigrad/nn/fusion.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/parallel/distributed/same_model.h>
+#include <minigrad/parallel/distributed/sharded_grad_norm.h>
 
 namespace mg::parallel {
 
@@ -264,6 +265,10 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
     if (fused != nullptr) ++i;
   }
   return x;
+}
+
+double FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
+  return parallel::clip_grad_norm_(parameters(), max_norm, *process_group_);
 }
 
 nn::TensorDict FullyShardedDataParallel::full_state_dict() {

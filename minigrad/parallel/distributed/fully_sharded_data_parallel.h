@@ -88,6 +88,10 @@ class FullyShardedDataParallel : public nn::Module {
   // Unit u's FlatParameter (its layout, its shard).
   const FlatParameter& unit(size_t u) const;
 
+  // The 2-norm of the whole gradient, from the shards' (one all-reduce), clipped to
+  // max_norm as nn::utils::clip_grad_norm_ would (sharded_grad_norm.h). A collective.
+  double clip_grad_norm_(double max_norm);
+
   // ---- checkpoints (collectives: every rank calls them) ----
   // The parameters (and buffers) under the wrapped module's names, on rank 0; an empty
   // dict on the other ranks.
