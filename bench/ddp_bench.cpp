@@ -123,7 +123,8 @@ struct BenchOptions {
   parallel::DDPOptions ddp;
 };
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const BenchOptions& o, std::vector<Tensor> params) {
+std::unique_ptr<optim::Optimizer> make_optimizer(const BenchOptions& o,
+                                                 std::vector<Tensor> params) {
   // SGD with momentum: one state tensor per parameter, as AdamW has two.
   return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions(o.lr).momentum(0.9));
 }
@@ -297,7 +298,8 @@ int main(int argc, char** argv) {
     std::vector<float> all(static_cast<size_t>(pg->size() * Footprint::kFields), 0.0f);
     const std::vector<double> mine = footprint.fields();
     for (int k = 0; k < Footprint::kFields; ++k)
-      all[static_cast<size_t>(pg->rank() * Footprint::kFields + k)] = static_cast<float>(mine[static_cast<size_t>(k)]);
+      all[static_cast<size_t>(pg->rank() * Footprint::kFields + k)] =
+          static_cast<float>(mine[static_cast<size_t>(k)]);
     Tensor gathered = from_vector(all, Shape{static_cast<int64_t>(all.size())});
     pg->allreduce(gathered, parallel::ReduceOp::Sum)->wait();
 
@@ -344,7 +346,8 @@ int main(int argc, char** argv) {
       pg->barrier()->wait();
       t0 = Clock::now();
       std::vector<std::shared_ptr<parallel::Work>> works;
-      for (const Tensor& b : buffers) works.push_back(pg->allreduce(b, parallel::ReduceOp::Average));
+      for (const Tensor& b : buffers)
+        works.push_back(pg->allreduce(b, parallel::ReduceOp::Average));
       for (auto& w : works) w->wait();
       if (timed) allreduce_ms.push_back(ms_since(t0));
     }
@@ -370,10 +373,11 @@ int main(int argc, char** argv) {
       const char* omp = std::getenv("OMP_NUM_THREADS");
       const std::string model = fmt::format("MLP {} ({:.1f} M params{})", widths_text, params / 1e6,
                                             omp ? fmt::format(", OMP_NUM_THREADS={}", omp) : "");
-      fmt::print("| ranks | model | batch/rank | optimizer | buckets | plain ms | DDP ms | overhead | "
-                 "allreduce alone ms | comm ms | wait ms | hidden |{}\n",
-                 bench.zero > 0 ? fmt::format(" ZeRO-{} ms | ZeRO-{} / DDP |", bench.zero, bench.zero)
-                                : "");
+      fmt::print(
+          "| ranks | model | batch/rank | optimizer | buckets | plain ms | DDP ms | overhead | "
+          "allreduce alone ms | comm ms | wait ms | hidden |{}\n",
+          bench.zero > 0 ? fmt::format(" ZeRO-{} ms | ZeRO-{} / DDP |", bench.zero, bench.zero)
+                         : "");
       fmt::print("|---|---|---|---|---|---|---|---|---|---|---|---|{}\n",
                  bench.zero > 0 ? "---|---|" : "");
       fmt::print("| {} | {} | {} | {} | {} (cap {} MiB{}) | {:.2f} | {:.2f} | {:+.1f}% | {:.2f} | "

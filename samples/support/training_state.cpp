@@ -9,7 +9,8 @@ namespace mg::samples {
 namespace {
 
 // The units of an FSDP run, whose shards its optimizer steps.
-std::vector<const parallel::FlatParameter*> units_of(const parallel::FullyShardedDataParallel& fsdp) {
+std::vector<const parallel::FlatParameter*> units_of(
+    const parallel::FullyShardedDataParallel& fsdp) {
   std::vector<const parallel::FlatParameter*> units;
   for (size_t u = 0; u < fsdp.num_units(); ++u) units.push_back(&fsdp.unit(u));
   return units;

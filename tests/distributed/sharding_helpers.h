@@ -14,6 +14,7 @@
 #include <minigrad/autograd/functions.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/nn/layers.h>
+#include <minigrad/nn/optim/adam.h>
 #include <minigrad/nn/optim/optimizer.h>
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/parallel/distributed/flat_parameter.h>
@@ -94,6 +95,14 @@ using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vecto
 inline MakeOptimizer sgd_momentum() {
   return [](std::vector<Tensor> params) {
     return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions(0.1).momentum(0.9));
+  };
+}
+
+// AdamW with its default decoupled weight decay (1e-2): two states per element, and a
+// per-parameter step count.
+inline MakeOptimizer adamw() {
+  return [](std::vector<Tensor> params) {
+    return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions().lr(0.02));
   };
 }
 

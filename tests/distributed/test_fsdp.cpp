@@ -74,15 +74,15 @@ void train_fsdp(RankContext& ctx, Variant variant, const MakeOptimizer& make,
   if (pg->rank() == 0) ctx.report("params", params);
 }
 
-std::vector<float> ddp_params(RankContext& ctx) {
+std::vector<float> ddp_params(RankContext& ctx, const MakeOptimizer& make) {
   auto net = make_uneven_mlp(77 + static_cast<uint64_t>(ctx.rank));
   DistributedDataParallel ddp(net, ctx.gloo());
-  optim::SGD sgd(net->parameters(), kSgd);
+  auto opt = make(net->parameters());
   for (int step = 0; step < kSteps; ++step) {
     const ShardBatch b = local_slice(step, ctx.rank, ctx.world_size);
-    sgd.zero_grad();
+    opt->zero_grad();
     cross_entropy(ddp.forward(b.x), b.y).backward();
-    sgd.step();
+    opt->step();
   }
   return flat_values(net->parameters());
 }
@@ -93,36 +93,41 @@ const std::vector<int64_t> kUnitNumels{42, 16, 3, 6};
 }  // namespace
 
 TEST_CASE("FullyShardedDataParallel: steps equal the single-process whole-batch steps and DDP's") {
-  for (double max_norm : {0.0, 0.5}) {
-    const Reference ref = reference_run(77, kSteps, sgd_momentum(), max_norm);
-    for (int world : {2, 4}) {
-      DYNAMIC_SECTION(world << " ranks" << (max_norm > 0 ? ", clipped" : "")) {
-        auto results = run_ranks(world, [max_norm](RankContext& ctx) {
-          train_fsdp(ctx, Variant::Fsdp, sgd_momentum(), max_norm);
-          if (max_norm == 0.0) ctx.report("ddp", ddp_params(ctx));
-        });
-        INFO(describe(results));
-        for (const RankResult& r : results) REQUIRE(r.ok());
-        // The loss of the whole batch is the mean of the ranks' losses on equal slices.
-        require_close(mean_losses(results), ref.losses);
-        // The shards of the averaged gradient, put back together, are the whole gradient.
-        std::vector<float> grads;
-        for (size_t u = 0; u < kUnitNumels.size(); ++u) {
-          const auto unit = unshard_reports(results, fmt::format("grad.{}", u), kUnitNumels[u]);
-          grads.insert(grads.end(), unit.begin(), unit.end());
+  for (bool use_adamw : {false, true}) {
+    const MakeOptimizer make = use_adamw ? adamw() : sgd_momentum();
+    for (double max_norm : {0.0, 0.5}) {
+      const Reference ref = reference_run(77, kSteps, make, max_norm);
+      for (int world : {2, 4}) {
+        DYNAMIC_SECTION((use_adamw ? "AdamW, " : "SGD momentum, ")
+                        << world << " ranks" << (max_norm > 0 ? ", clipped" : "")) {
+          auto results = run_ranks(world, [&](RankContext& ctx) {
+            train_fsdp(ctx, Variant::Fsdp, make, max_norm);
+            if (max_norm == 0.0) ctx.report("ddp", ddp_params(ctx, make));
+          });
+          INFO(describe(results));
+          for (const RankResult& r : results) REQUIRE(r.ok());
+          // The loss of the whole batch is the mean of the ranks' losses on equal slices.
+          require_close(mean_losses(results), ref.losses);
+          // The shards of the averaged gradient, put back together, are the whole gradient.
+          std::vector<float> grads;
+          for (size_t u = 0; u < kUnitNumels.size(); ++u) {
+            const auto unit = unshard_reports(results, fmt::format("grad.{}", u), kUnitNumels[u]);
+            grads.insert(grads.end(), unit.begin(), unit.end());
+          }
+          require_close(grads, ref.first_grads);
+          require_close(results[0].floats("params"), ref.params);
+          if (max_norm == 0.0)
+            for (const RankResult& r : results) require_close(r.floats("ddp"), ref.params);
+          // On 4 ranks, rank 3's shard of unit 2 (3 elements) is padding alone.
+          if (world == 4) REQUIRE(make_shard_layout({2, 1}, 4).real_numel(3) == 0);
         }
-        require_close(grads, ref.first_grads);
-        require_close(results[0].floats("params"), ref.params);
-        if (max_norm == 0.0)
-          for (const RankResult& r : results) require_close(r.floats("ddp"), ref.params);
-        // On 4 ranks, rank 3's shard of unit 2 (3 elements) is padding alone.
-        if (world == 4) REQUIRE(make_shard_layout({2, 1}, 4).real_numel(3) == 0);
       }
     }
   }
 }
 
-TEST_CASE("FullyShardedDataParallel: the comparison fails for a missing collective or a double average") {
+TEST_CASE(
+    "FullyShardedDataParallel: the comparison fails for a missing collective or a double average") {
   const Reference ref = reference_run(77, kSteps, sgd_momentum());
   for (Variant variant : {Variant::NoCommunication, Variant::AveragedTwice}) {
     DYNAMIC_SECTION((variant == Variant::NoCommunication ? "no communication" : "averaged twice")) {
@@ -161,7 +166,8 @@ TEST_CASE("FullyShardedDataParallel: full and sharded checkpoints resume bit for
     fsdp_step(*fsdp, sgd, 0, ctx);
     fsdp_step(*fsdp, sgd, 1, ctx);
     const nn::TensorDict model = fsdp->full_state_dict();
-    const nn::TensorDict optim = gather_full_optimizer_state(sgd.state_dict(), units_of(*fsdp), *pg);
+    const nn::TensorDict optim =
+        gather_full_optimizer_state(sgd.state_dict(), units_of(*fsdp), *pg);
     if (ctx.rank == 0) {
       MG_CHECK(model.count("2.weight") == 1, "full_state_dict: no 2.weight");  // the plain names
       nn::Checkpoint ck;
@@ -196,8 +202,8 @@ TEST_CASE("FullyShardedDataParallel: full and sharded checkpoints resume bit for
         } else {
           const nn::Checkpoint ck = nn::load_tensors(full_path);
           fsdp->load_full_state_dict(ck.get("model."), full_path);
-          sgd.load_state_dict(shard_full_optimizer_state(ck.get("optim."), units_of(*fsdp), full_path),
-                              full_path);
+          sgd.load_state_dict(
+              shard_full_optimizer_state(ck.get("optim."), units_of(*fsdp), full_path), full_path);
         }
         fsdp_step(*fsdp, sgd, 2, ctx);
         fsdp_step(*fsdp, sgd, 3, ctx);
@@ -225,7 +231,8 @@ TEST_CASE("FullyShardedDataParallel: full and sharded checkpoints resume bit for
   require_close(flat_values(plain->parameters()), first[0].floats("params"));
 }
 
-TEST_CASE("FullyShardedDataParallel: a rank that dies makes the next all-gather fail on the others") {
+TEST_CASE(
+    "FullyShardedDataParallel: a rank that dies makes the next all-gather fail on the others") {
   auto results = run_ranks(2, [](RankContext& ctx) {
     auto fsdp = fully_shard(make_uneven_mlp(3), ctx.gloo(5s));
     optim::SGD sgd(fsdp->parameters(), kSgd);
@@ -265,8 +272,9 @@ TEST_CASE("FullyShardedDataParallel: errors name what is wrong") {
     auto fsdp = fully_shard(net, pg);
     REQUIRE(fsdp->num_units() == 4);
     REQUIRE(fsdp->named_parameters()[0].first == "flat_shard_0");
-    REQUIRE_THROWS_WITH(net->parameter("0.weight").to_vector<float>(),
-                        MG_CONTAINS("has been freed (Storage::resize_(0)). FullyShardedDataParallel"));
+    REQUIRE_THROWS_WITH(
+        net->parameter("0.weight").to_vector<float>(),
+        MG_CONTAINS("has been freed (Storage::resize_(0)). FullyShardedDataParallel"));
     REQUIRE_THROWS_WITH(net->forward(make_shard_batch(1).x), MG_CONTAINS("has been freed"));
     REQUIRE_THROWS_WITH(fsdp->clone(), MG_CONTAINS("FullyShardedDataParallel cannot be copied"));
   }

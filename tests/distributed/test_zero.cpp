@@ -98,40 +98,46 @@ std::vector<int64_t> uneven_mlp_numels() {
 
 TEST_CASE("ZeroRedundancyOptimizer: stages 1 and 2 equal the single-process whole-batch steps") {
   const double max_norm = 0.5;  // below the gradient's norm: every step is clipped
-  const Reference ref = reference_run(77, kSteps, sgd_momentum(), max_norm);
-  for (int stage : {1, 2}) {
-    for (int world : {2, 4}) {
-      for (double cap : {25.0, kTinyBuckets}) {
-        DYNAMIC_SECTION("stage " << stage << ", " << world << " ranks, "
-                                 << (cap < 1 ? "a bucket per tensor" : "one bucket")) {
-          Setup setup;
-          setup.stage = stage;
-          setup.bucket_cap_mb = cap;
-          setup.max_norm = max_norm;
-          setup.with_ddp = stage == 1;
-          auto results =
-              run_ranks(world, [&](RankContext& ctx) { train_zero(ctx, setup, sgd_momentum()); });
-          INFO(describe(results));
-          for (const RankResult& r : results) REQUIRE(r.ok());
-          require_close(mean_losses(results), ref.losses);
-          if (stage == 1) {
-            for (const RankResult& r : results) require_close(r.floats("grads"), ref.first_grads);
-          } else {
-            require_close(gradient_from_buckets(results, uneven_mlp_numels()), ref.first_grads);
+  for (bool use_adamw : {false, true}) {
+    const MakeOptimizer make = use_adamw ? adamw() : sgd_momentum();
+    const Reference ref = reference_run(77, kSteps, make, max_norm);
+    for (int stage : {1, 2}) {
+      for (int world : {2, 4}) {
+        for (double cap : {25.0, kTinyBuckets}) {
+          DYNAMIC_SECTION((use_adamw ? "AdamW" : "SGD momentum")
+                          << ", stage " << stage << ", " << world << " ranks, "
+                          << (cap < 1 ? "a bucket per tensor" : "one bucket")) {
+            Setup setup;
+            setup.stage = stage;
+            setup.bucket_cap_mb = cap;
+            setup.max_norm = max_norm;
+            setup.with_ddp = stage == 1;
+            auto results =
+                run_ranks(world, [&](RankContext& ctx) { train_zero(ctx, setup, make); });
+            INFO(describe(results));
+            for (const RankResult& r : results) REQUIRE(r.ok());
+            require_close(mean_losses(results), ref.losses);
+            if (stage == 1) {
+              for (const RankResult& r : results) require_close(r.floats("grads"), ref.first_grads);
+            } else {
+              require_close(gradient_from_buckets(results, uneven_mlp_numels()), ref.first_grads);
+            }
+            for (const RankResult& r : results) {
+              require_close(r.floats("params"), ref.params);
+              // Every rank gathered the same update into its parameters, bit for bit.
+              REQUIRE(r.floats("params") == results[0].floats("params"));
+            }
+            CHECK(results[0].floats("buckets")[0] == (cap < 1 ? 8 : 1));
           }
-          for (const RankResult& r : results) {
-            require_close(r.floats("params"), ref.params);
-            // Every rank gathered the same update into its parameters, bit for bit.
-            REQUIRE(r.floats("params") == results[0].floats("params"));
-          }
-          CHECK(results[0].floats("buckets")[0] == (cap < 1 ? 8 : 1));
         }
       }
     }
   }
 }
 
-TEST_CASE("ZeroRedundancyOptimizer: the comparison fails without DDP's all-reduce or with a double average") {
+TEST_CASE(
+    "ZeroRedundancyOptimizer: the comparison fails without DDP's all-reduce or with a double "
+    "average") {
   const Reference ref = reference_run(77, kSteps, sgd_momentum());
   for (bool no_ddp : {true, false}) {
     DYNAMIC_SECTION((no_ddp ? "stage 1 without DDP" : "stage 2 averaged twice")) {
@@ -232,7 +238,8 @@ TEST_CASE("ZeroRedundancyOptimizer: full and sharded checkpoints resume bit for 
   require_close(flat_values(plain->parameters()), first[0].floats("params"));
 }
 
-TEST_CASE("ZeroRedundancyOptimizer: a rank that dies makes the step's all-gather fail on the others") {
+TEST_CASE(
+    "ZeroRedundancyOptimizer: a rank that dies makes the step's all-gather fail on the others") {
   auto results = run_ranks(2, [](RankContext& ctx) {
     auto pg = ctx.gloo(5s);
     auto net = make_uneven_mlp(3);
@@ -267,12 +274,14 @@ TEST_CASE("ZeroRedundancyOptimizer: errors name what is wrong") {
   auto net = make_uneven_mlp(1);
   ZeroOptions options;
   options.stage = 3;
-  REQUIRE_THROWS_WITH(ZeroRedundancyOptimizer(net->parameters(), pg, sgd_momentum(), options),
-                      MG_CONTAINS("stage must be 1 or 2, got 3 (stage 3 is FullyShardedDataParallel)"));
+  REQUIRE_THROWS_WITH(
+      ZeroRedundancyOptimizer(net->parameters(), pg, sgd_momentum(), options),
+      MG_CONTAINS("stage must be 1 or 2, got 3 (stage 3 is FullyShardedDataParallel)"));
   auto other = make_uneven_mlp(2);
   REQUIRE_THROWS_WITH(
-      ZeroRedundancyOptimizer(net->parameters(), pg,
-                              [&](std::vector<Tensor>) { return sgd_momentum()(other->parameters()); }),
+      ZeroRedundancyOptimizer(
+          net->parameters(), pg,
+          [&](std::vector<Tensor>) { return sgd_momentum()(other->parameters()); }),
       MG_CONTAINS("must build the optimizer over the 1 shard tensors it is given (it has 8"));
   std::vector<Tensor> twice{net->parameters()[0], net->parameters()[0]};
   REQUIRE_THROWS_WITH(ZeroRedundancyOptimizer(twice, pg, sgd_momentum()),

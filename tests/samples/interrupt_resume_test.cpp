@@ -231,10 +231,12 @@ TEST_CASE("train_fashion_mnist --distributed --zero: every stage trains as DDP d
     DYNAMIC_SECTION("--zero " << zero) {
       const std::string csv = dir / fmt::format("zero{}.csv", zero);
       const std::string ck = dir / fmt::format("zero{}.safetensors", zero);
-      const auto run = run_program(flags + fmt::format(" --zero {} --save {} --metrics {}", zero, ck, csv));
+      const auto run =
+          run_program(flags + fmt::format(" --zero {} --save {} --metrics {}", zero, ck, csv));
       INFO(run.output);
       REQUIRE(run.exit_code == 0);
-      REQUIRE_THAT(run.output, MG_CONTAINS(fmt::format("[rank 0] sharded over the ranks: ZeRO-{}", zero)));
+      REQUIRE_THAT(run.output,
+                   MG_CONTAINS(fmt::format("[rank 0] sharded over the ranks: ZeRO-{}", zero)));
       CHECK(metrics_without_seconds(csv) == metrics_without_seconds(dir / "zero0.csv"));
       require_same_tensors(straight, ck);
     }

@@ -267,8 +267,8 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
   return x;
 }
 
-double FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
-  return parallel::clip_grad_norm_(parameters(), max_norm, *process_group_);
+Tensor FullyShardedDataParallel::clip_grad_norm_(double max_norm, double norm_type) {
+  return parallel::clip_grad_norm_(parameters(), max_norm, *process_group_, norm_type);
 }
 
 nn::TensorDict FullyShardedDataParallel::full_state_dict() {

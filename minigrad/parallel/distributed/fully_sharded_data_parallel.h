@@ -90,7 +90,7 @@ class FullyShardedDataParallel : public nn::Module {
 
   // The 2-norm of the whole gradient, from the shards' (one all-reduce), clipped to
   // max_norm as nn::utils::clip_grad_norm_ would (sharded_grad_norm.h). A collective.
-  double clip_grad_norm_(double max_norm);
+  Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0);
 
   // ---- checkpoints (collectives: every rank calls them) ----
   // The parameters (and buffers) under the wrapped module's names, on rank 0; an empty

@@ -14,7 +14,8 @@ namespace mg::parallel {
 // Every rank runs the same three collectives whatever it finds, so a mismatch makes all
 // ranks fail together (mg::Error starting with `who`, naming the first tensor that differs
 // on that rank), instead of leaving some waiting in the next collective.
-void check_same_shapes_across_ranks(ProcessGroup& group, const std::vector<nn::NamedTensor>& tensors,
+void check_same_shapes_across_ranks(ProcessGroup& group,
+                                    const std::vector<nn::NamedTensor>& tensors,
                                     const std::string& who);
 
 // In place: every rank's tensors become rank 0's (one coalesced broadcast per dtype).

@@ -1,32 +1,25 @@
 #include <minigrad/parallel/distributed/sharded_grad_norm.h>
 
-#include <cmath>
-
-#include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/nn/utils/clip_grad.h>
 
 namespace mg::parallel {
 
-double clip_grad_norm_(const std::vector<Tensor>& shards, double max_norm, ProcessGroup& group) {
-  MG_CHECK(std::isfinite(max_norm) && max_norm >= 0.0,
-           "clip_grad_norm_ (sharded): max_norm must be a finite number >= 0, got {}", max_norm);
-  NoGradGuard no_grad;
-  Tensor sum_of_squares = zeros(Shape{1}, DType::Float32, group.device());
-  for (const Tensor& shard : shards) {
-    const Tensor g = shard.grad();
-    if (!g.defined() || g.numel() == 0) continue;
-    sum_of_squares.add_(ops::sum(ops::binary(BinaryOp::Mul, g, g), {}, true).reshape(Shape{1}));
-  }
-  group.allreduce(sum_of_squares, ReduceOp::Sum)->wait();
-  const double total = std::sqrt(static_cast<double>(sum_of_squares.to(Device::cpu()).item<float>()));
-  const double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0) {
-    for (const Tensor& shard : shards) {
-      Tensor g = shard.grad();
-      if (g.defined()) g.mul_(coef);
-    }
-  }
-  return total;
+Tensor clip_grad_norm_(const std::vector<Tensor>& shards, double max_norm, ProcessGroup& group,
+                       double norm_type) {
+  return nn::utils::clip_grad_norm_(
+      shards, max_norm, norm_type, /*error_if_nonfinite=*/false,
+      [&group](Tensor& partial, nn::utils::NormReduction op) {
+        if (op == nn::utils::NormReduction::Sum) {
+          group.allreduce(partial, ReduceOp::Sum)->wait();
+          return;
+        }
+        // The infinity norm: the largest of every rank's max |g| (the groups reduce by sum
+        // or average only, so gather the N partials and take their max here).
+        Tensor all = empty(Shape{group.size()}, DType::Float32, partial.device());
+        group.all_gather(all, ops::view(ops::contiguous(partial), Shape{1}))->wait();
+        ops::copy_(partial, ops::abs_max(all));  // partials are >= 0
+      });
 }
 
 }  // namespace mg::parallel

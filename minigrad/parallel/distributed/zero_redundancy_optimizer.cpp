@@ -5,6 +5,7 @@
 
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/nn/utils/clip_grad.h>
 #include <minigrad/parallel/distributed/same_model.h>
 #include <minigrad/parallel/distributed/sharded_grad_norm.h>
 #include <minigrad/parallel/distributed/sharded_state.h>
@@ -162,28 +163,12 @@ void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
   }
 }
 
-double ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm) {
-  if (options_.stage == 2) return parallel::clip_grad_norm_(parameters(), max_norm, *process_group_);
-  // Stage 1: every rank holds the whole averaged gradient, so the norm needs no
-  // communication and every rank scales by the same factor.
-  MG_CHECK(std::isfinite(max_norm) && max_norm >= 0.0,
-           "ZeroRedundancyOptimizer::clip_grad_norm_: max_norm must be a finite number >= 0, "
-           "got {}",
-           max_norm);
-  NoGradGuard no_grad;
-  double squares = 0.0;
-  for (const Tensor& p : full_params_) {
-    const Tensor g = p.grad();
-    if (!g.defined() || g.numel() == 0) continue;
-    squares += static_cast<double>(
-        ops::sum(ops::binary(BinaryOp::Mul, g, g), {}, false).to(Device::cpu()).item<float>());
-  }
-  const double total = std::sqrt(squares);
-  const double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0)
-    for (const Tensor& p : full_params_)
-      if (Tensor g = p.grad(); g.defined()) g.mul_(coef);
-  return total;
+Tensor ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm, double norm_type) {
+  if (options_.stage == 2)
+    return parallel::clip_grad_norm_(parameters(), max_norm, *process_group_, norm_type);
+  // Stage 1: every rank holds the whole averaged gradient, so every rank computes the
+  // same norm and scales by the same factor, without communication.
+  return nn::utils::clip_grad_norm_(full_params_, max_norm, norm_type);
 }
 
 std::vector<const FlatParameter*> ZeroRedundancyOptimizer::buckets() const {

@@ -4,10 +4,11 @@
 // Stage 1 -- the optimizer state is sharded. With DistributedDataParallel, every rank has
 // the whole averaged gradient after backward, as before:
 //
-//   auto ddp = std::make_shared<parallel::DistributedDataParallel>(model, pg);
-//   parallel::ZeroRedundancyOptimizer zero(model->parameters(), pg, [](std::vector<Tensor> shards) {
+//   auto make_adamw = [](std::vector<Tensor> shards) {   // any optim::Optimizer
 //     return std::make_unique<optim::AdamW>(std::move(shards), optim::AdamWOptions(1e-3));
-//   });
+//   };
+//   auto ddp = std::make_shared<parallel::DistributedDataParallel>(model, pg);
+//   parallel::ZeroRedundancyOptimizer zero(model->parameters(), pg, make_adamw);
 //   zero.zero_grad(); loss_fn(ddp->forward(x), y).backward(); zero.step();
 //
 // Stage 2 -- the gradients too. No DDP: backward reduce-scatters each bucket's gradients
@@ -84,10 +85,10 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   void step() override;
   // The shards' gradients and the original parameters'.
   void zero_grad(bool set_to_none = true) override;
-  // The 2-norm of the whole gradient, clipped to max_norm as nn::utils::clip_grad_norm_
-  // would (stage 1: on the full gradients every rank holds; stage 2: on the shards, one
-  // all-reduce). Call between backward and step().
-  double clip_grad_norm_(double max_norm);
+  // The norm of the whole gradient, clipped to max_norm as nn::utils::clip_grad_norm_
+  // would (stage 1: on the full gradients every rank holds, no communication; stage 2: on
+  // the shards, one all-reduce). Call between backward and step().
+  Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0);
 
   double lr() const override { return local_->lr(); }
   void set_lr(double lr) override { local_->set_lr(lr); }
