@@ -5,6 +5,8 @@
 //   build/bin/train_fashion_mnist --devices cpu,cpu     # DataParallel over two CPU replicas
 //   build/bin/train_fashion_mnist --save ck.safetensors ...; ... --resume ck.safetensors
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
+//   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
+//       --zero 3 --optimizer adamw           # sharded (docs/sharded-data-parallel.md)
 //
 // The loop is the one every PyTorch user knows: for each epoch, shuffled batches from a
 // DataLoader; forward, cross-entropy, zero_grad, backward, optimizer step; then the test
@@ -48,6 +50,7 @@
 #include <minigrad/data/distributed_sampler.h>
 #include <minigrad/data/fashion_mnist.h>
 #include <minigrad/nn/layers.h>
+#include <minigrad/nn/optim/adam.h>
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/distributed/distributed_data_parallel.h>
@@ -121,6 +124,10 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options,
                                                  const nn::Module& net, const nn::Module& model,
                                                  const DistributedRun& dist) {
   auto make = [&options](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
+    if (options.optimizer == "adamw")
+      return std::make_unique<optim::AdamW>(
+          std::move(params),
+          optim::AdamWOptions().lr(options.lr).weight_decay(options.weight_decay));
     return std::make_unique<optim::SGD>(std::move(params),
                                         optim::SGDOptions(options.lr, options.momentum));
   };
@@ -321,8 +328,8 @@ void print_setup(const Run& run, const std::vector<Device>& devices,
   }
   fmt::print("data: {} training and {} test images from {}{}\n", train_set.size(),
              test_set.size(), o.data_dir, o.no_normalize ? "" : " (normalised)");
-  fmt::print("SGD lr {} ({}) momentum {}, batch size {}, {} epoch{}, seed {}\n", o.lr,
-             o.lr_schedule, o.momentum, o.batch_size, o.epochs, plural(o.epochs), o.seed);
+  fmt::print("{}, batch size {}, {} epoch{}, seed {}\n", samples::optimizer_str(o),
+             o.batch_size, o.epochs, plural(o.epochs), o.seed);
 }
 
 // The last line: the final test accuracy, the time per epoch trained in this run (not

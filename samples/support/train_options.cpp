@@ -19,10 +19,16 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
   app.add_option("--batch-size", options.batch_size, "Training batch size")
       ->check(positive_integer())
       ->capture_default_str();
-  app.add_option("--lr", options.lr, "SGD learning rate")
+  app.add_option("--optimizer", options.optimizer,
+                 "sgd (with --momentum) or adamw (with --weight-decay)")
+      ->check(CLI::IsMember({"sgd", "adamw"}))
+      ->capture_default_str();
+  app.add_option("--lr", options.lr, "Learning rate (default 0.05 for sgd, 0.001 for adamw)")
+      ->check(non_negative_number());
+  app.add_option("--momentum", options.momentum, "SGD momentum")
       ->check(non_negative_number())
       ->capture_default_str();
-  app.add_option("--momentum", options.momentum, "SGD momentum")
+  app.add_option("--weight-decay", options.weight_decay, "AdamW's decoupled weight decay")
       ->check(non_negative_number())
       ->capture_default_str();
   app.add_option("--hidden", options.hidden, "Hidden layer widths, comma-separated (e.g. 512 or 256,256)")
@@ -73,6 +79,7 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
   const char* program = "train_fashion_mnist";
   if (const std::optional<int> exit_code = parse_command_line(app, program, argc, argv))
     return exit_code;
+  if (options.optimizer == "adamw" && app.count("--lr") == 0) options.lr = 0.001;
   if (options.zero != 0 && !options.distributed)
     return report_error(program, OptionError(fmt::format(
                                      "--zero {} shards the training over the ranks of a "
@@ -88,6 +95,12 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
 
 std::string hidden_str(const std::vector<int64_t>& hidden) {
   return fmt::format("{}", fmt::join(hidden, ","));
+}
+
+std::string optimizer_str(const TrainOptions& o) {
+  if (o.optimizer == "adamw")
+    return fmt::format("AdamW lr {} ({}) weight decay {}", o.lr, o.lr_schedule, o.weight_decay);
+  return fmt::format("SGD lr {} ({}) momentum {}", o.lr, o.lr_schedule, o.momentum);
 }
 
 double learning_rate(const TrainOptions& options, int64_t step, int64_t total) {

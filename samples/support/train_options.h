@@ -18,8 +18,10 @@ namespace mg::samples {
 struct TrainOptions {
   int epochs = 10;
   int64_t batch_size = 64;
-  double lr = 0.05;
-  double momentum = 0.9;
+  std::string optimizer = "sgd";  // or "adamw"
+  double lr = 0.05;               // without --lr: 0.05 for SGD, 0.001 for AdamW
+  double momentum = 0.9;          // SGD
+  double weight_decay = 0.01;     // AdamW (decoupled)
   std::string lr_schedule = "cosine";  // or "constant"
   std::vector<int64_t> hidden{256, 256};
   uint64_t seed = 1;
@@ -42,6 +44,9 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
 
 // "256,256": the hidden widths as --hidden takes them.
 std::string hidden_str(const std::vector<int64_t>& hidden);
+
+// "SGD lr 0.05 (cosine) momentum 0.9", or "AdamW lr 0.001 (cosine) weight decay 0.01".
+std::string optimizer_str(const TrainOptions& options);
 
 // The learning rate at training step `step` (from 0) of `total`: constant, or cosine
 // annealing from --lr down to 0 over the whole run (SGDR without restarts, per step).
