@@ -44,6 +44,7 @@
 
 #include <minigrad/core/allocator.h>
 #include <minigrad/minigrad.h>
+#include <minigrad/nn/optim/adam.h>
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/parallel/distributed/distributed_data_parallel.h>
 #include <minigrad/parallel/distributed/fully_sharded_data_parallel.h>
@@ -123,14 +124,20 @@ struct BenchOptions {
   parallel::DDPOptions ddp;
 };
 
+// sgd: plain SGD (no state, as ddp-bench always ran); sgd-momentum: one state tensor per
+// parameter; adamw: two (and a step count).
 std::unique_ptr<optim::Optimizer> make_optimizer(const BenchOptions& o,
                                                  std::vector<Tensor> params) {
-  // SGD with momentum: one state tensor per parameter, as AdamW has two.
-  return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions(o.lr).momentum(0.9));
+  if (o.optimizer == "adamw")
+    return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions().lr(1e-3));
+  const double momentum = o.optimizer == "sgd-momentum" ? 0.9 : 0.0;
+  return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions(o.lr).momentum(momentum));
 }
 
 // K: the optimizer's state tensors per parameter element.
-double states_per_element(const BenchOptions& o) { return o.optimizer == "adamw" ? 2.0 : 1.0; }
+double states_per_element(const BenchOptions& o) {
+  return o.optimizer == "adamw" ? 2.0 : o.optimizer == "sgd-momentum" ? 1.0 : 0.0;
+}
 
 // One way of training the model: what forward runs through and the optimizer it steps.
 struct Variant {
@@ -280,8 +287,9 @@ int main(int argc, char** argv) {
   app.add_option("--zero", bench.zero,
                  "0: DDP only; 1, 2: ZeroRedundancyOptimizer stage; 3: FullyShardedDataParallel")
       ->check(CLI::IsMember({0, 1, 2, 3}));
-  app.add_option("--optimizer", bench.optimizer, "sgd (with momentum 0.9)")
-      ->check(CLI::IsMember({"sgd"}));
+  app.add_option("--optimizer", bench.optimizer,
+                 "sgd (lr 0.01), sgd-momentum (0.9), adamw (lr 0.001): K = 0, 1, 2 states")
+      ->check(CLI::IsMember({"sgd", "sgd-momentum", "adamw"}));
   bool json = false;
   app.add_flag("--json", json, "rank 0 prints one JSON line instead of the tables");
   CLI11_PARSE(app, argc, argv);
@@ -382,7 +390,7 @@ int main(int argc, char** argv) {
                  bench.zero > 0 ? "---|---|" : "");
       fmt::print("| {} | {} | {} | {} | {} (cap {} MiB{}) | {:.2f} | {:.2f} | {:+.1f}% | {:.2f} | "
                  "{:.2f} | {:.2f} | {} |{}\n",
-                 pg->size(), model, batch, "SGD momentum", ddp.ddp->reducer().bucket_bytes().size(),
+                 pg->size(), model, batch, bench.optimizer, ddp.ddp->reducer().bucket_bytes().size(),
                  bench.ddp.bucket_cap_mb,
                  bench.ddp.gradient_as_bucket_view ? ", grads as bucket views" : "",
                  median(plain_ms), median(ddp_ms),

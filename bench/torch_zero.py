@@ -35,9 +35,10 @@ def make_model(torch, widths):
 
 
 def make_optimizer(torch, args):
+    """ddp-bench's optimizers, with its learning rates."""
     if args.optimizer == "adamw":
-        return torch.optim.AdamW, {"lr": args.lr}
-    return torch.optim.SGD, {"lr": args.lr, "momentum": 0.9}
+        return torch.optim.AdamW, {"lr": 1e-3}
+    return torch.optim.SGD, {"lr": 0.01, "momentum": 0.9 if args.optimizer == "sgd-momentum" else 0}
 
 
 def state_bytes(optimizer):
@@ -105,8 +106,7 @@ def main():
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--widths", default="784,512,512,10")
     parser.add_argument("--batch", type=int, default=256, help="rows per rank per step")
-    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="adamw")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--optimizer", choices=["sgd", "sgd-momentum", "adamw"], default="adamw")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per rank")

@@ -51,7 +51,7 @@ def main():
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--models", default="mnist_mlp wide_mlp")
     parser.add_argument("--batch", type=int, default=128, help="rows per rank per step")
-    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="adamw")
+    parser.add_argument("--optimizer", choices=["sgd", "sgd-momentum", "adamw"], default="adamw")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
