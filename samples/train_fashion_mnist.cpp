@@ -3,6 +3,7 @@
 //   build/bin/train_fashion_mnist                       # the defaults: >= 88% test accuracy
 //   build/bin/train_fashion_mnist --epochs 3 --hidden 512 --metrics run.csv --plot run.svg
 //   build/bin/train_fashion_mnist --devices cpu,cpu     # DataParallel over two CPU replicas
+//   build/bin/train_fashion_mnist --optimizer adamw     # AdamW (lr 1e-3, weight decay 1e-2)
 //   build/bin/train_fashion_mnist --save ck.safetensors ...; ... --resume ck.safetensors
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
@@ -117,19 +118,21 @@ nn::ModulePtr make_model_wrapper(const TrainOptions& options, const nn::ModulePt
   return std::make_shared<parallel::DataParallel>(model, devices);
 }
 
-// The optimizer over what `net` trains: the model's parameters, or under --zero 3 this
-// rank's shards of them. --zero 1 and 2 wrap it in a ZeroRedundancyOptimizer, which builds
-// it over this rank's shards.
+// --optimizer sgd: SGD with momentum (and an L2 penalty with --weight-decay); adamw:
+// AdamW with PyTorch's betas and eps, its weight decay decoupled from the gradient. Over
+// what `net` trains: the model's parameters, or under --zero 3 this rank's shards of them;
+// --zero 1 and 2 wrap it in a ZeroRedundancyOptimizer, which builds it over this rank's
+// shards.
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options,
                                                  const nn::Module& net, const nn::Module& model,
                                                  const DistributedRun& dist) {
   auto make = [&options](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
     if (options.optimizer == "adamw")
       return std::make_unique<optim::AdamW>(
-          std::move(params),
-          optim::AdamWOptions().lr(options.lr).weight_decay(options.weight_decay));
-    return std::make_unique<optim::SGD>(std::move(params),
-                                        optim::SGDOptions(options.lr, options.momentum));
+          std::move(params), optim::AdamWOptions(options.lr).weight_decay(options.weight_decay));
+    return std::make_unique<optim::SGD>(
+        std::move(params),
+        optim::SGDOptions(options.lr, options.momentum).weight_decay(options.weight_decay));
   };
   if (options.zero == 1 || options.zero == 2) {
     parallel::ZeroOptions zero;
