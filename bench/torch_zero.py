@@ -8,7 +8,8 @@ torch.distributed.optim.ZeroRedundancyOptimizer (ZeRO-1), on Gloo with CPU ranks
 Each rank trains the same MLP as ddp-bench (Linear layers with ReLU between them, one
 per-rank batch, cross-entropy) both ways, one step after the other after --warmup untimed
 rounds, with a barrier before each step, and rank 0 prints one JSON line: the median step
-times, and per rank the bytes of the parameters and of the optimizer state it holds.
+times (wall, and the process's CPU time over all its threads), and per rank the bytes of
+the parameters and of the optimizer state it holds.
 One step is: zero_grad(set_to_none=True), forward, cross-entropy, backward, step.
 """
 import argparse
@@ -79,14 +80,16 @@ def worker(rank, args, port, out):
         loss_fn(model(x), y).backward()
         opt.step()
 
-    ddp_ms, zero_ms = [], []
+    ddp_ms, zero_ms, ddp_cpu, zero_cpu = [], [], [], []
     for s in range(args.warmup + args.steps):
-        for model, opt, times in ((ddp, ddp_opt, ddp_ms), (zero, zero_opt, zero_ms)):
+        for model, opt, times, cpu in ((ddp, ddp_opt, ddp_ms, ddp_cpu),
+                                       (zero, zero_opt, zero_ms, zero_cpu)):
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()  # CPU time: every thread
             step(model, opt)
             if s >= args.warmup:
                 times.append((time.perf_counter() - t0) * 1e3)
+                cpu.append((time.process_time() - c0) * 1e3)
 
     params = sum(p.numel() * p.element_size() for p in ddp.parameters())
     mine = {"rank": rank, "parameters": params, "ddp_optimizer": state_bytes(ddp_opt),
@@ -97,7 +100,8 @@ def worker(rank, args, port, out):
         out.put({"bench": "torch_zero", "torch": torch.__version__, "ranks": args.ranks,
                  "widths": args.widths, "batch": args.batch, "optimizer": args.optimizer,
                  "threads": args.threads, "ddp_ms": statistics.median(ddp_ms),
-                 "zero_ms": statistics.median(zero_ms), "footprint": everyone})
+                 "zero_ms": statistics.median(zero_ms), "ddp_cpu_ms": statistics.median(ddp_cpu),
+                 "zero_cpu_ms": statistics.median(zero_cpu), "footprint": everyone})
     dist.destroy_process_group()
 
 

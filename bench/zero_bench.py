@@ -88,21 +88,27 @@ def main():
         times.append((name, widths, stages, torch))
         memory.append((name, stages, torch))
 
-    print(f"\nStep times, median ms ({args.ranks} Gloo ranks, {args.optimizer}, batch "
-          f"{args.batch} per rank, {args.threads} thread(s) per rank). Each ZeRO stage is timed "
-          "in the same job as a DDP run; the ratio is to that run.\n")
-    print("| model | minigrad DDP | ZeRO-1 (x DDP, target 1.15) | ZeRO-2 (x DDP, target 1.15) | "
-          "ZeRO-3 (x DDP, target 1.5) | PyTorch DDP | PyTorch ZeRO-1 | minigrad / PyTorch ZeRO-1 "
-          "(target 1.0) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, widths, stages, torch in times:
-        cells = []
-        for zero in (1, 2, 3):
-            s = stages[zero]
-            cells.append(f"{s['zero_ms']:.2f} ({s['zero_ms'] / s['ddp_ms']:.2f}x)")
-        ddp = stages[1]["ddp_ms"]
-        print(f"| {name} {widths} | {ddp:.2f} | {' | '.join(cells)} | {torch['ddp_ms']:.2f} | "
-              f"{torch['zero_ms']:.2f} | {stages[1]['zero_ms'] / torch['zero_ms']:.2f}x |")
+    for clock, suffix, what in (("wall", "_ms", "wall-clock"),
+                                ("CPU", "_cpu_ms", "CPU time of the rank's process, all threads")):
+        print(f"\nStep times, median {what} ms ({args.ranks} Gloo ranks, {args.optimizer}, "
+              f"batch {args.batch} per rank, {args.threads} thread(s) per rank). Each ZeRO stage "
+              "is timed in the same job as a DDP run; the ratio is to that run."
+              + (" On a machine shared with other work the wall clock also counts the waits for a "
+                 "core; the CPU time does not." if clock == "CPU" else "") + "\n")
+        print(f"| model ({clock}) | minigrad DDP | ZeRO-1 (x DDP, target 1.15) | ZeRO-2 (x DDP, "
+              "target 1.15) | ZeRO-3 (x DDP, target 1.5) | PyTorch DDP | PyTorch ZeRO-1 | "
+              "minigrad / PyTorch ZeRO-1 (target 1.0) |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, widths, stages, torch in times:
+            cells = []
+            for zero in (1, 2, 3):
+                s = stages[zero]
+                z, d = s["zero" + suffix], s["ddp" + suffix]
+                cells.append(f"{z:.2f} ({z / d:.2f}x)")
+            ddp = stages[1]["ddp" + suffix]
+            print(f"| {name} {widths} | {ddp:.2f} | {' | '.join(cells)} | "
+                  f"{torch['ddp' + suffix]:.2f} | {torch['zero' + suffix]:.2f} | "
+                  f"{stages[1]['zero' + suffix] / torch['zero' + suffix]:.2f}x |")
 
     print("\nPer-rank memory at a step's peak and bytes sent per step, MiB (ddp-bench's header "
           "says how each is counted; arithmetic: docs/sharded-data-parallel.md). PyTorch: the "
