@@ -10,7 +10,7 @@ rank) it runs, under minigrad-run with --ranks processes:
                                 one job), and what each rank holds and sends (ddp-bench's
                                 header says how each figure is counted)
   bench/torch_zero.py           PyTorch's DDP and DDP + ZeroRedundancyOptimizer on Gloo
-and prints two Markdown tables: the step times with the ratios the issue targets
+and prints Markdown tables: the step times with the ratios their targets name
 (ZeRO-1/2 <= 1.15x DDP, ZeRO-3 <= 1.5x DDP, minigrad ZeRO-1 <= 1.0x PyTorch's
 ZeroRedundancyOptimizer), and the per-rank memory against the arithmetic of
 docs/sharded-data-parallel.md. It builds nothing: build first (make build). One thread

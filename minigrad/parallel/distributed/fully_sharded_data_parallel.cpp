@@ -100,7 +100,7 @@ namespace {
 // flows on into the unit's own nodes (FSDP's pre-backward hook).
 class UnshardBeforeBackward final : public Node {
  public:
-  UnshardBeforeBackward(std::function<void()> unshard)
+  explicit UnshardBeforeBackward(std::function<void()> unshard)
       : Node("FSDPUnshardBackward"), unshard_(std::move(unshard)) {}
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override {
     unshard_();
