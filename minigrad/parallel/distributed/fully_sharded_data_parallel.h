@@ -37,6 +37,10 @@
 // the activations stay the ones forward computed; only the parameters' memory comes and
 // goes. That is what FSDP does (its FlatParameter storage is resized to 0 and back).
 //
+// Every parameter must require grad (each is sharded and trained); buffers are broadcast
+// from rank 0 at construction and stay whole. Move the module to the group's device
+// before wrapping it: afterwards its parameters are views of the units' buffers.
+//
 // Checkpoints: nn::state_dict(*fsdp) is this rank's shards ("flat_shard_<u>"), a sharded
 // checkpoint for resuming on the same number of ranks; full_state_dict() gathers the
 // unsharded parameters on rank 0 under the wrapped module's names, loadable into the
