@@ -6,6 +6,8 @@
 //   build/bin/train_fashion_mnist --optimizer adamw     # AdamW (lr 1e-3, weight decay 1e-2)
 //   build/bin/train_fashion_mnist --save ck.safetensors ...; ... --resume ck.safetensors
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
+//   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
+//       --zero 3 --optimizer adamw           # sharded (docs/sharded-data-parallel.md)
 //
 // The loop is the one every PyTorch user knows: for each epoch, shuffled batches from a
 // DataLoader; forward, cross-entropy, zero_grad, backward, optimizer step; then the test
@@ -54,6 +56,8 @@
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/distributed/distributed_data_parallel.h>
+#include <minigrad/parallel/distributed/fully_sharded_data_parallel.h>
+#include <minigrad/parallel/distributed/zero_redundancy_optimizer.h>
 #include "support/command_line.h"
 #include "support/devices.h"
 #include "support/distributed_run.h"
@@ -65,6 +69,7 @@
 #include "support/train_options.h"
 #include "support/training_checkpoint.h"
 #include "support/training_reports.h"
+#include "support/training_state.h"
 
 namespace {
 
@@ -100,27 +105,44 @@ std::shared_ptr<nn::Sequential> make_mlp(const std::vector<int64_t>& hidden) {
 // The model moves to the first device. One device: the model itself. Several (--devices
 // 0,1 or cpu,cpu): DataParallel, which scatters each batch over them, replicates the model
 // and sums the replicas' gradients back into `model`'s parameters. --distributed:
-// DistributedDataParallel, which averages the gradients over the ranks. Either way the
-// optimizer and the checkpoints keep working on `model` itself.
+// DistributedDataParallel, which averages the gradients over the ranks; with --zero 2 the
+// model itself (its optimizer reduces the gradients); with --zero 3
+// FullyShardedDataParallel, which keeps only this rank's shards of the parameters.
 nn::ModulePtr make_model_wrapper(const TrainOptions& options, const nn::ModulePtr& model,
                                  const std::vector<Device>& devices, const DistributedRun& dist) {
   model->to(devices.front());
-  if (options.distributed)
+  if (options.distributed) {
+    if (options.zero == 2) return model;
+    if (options.zero == 3) return parallel::fully_shard(model, dist.group);
     return std::make_shared<parallel::DistributedDataParallel>(model, dist.group);
+  }
   if (devices.size() == 1) return model;
   return std::make_shared<parallel::DataParallel>(model, devices);
 }
 
 // --optimizer sgd: SGD with momentum (and an L2 penalty with --weight-decay); adamw:
-// AdamW with PyTorch's betas and eps, its weight decay decoupled from the gradient.
+// AdamW with PyTorch's betas and eps, its weight decay decoupled from the gradient. Over
+// what `net` trains: the model's parameters, or under --zero 3 this rank's shards of them;
+// --zero 1 and 2 wrap it in a ZeroRedundancyOptimizer, which builds it over this rank's
+// shards.
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options,
-                                                 const nn::Module& model) {
-  if (options.optimizer == "adamw")
-    return std::make_unique<optim::AdamW>(
-        model.parameters(), optim::AdamWOptions(options.lr).weight_decay(options.weight_decay));
-  return std::make_unique<optim::SGD>(
-      model.parameters(),
-      optim::SGDOptions(options.lr, options.momentum).weight_decay(options.weight_decay));
+                                                 const nn::Module& net, const nn::Module& model,
+                                                 const DistributedRun& dist) {
+  auto make = [&options](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
+    if (options.optimizer == "adamw")
+      return std::make_unique<optim::AdamW>(
+          std::move(params), optim::AdamWOptions(options.lr).weight_decay(options.weight_decay));
+    return std::make_unique<optim::SGD>(
+        std::move(params),
+        optim::SGDOptions(options.lr, options.momentum).weight_decay(options.weight_decay));
+  };
+  if (options.zero == 1 || options.zero == 2) {
+    parallel::ZeroOptions zero;
+    zero.stage = options.zero;
+    return std::make_unique<parallel::ZeroRedundancyOptimizer>(model.parameters(), dist.group,
+                                                               make, zero);
+  }
+  return make(net.parameters());
 }
 
 // Shuffled per (seed, epoch). Under --distributed each rank takes its shard of every
@@ -150,10 +172,12 @@ struct Run {
   Device device;                                // this process's first device
   std::shared_ptr<nn::Sequential> model;        // the parameters that train and are saved
   nn::ModulePtr net;                            // what forward runs through: model or wrapper
-  std::unique_ptr<optim::Optimizer> optimizer;  // of model's parameters
+  std::unique_ptr<optim::Optimizer> optimizer;  // of model's parameters (or their shards)
   data::DataLoader train_loader, test_loader;
   std::vector<samples::EpochMetrics> history;   // every finished epoch, resumed ones too
   int64_t total_steps() const { return train_loader.size() * options.epochs; }
+  // The model's and the optimizer's state, however --zero spreads them over the ranks.
+  samples::TrainingState state() { return {*model, *net, *optimizer}; }
 };
 
 // The loss so far of the epoch that `start` stands in: zero, or (a checkpoint written in
@@ -163,9 +187,14 @@ RunningLoss loss_at(const RunPosition& start, const Run& run) {
   return RunningLoss::zero(run.device);
 }
 
-void save_checkpoint(const Run& run, const std::string& path, const RunPosition& position) {
-  samples::save_training_checkpoint(path, *run.model, *run.optimizer, run.options, position,
-                                    run.history);
+// Every rank calls it (under --zero the state is gathered from all of them); rank 0 writes.
+void save_checkpoint(Run& run, const std::string& path, const RunPosition& position) {
+  const samples::TrainingState state = run.state();
+  const nn::TensorDict model_state = state.model_state();
+  const nn::TensorDict optimizer_state = state.optimizer_state();
+  if (run.dist.writes_files())
+    samples::save_training_checkpoint(path, model_state, optimizer_state, run.options, position,
+                                      run.history);
 }
 
 // --resume: the model, the optimizer and the generator as the checkpoint left them, and
@@ -173,8 +202,9 @@ void save_checkpoint(const Run& run, const std::string& path, const RunPosition&
 RunPosition resume(Run& run) {
   const std::string& path = run.options.resume;
   if (path.empty()) return {};
-  const RunPosition position = samples::load_training_checkpoint(
-      path, *run.model, *run.optimizer, run.options, run.history);
+  samples::TrainingState state = run.state();
+  const RunPosition position =
+      samples::load_training_checkpoint(path, state, run.options, run.history);
   if (position.batches == 0)
     fmt::print("resumed from {} after epoch {}\n", path, position.epochs_done);
   else
@@ -186,12 +216,12 @@ RunPosition resume(Run& run) {
 // A run stopped by signal `signo` after `global_step`: rank 0 writes the checkpoint of
 // `position` (--save, or a fixed name in the current directory) and the reports. Returns
 // the exit code, 128 + signo, as a shell reports a process that a signal killed.
-int stop_run(const Run& run, int signo, const RunPosition& position, int64_t global_step) {
+int stop_run(Run& run, int signo, const RunPosition& position, int64_t global_step) {
   const std::string path = run.options.save.empty()
                                ? "train_fashion_mnist.interrupted.safetensors"
                                : run.options.save;
+  save_checkpoint(run, path, position);
   if (run.dist.writes_files()) {
-    save_checkpoint(run, path, position);
     samples::write_training_reports(run.options, run.history);
     const std::string where =
         position.batches > 0
@@ -246,10 +276,8 @@ void end_epoch(Run& run, int epoch, const RunningLoss& running, Clock::time_poin
              epoch, run.options.epochs, train_loss, test.loss, 100.0 * test.accuracy, seconds,
              static_cast<double>(total.seen) / train_seconds);
   std::fflush(stdout);
-  if (run.dist.writes_files()) {
-    samples::write_training_reports(run.options, run.history);
-    if (!run.options.save.empty()) save_checkpoint(run, run.options.save, RunPosition::after_epoch(epoch));
-  }
+  if (run.dist.writes_files()) samples::write_training_reports(run.options, run.history);
+  if (!run.options.save.empty()) save_checkpoint(run, run.options.save, RunPosition::after_epoch(epoch));
 }
 
 // Trains the epoch that `start` stands in, from its batch (0, or where a checkpoint
@@ -292,10 +320,17 @@ void print_setup(const Run& run, const std::vector<Device>& devices,
   for (const Tensor& p : run.model->parameters()) parameter_count += p.numel();
   fmt::print("train_fashion_mnist: MLP 784-{}-10 ({} parameters) on {}\n",
              fmt::join(o.hidden, "-"), parameter_count, samples::devices_str(devices));
-  if (run.dist.active())
+  if (run.dist.active()) {
     fmt::print("distributed: rank {} of {} ({}), global batch {} = {} x {} per rank\n",
                run.dist.rank, run.dist.world_size, run.dist.group->backend_name(), o.batch_size,
                run.dist.world_size, o.batch_size / run.dist.world_size);
+    static const char* const kSharding[] = {
+        "none (DistributedDataParallel)",
+        "ZeRO-1, optimizer state (DistributedDataParallel + ZeroRedundancyOptimizer)",
+        "ZeRO-2, optimizer state and gradients (ZeroRedundancyOptimizer)",
+        "ZeRO-3, optimizer state, gradients and parameters (FullyShardedDataParallel)"};
+    fmt::print("sharded over the ranks: {}\n", kSharding[o.zero]);
+  }
   fmt::print("data: {} training and {} test images from {}{}\n", train_set.size(),
              test_set.size(), o.data_dir, o.no_normalize ? "" : " (normalised)");
   fmt::print("{}, batch size {}, {} epoch{}, seed {}\n", samples::optimizer_str(o),
@@ -347,10 +382,11 @@ int run(const TrainOptions& options) {
           devices.front(),
           model,
           make_model_wrapper(options, model, devices, dist),
-          make_optimizer(options, *model),
+          nullptr,
           make_train_loader(options, train_set, dist),
           data::DataLoader(test_set, test_options),
           {}};
+  run.optimizer = make_optimizer(options, *run.net, *model, dist);
   print_setup(run, devices, *train_set, *test_set);
   const RunPosition resumed = resume(run);
   std::optional<DetectAnomalyGuard> detect_anomaly;

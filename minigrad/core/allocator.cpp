@@ -1,5 +1,6 @@
 #include <minigrad/core/allocator.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
@@ -26,6 +27,30 @@ class CpuAllocator final : public Allocator {
 
   void* allocate(std::size_t nbytes) override {
     if (nbytes == 0) return nullptr;
+    void* ptr = allocate_block(nbytes);
+    count_allocated(nbytes);
+    return ptr;
+  }
+
+  void deallocate(void* ptr, std::size_t nbytes) override {
+    if (ptr == nullptr) return;
+    allocated_.fetch_sub(nbytes, std::memory_order_relaxed);
+    free_block(ptr, nbytes);
+  }
+
+  std::size_t allocated() const { return allocated_.load(std::memory_order_relaxed); }
+  std::size_t peak() const { return peak_.load(std::memory_order_relaxed); }
+  void reset_peak() { peak_.store(allocated(), std::memory_order_relaxed); }
+
+ private:
+  void count_allocated(std::size_t nbytes) {
+    const std::size_t now = allocated_.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
+    std::size_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+  }
+
+  void* allocate_block(std::size_t nbytes) {
     const std::size_t rounded = round_up(nbytes);
     if (rounded >= kMinCachedBytes) {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -42,8 +67,7 @@ class CpuAllocator final : public Allocator {
     return ptr;
   }
 
-  void deallocate(void* ptr, std::size_t nbytes) override {
-    if (ptr == nullptr) return;
+  void free_block(void* ptr, std::size_t nbytes) {
     const std::size_t rounded = round_up(nbytes);
     if (rounded >= kMinCachedBytes) {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -56,7 +80,6 @@ class CpuAllocator final : public Allocator {
     std::free(ptr);
   }
 
- private:
   static std::size_t round_up(std::size_t nbytes) {
     return (nbytes + kAlignment - 1) / kAlignment * kAlignment;
   }
@@ -64,14 +87,22 @@ class CpuAllocator final : public Allocator {
   std::mutex mutex_;  // DataParallel's replicas allocate from worker threads
   std::unordered_map<std::size_t, std::vector<void*>> free_blocks_;
   std::size_t cached_bytes_ = 0;
+  std::atomic<std::size_t> allocated_{0};
+  std::atomic<std::size_t> peak_{0};
 };
 
-}  // namespace
-
-Allocator& cpu_allocator() {
+CpuAllocator& the_cpu_allocator() {
   // Never destroyed: storages freed during static destruction still find their allocator.
   static CpuAllocator* allocator = new CpuAllocator();
   return *allocator;
 }
+
+}  // namespace
+
+Allocator& cpu_allocator() { return the_cpu_allocator(); }
+
+std::size_t cpu_memory_allocated() { return the_cpu_allocator().allocated(); }
+std::size_t cpu_max_memory_allocated() { return the_cpu_allocator().peak(); }
+void cpu_reset_peak_memory_stats() { the_cpu_allocator().reset_peak(); }
 
 }  // namespace mg

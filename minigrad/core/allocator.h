@@ -19,4 +19,12 @@ class Allocator {
 // 64-byte aligned host memory: enough for AVX-512 loads and cache lines.
 Allocator& cpu_allocator();
 
+// What cpu_allocator() hands out, counted in the bytes asked for (as
+// cuda::memory_allocated counts a GPU's): held by live storages now, and the most held
+// since start-up or the last reset. Per process, so per rank of a distributed job: the
+// memory tests and benchmarks of sharded data parallelism read these.
+std::size_t cpu_memory_allocated();
+std::size_t cpu_max_memory_allocated();
+void cpu_reset_peak_memory_stats();
+
 }  // namespace mg

@@ -52,6 +52,15 @@ class Storage {
   void set_version(uint64_t version) const {
     if (block_) block_->version.store(version, std::memory_order_relaxed);
   }
+  // Frees this block's memory (nbytes 0) or gives a freed block `nbytes` of fresh memory,
+  // keeping the block itself: every tensor viewing it -- the tensors autograd saved for
+  // backward among them -- sees the new memory, as after PyTorch's
+  // untyped_storage().resize_(). FullyShardedDataParallel frees a unit's gathered
+  // parameters this way between its forward and its backward. Only these two moves are
+  // allowed (to 0 bytes, or from 0 bytes), so no contents are ever copied: the new
+  // memory holds whatever the allocator hands out until it is written. A tensor whose
+  // storage is freed fails with an mg::Error when its data is reached (Tensor::data_ptr).
+  void resize_(std::size_t nbytes);
 
  private:
   struct Block {

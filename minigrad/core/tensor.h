@@ -113,6 +113,11 @@ class Tensor {
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
   // Shares storage, but is a new leaf cut off from the graph.
   Tensor detach() const;
+  // Makes this tensor a view of `new_data`'s storage (same shape, dtype and device),
+  // keeping its identity: its autograd state, hooks and every handle to it (a module's
+  // registry, an optimizer's list) stay as they are (libtorch's set_data, PyTorch's
+  // `p.data = t`). ZeRO and FSDP move parameters into one flat buffer this way.
+  void set_data(const Tensor& new_data) const;
   void register_post_accumulate_grad_hook(std::function<void(Tensor&)> hook) const;
   // How many times this tensor's memory has been written in place (PyTorch:
   // t._version). One counter per Storage, so every view of the memory (and detach())

@@ -72,6 +72,12 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
   app.add_flag("--distributed", options.distributed,
                "One process per device with DistributedDataParallel; start with minigrad-run "
                "(--batch-size stays the global batch)");
+  app.add_option("--zero", options.zero,
+                 "With --distributed: 0 (DistributedDataParallel), or shard over the ranks the "
+                 "optimizer state (1), the gradients too (2), the parameters too (3, "
+                 "FullyShardedDataParallel)")
+      ->check(CLI::IsMember({0, 1, 2, 3}))
+      ->capture_default_str();
   app.add_option("--dist-timeout", options.dist_timeout,
                  "With --distributed: seconds a rank waits for the others before failing")
       ->check(non_negative_number())
@@ -93,6 +99,11 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
       return report_error(program, OptionError("--momentum is SGD's; AdamW keeps running "
                                                "averages with betas (0.9, 0.999) instead"));
   }
+  if (options.zero != 0 && !options.distributed)
+    return report_error(program, OptionError(fmt::format(
+                                     "--zero {} shards the training over the ranks of a "
+                                     "--distributed run; add --distributed (under minigrad-run)",
+                                     options.zero)));
   try {
     options.device_list = parse_devices(options.devices);
   } catch (const Error& e) {

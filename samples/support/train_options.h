@@ -39,6 +39,7 @@ struct TrainOptions {
   bool no_normalize = false;
   std::string save, resume, metrics, plot;  // file paths; empty: not written / not read
   bool distributed = false;     // one process per device, started by minigrad-run
+  int zero = 0;                 // --distributed: 0 DDP; ZeRO stage 1, 2 or 3 (FSDP)
   double dist_timeout = 300.0;  // seconds a rank waits for the others before failing
   bool detect_anomaly = false;  // check every gradient of every backward (slow)
   int64_t stop_after_steps = 0;  // hidden, for tests: raise SIGINT after this global step

@@ -30,13 +30,13 @@ T metadata_number(const std::string& path, const std::string& key, const std::st
 
 }  // namespace
 
-void save_training_checkpoint(const std::string& path, const nn::Module& model,
-                              const optim::Optimizer& optimizer, const TrainOptions& options,
+void save_training_checkpoint(const std::string& path, const nn::TensorDict& model_state,
+                              const nn::TensorDict& optimizer_state, const TrainOptions& options,
                               const RunPosition& position,
                               const std::vector<EpochMetrics>& history) {
   nn::Checkpoint ck;
-  ck.put("model.", nn::state_dict(model));
-  ck.put("optim.", optimizer.state_dict());
+  ck.put("model.", model_state);
+  ck.put("optim.", optimizer_state);
   if (position.batches > 0) ck.tensors.emplace("progress.loss_sum", position.loss_sum);
   const Generator::State rng = default_generator().state();
   ck.metadata = {{"format", "pt"},
@@ -54,8 +54,8 @@ void save_training_checkpoint(const std::string& path, const nn::Module& model,
   nn::save_tensors(ck, path);
 }
 
-RunPosition load_training_checkpoint(const std::string& path, nn::Module& model,
-                                     optim::Optimizer& optimizer, const TrainOptions& options,
+RunPosition load_training_checkpoint(const std::string& path, TrainingState& state,
+                                     const TrainOptions& options,
                                      std::vector<EpochMetrics>& history) {
   const nn::Checkpoint ck = nn::load_tensors(path);
   auto meta = [&](const char* key) {
@@ -105,11 +105,7 @@ RunPosition load_training_checkpoint(const std::string& path, nn::Module& model,
   const Generator::State generator{number("generator_seed", uint64_t{}),
                                    number("generator_offset", uint64_t{})};
   std::vector<EpochMetrics> epochs = parse_metrics_csv(meta("metrics"), path + " (metrics)");
-  const nn::TensorDict model_state = ck.get("model."), optim_state = ck.get("optim.");
-  nn::check_state_dict(model, model_state, path);
-  optimizer.check_state_dict(optim_state, path);
-  nn::load_state_dict(model, model_state, path);
-  optimizer.load_state_dict(optim_state, path);
+  state.load(ck.get("model."), ck.get("optim."), path);  // checks both before loading either
   history = std::move(epochs);
   default_generator().set_state(generator);
   return position;

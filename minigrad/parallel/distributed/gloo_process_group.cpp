@@ -82,11 +82,17 @@ void GlooWork::finish(std::exception_ptr error, double duration) {
   std::function<void()> done_with;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    done_with = std::move(run_);
+    run_ = nullptr;
+  }
+  // The buffers it held go outside the lock, but before anyone can see the work done: a
+  // caller back from wait() finds them released (the memory it counts is its own).
+  done_with = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
     error_ = std::move(error);
     duration_ = duration;
     done_ = true;
-    done_with = std::move(run_);  // drops the buffers it held, outside the lock
-    run_ = nullptr;
   }
   cv_.notify_all();
 }
