@@ -70,6 +70,15 @@ struct SgdStep {
 // of the param's shape and on `device`.
 void check_sgd_step(const SgdStep& step, Device device);
 
+// A device's memory as its driver reports it: free and total bytes (cudaMemGetInfo on a
+// GPU; the host's MemAvailable and MemTotal on the CPU). `known` is false where the
+// backend cannot tell.
+struct MemoryInfo {
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  bool known = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -90,6 +99,12 @@ class Backend {
   virtual void event_record(void* event, const Stream& stream) = 0;
   virtual void event_block(void* event, const Stream& stream) = 0;
   virtual void event_synchronize(void* event) = 0;
+  // Extra streams of a device, for work that must overlap on one device (pipeline
+  // stages sharing a GPU): slot k is the same stream at every call. The default, for
+  // backends without streams, is the compute stream.
+  virtual Stream pool_stream(int index, int slot) { (void)slot; return compute_stream(index); }
+  // Free and total memory of the device; the default says it is unknown.
+  virtual MemoryInfo memory_info(int index) { (void)index; return {}; }
 
   // ---- data ----
   // dst = src; same shape and dtype; any strides. For copies between device types the

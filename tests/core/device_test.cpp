@@ -107,3 +107,10 @@ TEST_CASE("CUDAGraph without a usable CUDA device is a clear error") {
   REQUIRE_THROWS_WITH(graph.replay(), MG_CONTAINS("CUDAGraph::replay"));
   REQUIRE_THROWS_WITH(graph.capture_end(), MG_CONTAINS("CUDAGraph::capture_end"));
 }
+
+TEST_CASE("memory_info: the host reports its free and total memory") {
+  const mg::MemoryInfo info = mg::backend(mg::Device::cpu()).memory_info(0);
+  REQUIRE(info.known);  // Linux: /proc/meminfo
+  REQUIRE(info.total_bytes > 0);
+  REQUIRE(info.free_bytes <= info.total_bytes);
+}

@@ -26,6 +26,8 @@ class CpuBackend final : public Backend {
   void event_record(void*, const Stream&) override {}
   void event_block(void*, const Stream&) override {}
   void event_synchronize(void*) override {}
+  // memory.cpp
+  MemoryInfo memory_info(int index) override;
 
   // data.cpp
   void copy(const Tensor& dst, const Tensor& src) override;
