@@ -227,6 +227,7 @@ struct Options {
   int64_t chunks = 8;
   std::string schedule = "gpipe";
   std::string checkpoint = "never";
+  std::string timeline;
 };
 
 json base_record(const Options& opt, const Work& work, int64_t batch) {
@@ -267,6 +268,7 @@ json run(const Options& opt) {
     run.warmup = opt.warmup;
     run.lr = opt.lr;
     run.seed = opt.seed;
+    run.timeline = opt.timeline;
     if (opt.devices.find("cpu") == std::string::npos && !mg::cuda::is_available()) {
       record["error"] = "no CUDA device (minigrad built without CUDA, or no GPU visible)";
       return record;
@@ -426,6 +428,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"gpipe", "1f1b"}));
   app.add_option("--checkpoint", opt.checkpoint, "pipeline: never | except_last | always")
       ->check(CLI::IsMember({"never", "except_last", "always"}));
+  app.add_option("--timeline", opt.timeline, "pipeline: write the last step's timeline (SVG) here");
   CLI11_PARSE(app, argc, argv);
 
   std::stringstream list(ids.empty() ? "0" : ids);

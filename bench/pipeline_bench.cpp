@@ -1,6 +1,7 @@
 #include "pipeline_bench.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <ctime>
 #include <memory>
@@ -196,6 +197,18 @@ void run_pipeline_bench(const PipelineRun& run, nlohmann::json& record) {
     record["ideal_bubble_fraction"] =
         parallel::ideal_bubble_fraction(static_cast<int>(devices.size()), m);
     record["max_stashed"] = pipe->last_max_stashed();
+    if (!run.timeline.empty()) {
+      const std::string title = fmt::format(
+          "pipe_mlp on {}: {}, {} micro-batches of {} rows, step {:.0f} ms, bubble {:.0f}% "
+          "(ideal {:.0f}%)",
+          run.devices, run.schedule, m, (run.batch + m - 1) / m, median_ms,
+          100.0 * median(bubbles), 100.0 * parallel::ideal_bubble_fraction(static_cast<int>(devices.size()), m));
+      std::FILE* file = std::fopen(run.timeline.c_str(), "w");
+      MG_CHECK(file != nullptr, "minigrad-bench: --timeline {}: cannot write it", run.timeline);
+      std::fputs(parallel::timeline_svg(pipe->last_timeline(), title).c_str(), file);
+      std::fclose(file);
+      record["timeline"] = run.timeline;
+    }
   }
 }
 

@@ -27,6 +27,7 @@ struct PipelineRun {
   int steps = 20, warmup = 3;
   double lr = 0.01;
   uint64_t seed = 0;
+  std::string timeline;            // pipeline: the last timed step's timeline as an SVG
 };
 
 // Fills `record` (which has the common fields) with the timings and memory of `run`.
