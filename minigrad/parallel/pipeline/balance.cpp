@@ -4,6 +4,8 @@
 #include <chrono>
 #include <limits>
 
+#include <fmt/ranges.h>
+
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/nn/layers.h>
@@ -127,6 +129,44 @@ std::vector<double> layer_times(const nn::ModulePtr& model, const Tensor& sample
     x = out.detach();
   }
   return times;
+}
+
+std::vector<int64_t> even_balance(int64_t layers, int64_t stages) {
+  MG_CHECK(stages >= 1 && layers >= stages,
+           "the module has {} layer{} for {} stages; every stage needs at least one", layers,
+           layers == 1 ? "" : "s", stages);
+  std::vector<int64_t> balance(static_cast<size_t>(stages), layers / stages);
+  for (int64_t s = 0; s < layers % stages; ++s) ++balance[static_cast<size_t>(s)];
+  return balance;
+}
+
+std::shared_ptr<nn::Sequential> split_stage(const nn::ModulePtr& model,
+                                            const std::vector<int64_t>& balance, int stage,
+                                            const char* what) {
+  auto sequential = std::dynamic_pointer_cast<nn::Sequential>(model);
+  MG_CHECK(sequential != nullptr,
+           "{}: the module must be an nn::Sequential, whose layers are cut into stages in "
+           "order; got {}",
+           what, model ? model->type_name() : std::string("null"));
+  const auto layers = static_cast<int64_t>(sequential->size());
+  int64_t total = 0;
+  for (size_t s = 0; s < balance.size(); ++s) {
+    MG_CHECK(balance[s] >= 1, "{}: balance [{}] gives stage {} no layers", what,
+             fmt::join(balance, ", "), s);
+    total += balance[s];
+  }
+  MG_CHECK(total == layers, "{}: balance [{}] sums to {} layers, but the module has {}", what,
+           fmt::join(balance, ", "), total, layers);
+  MG_CHECK(stage >= 0 && static_cast<size_t>(stage) < balance.size(),
+           "{}: stage {} of a balance of {} stages", what, stage, balance.size());
+  int64_t first = 0;
+  for (int s = 0; s < stage; ++s) first += balance[static_cast<size_t>(s)];
+  const auto& children = sequential->named_children();
+  auto part = std::make_shared<nn::Sequential>();
+  for (int64_t k = first; k < first + balance[static_cast<size_t>(stage)]; ++k)
+    part->register_module(children[static_cast<size_t>(k)].first,
+                          children[static_cast<size_t>(k)].second);
+  return part;
 }
 
 std::vector<int64_t> balance_by_size(const nn::ModulePtr& model, const std::vector<Device>& devices,

@@ -16,6 +16,7 @@
 
 #include <vector>
 
+#include <minigrad/nn/layers.h>
 #include <minigrad/nn/module.h>
 
 namespace mg::parallel {
@@ -34,5 +35,17 @@ std::vector<double> layer_times(const nn::ModulePtr& model, const Tensor& sample
 // The cut: `costs` into `parts` non-empty runs of consecutive entries, the largest sum
 // as small as possible. Returns the runs' lengths.
 std::vector<int64_t> balance_costs(const std::vector<double>& costs, int64_t parts);
+
+// By count alone: `layers` / `stages` each, one more for the first `layers % stages`.
+// What Pipe uses when PipeOptions::balance is empty.
+std::vector<int64_t> even_balance(int64_t layers, int64_t stages);
+
+// Stage `stage`'s layers of `model` (an nn::Sequential) under `balance`: a new
+// nn::Sequential holding the same layer modules (not copies) under their names in the
+// model. Checks the balance against the model. Pipe cuts its stages with this; a
+// multi-process pipeline's rank takes its own stage with it.
+std::shared_ptr<nn::Sequential> split_stage(const nn::ModulePtr& model,
+                                            const std::vector<int64_t>& balance, int stage,
+                                            const char* what = "split_stage");
 
 }  // namespace mg::parallel

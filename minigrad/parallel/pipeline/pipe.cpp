@@ -12,35 +12,13 @@
 #include <minigrad/core/backend.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/parallel/communicator.h>
+#include <minigrad/parallel/pipeline/balance.h>
 #include <minigrad/parallel/pipeline/channel.h>
 #include <minigrad/parallel/pipeline/stage_workers.h>
 #include <minigrad/parallel/transfer.h>
 
 namespace mg::parallel {
 namespace {
-
-// n layers over p stages: n / p each, one more for the first n % p.
-std::vector<int64_t> even_balance(int64_t layers, int64_t stages) {
-  MG_CHECK(layers >= stages,
-           "Pipe: the module has {} layer{} for {} devices; every stage needs at least one",
-           layers, layers == 1 ? "" : "s", stages);
-  std::vector<int64_t> balance(static_cast<size_t>(stages), layers / stages);
-  for (int64_t s = 0; s < layers % stages; ++s) ++balance[static_cast<size_t>(s)];
-  return balance;
-}
-
-void check_balance(const std::vector<int64_t>& balance, int64_t layers, size_t stages) {
-  MG_CHECK(balance.size() == stages, "Pipe: balance [{}] has {} entries for {} devices",
-           fmt::join(balance, ", "), balance.size(), stages);
-  int64_t total = 0;
-  for (size_t s = 0; s < balance.size(); ++s) {
-    MG_CHECK(balance[s] >= 1, "Pipe: balance [{}] gives stage {} no layers",
-             fmt::join(balance, ", "), s);
-    total += balance[s];
-  }
-  MG_CHECK(total == layers, "Pipe: balance [{}] sums to {} layers, but the module has {}",
-           fmt::join(balance, ", "), total, layers);
-}
 
 // A copy of `src` (made on `src_stream`) on `device`, allocated on this thread's current
 // stream there (`stream`, the receiving stage's) and ordered after the source's work.
@@ -237,19 +215,18 @@ Pipe::Pipe(nn::ModulePtr module, std::vector<Device> devices, PipeOptions option
              count == 1 ? " is" : "s are");
   MG_CHECK(options_.chunks >= 1, "Pipe: chunks must be at least 1, got {}", options_.chunks);
   const auto layers = static_cast<int64_t>(sequential->size());
-  balance_ = options_.balance.empty()
-                 ? even_balance(layers, static_cast<int64_t>(devices_.size()))
-                 : options_.balance;
-  check_balance(balance_, layers, devices_.size());
+  const auto stages = static_cast<int64_t>(devices_.size());
+  MG_CHECK(layers >= stages,
+           "Pipe: the module has {} layer{} for {} devices; every stage needs at least one",
+           layers, layers == 1 ? "" : "s", stages);
+  balance_ = options_.balance.empty() ? even_balance(layers, stages) : options_.balance;
+  MG_CHECK(balance_.size() == devices_.size(), "Pipe: balance [{}] has {} entries for {} devices",
+           fmt::join(balance_, ", "), balance_.size(), devices_.size());
 
   // Stage s: its layers, under their own names, moved to devices[s].
-  const auto& children = sequential->named_children();
   std::map<const TensorImpl*, size_t> owner;  // parameter -> stage
-  size_t next = 0;
   for (size_t s = 0; s < devices_.size(); ++s) {
-    auto stage = std::make_shared<nn::Sequential>();
-    for (int64_t k = 0; k < balance_[s]; ++k, ++next)
-      stage->register_module(children[next].first, children[next].second);
+    auto stage = split_stage(sequential, balance_, static_cast<int>(s), "Pipe");
     stage->to(devices_[s]);
     for (const auto& [name, p] : stage->named_parameters()) {
       // Each stage's backward runs on its own thread: a parameter in two stages would
