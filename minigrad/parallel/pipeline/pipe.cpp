@@ -14,8 +14,8 @@
 #include <minigrad/parallel/communicator.h>
 #include <minigrad/parallel/pipeline/balance.h>
 #include <minigrad/parallel/pipeline/channel.h>
-#include <minigrad/parallel/pipeline/stage_workers.h>
 #include <minigrad/parallel/transfer.h>
+#include <minigrad/parallel/worker_pool.h>
 
 namespace mg::parallel {
 namespace {
@@ -46,7 +46,6 @@ std::vector<Stream> stage_streams(const std::vector<Device>& devices) {
 
 // What one step (or one forward and its backward) shares between the stages' threads.
 struct Pipe::Run {
-  std::shared_ptr<StageWorkers> workers;
   std::vector<Device> devices;
   std::vector<Stream> streams;  // stage s's
   MicroBatches micro;
@@ -74,12 +73,15 @@ struct Pipe::Run {
 
   // Runs every stage's list at once, stage s on its thread, device and stream. The
   // stages' streams first wait for the caller's work on their devices, and the caller's
-  // streams then wait for the stages': events, no device-wide synchronisation.
+  // streams then wait for the stages': events, no device-wide synchronisation. The
+  // first wait is also what makes it safe for a stage's stream to free memory the
+  // caller still reads (gradients under SGD, the gathered outputs): every stream that
+  // allocates in the next step waits for the caller's work before it writes.
   void execute(const std::function<std::vector<Action>(int)>& actions_of) {
     const double start = recorder->now();
     std::vector<Event> ready(devices.size()), done(devices.size());
     for (size_t s = 0; s < devices.size(); ++s) ready[s].record(current_stream(devices[s]));
-    workers->run_all([&](int s) {
+    auto run_stage = [&](int s) {
       std::optional<Action> action;
       try {
         DeviceGuard device_guard(devices[s]);
@@ -95,7 +97,12 @@ struct Pipe::Run {
       } catch (const std::exception& e) {
         fail(s, action, e.what());
       }
-    });
+    };
+    // Stage s on the parallel layer's worker thread s (worker_pool.h): long-lived
+    // threads, so a stage's per-thread state is set up once.
+    std::vector<std::function<void()>> tasks;
+    for (int s = 0; s < stages(); ++s) tasks.emplace_back([&run_stage, s] { run_stage(s); });
+    WorkerPool::instance().run_all(tasks);
     for (size_t s = 0; s < devices.size(); ++s) done[s].block(current_stream(devices[s]));
     recorder->add_window(start, recorder->now());
     if (!error.empty()) MG_FAIL("{}", error);
@@ -238,7 +245,6 @@ Pipe::Pipe(nn::ModulePtr module, std::vector<Device> devices, PipeOptions option
     stages_.push_back(std::move(stage));
   }
   register_module("module", sequential);
-  workers_ = std::make_shared<StageWorkers>(static_cast<int>(devices_.size()));
 }
 
 Pipe::~Pipe() = default;
@@ -248,7 +254,6 @@ std::shared_ptr<Pipe::Run> Pipe::start_run(const Tensor& input, bool training) {
   MG_CHECK(input.dim() > 0, "Pipe: the input is a scalar; it needs a batch dimension to cut "
            "into micro-batches");
   auto run = std::make_shared<Run>(devices_.size(), input.size(0), options_.chunks);
-  run->workers = workers_;
   run->devices = devices_;
   run->streams = stage_streams(devices_);
   run->input = input.detach();

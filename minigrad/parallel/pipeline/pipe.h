@@ -107,7 +107,6 @@ class Pipe : public nn::Module {
   PipeOptions options_;
   std::vector<int64_t> balance_;
   std::vector<std::shared_ptr<nn::Sequential>> stages_;
-  std::shared_ptr<class StageWorkers> workers_;
   std::shared_ptr<TimelineRecorder> last_recorder_;
   std::vector<int64_t> last_max_stashed_;
   std::vector<StagePlan> last_plan_;
