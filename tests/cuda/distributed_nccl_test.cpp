@@ -1,5 +1,5 @@
 // ProcessGroupNccl and DistributedDataParallel over real NCCL (collectives, send and recv,
-// a DDP step): 2 and 4 processes started by minigrad-run on one GPU. NCCL refuses two
+// sub-groups, a DDP step): 2 and 4 processes started by minigrad-run on one GPU. NCCL refuses two
 // ranks on one GPU unless each process claims a different host (NCCL_HOSTID), in which
 // case the ranks talk over NCCL's socket transport on loopback: slow, but real NCCL.
 // In test_cuda, so skipped (exit 77, by test_main) without a GPU; compiled only when
@@ -158,6 +158,63 @@ void check_point_to_point(ProcessGroup& pg) {
   MG_CHECK(same(from_prev, ramp(static_cast<float>(prev), 4 + prev)), "ring");
 }
 
+// Sub-groups on a GPU group: with 4 ranks a 2 x 2 mesh (rows and columns, allreduces on
+// both at once, a reduce_scatter on a row, a message in a column), with 2 a group of both
+// and groups of one; a sub-group of a sub-group.
+void check_subgroups(ProcessGroup& pg) {
+  const int rank = pg.rank(), world = pg.size();
+  const Device gpu = pg.device();
+  const auto value = [](const Tensor& t) { return t.to(Device::cpu()).contiguous().to_vector<float>()[0]; };
+  if (world == 4) {
+    std::shared_ptr<ProcessGroup> row, column;
+    for (int r = 0; r < 2; ++r)
+      if (auto g = pg.new_group({2 * r, 2 * r + 1})) row = g;
+    for (int c = 0; c < 2; ++c)
+      if (auto g = pg.new_group({c, c + 2})) column = g;
+    MG_CHECK(row && column && row->rank() == rank % 2 && column->rank() == rank / 2,
+             "mesh groups of rank {}", rank);
+    Tensor a = full(Shape{1000}, rank + 1.0, DType::Float32, gpu);
+    Tensor b = full(Shape{1000}, 10.0 * (rank + 1), DType::Float32, gpu);
+    auto wa = row->allreduce(a);
+    auto wb = column->allreduce(b);
+    Tensor scattered = empty(Shape{3}, DType::Float32, gpu);
+    auto ws = row->reduce_scatter(scattered, full(Shape{6}, rank + 1.0, DType::Float32, gpu));
+    Tensor got = empty(Shape{2}, DType::Float32, gpu);
+    auto wr = column->recv(got, 1 - column->rank());
+    auto wsend = column->send(full(Shape{2}, 100.0 + rank, DType::Float32, gpu), 1 - column->rank());
+    for (auto& w : {wa, wb, ws, wr, wsend}) w->wait();
+    const float row_sum = rank / 2 == 0 ? 3.0f : 7.0f, column_sum = rank % 2 == 0 ? 4.0f : 6.0f;
+    MG_CHECK(value(a) == row_sum && value(b) == 10 * column_sum && value(scattered) == row_sum,
+             "mesh collectives on rank {}: {} {} {}", rank, value(a), value(b), value(scattered));
+    MG_CHECK(value(got) == 100.0f + (rank ^ 2), "a message in a column on rank {}", rank);
+    auto g = pg.new_group({1, 2, 3});
+    MG_CHECK((g != nullptr) == (rank != 0), "membership of {{1, 2, 3}} on rank {}", rank);
+    if (g) {
+      auto h = g->new_group({0, 2});  // world ranks 1 and 3
+      if (h) {
+        Tensor t = full(Shape{3}, rank + 1.0, DType::Float32, gpu);
+        h->allreduce(t)->wait();
+        MG_CHECK(value(t) == 6.0f, "a sub-group of a sub-group on rank {}", rank);
+      }
+    }
+  } else {
+    auto both = pg.new_group({0, 1});
+    Tensor t = full(Shape{5}, rank + 1.0, DType::Float32, gpu);
+    both->allreduce(t)->wait();
+    MG_CHECK(value(t) == 3.0f, "a sub-group of everyone on rank {}", rank);
+    for (int r = 0; r < world; ++r) {
+      auto one = pg.new_group({r});
+      MG_CHECK((one != nullptr) == (r == rank), "a group of one");
+      if (one) {
+        Tensor u = full(Shape{2}, 7.0, DType::Float32, gpu);
+        one->allreduce(u)->wait();
+        MG_CHECK(value(u) == 7.0f && one->size() == 1, "a group of one's allreduce");
+      }
+    }
+  }
+  pg.barrier()->wait();
+}
+
 }  // namespace
 
 TEST_CASE("worker process of an NCCL job: collectives and one DDP step", "[.][nccl-worker]") {
@@ -239,6 +296,7 @@ TEST_CASE("worker process of an NCCL job: collectives and one DDP step", "[.][nc
   }
 
   check_point_to_point(*pg);
+  check_subgroups(*pg);
 
   // One DDP step on a shard of a fixed batch equals the whole batch's step on the CPU.
   const int64_t per = 4, rows = per * world;

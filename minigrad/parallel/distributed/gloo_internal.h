@@ -111,6 +111,7 @@ struct ProcessGroupGloo::Impl {
   int size = 1;
   std::shared_ptr<TCPStore> store;
   std::string prefix;  // this group's keys in the store: "gloo/0/", "gloo/0/sub1/"
+  uint64_t subgroups = 0;  // new_group calls so far
   ProcessGroupOptions options;
   std::shared_ptr<gloo::transport::Device> device;  // shared with the sub-groups
   std::shared_ptr<gloo::rendezvous::Context> context;
