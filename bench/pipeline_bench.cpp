@@ -198,11 +198,14 @@ void run_pipeline_bench(const PipelineRun& run, nlohmann::json& record) {
         parallel::ideal_bubble_fraction(static_cast<int>(devices.size()), m);
     record["max_stashed"] = pipe->last_max_stashed();
     if (!run.timeline.empty()) {
+      const std::string split =
+          m == 1 ? std::string("one micro-batch (the naive split)")
+                 : fmt::format("{}, {} micro-batches of {} rows", run.schedule, m,
+                               (run.batch + m - 1) / m);
       const std::string title = fmt::format(
-          "pipe_mlp on {}: {}, {} micro-batches of {} rows, step {:.0f} ms, bubble {:.0f}% "
-          "(ideal {:.0f}%)",
-          run.devices, run.schedule, m, (run.batch + m - 1) / m, median_ms,
-          100.0 * median(bubbles), 100.0 * parallel::ideal_bubble_fraction(static_cast<int>(devices.size()), m));
+          "pipe_mlp on {}: {}; step {:.0f} ms, bubble {:.0f}% (ideal {:.0f}%)", run.devices,
+          split, median_ms, 100.0 * median(bubbles),
+          100.0 * parallel::ideal_bubble_fraction(static_cast<int>(devices.size()), m));
       std::FILE* file = std::fopen(run.timeline.c_str(), "w");
       MG_CHECK(file != nullptr, "minigrad-bench: --timeline {}: cannot write it", run.timeline);
       std::fputs(parallel::timeline_svg(pipe->last_timeline(), title).c_str(), file);
