@@ -203,3 +203,14 @@ TEST_CASE("Pipe: a plan that does not fit a device's free memory is refused, wit
   stand_in.stand_in().set_free_bytes(std::size_t{1} << 30);
   REQUIRE(small.train_step(x, y, mg::cross_entropy).loss.defined());
 }
+
+TEST_CASE("Pipe: a layer in two stages on two devices is refused before it moves") {
+  mg::testing::ScopedHostBackedCuda stand_in;
+  auto shared = std::make_shared<mg::nn::Linear>(4, 4);
+  auto twice = std::make_shared<mg::nn::Sequential>();
+  twice->register_module("a", shared);
+  twice->register_module("b", shared);
+  REQUIRE_THROWS_WITH(Pipe(twice, {Device::cuda(0), Device::cuda(1)}),
+                      MG_CONTAINS("Pipe: parameter 'b.weight' is used by stages 0 and 1"));
+  REQUIRE(shared->weight().device() == Device::cpu());
+}

@@ -230,20 +230,19 @@ Pipe::Pipe(nn::ModulePtr module, std::vector<Device> devices, PipeOptions option
   MG_CHECK(balance_.size() == devices_.size(), "Pipe: balance [{}] has {} entries for {} devices",
            fmt::join(balance_, ", "), balance_.size(), devices_.size());
 
-  // Stage s: its layers, under their own names, moved to devices[s].
+  // Stage s: its layers, under their own names. Each stage's backward runs on its own
+  // thread, so a parameter in two stages would have its gradient accumulated by two
+  // threads at once: refused, before anything moves.
   std::map<const TensorImpl*, size_t> owner;  // parameter -> stage
   for (size_t s = 0; s < devices_.size(); ++s) {
-    auto stage = split_stage(sequential, balance_, static_cast<int>(s), "Pipe");
-    stage->to(devices_[s]);
-    for (const auto& [name, p] : stage->named_parameters()) {
-      // Each stage's backward runs on its own thread: a parameter in two stages would
-      // have its gradient accumulated by two threads at once.
+    stages_.push_back(split_stage(sequential, balance_, static_cast<int>(s), "Pipe"));
+    for (const auto& [name, p] : stages_.back()->named_parameters()) {
       const auto [it, fresh] = owner.emplace(p.impl(), s);
       MG_CHECK(fresh, "Pipe: parameter '{}' is used by stages {} and {}; a layer may appear "
                "in one stage only", name, it->second, s);
     }
-    stages_.push_back(std::move(stage));
   }
+  for (size_t s = 0; s < devices_.size(); ++s) stages_[s]->to(devices_[s]);
   register_module("module", sequential);
 }
 
