@@ -14,7 +14,9 @@
 #
 # It builds nothing: build first (cmake --build build --target minigrad-bench), or
 # point --build at another build folder. Timings need a quiet machine: two stages want
-# two idle cores.
+# two idle cores. On a GPU the busy fractions and the bubble are the stages' host
+# threads' (the time they spend queueing kernels), not the GPU's; the step times and
+# the memory are the GPU's.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
