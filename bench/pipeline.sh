@@ -38,7 +38,7 @@ while [[ $# -gt 0 ]]; do
     --steps) steps="$2"; shift 2 ;;
     --warmup) warmup="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "pipeline.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
