@@ -162,6 +162,8 @@ int run_pipeline(const Options& options, Device first, Device second) {
     sgd.step();
     fmt::print("Epoch {}, Loss: {:.4f}\n", epoch, step.loss.item<float>());
   }
+  fmt::print("\nThe memory the Pipe planned before its first step (a dry run of one micro-batch):\n{}",
+             parallel::plan_str(pipe->last_plan()));
   const parallel::PipeTimeline pipelined = pipe->last_timeline();
   if (!options.timeline.empty()) {
     const std::string svg = parallel::timeline_svg(
@@ -184,9 +186,9 @@ int run_pipeline(const Options& options, Device first, Device second) {
   fmt::print("bubble: {:.0f}% of the step idle (ideal for equal stages: (p-1)/(m+p-1) = {:.0f}%)\n",
              100.0 * pipelined.bubble_fraction(),
              100.0 * parallel::ideal_bubble_fraction(2, options.chunks));
-  if (alone.running_seconds() < 1e-3)
-    fmt::print("(a step this small is mostly the hand-overs between the stages' threads; for\n"
-               "layers that take longer than that, try --width 2048 --batch 8192)\n");
+  if (pipelined.busy_fraction(0) < 0.25 && pipelined.busy_fraction(1) < 0.25)
+    fmt::print("(the stages spent most of the step waiting: layers this small take less time\n"
+               "than a hand-over between the stages' threads; try --width 2048 --batch 8192)\n");
   if (!options.timeline.empty()) fmt::print("timeline of the last step: {}\n", options.timeline);
   return 0;
 }
