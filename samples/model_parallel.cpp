@@ -19,10 +19,9 @@
 // float rounding); at the end it prints how busy each stage was, against the same step
 // with one micro-batch (the naive split). --width and --batch make the layers big
 // enough for the overlap to show; --timeline writes the last step as an SVG.
-#include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +35,7 @@
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/device_list.h>
 #include <minigrad/parallel/pipeline/pipe.h>
+#include "support/command_line.h"
 
 namespace {
 
@@ -75,11 +75,15 @@ struct Options {
 // Two devices: the two given, or the first two GPUs, or what this machine has.
 std::pair<Device, Device> choose_devices(const Options& options) {
   if (!options.devices.empty()) {
-    const std::vector<Device> devices = parallel::parse_device_list(options.devices);
-    MG_CHECK(devices.size() == 2, "--devices {}: expected two devices, one per layer",
-             options.devices);
-    for (const Device& d : devices) parallel::check_device_list({d}, "--devices");
-    return {devices[0], devices[1]};
+    try {
+      const std::vector<Device> devices = parallel::parse_device_list(options.devices);
+      MG_CHECK(devices.size() == 2, "--devices {}: expected two devices, one per layer",
+               options.devices);
+      for (const Device& d : devices) parallel::check_device_list({d}, "--devices");
+      return {devices[0], devices[1]};
+    } catch (const Error& e) {
+      throw samples::OptionError(e.what());  // a bad flag: reported as one
+    }
   }
   const std::vector<Device> gpus = parallel::visible_gpus();
   if (gpus.size() >= 2) return {gpus[0], gpus[1]};
@@ -231,27 +235,26 @@ int main(int argc, char** argv) {
   app.add_flag("--wrap-data-parallel", options.wrap_data_parallel,
                "Wrap the model in DataParallel to see why that is the wrong tool for it");
   app.add_option("--width", options.width, "layer1's output width (the tutorial's 5)")
-      ->check(CLI::PositiveNumber)
+      ->check(samples::positive_integer())
       ->capture_default_str();
   app.add_option("--batch", options.batch, "Rows of the training batch")
-      ->check(CLI::PositiveNumber)
+      ->check(samples::positive_integer())
       ->capture_default_str();
   app.add_flag("--pipeline", options.pipeline,
                "Train the split model as a pipeline (parallel::Pipe): both stages at work");
   app.add_option("--chunks", options.chunks, "--pipeline: micro-batches per batch")
-      ->check(CLI::PositiveNumber)
+      ->check(samples::positive_integer())
       ->capture_default_str();
   app.add_option("--schedule", options.schedule, "--pipeline: gpipe or 1f1b")
       ->check(CLI::IsMember({"gpipe", "1f1b"}))
       ->capture_default_str();
   app.add_option("--timeline", options.timeline,
                  "--pipeline: write the last step's timeline (an SVG) here");
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> exit_code = samples::parse_command_line(app, "model_parallel", argc, argv))
+    return *exit_code;
   try {
     return run(options);
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "model_parallel: error: {}\n", e.what());
-    return 1;
+    return samples::report_error("model_parallel", e);
   }
 }

@@ -39,9 +39,10 @@ TEST_CASE("ProcessGroupGloo: a 2 x 2 mesh of sub-groups, collectives on rows and
     for (int c = 0; c < 2; ++c)
       if (auto g = world->new_group({c, c + 2})) column = g;
     MG_CHECK(row && column, "rank {} is in no row or column group", me);
-    ctx.report("row", std::vector<float>{static_cast<float>(row->rank()), static_cast<float>(row->size())});
-    ctx.report("column",
-               std::vector<float>{static_cast<float>(column->rank()), static_cast<float>(column->size())});
+    ctx.report("row", std::vector<float>{static_cast<float>(row->rank()),
+                                         static_cast<float>(row->size())});
+    ctx.report("column", std::vector<float>{static_cast<float>(column->rank()),
+                                            static_cast<float>(column->size())});
 
     // All in flight before any wait, on three groups: row and column allreduces of the
     // same sizes interleaved (the same collective numbers on both: their tags would mix
@@ -86,7 +87,8 @@ TEST_CASE("ProcessGroupGloo: a 2 x 2 mesh of sub-groups, collectives on rows and
     if (g) {
       auto h = g->new_group({0, 2});
       auto one = g->new_group({1});
-      std::vector<float> nested{static_cast<float>(g->rank()), h ? static_cast<float>(h->rank()) : -1.0f,
+      std::vector<float> nested{static_cast<float>(g->rank()),
+                                h ? static_cast<float>(h->rank()) : -1.0f,
                                 one ? static_cast<float>(one->size()) : -1.0f};
       if (h) {
         Tensor t = full(Shape{3}, me + 1);
@@ -121,9 +123,9 @@ TEST_CASE("ProcessGroupGloo: a 2 x 2 mesh of sub-groups, collectives on rows and
     for (int k = 0; k < 3; ++k) expected.push_back(row_sum * (k + 1));
     for (int k = 0; k < 3; ++k) expected.push_back(10 * column_sum * (k + 1));
     expected.push_back(1000.0f);
-    expected.push_back(row_sum);                                  // reduce_scatter
-    expected.push_back(static_cast<float>(column));               // all_gather: column rank 0
-    expected.push_back(static_cast<float>(column + 2));           // and 1
+    expected.push_back(row_sum);                         // reduce_scatter
+    expected.push_back(static_cast<float>(column));      // all_gather: column rank 0
+    expected.push_back(static_cast<float>(column + 2));  // and 1
     expected.push_back(1000.0f + static_cast<float>(partner_in_row));
     expected.push_back(2000.0f + static_cast<float>(partner_in_column));
     CHECK(r.floats("values") == expected);

@@ -261,7 +261,8 @@ void ProcessGroupGloo::connect() {
   ScopedSigpipeBlock no_sigpipe;  // also inherited by Gloo's loop thread and our worker
   try {
     if (!impl_->device)
-      impl_->device = gloo::transport::tcp::CreateDevice(transport_attr(options, impl_->store->host()));
+      impl_->device =
+          gloo::transport::tcp::CreateDevice(transport_attr(options, impl_->store->host()));
     auto context = std::make_shared<gloo::rendezvous::Context>(rank(), size());
     context->setTimeout(options.timeout);
     GlooStoreAdapter adapter(*impl_->store, impl_->prefix, options.timeout);
@@ -338,7 +339,8 @@ void gloo_allgather(const std::shared_ptr<gloo::Context>& context, const Tensor*
 
 // A group of one: the result is the input itself.
 void copy_flat(const Tensor& dst, const Tensor& src) {
-  if (dst.numel() > 0 && dst.data_ptr() != src.data_ptr()) ops::copy_(dst, ops::view(src, dst.shape()));
+  if (dst.numel() > 0 && dst.data_ptr() != src.data_ptr())
+    ops::copy_(dst, ops::view(src, dst.shape()));
 }
 
 }  // namespace

@@ -65,7 +65,9 @@ void ProcessGroup::check_message(const char* op, const std::vector<Tensor>& tens
 
 namespace {
 
-std::string list(const std::vector<int>& ranks) { return fmt::format("[{}]", fmt::join(ranks, ", ")); }
+std::string list(const std::vector<int>& ranks) {
+  return fmt::format("[{}]", fmt::join(ranks, ", "));
+}
 
 }  // namespace
 
@@ -124,8 +126,9 @@ bool ProcessGroup::check_flat_pair(const char* collective, const Tensor& whole,
              "{} ({}): {} of shape {} is not contiguous; pass .contiguous() (rank {})",
              collective, backend, name, t.shape(), rank_);
   }
-  MG_CHECK(whole.dtype() == part.dtype(), "{} ({}): {} is {} but {} is {}; both take one dtype (rank {})",
-           collective, backend, whole_name, whole.dtype(), part_name, part.dtype(), rank_);
+  MG_CHECK(whole.dtype() == part.dtype(),
+           "{} ({}): {} is {} but {} is {}; both take one dtype (rank {})", collective, backend,
+           whole_name, whole.dtype(), part_name, part.dtype(), rank_);
   MG_CHECK(!average || whole.dtype() == DType::Float32,
            "{} ({}): ReduceOp::Average needs float32 tensors, {} is {} (rank {})", collective,
            backend, whole_name, whole.dtype(), rank_);
