@@ -151,6 +151,10 @@ class Backend {
   virtual Stream pool_stream(int index, int slot) { (void)slot; return compute_stream(index); }
   // Free and total memory of the device; the default says it is unknown.
   virtual MemoryInfo memory_info(int index) { (void)index; return {}; }
+  // Bytes held by live tensors on the device now (what its allocator handed out and has
+  // not had back; cached blocks are not counted). The default, for a backend that does
+  // not count, is 0.
+  virtual std::size_t memory_allocated(int index) { (void)index; return 0; }
 
   // ---- data ----
   // dst = src; same shape and dtype; any strides. For copies between device types the

@@ -111,6 +111,11 @@ MemoryInfo CudaBackend::memory_info(int index) {
   return info;
 }
 
+std::size_t CudaBackend::memory_allocated(int index) {
+  check_device_index(index, "memory_allocated");
+  return device_allocator(index).allocated_bytes();
+}
+
 void CudaBackend::synchronize(int index) {
   check_device_index(index, "synchronize");
   {

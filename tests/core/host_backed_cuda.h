@@ -64,6 +64,9 @@ class HostBackedCudaBackend final : public Backend {
   void set_device(int index) override { current() = index; }
   // What memory_info reports as free on every device; unknown until set.
   void set_free_bytes(std::size_t bytes) { free_bytes_ = bytes; }
+  std::size_t memory_allocated(int index) override {
+    return host_backed_memory(index).current_bytes();
+  }
   MemoryInfo memory_info(int) override {
     const std::size_t free = free_bytes_;
     return free == 0 ? MemoryInfo{} : MemoryInfo{free, std::size_t{1} << 30, true};

@@ -4,8 +4,6 @@
 
 #include <fmt/format.h>
 
-#include <minigrad/core/allocator.h>
-#include <minigrad/cuda/cuda.h>
 
 namespace mg::parallel {
 
@@ -74,8 +72,7 @@ void check_plan_fits(const std::vector<StagePlan>& plan) {
 }
 
 std::size_t memory_allocated(Device device) {
-  if (device.is_cpu()) return cpu_memory_allocated();
-  return cuda::memory_allocated(device.index());
+  return backend(device).memory_allocated(device.index());
 }
 
 MemoryInfo memory_info(Device device) { return backend(device).memory_info(device.index()); }

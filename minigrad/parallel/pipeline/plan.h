@@ -46,8 +46,9 @@ void check_plan_fits(const std::vector<StagePlan>& plan);
 // "1.50 MiB"
 std::string format_bytes(std::size_t bytes);
 
-// Device-neutral memory counters: bytes held by live tensors on `device` now (the host
-// allocator's count on the CPU, cuda::memory_allocated on a GPU), and its free memory.
+// Device-neutral memory counters (the backend's): bytes held by live tensors on `device`
+// now (the host allocator's count on the CPU, cuda::memory_allocated on a GPU), and its
+// free memory.
 std::size_t memory_allocated(Device device);
 MemoryInfo memory_info(Device device);
 
