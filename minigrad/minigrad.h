@@ -44,6 +44,9 @@
 #include <minigrad/parallel/distributed/tcp_store.h>
 #include <minigrad/parallel/gather.h>
 #include <minigrad/parallel/parallel_apply.h>
+#include <minigrad/parallel/pipeline/balance.h>
+#include <minigrad/parallel/pipeline/pipe.h>
+#include <minigrad/parallel/pipeline/pipeline_stage.h>
 #include <minigrad/parallel/replicate.h>
 #include <minigrad/parallel/scatter.h>
 // The whole user API of minigrad in one include.

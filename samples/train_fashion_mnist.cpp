@@ -4,6 +4,7 @@
 //   build/bin/train_fashion_mnist --epochs 3 --hidden 512 --metrics run.csv --plot run.svg
 //   build/bin/train_fashion_mnist --devices cpu,cpu     # DataParallel over two CPU replicas
 //   build/bin/train_fashion_mnist --optimizer adamw     # AdamW (lr 1e-3, weight decay 1e-2)
+//   build/bin/train_fashion_mnist --pipeline 2 --chunks 4 --devices cpu,cpu   # a pipeline
 //   build/bin/train_fashion_mnist --save ck.safetensors ...; ... --resume ck.safetensors
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
@@ -58,6 +59,7 @@
 #include <minigrad/parallel/distributed/distributed_data_parallel.h>
 #include <minigrad/parallel/distributed/fully_sharded_data_parallel.h>
 #include <minigrad/parallel/distributed/zero_redundancy_optimizer.h>
+#include <minigrad/parallel/pipeline/pipe.h>
 #include "support/command_line.h"
 #include "support/devices.h"
 #include "support/distributed_run.h"
@@ -108,6 +110,9 @@ std::shared_ptr<nn::Sequential> make_mlp(const std::vector<int64_t>& hidden) {
 // DistributedDataParallel, which averages the gradients over the ranks; with --zero 2 the
 // model itself (its optimizer reduces the gradients); with --zero 3
 // FullyShardedDataParallel, which keeps only this rank's shards of the parameters.
+// --pipeline N: a Pipe, the model's layers cut into N stages, stage s on devices[s] (the
+// layers move there). Either way the optimizer and the checkpoints keep working on
+// `model` itself.
 nn::ModulePtr make_model_wrapper(const TrainOptions& options, const nn::ModulePtr& model,
                                  const std::vector<Device>& devices, const DistributedRun& dist) {
   model->to(devices.front());
@@ -115,6 +120,12 @@ nn::ModulePtr make_model_wrapper(const TrainOptions& options, const nn::ModulePt
     if (options.zero == 2) return model;
     if (options.zero == 3) return parallel::fully_shard(model, dist.group);
     return std::make_shared<parallel::DistributedDataParallel>(model, dist.group);
+  }
+  if (options.pipeline > 0) {
+    parallel::PipeOptions pipe_options;
+    pipe_options.chunks = options.chunks;
+    pipe_options.schedule = parallel::parse_schedule(options.schedule);
+    return std::make_shared<parallel::Pipe>(model, devices, pipe_options);
   }
   if (devices.size() == 1) return model;
   return std::make_shared<parallel::DataParallel>(model, devices);
@@ -240,8 +251,26 @@ int stop_run(Run& run, int signo, const RunPosition& position, int64_t global_st
 // parameters stay those of the last good step. Reading the loss waits for the device
 // once per step, as loss.item() in the usual PyTorch loop does; under --distributed the
 // ranks check the sum of their losses, so that all of them stop at the same step.
+// A pipeline's step is the Pipe's own (forward and backward interleaved as its schedule
+// says): the gradients are made before the loss is checked, and the update waits for it.
+Tensor pipeline_step(Run& run, parallel::Pipe& pipe, const data::Batch& batch,
+                     int64_t global_step) {
+  run.optimizer->zero_grad();
+  const Tensor loss = pipe.train_step(batch.data, batch.target, cross_entropy).loss;
+  const float value = loss.item<float>();
+  MG_CHECK(std::isfinite(value),
+           "step {}: the loss is {}; stopping before this step's update. Lower the learning "
+           "rate (--lr {})",
+           global_step, value, run.options.lr);
+  run.optimizer->step();
+  // The loss comes out on the last stage's device; the running loss lives on the first.
+  return loss.device() == run.device ? loss : loss.to(run.device);
+}
+
 Tensor train_step(Run& run, const data::Batch& batch, int64_t global_step) {
   run.optimizer->set_lr(samples::learning_rate(run.options, global_step - 1, run.total_steps()));
+  if (auto* pipe = dynamic_cast<parallel::Pipe*>(run.net.get()))
+    return pipeline_step(run, *pipe, batch, global_step);
   const Tensor loss = cross_entropy(run.net->forward(batch.data), batch.target);
   Tensor checked = run.dist.active() ? ops::clone(loss.detach()) : loss;
   samples::sum_over_ranks(run.dist, {checked});
@@ -320,6 +349,11 @@ void print_setup(const Run& run, const std::vector<Device>& devices,
   for (const Tensor& p : run.model->parameters()) parameter_count += p.numel();
   fmt::print("train_fashion_mnist: MLP 784-{}-10 ({} parameters) on {}\n",
              fmt::join(o.hidden, "-"), parameter_count, samples::devices_str(devices));
+  if (const auto* pipe = dynamic_cast<const parallel::Pipe*>(run.net.get()))
+    fmt::print("pipeline: {} stages of [{}] layers, {} micro-batches per batch, schedule {}, "
+               "checkpoint {}\n",
+               pipe->num_stages(), fmt::join(pipe->balance(), ", "), o.chunks, o.schedule,
+               parallel::checkpoint_name(pipe->options().checkpoint));
   if (run.dist.active()) {
     fmt::print("distributed: rank {} of {} ({}), global batch {} = {} x {} per rank\n",
                run.dist.rank, run.dist.world_size, run.dist.group->backend_name(), o.batch_size,

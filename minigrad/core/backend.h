@@ -122,6 +122,15 @@ struct AdamStep {
 // param's shape and on `device`.
 void check_adam_step(const AdamStep& step, Device device);
 
+// A device's memory as its driver reports it: free and total bytes (cudaMemGetInfo on a
+// GPU; the host's MemAvailable and MemTotal on the CPU). `known` is false where the
+// backend cannot tell.
+struct MemoryInfo {
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  bool known = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -142,6 +151,16 @@ class Backend {
   virtual void event_record(void* event, const Stream& stream) = 0;
   virtual void event_block(void* event, const Stream& stream) = 0;
   virtual void event_synchronize(void* event) = 0;
+  // Extra streams of a device, for work that must overlap on one device (pipeline
+  // stages sharing a GPU): slot k is the same stream at every call. The default, for
+  // backends without streams, is the compute stream.
+  virtual Stream pool_stream(int index, int slot) { (void)slot; return compute_stream(index); }
+  // Free and total memory of the device; the default says it is unknown.
+  virtual MemoryInfo memory_info(int index) { (void)index; return {}; }
+  // Bytes held by live tensors on the device now (what its allocator handed out and has
+  // not had back; cached blocks are not counted). The default, for a backend that does
+  // not count, is 0.
+  virtual std::size_t memory_allocated(int index) { (void)index; return 0; }
 
   // ---- data ----
   // dst = src; same shape and dtype; any strides. For copies between device types the

@@ -38,6 +38,9 @@ class CudaBackend final : public Backend {
   void event_record(void* event, const Stream& stream) override;
   void event_block(void* event, const Stream& stream) override;
   void event_synchronize(void* event) override;
+  Stream pool_stream(int index, int slot) override;
+  MemoryInfo memory_info(int index) override;
+  std::size_t memory_allocated(int index) override;
 
   // backend_copy.cpp
   void copy(const Tensor& dst, const Tensor& src) override;

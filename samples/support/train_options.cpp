@@ -52,6 +52,16 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
                  "cpu, all (every GPU), or GPU ids such as 0 or 0,1; several devices (0,1, or "
                  "cpu,cpu for replicas on the CPU) train with DataParallel")
       ->capture_default_str();
+  app.add_option("--pipeline", options.pipeline,
+                 "Train as a pipeline of this many stages (parallel::Pipe), stage s on the s-th "
+                 "of --devices (one device given: all stages on it)")
+      ->check(positive_integer());
+  app.add_option("--chunks", options.chunks, "With --pipeline: micro-batches per batch")
+      ->check(positive_integer())
+      ->capture_default_str();
+  app.add_option("--schedule", options.schedule, "With --pipeline: gpipe or 1f1b")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}))
+      ->capture_default_str();
   app.add_option("--data-dir", options.data_dir,
                  "Directory with the Fashion-MNIST IDX files (raw or .gz)")
       ->capture_default_str();
@@ -106,6 +116,16 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
                                      options.zero)));
   try {
     options.device_list = parse_devices(options.devices);
+    if (options.pipeline > 0) {
+      MG_CHECK(!options.distributed, "--pipeline and --distributed do not go together (the "
+               "pipeline runs in one process)");
+      const auto stages = static_cast<size_t>(options.pipeline);
+      if (options.device_list.size() == 1)
+        options.device_list.assign(stages, options.device_list.front());
+      MG_CHECK(options.device_list.size() == stages,
+               "--pipeline {}: --devices {} names {} devices; give one per stage, or one for all",
+               options.pipeline, options.devices, options.device_list.size());
+    }
   } catch (const Error& e) {
     return report_error(program, OptionError(e.what()));
   }

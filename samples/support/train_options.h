@@ -38,6 +38,9 @@ struct TrainOptions {
   std::string data_dir = data::FashionMNIST::kDefaultRoot;
   bool no_normalize = false;
   std::string save, resume, metrics, plot;  // file paths; empty: not written / not read
+  int pipeline = 0;              // stages of an in-process pipeline over --devices; 0: none
+  int64_t chunks = 8;            // --pipeline: micro-batches per batch
+  std::string schedule = "gpipe";  // --pipeline: gpipe or 1f1b
   bool distributed = false;     // one process per device, started by minigrad-run
   int zero = 0;                 // --distributed: 0 DDP; ZeRO stage 1, 2 or 3 (FSDP)
   double dist_timeout = 300.0;  // seconds a rank waits for the others before failing

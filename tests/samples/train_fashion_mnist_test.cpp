@@ -247,3 +247,44 @@ TEST_CASE("train_fashion_mnist: --devices cpu,cpu,cpu trains with DataParallel t
   // (a different summation order) may differ.
   for (size_t i = 0; i < rows[0].size(); ++i) REQUIRE(rows[1][i] == Approx(rows[0][i]).margin(1e-4));
 }
+
+TEST_CASE("train_fashion_mnist: --pipeline 2 and 3 train to the numbers of one device, either schedule") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, true);
+  std::vector<std::vector<double>> rows;
+  // Batches of 50 in 3 chunks: micro-batches of 17, 17 and 16 rows.
+  for (const std::string flags :
+       {"--devices cpu", "--pipeline 2 --chunks 3 --devices cpu,cpu",
+        "--pipeline 3 --chunks 3 --schedule 1f1b --devices cpu"}) {
+    const auto run = run_program(small_run(dir.path()) + " --epochs 2 " + flags + " --metrics " +
+                                 (dir / "m.csv"));
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    if (flags.find("--pipeline 2") != std::string::npos)
+      REQUIRE_THAT(run.output, MG_CONTAINS("pipeline: 2 stages of [2, 1] layers, 3 micro-batches "
+                                           "per batch, schedule gpipe"));
+    if (flags.find("--pipeline 3") != std::string::npos)
+      REQUIRE_THAT(run.output, MG_CONTAINS("pipeline: 3 stages of [1, 1, 1] layers, 3 "
+                                           "micro-batches per batch, schedule 1f1b"));
+    const auto csv = lines(read_text(dir / "m.csv"));
+    REQUIRE(csv.size() == 3);
+    std::vector<double> values;
+    for (size_t i = 1; i < csv.size(); ++i) {
+      double train_loss = 0, test_loss = 0, accuracy = 0;
+      REQUIRE(std::sscanf(csv[i].c_str(), "%*d,%lf,%lf,%lf", &train_loss, &test_loss, &accuracy) == 3);
+      values.insert(values.end(), {train_loss, test_loss, accuracy});
+    }
+    rows.push_back(values);
+  }
+  // The pipeline's micro-batch gradients add up to the batch's: float rounding only.
+  for (size_t r = 1; r < rows.size(); ++r)
+    for (size_t i = 0; i < rows[0].size(); ++i) REQUIRE(rows[r][i] == Approx(rows[0][i]).margin(1e-4));
+
+  const auto both = run_program(small_run(dir.path()) + " --pipeline 2 --distributed");
+  REQUIRE(both.exit_code != 0);
+  REQUIRE_THAT(both.output, MG_CONTAINS("--pipeline and --distributed do not go together"));
+  const auto three = run_program(small_run(dir.path()) + " --pipeline 2 --devices cpu,cpu,cpu");
+  REQUIRE(three.exit_code != 0);
+  REQUIRE_THAT(three.output,
+               MG_CONTAINS("--pipeline 2: --devices cpu,cpu,cpu names 3 devices; give one per stage"));
+}

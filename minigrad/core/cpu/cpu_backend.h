@@ -26,6 +26,9 @@ class CpuBackend final : public Backend {
   void event_record(void*, const Stream&) override {}
   void event_block(void*, const Stream&) override {}
   void event_synchronize(void*) override {}
+  // memory.cpp
+  MemoryInfo memory_info(int index) override;
+  std::size_t memory_allocated(int) override { return cpu_memory_allocated(); }
 
   // data.cpp
   void copy(const Tensor& dst, const Tensor& src) override;
