@@ -38,4 +38,9 @@
 #include <minigrad/parallel/parallel_apply.h>
 #include <minigrad/parallel/replicate.h>
 #include <minigrad/parallel/scatter.h>
+#include <minigrad/parallel/tensor_parallel/functions.h>
+#include <minigrad/parallel/tensor_parallel/group.h>
+#include <minigrad/parallel/tensor_parallel/in_process_group.h>
+#include <minigrad/parallel/tensor_parallel/layers.h>
+#include <minigrad/parallel/tensor_parallel/tensor_parallel.h>
 // The whole user API of minigrad in one include.

@@ -1,0 +1,191 @@
+// The central check of tensor parallelism, shared by tests/parallel (CPU devices),
+// tests/cuda (a repeated GPU) and tests/distributed (Gloo and NCCL ranks): a model split
+// by parallelize_mlp gives the same loss, gradients and, after SGD steps, parameters as
+// the plain model on the whole batch. Every rank's piece of every parameter and gradient
+// is compared with the matching part of the plain model's (the whole, for the pieces
+// every rank holds alike): the gathered tensors, compared rank by rank.
+//
+// The comparison measures instead of asserting, so a test can also show that a wrong
+// variant (a missing all-reduce) fails it.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "parallel/dp_check.h"
+
+#include <minigrad/minigrad.h>
+#include <minigrad/parallel/tensor_parallel/layers.h>
+#include <minigrad/parallel/tensor_parallel/tensor_parallel.h>
+
+namespace mg::testing {
+
+// How parallelize_mlp splits a parameter: by rows (a column layer's weight and bias), by
+// columns (a row layer's weight), or not at all (a row layer's bias, a layer left whole).
+enum class ShardKind { Rows, Columns, Whole };
+
+// The kind of every parameter of `plain` (a Sequential of Linear and ReLU), in the order
+// of named_parameters(), by parallelize_mlp's rule: Linear layers in pairs, an odd one
+// left over at the end stays whole.
+inline std::vector<ShardKind> shard_kinds(const nn::Module& plain) {
+  size_t linears = 0;
+  for (const auto& [name, child] : plain.named_children())
+    if (typeid(*child) == typeid(nn::Linear)) ++linears;
+  const size_t paired = linears - linears % 2;
+  std::vector<ShardKind> kinds;
+  size_t index = 0;
+  for (const auto& [name, child] : plain.named_children()) {
+    if (typeid(*child) != typeid(nn::Linear)) continue;
+    const bool bias = static_cast<const nn::Linear&>(*child).has_bias();
+    if (index >= paired) {
+      kinds.push_back(ShardKind::Whole);
+      if (bias) kinds.push_back(ShardKind::Whole);
+    } else if (index % 2 == 0) {
+      kinds.push_back(ShardKind::Rows);
+      if (bias) kinds.push_back(ShardKind::Rows);
+    } else {
+      kinds.push_back(ShardKind::Columns);
+      if (bias) kinds.push_back(ShardKind::Whole);
+    }
+    ++index;
+  }
+  return kinds;
+}
+
+// Rank `rank`'s piece of `full` (a contiguous CPU copy).
+inline Tensor shard_piece(const Tensor& full, ShardKind kind, int rank, int ranks) {
+  const Tensor host = full.to(Device::cpu()).detach();
+  if (kind == ShardKind::Whole) return host.contiguous();
+  const int64_t dim = kind == ShardKind::Rows ? 0 : 1;
+  const int64_t part = host.size(dim) / ranks;
+  return host.narrow(dim, rank * part, part).contiguous();
+}
+
+// The worst disagreement seen: |got - want| / (atol + rtol * max(|got|, |want|)), so
+// anything <= 1 is within tolerance; `where` names the worst element.
+struct Mismatch {
+  double rtol = 1e-5, atol = 1e-6;
+  double worst = 0.0;
+  std::string where = "nothing compared";
+  int64_t compared = 0;
+
+  bool ok() const { return compared > 0 && worst <= 1.0; }
+
+  void add(const Tensor& got, const Tensor& want, const std::string& what) {
+    if (got.shape() != want.shape()) {
+      worst = INFINITY;
+      where = fmt::format("{}: shape {} against {}", what, got.shape(), want.shape());
+      return;
+    }
+    const std::vector<float> g = got.to(Device::cpu()).contiguous().to_vector<float>();
+    const std::vector<float> w = want.to(Device::cpu()).contiguous().to_vector<float>();
+    for (size_t i = 0; i < g.size(); ++i) {
+      ++compared;
+      const double bound = atol + rtol * std::max(std::fabs(double(g[i])), std::fabs(double(w[i])));
+      const double ratio = std::fabs(double(g[i]) - double(w[i])) / bound;
+      if (!(ratio <= worst)) {  // NaN counts as worst
+        worst = std::isnan(ratio) ? INFINITY : ratio;
+        where = fmt::format("{}: element {} is {} but should be {}", what, i, g[i], w[i]);
+      }
+    }
+  }
+
+  // Every rank's piece of every tensor against the plain model's: per_rank[r][k] is rank
+  // r's piece of plain[k].
+  void add_ranks(const std::vector<std::vector<Tensor>>& per_rank,
+                 const std::vector<nn::NamedTensor>& plain, const std::vector<Tensor>& plain_values,
+                 const std::vector<ShardKind>& kinds, const std::string& what) {
+    const int ranks = static_cast<int>(per_rank.size());
+    for (int r = 0; r < ranks; ++r) {
+      if (per_rank[static_cast<size_t>(r)].size() != plain.size()) {
+        worst = INFINITY;
+        where = fmt::format("rank {} has {} parameters, the plain model {}", r,
+                            per_rank[static_cast<size_t>(r)].size(), plain.size());
+        return;
+      }
+      for (size_t k = 0; k < plain.size(); ++k)
+        add(per_rank[static_cast<size_t>(r)][k], shard_piece(plain_values[k], kinds[k], r, ranks),
+            fmt::format("{} of {} on rank {}", what, plain[k].first, r));
+    }
+  }
+};
+
+// parallelize_mlp, or a deliberately wrong variant of it, for rank `group`.
+using MakeShard = std::function<nn::ModulePtr(const nn::Sequential&,
+                                              const parallel::TensorParallelGroupPtr&)>;
+
+inline nn::ModulePtr default_shard(const nn::Sequential& mlp,
+                                   const parallel::TensorParallelGroupPtr& group) {
+  return parallel::parallelize_mlp(mlp, group);
+}
+
+// The plain MLP of `widths` (seeded) on devices[0] and its tensor-parallel twin over
+// `devices` in this process (TensorParallel), `steps` SGD steps (lr 0.1, written by hand)
+// on random batches of `batch` rows: the loss and every gradient after each backward, and
+// every parameter at the end, go into the returned Mismatch.
+inline Mismatch tensor_parallel_against_plain(const std::vector<int64_t>& widths, int64_t batch,
+                                              const std::vector<Device>& devices, int steps = 3,
+                                              const MakeShard& make_shard = default_shard,
+                                              double rtol = 1e-5, double atol = 1e-6) {
+  Mismatch m;
+  m.rtol = rtol;
+  m.atol = atol;
+  const Device device = devices[0];
+  manual_seed(20240611);
+  auto plain = std::static_pointer_cast<nn::Sequential>(make_mlp(widths));
+  plain->to(device);
+  auto group = std::make_shared<parallel::InProcessGroup>(devices);
+  std::vector<nn::ModulePtr> shards;
+  for (int r = 0; r < group->size(); ++r) shards.push_back(make_shard(*plain, group->rank(r)));
+  auto tp = std::make_shared<parallel::TensorParallel>(shards, group);
+
+  const auto named = plain->named_parameters();
+  const auto kinds = shard_kinds(*plain);
+  auto per_rank = [&](bool grads) {
+    std::vector<std::vector<Tensor>> out;
+    for (const nn::ModulePtr& shard : shards) {
+      std::vector<Tensor> values;
+      for (const Tensor& p : shard->parameters()) values.push_back(grads ? p.grad() : p);
+      out.push_back(values);
+    }
+    return out;
+  };
+  auto plain_values = [&](bool grads) {
+    std::vector<Tensor> out;
+    for (const auto& [name, p] : named) out.push_back(grads ? p.grad() : p);
+    return out;
+  };
+
+  const double lr = 0.1;
+  for (int step = 0; step < steps; ++step) {
+    const Tensor x = randn({batch, widths.front()}, device);
+    const Tensor targets = randint(0, widths.back(), {batch}, device);
+    const Tensor plain_loss = cross_entropy(plain->forward(x), targets);
+    const Tensor tp_loss = cross_entropy(tp->forward(x), targets);
+    m.add(tp_loss, plain_loss, fmt::format("loss at step {}", step));
+
+    plain->zero_grad();
+    tp->zero_grad();
+    plain_loss.backward();
+    tp_loss.backward();
+    m.add_ranks(per_rank(true), named, plain_values(true), kinds,
+                fmt::format("gradient at step {}", step));
+
+    NoGradGuard no_grad;
+    for (Tensor p : plain->parameters()) p.add_(p.grad(), -lr);
+    for (Tensor p : tp->parameters()) p.add_(p.grad(), -lr);
+  }
+  m.add_ranks(per_rank(false), named, plain_values(false), kinds,
+              fmt::format("parameter after {} steps", steps));
+  return m;
+}
+
+}  // namespace mg::testing
