@@ -13,38 +13,6 @@ using mg::testing::cpus;
 
 namespace {
 
-// The column layer with Megatron's f left out: forward is the same, but the gradient of
-// its input is this rank's part only, not the sum over the ranks.
-class ColumnWithoutAllReduce : public nn::ColumnParallelLinear {
- public:
-  using nn::ColumnParallelLinear::ColumnParallelLinear;
-  Tensor forward(const Tensor& input) override {
-    return linear(input, weight(), has_bias() ? bias() : Tensor());
-  }
-
- protected:
-  // TensorParallel runs shallow clones of the shards: the clone must be of this class.
-  nn::ModulePtr copy_node() const override { return std::make_shared<ColumnWithoutAllReduce>(*this); }
-};
-
-// parallelize_mlp, but the column layer of every block after the first one is
-// ColumnWithoutAllReduce (the first block's input is the data, whose gradient nobody
-// needs, so f does nothing there and leaving it out would not be wrong).
-nn::ModulePtr shard_without_backward_all_reduce(const nn::Sequential& mlp,
-                                                const parallel::TensorParallelGroupPtr& group) {
-  auto good = parallel::parallelize_mlp(mlp, group);
-  auto out = std::make_shared<nn::Sequential>();
-  int columns = 0;
-  for (size_t i = 0; i < good->size(); ++i) {
-    nn::ModulePtr layer = (*good)[i];
-    if (typeid(*layer) == typeid(nn::ColumnParallelLinear) && columns++ > 0)
-      layer = std::make_shared<ColumnWithoutAllReduce>(
-          static_cast<const nn::Linear&>(*mlp[i]), group, false);
-    out->push_back(layer);
-  }
-  return out;
-}
-
 // A module that calls a function: rank r's part of a test region.
 class Lambda : public nn::Cloneable<Lambda> {
  public:
@@ -82,7 +50,7 @@ TEST_CASE("TensorParallel: a column layer without the backward all-reduce fails 
     INFO(right.where);
     REQUIRE(right.ok());
     const auto wrong = mg::testing::tensor_parallel_against_plain(
-        {7, 12, 5, 8, 3}, 5, cpus(shards), 3, shard_without_backward_all_reduce);
+        {7, 12, 5, 8, 3}, 5, cpus(shards), 3, mg::testing::shard_without_backward_all_reduce);
     INFO(wrong.where);
     REQUIRE_FALSE(wrong.ok());
     REQUIRE(wrong.worst > 100.0);  // not a rounding matter

@@ -98,21 +98,20 @@ struct Mismatch {
     }
   }
 
-  // Every rank's piece of every tensor against the plain model's: per_rank[r][k] is rank
-  // r's piece of plain[k].
-  void add_ranks(const std::vector<std::vector<Tensor>>& per_rank,
+  // Ranks' pieces of every tensor against the plain model's: pieces[i] = (r, tensors),
+  // tensors[k] being rank r's piece of plain[k], of `ranks` ranks in all.
+  void add_ranks(const std::vector<std::pair<int, std::vector<Tensor>>>& pieces, int ranks,
                  const std::vector<nn::NamedTensor>& plain, const std::vector<Tensor>& plain_values,
                  const std::vector<ShardKind>& kinds, const std::string& what) {
-    const int ranks = static_cast<int>(per_rank.size());
-    for (int r = 0; r < ranks; ++r) {
-      if (per_rank[static_cast<size_t>(r)].size() != plain.size()) {
+    for (const auto& [r, tensors] : pieces) {
+      if (tensors.size() != plain.size()) {
         worst = INFINITY;
-        where = fmt::format("rank {} has {} parameters, the plain model {}", r,
-                            per_rank[static_cast<size_t>(r)].size(), plain.size());
+        where = fmt::format("rank {} has {} parameters, the plain model {}", r, tensors.size(),
+                            plain.size());
         return;
       }
       for (size_t k = 0; k < plain.size(); ++k)
-        add(per_rank[static_cast<size_t>(r)][k], shard_piece(plain_values[k], kinds[k], r, ranks),
+        add(tensors[k], shard_piece(plain_values[k], kinds[k], r, ranks),
             fmt::format("{} of {} on rank {}", what, plain[k].first, r));
     }
   }
@@ -127,34 +126,77 @@ inline nn::ModulePtr default_shard(const nn::Sequential& mlp,
   return parallel::parallelize_mlp(mlp, group);
 }
 
-// The plain MLP of `widths` (seeded) on devices[0] and its tensor-parallel twin over
-// `devices` in this process (TensorParallel), `steps` SGD steps (lr 0.1, written by hand)
-// on random batches of `batch` rows: the loss and every gradient after each backward, and
-// every parameter at the end, go into the returned Mismatch.
-inline Mismatch tensor_parallel_against_plain(const std::vector<int64_t>& widths, int64_t batch,
-                                              const std::vector<Device>& devices, int steps = 3,
-                                              const MakeShard& make_shard = default_shard,
-                                              double rtol = 1e-5, double atol = 1e-6) {
+// The column layer with Megatron's f left out: forward is the same, but the gradient of
+// its input is this rank's part only, not the sum over the ranks.
+class ColumnWithoutAllReduce : public nn::ColumnParallelLinear {
+ public:
+  using nn::ColumnParallelLinear::ColumnParallelLinear;
+  Tensor forward(const Tensor& input) override {
+    return linear(input, weight(), has_bias() ? bias() : Tensor());
+  }
+
+ protected:
+  // TensorParallel runs shallow clones of the shards: the clone must be of this class.
+  nn::ModulePtr copy_node() const override { return std::make_shared<ColumnWithoutAllReduce>(*this); }
+};
+
+// parallelize_mlp, but the column layer of every block after the first one is
+// ColumnWithoutAllReduce (the first block's input is the data, whose gradient nobody
+// needs, so f does nothing there and leaving it out would not be wrong).
+inline nn::ModulePtr shard_without_backward_all_reduce(const nn::Sequential& mlp,
+                                                const parallel::TensorParallelGroupPtr& group) {
+  auto good = parallel::parallelize_mlp(mlp, group);
+  auto out = std::make_shared<nn::Sequential>();
+  int columns = 0;
+  for (size_t i = 0; i < good->size(); ++i) {
+    nn::ModulePtr layer = (*good)[i];
+    if (typeid(*layer) == typeid(nn::ColumnParallelLinear) && columns++ > 0)
+      layer = std::make_shared<ColumnWithoutAllReduce>(
+          static_cast<const nn::Linear&>(*mlp[i]), group, false);
+    out->push_back(layer);
+  }
+  return out;
+}
+
+// A tensor-parallel model under test: `model` runs the forward (TensorParallel in one
+// process; this rank's shard, perhaps inside DistributedDataParallel, across processes);
+// `shards` are the (rank, module) pairs whose parameters this process compares (every
+// rank's in one process, its own across processes), of `ranks` ranks in all. `rows`
+// picks the rows of the batch `model` sees (all of them but under data parallelism),
+// and `loss` turns its loss into the loss of the whole batch (e.g. a mean over the
+// data-parallel ranks); both default to the identity.
+struct ShardedModel {
+  nn::ModulePtr model;
+  std::vector<std::pair<int, nn::ModulePtr>> shards;
+  int ranks = 1;
+  std::function<Tensor(const Tensor&)> rows = [](const Tensor& t) { return t; };
+  std::function<Tensor(const Tensor&)> loss = [](const Tensor& t) { return t; };
+};
+
+// The plain MLP of `widths` (seeded) on `device` and its tensor-parallel twin made by
+// `build` from it, `steps` SGD steps (lr 0.1, written by hand) on random batches of
+// `batch` rows (every process draws the same ones): the loss and every gradient after
+// each backward, and every parameter at the end, go into the returned Mismatch.
+inline Mismatch sharded_against_plain(const std::vector<int64_t>& widths, int64_t batch,
+                                      Device device, int steps,
+                                      const std::function<ShardedModel(const nn::Sequential&)>& build,
+                                      double rtol = 1e-5, double atol = 1e-6) {
   Mismatch m;
   m.rtol = rtol;
   m.atol = atol;
-  const Device device = devices[0];
   manual_seed(20240611);
   auto plain = std::static_pointer_cast<nn::Sequential>(make_mlp(widths));
   plain->to(device);
-  auto group = std::make_shared<parallel::InProcessGroup>(devices);
-  std::vector<nn::ModulePtr> shards;
-  for (int r = 0; r < group->size(); ++r) shards.push_back(make_shard(*plain, group->rank(r)));
-  auto tp = std::make_shared<parallel::TensorParallel>(shards, group);
+  const ShardedModel sharded = build(*plain);
 
   const auto named = plain->named_parameters();
   const auto kinds = shard_kinds(*plain);
-  auto per_rank = [&](bool grads) {
-    std::vector<std::vector<Tensor>> out;
-    for (const nn::ModulePtr& shard : shards) {
+  auto pieces = [&](bool grads) {
+    std::vector<std::pair<int, std::vector<Tensor>>> out;
+    for (const auto& [rank, shard] : sharded.shards) {
       std::vector<Tensor> values;
       for (const Tensor& p : shard->parameters()) values.push_back(grads ? p.grad() : p);
-      out.push_back(values);
+      out.emplace_back(rank, values);
     }
     return out;
   };
@@ -169,23 +211,43 @@ inline Mismatch tensor_parallel_against_plain(const std::vector<int64_t>& widths
     const Tensor x = randn({batch, widths.front()}, device);
     const Tensor targets = randint(0, widths.back(), {batch}, device);
     const Tensor plain_loss = cross_entropy(plain->forward(x), targets);
-    const Tensor tp_loss = cross_entropy(tp->forward(x), targets);
-    m.add(tp_loss, plain_loss, fmt::format("loss at step {}", step));
+    const Tensor tp_loss = cross_entropy(sharded.model->forward(sharded.rows(x)), sharded.rows(targets));
+    m.add(sharded.loss(tp_loss.detach()), plain_loss, fmt::format("loss at step {}", step));
 
     plain->zero_grad();
-    tp->zero_grad();
+    sharded.model->zero_grad();
     plain_loss.backward();
     tp_loss.backward();
-    m.add_ranks(per_rank(true), named, plain_values(true), kinds,
+    m.add_ranks(pieces(true), sharded.ranks, named, plain_values(true), kinds,
                 fmt::format("gradient at step {}", step));
 
     NoGradGuard no_grad;
     for (Tensor p : plain->parameters()) p.add_(p.grad(), -lr);
-    for (Tensor p : tp->parameters()) p.add_(p.grad(), -lr);
+    for (Tensor p : sharded.model->parameters()) p.add_(p.grad(), -lr);
   }
-  m.add_ranks(per_rank(false), named, plain_values(false), kinds,
+  m.add_ranks(pieces(false), sharded.ranks, named, plain_values(false), kinds,
               fmt::format("parameter after {} steps", steps));
   return m;
+}
+
+// In one process: TensorParallel over `devices` (the plain model on devices[0]), the
+// shards made by `make_shard` (parallelize_mlp, or a wrong variant).
+inline Mismatch tensor_parallel_against_plain(const std::vector<int64_t>& widths, int64_t batch,
+                                              const std::vector<Device>& devices, int steps = 3,
+                                              const MakeShard& make_shard = default_shard,
+                                              double rtol = 1e-5, double atol = 1e-6) {
+  return sharded_against_plain(widths, batch, devices[0], steps, [&](const nn::Sequential& plain) {
+    auto group = std::make_shared<parallel::InProcessGroup>(devices);
+    ShardedModel sharded;
+    std::vector<nn::ModulePtr> shards;
+    for (int r = 0; r < group->size(); ++r) {
+      shards.push_back(make_shard(plain, group->rank(r)));
+      sharded.shards.emplace_back(r, shards.back());
+    }
+    sharded.model = std::make_shared<parallel::TensorParallel>(shards, group);
+    sharded.ranks = group->size();
+    return sharded;
+  }, rtol, atol);
 }
 
 }  // namespace mg::testing
