@@ -19,8 +19,11 @@
 
 namespace mg {
 
-enum class UnaryOp { Neg, Exp, Log, Relu };
-enum class BinaryOp { Add, Sub, Mul, Div };
+// Sqrt, Abs and Maximum are not differentiable ops of the user API: optimizers and
+// gradient clipping use them (ops::unary / ops::binary) on values outside the graph.
+enum class UnaryOp { Neg, Exp, Log, Relu, Sqrt, Abs };
+// Maximum propagates NaN (torch.maximum): max(NaN, x) and max(x, NaN) are NaN.
+enum class BinaryOp { Add, Sub, Mul, Div, Maximum };
 
 inline const char* op_name(UnaryOp op) {
   switch (op) {
@@ -28,6 +31,8 @@ inline const char* op_name(UnaryOp op) {
     case UnaryOp::Exp: return "exp";
     case UnaryOp::Log: return "log";
     case UnaryOp::Relu: return "relu";
+    case UnaryOp::Sqrt: return "sqrt";
+    case UnaryOp::Abs: return "abs";
   }
   return "?";
 }
@@ -37,6 +42,7 @@ inline const char* op_name(BinaryOp op) {
     case BinaryOp::Sub: return "sub";
     case BinaryOp::Mul: return "mul";
     case BinaryOp::Div: return "div";
+    case BinaryOp::Maximum: return "maximum";
   }
   return "?";
 }
@@ -107,10 +113,10 @@ class Backend {
   // ---- elementwise (float32; add/sub/mul/div also int64) ----
   virtual void unary(UnaryOp op, const Tensor& out, const Tensor& in) = 0;
   // out = a op (alpha * b) for Add/Sub; out = a op b otherwise. `out` may alias `a`
-  // (in-place updates), element for element.
+  // (in-place updates), element for element. Maximum: float32 and int64.
   virtual void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b,
                       double alpha) = 0;
-  // out = in op scalar (Add or Mul); `out` may alias `in`.
+  // out = in op scalar (Add, Sub, Mul, Div); `out` may alias `in`.
   virtual void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& in,
                              double scalar) = 0;
   // grad_in = grad_out where input > 0, else 0.

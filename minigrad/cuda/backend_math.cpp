@@ -14,6 +14,8 @@ kernels::UnaryKind unary_kind(UnaryOp op) {
     case UnaryOp::Exp: return kernels::UnaryKind::Exp;
     case UnaryOp::Log: return kernels::UnaryKind::Log;
     case UnaryOp::Relu: return kernels::UnaryKind::Relu;
+    case UnaryOp::Sqrt: return kernels::UnaryKind::Sqrt;
+    case UnaryOp::Abs: return kernels::UnaryKind::Abs;
   }
   MG_FAIL("unary on CUDA: unknown op");
 }
@@ -24,6 +26,7 @@ kernels::BinaryKind binary_kind(BinaryOp op) {
     case BinaryOp::Sub: return kernels::BinaryKind::Sub;
     case BinaryOp::Mul: return kernels::BinaryKind::Mul;
     case BinaryOp::Div: return kernels::BinaryKind::Div;
+    case BinaryOp::Maximum: return kernels::BinaryKind::Maximum;
   }
   MG_FAIL("binary on CUDA: unknown op");
 }

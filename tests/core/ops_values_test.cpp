@@ -66,6 +66,47 @@ TEST_CASE("elementwise arithmetic with broadcasting") {
         std::vector<int64_t>{14, -6});
 }
 
+TEST_CASE("sqrt, abs and maximum (the optimizers' ops): values, NaN, views, int64") {
+  const float nan = std::nanf("");
+  const Tensor x = from_vector(std::vector<float>{4.0f, 2.0f, 0.0f, -1.0f, 1e-30f}, {5});
+  const auto root = ops::unary(UnaryOp::Sqrt, x).to_vector<float>();
+  CHECK(root[0] == 2.0f);
+  CHECK(root[1] == std::sqrt(2.0f));  // correctly rounded, as IEEE requires
+  CHECK(root[2] == 0.0f);
+  CHECK(std::isnan(root[3]));
+  CHECK(root[4] == std::sqrt(1e-30f));
+  CHECK(ops::unary(UnaryOp::Abs, x).to_vector<float>() ==
+        std::vector<float>{4.0f, 2.0f, 0.0f, 1.0f, 1e-30f});
+  REQUIRE_THROWS_WITH(ops::unary(UnaryOp::Sqrt, arange(3.0)),
+                      MG_CONTAINS("sqrt: expected a float32 tensor, got int64"));
+
+  // torch.maximum: elementwise, broadcasting, and NaN wins on either side.
+  const Tensor a = from_vector(std::vector<float>{1.0f, -2.0f, nan, 3.0f, 5.0f, -0.5f}, {2, 3});
+  const Tensor b = from_vector(std::vector<float>{0.0f, -1.0f, 7.0f}, {3});
+  const auto m = ops::binary(BinaryOp::Maximum, a, b).to_vector<float>();
+  CHECK(m[0] == 1.0f);
+  CHECK(m[1] == -1.0f);
+  CHECK(std::isnan(m[2]));
+  CHECK(m[3] == 3.0f);
+  CHECK(m[4] == 5.0f);
+  CHECK(m[5] == 7.0f);
+  const auto m_swapped = ops::binary(BinaryOp::Maximum, b, a).to_vector<float>();
+  CHECK(std::isnan(m_swapped[2]));
+  CHECK(m_swapped[5] == 7.0f);
+  // A transposed view against a contiguous tensor.
+  const Tensor at = iota({3, 2}).t();
+  const Tensor flat = from_vector(std::vector<float>{2.5f, 2.5f, 2.5f, 2.5f, 2.5f, 2.5f}, {2, 3});
+  CHECK(ops::binary(BinaryOp::Maximum, at, flat).to_vector<float>() ==
+        std::vector<float>{2.5f, 2.5f, 4.0f, 2.5f, 3.0f, 5.0f});
+  CHECK(ops::binary(BinaryOp::Maximum, from_vector(std::vector<int64_t>{3, -4, 9}, {3}),
+                    from_vector(std::vector<int64_t>{5, -7, 2}, {3}))
+            .to_vector<int64_t>() == std::vector<int64_t>{5, -4, 9});
+  // And against a scalar (clamping from below).
+  CHECK(ops::binary_scalar(BinaryOp::Maximum, from_vector(std::vector<float>{-1.0f, 2.0f}, {2}),
+                           0.5)
+            .to_vector<float>() == std::vector<float>{0.5f, 2.0f});
+}
+
 TEST_CASE("elementwise ops read strided and broadcast views correctly") {
   const Tensor a = iota({3, 4});
   const Tensor t = a.t();                         // [4, 3] strides [1, 4]

@@ -7,6 +7,7 @@
 #ifdef MINIGRAD_WITH_NCCL
 
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 
 #include <minigrad/core/backend.h>
 #include <minigrad/core/generator.h>
+#include <minigrad/core/ops.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/parallel/distributed/distributed_data_parallel.h>
 #include <minigrad/parallel/distributed/rendezvous.h>
@@ -86,6 +88,61 @@ TEST_CASE("worker process of an NCCL job: collectives and one DDP step", "[.][nc
   MG_CHECK(e.to(Device::cpu()).to_vector<float>()[4] == world - 1.0f, "broadcast");
   pg->barrier()->wait();
 
+  // reduce_scatter (sum, average, int64, in place) and all_gather (float32, int64, in place)
+  // on odd sizes; rank r's element i is (r + 1) * (i + 1) / 8, exact in float.
+  const auto values = [&](int r, int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<float>((r + 1) * (i + 1)) / 8.0f;
+    return from_vector(v, Shape{n}).to(gpu);
+  };
+  {
+    Tensor in = values(rank, 3 * world);
+    Tensor out = empty(Shape{3}, DType::Float32, gpu);
+    pg->reduce_scatter(out, in)->wait();
+    const auto o = out.to(Device::cpu()).to_vector<float>();
+    for (int64_t j = 0; j < 3; ++j)
+      MG_CHECK(o[static_cast<size_t>(j)] == ranks_sum * static_cast<float>(rank * 3 + j + 1) / 8.0f,
+               "reduce_scatter sum: element {} is {}", j, o[static_cast<size_t>(j)]);
+    Tensor avg_out = empty(Shape{5}, DType::Float32, gpu);
+    pg->reduce_scatter(avg_out, values(rank, 5 * world), ReduceOp::Average)->wait();
+    const auto av = avg_out.to(Device::cpu()).to_vector<float>();
+    for (int64_t j = 0; j < 5; ++j)
+      MG_CHECK(std::abs(av[static_cast<size_t>(j)] -
+                        ranks_sum / world * static_cast<float>(rank * 5 + j + 1) / 8.0f) < 1e-5f,
+               "reduce_scatter average: element {} is {}", j, av[static_cast<size_t>(j)]);
+    Tensor int_out = empty(Shape{1}, DType::Int64, gpu);
+    pg->reduce_scatter(int_out, full(Shape{world}, static_cast<double>(rank), DType::Int64, gpu))->wait();
+    MG_CHECK(int_out.to(Device::cpu()).item<int64_t>() == static_cast<int64_t>(ranks_sum) - world,
+             "reduce_scatter int64");
+    Tensor inplace = values(rank, 7 * world);
+    Tensor slice = inplace.narrow(0, rank * 7, 7);
+    pg->reduce_scatter(slice, inplace)->wait();
+    MG_CHECK(slice.to(Device::cpu()).to_vector<float>()[6] ==
+                 ranks_sum * static_cast<float>(rank * 7 + 7) / 8.0f,
+             "reduce_scatter in place");
+
+    Tensor gathered = empty(Shape{world, 3}, DType::Float32, gpu);
+    pg->all_gather(gathered, values(rank, 3))->wait();
+    Tensor gathered_int = empty(Shape{2 * world}, DType::Int64, gpu);
+    pg->all_gather(gathered_int, full(Shape{2}, static_cast<double>(rank), DType::Int64, gpu))->wait();
+    Tensor gathered_inplace = full(Shape{5 * world}, -1.0, DType::Float32, gpu);
+    ops::copy_(gathered_inplace.narrow(0, rank * 5, 5), values(rank, 5));
+    pg->all_gather(gathered_inplace, gathered_inplace.narrow(0, rank * 5, 5))->wait();
+    const auto g = gathered.to(Device::cpu()).to_vector<float>();
+    const auto gi = gathered_int.to(Device::cpu()).to_vector<int64_t>();
+    const auto gp = gathered_inplace.to(Device::cpu()).to_vector<float>();
+    for (int src = 0; src < world; ++src) {
+      for (int64_t j = 0; j < 3; ++j)
+        MG_CHECK(g[static_cast<size_t>(src * 3 + j)] == static_cast<float>((src + 1) * (j + 1)) / 8.0f,
+                 "all_gather: rank {}'s element {}", src, j);
+      MG_CHECK(gi[static_cast<size_t>(src * 2 + 1)] == src, "all_gather int64 of rank {}", src);
+      for (int64_t j = 0; j < 5; ++j)
+        MG_CHECK(gp[static_cast<size_t>(src * 5 + j)] == static_cast<float>((src + 1) * (j + 1)) / 8.0f,
+                 "all_gather in place: rank {}'s element {}", src, j);
+    }
+    pg->all_gather(empty(Shape{0}, DType::Float32, gpu), empty(Shape{0}, DType::Float32, gpu))->wait();
+  }
+
   // One DDP step on a shard of a fixed batch equals the whole batch's step on the CPU.
   const int64_t per = 4, rows = per * world;
   manual_seed(7);
@@ -133,6 +190,24 @@ TEST_CASE("worker process of an NCCL job whose rank 1 dies", "[.][nccl-death-wor
   }
 }
 
+TEST_CASE("worker process of an NCCL job whose rank 1 dies before an all-gather",
+          "[.][nccl-allgather-death-worker]") {
+  auto pg = join_nccl_group(std::chrono::seconds(20));
+  Tensor in = full(Shape{256}, 1.0, DType::Float32, pg->device());
+  Tensor out = empty(Shape{2 * 256}, DType::Float32, pg->device());
+  pg->all_gather(out, in)->wait();
+  if (pg->rank() == 1) std::_Exit(0);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    pg->all_gather(out, in)->wait();
+    fmt::print("nccl all_gather death worker {}: the all_gather returned\n", pg->rank());
+  } catch (const Error& error) {
+    fmt::print("nccl all_gather death worker {} after {:.1f} s: {}\n", pg->rank(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+               error.what());
+  }
+}
+
 TEST_CASE("NCCL: 2 and 4 ranks on one GPU: collectives and a DDP step equal to the full batch") {
   require_launcher();
   for (int world : {2, 4}) {
@@ -151,6 +226,17 @@ TEST_CASE("NCCL: a rank that dies makes the others fail with an error, not hang"
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   REQUIRE_THAT(r.output, MG_CONTAINS("[rank 0] nccl death worker 0: ProcessGroupNccl: allreduce #1"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("the communicator was aborted"));
+}
+
+TEST_CASE("NCCL: a rank that dies before an all-gather makes the others fail within the timeout") {
+  require_launcher();
+  const Run r = run_shell(fmt::format("{} --nproc-per-node 2 {} '[nccl-allgather-death-worker]'",
+                                      kLauncher, kSelf));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE_THAT(r.output, MG_CONTAINS("[rank 0] nccl all_gather death worker 0 after"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("ProcessGroupNccl: all_gather #1 (2 x 256 float32 elements)"));
   REQUIRE_THAT(r.output, MG_CONTAINS("the communicator was aborted"));
 }
 

@@ -100,6 +100,38 @@ TEST_CASE("in-place updates on views (out aliases the input)") {
   }
 }
 
+TEST_CASE("sqrt, abs and maximum (the optimizers' ops) match the CPU bit for bit") {
+  for (int64_t n : cuda_test::sizes()) {
+    CAPTURE(n);
+    const Tensor x = random_cpu({n, 3}, 12);
+    const Tensor y = random_cpu({n, 3}, 13);
+    const Tensor squares = x * x;  // sqrt's domain, values of every magnitude
+    const Tensor xg = x.to(gpu()), yg = y.to(gpu()), sg = squares.to(gpu());
+    require_equal(ops::unary(UnaryOp::Sqrt, sg), ops::unary(UnaryOp::Sqrt, squares));
+    require_equal(ops::unary(UnaryOp::Abs, xg), ops::unary(UnaryOp::Abs, x));
+    require_equal(ops::binary(BinaryOp::Maximum, xg, yg), ops::binary(BinaryOp::Maximum, x, y));
+    require_equal(ops::binary(BinaryOp::Maximum, xg.t(), yg.narrow(1, 0, 1).t()),
+                  ops::binary(BinaryOp::Maximum, x.t(), y.narrow(1, 0, 1).t()));
+    require_equal(ops::binary_scalar(BinaryOp::Maximum, xg, 0.25),
+                  ops::binary_scalar(BinaryOp::Maximum, x, 0.25));
+    std::vector<int64_t> va, vb;
+    for (int64_t i = 0; i < n; ++i) {
+      va.push_back(i - 3);
+      vb.push_back((i * 7) % 5);
+    }
+    const Tensor ia = from_vector(va, {n}), ib = from_vector(vb, {n});
+    require_equal(ops::binary(BinaryOp::Maximum, ia.to(gpu()), ib.to(gpu())),
+                  ops::binary(BinaryOp::Maximum, ia, ib));
+  }
+  // NaN wins on either side, as torch.maximum; sqrt of a negative is NaN.
+  const float nan = std::nanf("");
+  const Tensor a = from_vector(std::vector<float>{nan, 1.0f, -1.0f}, {3});
+  const Tensor b = from_vector(std::vector<float>{2.0f, nan, -3.0f}, {3});
+  require_equal(ops::binary(BinaryOp::Maximum, a.to(gpu()), b.to(gpu())),
+                ops::binary(BinaryOp::Maximum, a, b));
+  require_equal(ops::unary(UnaryOp::Sqrt, a.to(gpu())), ops::unary(UnaryOp::Sqrt, a));
+}
+
 TEST_CASE("relu backward matches the CPU") {
   for (int64_t n : cuda_test::sizes()) {
     CAPTURE(n);

@@ -3,6 +3,7 @@
 // [B, N]); anything else (bias rows, transposes, other views) goes through
 // for_each_element, whose inner loop the compiler vectorises when its strides are 1.
 #include <cmath>
+#include <type_traits>
 
 #include <minigrad/core/cpu/cpu_backend.h>
 #include <minigrad/core/cpu/strided_loop.h>
@@ -69,6 +70,16 @@ void map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
                            [&](const std::array<int64_t, 3>& k) { o[k[0]] = f(x[k[1]], y[k[2]]); });
 }
 
+// torch.maximum: NaN if either operand is NaN.
+template <typename T>
+T maximum(T x, T y) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(x)) return x;
+    if (std::isnan(y)) return y;
+  }
+  return x > y ? x : y;
+}
+
 template <typename T>
 void binary_typed(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, T alpha) {
   switch (op) {
@@ -76,6 +87,7 @@ void binary_typed(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor&
     case BinaryOp::Sub: map2<T>(out, a, b, [alpha](T x, T y) { return x - alpha * y; }); break;
     case BinaryOp::Mul: map2<T>(out, a, b, [](T x, T y) { return x * y; }); break;
     case BinaryOp::Div: map2<T>(out, a, b, [](T x, T y) { return x / y; }); break;
+    case BinaryOp::Maximum: map2<T>(out, a, b, [](T x, T y) { return maximum(x, y); }); break;
   }
 }
 
@@ -86,6 +98,7 @@ void binary_scalar_typed(BinaryOp op, const Tensor& out, const Tensor& in, T s) 
     case BinaryOp::Sub: map1<T>(out, in, [s](T x) { return x - s; }); break;
     case BinaryOp::Mul: map1<T>(out, in, [s](T x) { return x * s; }); break;
     case BinaryOp::Div: map1<T>(out, in, [s](T x) { return x / s; }); break;
+    case BinaryOp::Maximum: map1<T>(out, in, [s](T x) { return maximum(x, s); }); break;
   }
 }
 
@@ -97,6 +110,9 @@ void CpuBackend::unary(UnaryOp op, const Tensor& out, const Tensor& in) {
     case UnaryOp::Exp: map1<float>(out, in, [](float x) { return std::exp(x); }); break;
     case UnaryOp::Log: map1<float>(out, in, [](float x) { return std::log(x); }); break;
     case UnaryOp::Relu: map1<float>(out, in, [](float x) { return x > 0.0f ? x : 0.0f; }); break;
+    // IEEE square root: correctly rounded, as the GPU's __fsqrt_rn.
+    case UnaryOp::Sqrt: map1<float>(out, in, [](float x) { return std::sqrt(x); }); break;
+    case UnaryOp::Abs: map1<float>(out, in, [](float x) { return std::fabs(x); }); break;
   }
 }
 

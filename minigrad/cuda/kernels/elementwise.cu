@@ -4,6 +4,8 @@
 // and the strided loop otherwise. Float arithmetic uses the round-to-nearest intrinsics
 // where the CPU computes a product and a sum separately, so that nvcc's fused
 // multiply-add does not make results differ from the CPU backend's in the last bit.
+#include <type_traits>
+
 #include <minigrad/cuda/kernels/elementwise_map.cuh>
 #include <minigrad/cuda/kernels/launch.h>
 
@@ -30,6 +32,13 @@ struct ExpValue {
 struct LogValue {
   __device__ float operator()(float x) const { return logf(x); }
 };
+// Correctly rounded, as std::sqrt on the CPU (sqrtf is too unless -prec-sqrt=false).
+struct SqrtValue {
+  __device__ float operator()(float x) const { return __fsqrt_rn(x); }
+};
+struct AbsValue {
+  __device__ float operator()(float x) const { return fabsf(x); }
+};
 template <typename T>
 struct ReluValue {
   __device__ T operator()(T x) const { return x > T(0) ? x : T(0); }
@@ -50,6 +59,20 @@ struct DivValue {
   __device__ T operator()(T a, T b) const { return a / b; }
 };
 
+// torch.maximum: NaN if either operand is NaN, as on the CPU.
+template <typename T>
+__device__ __forceinline__ T maximum(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (isnan(a)) return a;
+    if (isnan(b)) return b;
+  }
+  return a > b ? a : b;
+}
+template <typename T>
+struct MaximumValue {
+  __device__ T operator()(T a, T b) const { return maximum(a, b); }
+};
+
 template <typename T, BinaryKind Kind>
 struct ScalarValue {
   T scalar;
@@ -60,8 +83,10 @@ struct ScalarValue {
       return x - scalar;
     } else if constexpr (Kind == BinaryKind::Mul) {
       return x * scalar;
-    } else {
+    } else if constexpr (Kind == BinaryKind::Div) {
       return x / scalar;
+    } else {
+      return maximum(x, scalar);
     }
   }
 };
@@ -99,6 +124,9 @@ void binary_typed(BinaryKind kind, T* out, const T* a, const T* b, T alpha,
       break;
     case BinaryKind::Mul: map_binary(out, a, b, layout, numel, stream, MulValue<T>{}); break;
     case BinaryKind::Div: map_binary(out, a, b, layout, numel, stream, DivValue<T>{}); break;
+    case BinaryKind::Maximum:
+      map_binary(out, a, b, layout, numel, stream, MaximumValue<T>{});
+      break;
   }
 }
 
@@ -118,6 +146,9 @@ void binary_scalar_typed(BinaryKind kind, T* out, const T* in, T scalar,
     case BinaryKind::Div:
       map_unary(out, in, layout, numel, stream, ScalarValue<T, BinaryKind::Div>{scalar});
       break;
+    case BinaryKind::Maximum:
+      map_unary(out, in, layout, numel, stream, ScalarValue<T, BinaryKind::Maximum>{scalar});
+      break;
   }
 }
 
@@ -133,6 +164,8 @@ void unary(UnaryKind kind, ElementType type, void* out, const void* in,
       case UnaryKind::Exp: map_unary(o, x, layout, numel, stream, ExpValue{}); break;
       case UnaryKind::Log: map_unary(o, x, layout, numel, stream, LogValue{}); break;
       case UnaryKind::Relu: map_unary(o, x, layout, numel, stream, ReluValue<float>{}); break;
+      case UnaryKind::Sqrt: map_unary(o, x, layout, numel, stream, SqrtValue{}); break;
+      case UnaryKind::Abs: map_unary(o, x, layout, numel, stream, AbsValue{}); break;
     }
   } else {
     // int64: Neg and Relu only (the backend refuses the others).

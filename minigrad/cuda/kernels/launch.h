@@ -17,14 +17,14 @@
 namespace mg::cuda::kernels {
 
 enum class ElementType { Float32, Int64 };
-enum class UnaryKind { Neg, Exp, Log, Relu };
-enum class BinaryKind { Add, Sub, Mul, Div };
+enum class UnaryKind { Neg, Exp, Log, Relu, Sqrt, Abs };
+enum class BinaryKind { Add, Sub, Mul, Div, Maximum };
 
 // ---- elementwise.cu ----
 // out = f(in); float32, and int64 for Neg.
 void unary(UnaryKind kind, ElementType type, void* out, const void* in,
            const StridedIndexer<2>& layout, int64_t numel, cudaStream_t stream);
-// out = a op (alpha * b) for Add/Sub, a op b for Mul/Div. `out` may alias `a`.
+// out = a op (alpha * b) for Add/Sub, a op b for Mul/Div/Maximum. `out` may alias `a`.
 void binary(BinaryKind kind, ElementType type, void* out, const void* a, const void* b,
             double alpha, const StridedIndexer<3>& layout, int64_t numel, cudaStream_t stream);
 // out = in op scalar. `out` may alias `in`.

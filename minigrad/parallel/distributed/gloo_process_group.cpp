@@ -15,7 +15,9 @@
 #include <mutex>
 #include <thread>
 
+#include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
@@ -324,6 +326,34 @@ void gloo_broadcast(const std::shared_ptr<gloo::Context>& context, const Tensor&
   gloo::broadcast(opts);
 }
 
+template <typename T>
+void gloo_alltoall(const std::shared_ptr<gloo::Context>& context, const Tensor& input,
+                   const Tensor& output, uint32_t tag, std::chrono::milliseconds timeout) {
+  gloo::AlltoallOptions opts(context);
+  opts.setInput<T>(input.data<T>(), static_cast<size_t>(input.numel()));
+  opts.setOutput<T>(output.data<T>(), static_cast<size_t>(output.numel()));
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::alltoall(opts);
+}
+
+// `input` null: in place (this rank's slice of `output` already holds its contribution).
+template <typename T>
+void gloo_allgather(const std::shared_ptr<gloo::Context>& context, const Tensor* input,
+                    const Tensor& output, uint32_t tag, std::chrono::milliseconds timeout) {
+  gloo::AllgatherOptions opts(context);
+  if (input != nullptr) opts.setInput<T>(input->data<T>(), static_cast<size_t>(input->numel()));
+  opts.setOutput<T>(output.data<T>(), static_cast<size_t>(output.numel()));
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::allgather(opts);
+}
+
+// A group of one: the result is the input itself.
+void copy_flat(const Tensor& dst, const Tensor& src) {
+  if (dst.numel() > 0 && dst.data_ptr() != src.data_ptr()) ops::copy_(dst, ops::view(src, dst.shape()));
+}
+
 }  // namespace
 
 std::shared_ptr<Work> ProcessGroupGloo::allreduce(std::vector<Tensor> tensors, ReduceOp op) {
@@ -368,6 +398,57 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(std::vector<Tensor> tensors, i
       }
     }
     buffer->copy_back();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(Tensor output, Tensor input, ReduceOp op) {
+  check_flat_pair("reduce_scatter", input, "input", output, "output", op == ReduceOp::Average);
+  if (size() == 1) {  // the sum and the mean of one contribution are the contribution
+    copy_flat(output, input);
+    return std::make_shared<CompletedWork>();
+  }
+  if (output.numel() == 0) return std::make_shared<CompletedWork>();
+  const std::string detail = fmt::format("{} of {} {} elements into {}", reduce_op_name(op),
+                                         input.numel(), dtype_name(input.dtype()), output.numel());
+  Impl* impl = impl_.get();
+  return impl->enqueue("reduce_scatter", detail, [impl, output, input, op](uint32_t tag) {
+    // slices[r] becomes rank r's input[rank * n, (rank + 1) * n): what this rank reduces.
+    // Allocated here rather than by the caller, so queued collectives hold no scratch.
+    const Tensor slices = empty(Shape{input.numel()}, input.dtype(), input.device());
+    if (input.dtype() == DType::Float32) {
+      gloo_alltoall<float>(impl->context, input, slices, tag, impl->options.timeout);
+    } else {
+      gloo_alltoall<int64_t>(impl->context, input, slices, tag, impl->options.timeout);
+    }
+    // Summed in rank order, so every rank's slice is reduced the same way. The input is
+    // no longer read, so output may be a slice of it (in place).
+    const int64_t n = output.numel();
+    const Tensor out = ops::view(output, Shape{n});
+    Backend& cpu = backend(out.device());
+    cpu.binary(BinaryOp::Add, out, ops::narrow(slices, 0, 0, n), ops::narrow(slices, 0, n, n), 1.0);
+    for (int r = 2; r < impl->size; ++r)
+      cpu.binary(BinaryOp::Add, out, out, ops::narrow(slices, 0, r * n, n), 1.0);
+    if (op == ReduceOp::Average) cpu.binary_scalar(BinaryOp::Mul, out, out, 1.0 / impl->size);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::all_gather(Tensor output, Tensor input) {
+  const bool in_place = check_flat_pair("all_gather", output, "output", input, "input", false);
+  if (size() == 1) {
+    copy_flat(output, input);
+    return std::make_shared<CompletedWork>();
+  }
+  if (input.numel() == 0) return std::make_shared<CompletedWork>();
+  const std::string detail = fmt::format("{} x {} {} elements", size(), input.numel(),
+                                         dtype_name(input.dtype()));
+  Impl* impl = impl_.get();
+  return impl->enqueue("all_gather", detail, [impl, output, input, in_place](uint32_t tag) {
+    const Tensor* in = in_place ? nullptr : &input;
+    if (output.dtype() == DType::Float32) {
+      gloo_allgather<float>(impl->context, in, output, tag, impl->options.timeout);
+    } else {
+      gloo_allgather<int64_t>(impl->context, in, output, tag, impl->options.timeout);
+    }
   });
 }
 

@@ -118,12 +118,15 @@ struct ProcessGroupNccl::Impl {
 namespace {
 
 // One collective in flight: the events that bracket it on the communication stream and
-// the buffer it works on (kept alive until the caller's stream is ordered after it).
+// the tensors it works on (kept alive until the caller's stream is ordered after it).
 class NcclWork : public Work {
  public:
   NcclWork(std::shared_ptr<ProcessGroupNccl::Impl> group, std::string description,
-           std::shared_ptr<CoalescedBuffer> buffer)
-      : group_(std::move(group)), description_(std::move(description)), buffer_(std::move(buffer)) {
+           std::shared_ptr<CoalescedBuffer> buffer, std::vector<Tensor> tensors = {})
+      : group_(std::move(group)),
+        description_(std::move(description)),
+        buffer_(std::move(buffer)),
+        tensors_(std::move(tensors)) {
     DeviceGuard guard(group_->device());
     MG_CUDA_CHECK(cudaEventCreate(&start_));
     MG_CUDA_CHECK(cudaEventCreate(&end_));
@@ -202,6 +205,7 @@ class NcclWork : public Work {
   std::shared_ptr<ProcessGroupNccl::Impl> group_;
   std::string description_;
   std::shared_ptr<CoalescedBuffer> buffer_;
+  std::vector<Tensor> tensors_;
   cudaEvent_t start_ = nullptr;
   cudaEvent_t end_ = nullptr;
   Clock::time_point started_;
@@ -340,6 +344,45 @@ std::shared_ptr<Work> ProcessGroupNccl::broadcast(std::vector<Tensor> tensors, i
     MG_NCCL_CHECK_NONBLOCKING(ncclBroadcast(flat.data_ptr(), flat.data_ptr(),
                                             static_cast<size_t>(flat.numel()),
                                             nccl_dtype(flat.dtype()), root, comm, stream));
+  });
+  return work;
+}
+
+std::shared_ptr<Work> ProcessGroupNccl::reduce_scatter(Tensor output, Tensor input, ReduceOp op) {
+  check_flat_pair("reduce_scatter", input, "input", output, "output", op == ReduceOp::Average);
+  impl_->throw_if_failed("reduce_scatter");
+  if (output.numel() == 0) return std::make_shared<CompletedWork>();
+  DeviceGuard guard(impl_->device());
+  auto work = std::make_shared<NcclWork>(
+      impl_,
+      fmt::format("reduce_scatter #{} ({} of {} {} elements into {})", impl_->sequence++,
+                  reduce_op_name(op), input.numel(), dtype_name(input.dtype()), output.numel()),
+      nullptr, std::vector<Tensor>{output, input});
+  // In place (output = input's slice for this rank) is the form NCCL documents.
+  work->launch([&](ncclComm_t comm, cudaStream_t stream) {
+    MG_NCCL_CHECK_NONBLOCKING(ncclReduceScatter(input.data_ptr(), output.data_ptr(),
+                                                static_cast<size_t>(output.numel()),
+                                                nccl_dtype(input.dtype()),
+                                                op == ReduceOp::Average ? ncclAvg : ncclSum, comm,
+                                                stream));
+  });
+  return work;
+}
+
+std::shared_ptr<Work> ProcessGroupNccl::all_gather(Tensor output, Tensor input) {
+  check_flat_pair("all_gather", output, "output", input, "input", false);
+  impl_->throw_if_failed("all_gather");
+  if (input.numel() == 0) return std::make_shared<CompletedWork>();
+  DeviceGuard guard(impl_->device());
+  auto work = std::make_shared<NcclWork>(
+      impl_,
+      fmt::format("all_gather #{} ({} x {} {} elements)", impl_->sequence++, size(),
+                  input.numel(), dtype_name(input.dtype())),
+      nullptr, std::vector<Tensor>{output, input});
+  work->launch([&](ncclComm_t comm, cudaStream_t stream) {
+    MG_NCCL_CHECK_NONBLOCKING(ncclAllGather(input.data_ptr(), output.data_ptr(),
+                                            static_cast<size_t>(input.numel()),
+                                            nccl_dtype(input.dtype()), comm, stream));
   });
   return work;
 }

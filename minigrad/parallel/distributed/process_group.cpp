@@ -1,5 +1,9 @@
 #include <minigrad/parallel/distributed/process_group.h>
 
+#include <cstdint>
+#include <string>
+#include <utility>
+
 #include <minigrad/core/ops.h>
 #include <minigrad/parallel/coalesce.h>
 
@@ -41,6 +45,55 @@ void ProcessGroup::check_tensors(const char* collective, const std::vector<Tenso
              "{} ({}): ReduceOp::Average needs float32 tensors, tensor {} is {} (rank {})",
              collective, backend_name(), i, t.dtype(), rank_);
   }
+}
+
+bool ProcessGroup::check_flat_pair(const char* collective, const Tensor& whole,
+                                   const char* whole_name, const Tensor& part,
+                                   const char* part_name, bool average) const {
+  const std::string backend = backend_name();
+  const Device device = this->device();
+  for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{whole, whole_name},
+                                std::pair<const Tensor&, const char*>{part, part_name}}) {
+    MG_CHECK(t.defined(), "{} ({}): {} is undefined (rank {})", collective, backend, name, rank_);
+    MG_CHECK(t.device() == device,
+             "{} ({}): {} of shape {} is on {}, but this process group works on {} (rank {})",
+             collective, backend, name, t.shape(), t.device(), device, rank_);
+    MG_CHECK(t.dtype() == DType::Float32 || t.dtype() == DType::Int64,
+             "{} ({}): {} is {}; float32 and int64 are supported (rank {})", collective, backend,
+             name, t.dtype(), rank_);
+    MG_CHECK(t.is_contiguous(),
+             "{} ({}): {} of shape {} is not contiguous; pass .contiguous() (rank {})",
+             collective, backend, name, t.shape(), rank_);
+  }
+  MG_CHECK(whole.dtype() == part.dtype(), "{} ({}): {} is {} but {} is {}; both take one dtype (rank {})",
+           collective, backend, whole_name, whole.dtype(), part_name, part.dtype(), rank_);
+  MG_CHECK(!average || whole.dtype() == DType::Float32,
+           "{} ({}): ReduceOp::Average needs float32 tensors, {} is {} (rank {})", collective,
+           backend, whole_name, whole.dtype(), rank_);
+  const int64_t n = part.numel();
+  int64_t needed = 0;
+  MG_CHECK(!__builtin_mul_overflow(n, static_cast<int64_t>(size_), &needed),
+           "{} ({}): {} x {} elements overflow (rank {})", collective, backend, size_, n, rank_);
+  MG_CHECK(whole.numel() == needed,
+           "{} ({}): {} has {} elements (shape {}), but a group of {} needs {} x {} = {} for an "
+           "{} of {} elements (rank {})",
+           collective, backend, whole_name, whole.numel(), whole.shape(), size_, size_, n, needed,
+           part_name, n, rank_);
+
+  // Apart in memory, or part exactly this rank's slice of whole (the in-place form NCCL
+  // takes); anything in between would read what it has already overwritten.
+  if (!whole.storage().is_alias_of(part.storage()) || n == 0) return false;
+  const auto begin = [](const Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()); };
+  const std::uintptr_t slice = begin(whole) + static_cast<std::uintptr_t>(rank_) * part.nbytes();
+  if (begin(part) == slice) return true;
+  const bool apart = begin(part) + part.nbytes() <= begin(whole) ||
+                     begin(whole) + whole.nbytes() <= begin(part);
+  MG_CHECK(apart,
+           "{} ({}): {} overlaps {} without being its slice for rank {} (elements [{}, {})); in "
+           "place, {} must be exactly that slice (rank {})",
+           collective, backend, part_name, whole_name, rank_, rank_ * n, (rank_ + 1) * n,
+           part_name, rank_);
+  return false;
 }
 
 CoalescedBuffer::CoalescedBuffer(std::vector<Tensor> tensors) : tensors_(std::move(tensors)) {

@@ -5,6 +5,12 @@
 // such as DistributedDataParallel can launch a bucket's all-reduce and carry on with
 // backward while it runs.
 //
+// What a group does:
+//   allreduce, broadcast, barrier      in place, on a list of tensors coalesced into one
+//                                      buffer (DistributedDataParallel's gradients)
+//   reduce_scatter, all_gather         flat: one tensor in, one out (ZeRO and FSDP shard
+//                                      gradients and gather parameters with these)
+//
 // Backends (the network code is theirs; minigrad re-implements no collective):
 //   ProcessGroupGloo (process_group_gloo.h): CPU tensors, over Gloo's TCP transport.
 //   ProcessGroupNccl (process_group_nccl.h): CUDA tensors, one GPU per process.
@@ -83,11 +89,32 @@ class ProcessGroup {
   // Completes once every rank has called barrier().
   virtual std::shared_ptr<Work> barrier() = 0;
 
+  // Flat collectives, as torch.distributed.reduce_scatter_tensor and
+  // all_gather_into_tensor. Both tensors contiguous, of one dtype (float32; int64 also for
+  // Sum), on device(); their shapes do not matter, only their element counts.
+  //   reduce_scatter: input.numel() == size() * output.numel(); output becomes the sum
+  //     (or mean) over the ranks r of rank r's input[rank() * n, (rank() + 1) * n),
+  //     n = output.numel().
+  //   all_gather: output.numel() == size() * input.numel(); output[r * n, (r + 1) * n)
+  //     becomes rank r's input, n = input.numel().
+  // In place: the smaller tensor may be exactly this rank's slice of the larger one
+  // (output = input.narrow(0, rank() * n, n) for reduce_scatter); otherwise the two must
+  // not overlap. Uneven data is the caller's business: pad to a multiple of size(), as
+  // ZeRO and FSDP do. Neither tensor may be touched until wait().
+  virtual std::shared_ptr<Work> reduce_scatter(Tensor output, Tensor input,
+                                               ReduceOp op = ReduceOp::Sum) = 0;
+  virtual std::shared_ptr<Work> all_gather(Tensor output, Tensor input) = 0;
+
  protected:
   // Checks the tensors of a collective against this group: defined, on device(), one
   // dtype that the op supports. Names the collective, the tensor index and the rank.
   void check_tensors(const char* collective, const std::vector<Tensor>& tensors,
                      bool average) const;
+  // Checks the two tensors of reduce_scatter (whole = input, part = output) or all_gather
+  // (whole = output, part = input) as the comment above says, naming the collective, the
+  // sizes and the rank. Returns true when part is whole's slice for this rank (in place).
+  bool check_flat_pair(const char* collective, const Tensor& whole, const char* whole_name,
+                       const Tensor& part, const char* part_name, bool average) const;
 
  private:
   int rank_;

@@ -37,6 +37,13 @@ class ProcessGroupGloo : public ProcessGroup {
                                   ReduceOp op = ReduceOp::Sum) override;
   std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root = 0) override;
   std::shared_ptr<Work> barrier() override;
+  // Gloo's all-to-all brings every rank its slice of every input; the slices are then
+  // summed here in rank order (Gloo's ReduceScatterHalvingDoubling is a pre-bound-buffer
+  // algorithm whose early arrivals stall the connection for everything else on it).
+  std::shared_ptr<Work> reduce_scatter(Tensor output, Tensor input,
+                                       ReduceOp op = ReduceOp::Sum) override;
+  // Gloo's ring all-gather.
+  std::shared_ptr<Work> all_gather(Tensor output, Tensor input) override;
   using ProcessGroup::allreduce;
   using ProcessGroup::broadcast;
 

@@ -46,6 +46,10 @@ class ProcessGroupNccl : public ProcessGroup {
   std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root = 0) override;
   // An all-reduce of one element whose wait() blocks the host, as PyTorch's NCCL barrier.
   std::shared_ptr<Work> barrier() override;
+  // ncclReduceScatter and ncclAllGather, ordered like allreduce.
+  std::shared_ptr<Work> reduce_scatter(Tensor output, Tensor input,
+                                       ReduceOp op = ReduceOp::Sum) override;
+  std::shared_ptr<Work> all_gather(Tensor output, Tensor input) override;
   using ProcessGroup::allreduce;
   using ProcessGroup::broadcast;
 
