@@ -41,6 +41,16 @@ TEST_CASE("TensorParallel: an MLP split over 2 and 4 CPU shards trains as the pl
   }
 }
 
+TEST_CASE("TensorParallel: a column layer that gathers and a row layer that scatters train as the plain model") {
+  for (size_t shards : {2u, 4u}) {
+    INFO(shards << " shards");
+    const auto m = mg::testing::tensor_parallel_against_plain(
+        {7, 12, 5}, 9, cpus(shards), 3, mg::testing::shard_with_gather_and_scatter);
+    INFO(m.where);
+    REQUIRE(m.ok());
+  }
+}
+
 TEST_CASE("TensorParallel: a column layer without the backward all-reduce fails the comparison") {
   // The same check as above must catch the bug, for 2 and 4 shards: the first block's
   // gradients come out as one rank's part of the sum.

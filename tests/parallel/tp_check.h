@@ -158,6 +158,20 @@ inline nn::ModulePtr shard_without_backward_all_reduce(const nn::Sequential& mlp
   return out;
 }
 
+// For an MLP of Linear, ReLU, Linear: the column layer gathers its output and the row
+// layer scatters its input again, so the two all-gather paths (gather_from_parallel,
+// scatter_to_parallel) run too. The same shards as parallelize_mlp's, by another road.
+inline nn::ModulePtr shard_with_gather_and_scatter(const nn::Sequential& mlp,
+                                                   const parallel::TensorParallelGroupPtr& group) {
+  MG_CHECK(mlp.size() == 3, "shard_with_gather_and_scatter: expected Linear, ReLU, Linear");
+  return std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+      std::make_shared<nn::ColumnParallelLinear>(static_cast<const nn::Linear&>(*mlp[0]), group,
+                                                 /*gather_output=*/true),
+      std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::RowParallelLinear>(static_cast<const nn::Linear&>(*mlp[2]), group,
+                                              /*input_is_parallel=*/false)});
+}
+
 // A tensor-parallel model under test: `model` runs the forward (TensorParallel in one
 // process; this rank's shard, perhaps inside DistributedDataParallel, across processes);
 // `shards` are the (rank, module) pairs whose parameters this process compares (every

@@ -1,6 +1,7 @@
 #include <minigrad/parallel/tensor_parallel/group.h>
 
 #include <minigrad/core/ops.h>
+#include <minigrad/parallel/distributed/process_group.h>
 
 namespace mg::parallel {
 
@@ -45,6 +46,49 @@ int64_t shard_size(int64_t size, int parts, const char* what) {
            "shard (no padding), so choose a width that is a multiple of {}",
            what, size, parts, parts);
   return size / parts;
+}
+
+namespace {
+
+// One process per rank: the process group's collectives, waited for at once.
+class ProcessGroupTensorParallel final : public TensorParallelGroup {
+ public:
+  explicit ProcessGroupTensorParallel(std::shared_ptr<ProcessGroup> group)
+      : group_(std::move(group)) {}
+
+  int rank() const override { return group_->rank(); }
+  int size() const override { return group_->size(); }
+  Device device() const override { return group_->device(); }
+  std::string describe() const override {
+    return fmt::format("{} rank {} of {}", group_->backend_name(), rank(), size());
+  }
+
+ protected:
+  Tensor all_reduce_impl(const Tensor& tensor) override {
+    Tensor out = ops::clone(tensor);  // allreduce works in place; the input stays as it was
+    group_->allreduce(out)->wait();
+    return out;
+  }
+
+  Tensor all_gather_impl(const Tensor& tensor) override {
+    std::vector<int64_t> sizes{size()};
+    for (int64_t s : tensor.shape().sizes()) sizes.push_back(s);
+    Tensor out = empty(Shape(sizes), tensor.dtype(), device());
+    group_->all_gather(out, ops::contiguous(tensor))->wait();
+    return out;
+  }
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+};
+
+}  // namespace
+
+TensorParallelGroupPtr tensor_parallel_group(std::shared_ptr<ProcessGroup> process_group) {
+  MG_CHECK(process_group != nullptr,
+           "tensor_parallel_group: the process group is null (is this rank outside the group "
+           "that new_group made?)");
+  return std::make_shared<ProcessGroupTensorParallel>(std::move(process_group));
 }
 
 }  // namespace mg::parallel

@@ -26,6 +26,8 @@
 
 namespace mg::parallel {
 
+class ProcessGroup;
+
 struct TensorParallelStats {
   int64_t all_reduces = 0;
   int64_t all_gathers = 0;
@@ -69,6 +71,11 @@ class TensorParallelGroup {
 };
 
 using TensorParallelGroupPtr = std::shared_ptr<TensorParallelGroup>;
+
+// This process's rank of `process_group` as a tensor-parallel group: its collectives are
+// the process group's allreduce and all_gather, waited for at once (the next layer needs
+// the result). Gloo and NCCL alike.
+TensorParallelGroupPtr tensor_parallel_group(std::shared_ptr<ProcessGroup> process_group);
 
 // `size` cut into `parts` equal shards, or an mg::Error naming `what` (e.g.
 // "ColumnParallelLinear: out_features") when it does not divide: minigrad refuses uneven
