@@ -22,6 +22,7 @@
 #include <minigrad/nn/init.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/module.h>
+#include <minigrad/nn/optim/optimizer.h>
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/nn/serialize.h>
 #include <minigrad/parallel/comm.h>

@@ -2,34 +2,35 @@
 //
 //   build/bin/train_fashion_mnist                       # the defaults: >= 88% test accuracy
 //   build/bin/train_fashion_mnist --epochs 3 --hidden 512 --metrics run.csv --plot run.svg
+//   build/bin/train_fashion_mnist --devices cpu,cpu     # DataParallel over two CPU replicas
 //   build/bin/train_fashion_mnist --save ck.safetensors ...; ... --resume ck.safetensors
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
 //
-// The loop is the one every PyTorch user knows: for each epoch, shuffled batches from
-// a DataLoader; forward, cross-entropy, zero_grad, backward, SGD step; then the test
-// loss and accuracy with autograd off. --save writes a checkpoint after every epoch
-// (model, optimizer momentum, epoch, metrics so far) in the safetensors format; --resume
-// continues from one, with the same shuffling as an uninterrupted run.
+// The loop is the one every PyTorch user knows: for each epoch, shuffled batches from a
+// DataLoader; forward, cross-entropy, zero_grad, backward, optimizer step; then the test
+// loss and accuracy with autograd off (samples/train_minimal.cpp is that loop and nothing
+// else). What this program adds to it lives in samples/support/, one piece per file:
 //
-// Ctrl-C (SIGINT) or SIGTERM stops the run after the step in progress and writes a
-// checkpoint of exactly where it stands, mid-epoch included; --resume continues from it
-// to the same parameters, bit for bit on the CPU, as a run that was never stopped. A NaN
-// or infinite loss stops the run naming the step; --detect-anomaly then names the op
-// whose backward first produced a non-finite gradient.
+//   train_options        every flag, and the learning-rate schedule
+//   devices              --devices: cpu, GPU ids, cpu,cpu
+//   distributed_run      --distributed: joining the job, agreeing over the ranks
+//   training_checkpoint  --save / --resume: model, optimizer, where the run stands
+//   stop_signal          Ctrl-C / SIGTERM: stop after the step in progress, checkpoint
+//   running_loss         the epoch's training loss, kept on the device
+//   evaluate             the test loss and accuracy
+//   training_reports     --metrics (CSV) and --plot (SVG); progress: the bar
+//
+// A run stopped by a signal leaves a checkpoint of exactly where it stands, mid-epoch
+// included; --resume continues from it to the same parameters, bit for bit on the CPU, as
+// a run that was never stopped. A NaN or infinite loss stops the run naming the step;
+// --detect-anomaly then names the op whose backward first produced a non-finite gradient.
 //
 // The CPU matmuls run on OpenBLAS, which uses every core by default; on a machine busy
 // with other work, OPENBLAS_NUM_THREADS=1 is often faster (bench/train_fashion_mnist.md).
-#include <CLI/CLI.hpp>
-
-#include <cerrno>
 #include <chrono>
-#include <csignal>
-#include <cstdlib>
 #include <cmath>
-#include <cstdint>
+#include <csignal>
 #include <cstdio>
-#include <cstring>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,51 +41,43 @@
 
 #include <minigrad/autograd/anomaly_mode.h>
 #include <minigrad/autograd/functions.h>
-#include <minigrad/autograd/grad_mode.h>
-#include <minigrad/core/backend.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/core/tensor.h>
 #include <minigrad/data/dataloader.h>
+#include <minigrad/data/distributed_sampler.h>
 #include <minigrad/data/fashion_mnist.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/optim/sgd.h>
-#include <minigrad/nn/serialize.h>
-#include <minigrad/data/distributed_sampler.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/distributed/distributed_data_parallel.h>
-#include <minigrad/parallel/distributed/rendezvous.h>
+#include "support/command_line.h"
 #include "support/devices.h"
-#include "support/metrics.h"
+#include "support/distributed_run.h"
+#include "support/evaluate.h"
 #include "support/progress.h"
-#include "support/svg_plot.h"
+#include "support/running_loss.h"
+#include "support/stop_signal.h"
+#include "support/train_options.h"
+#include "support/training_checkpoint.h"
+#include "support/training_reports.h"
 
 namespace {
 
 using namespace mg;
+using samples::DistributedRun;
+using samples::RunningLoss;
+using samples::RunPosition;
+using samples::TrainOptions;
 using Clock = std::chrono::steady_clock;
 
-struct Options {
-  int epochs = 10;
-  int64_t batch_size = 64;
-  double lr = 0.05;
-  double momentum = 0.9;
-  std::vector<int64_t> hidden{256, 256};
-  uint64_t seed = 1;
-  std::string devices = "cpu";
-  std::string data_dir = data::FashionMNIST::kDefaultRoot;
-  std::string lr_schedule = "cosine";
-  bool no_normalize = false;
-  std::string save, resume, metrics, plot;
-  bool distributed = false;    // one process per device, started by minigrad-run
-  double dist_timeout = 300.0; // seconds a rank waits for the others before failing
-  bool detect_anomaly = false;   // check every gradient of every backward (slow)
-  int64_t stop_after_steps = 0;  // hidden, for tests: raise SIGINT after this global step
-};
+const char* plural(int64_t n) { return n == 1 ? "" : "s"; }
 
-std::string hidden_str(const std::vector<int64_t>& hidden) {
-  return fmt::format("{}", fmt::join(hidden, ","));
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
 }
+
+// ---- what a run is made of: a new flag changes one of these ----
 
 // 784 -> hidden[0] -> ReLU -> ... -> 10.
 std::shared_ptr<nn::Sequential> make_mlp(const std::vector<int64_t>& hidden) {
@@ -99,286 +92,232 @@ std::shared_ptr<nn::Sequential> make_mlp(const std::vector<int64_t>& hidden) {
   return mlp;
 }
 
-// ======================================================================================
-// The one place where the model meets the devices. One device: the model moves there
-// and is used as it is. Several devices (--devices 0,1, or cpu,cpu): DataParallel, which
-// scatters each batch over them, replicates the model, and sums the replicas' gradients
-// back into `model`'s parameters -- so the optimizer and the checkpoints keep working on
-// `model` itself, whatever this returns; forward passes go through what it returns.
-// ======================================================================================
-nn::ModulePtr place_model(const nn::ModulePtr& model, const std::vector<Device>& devices) {
+// The one place where the model meets the devices; returns what forward runs through.
+// The model moves to the first device. One device: the model itself. Several (--devices
+// 0,1 or cpu,cpu): DataParallel, which scatters each batch over them, replicates the model
+// and sums the replicas' gradients back into `model`'s parameters. --distributed:
+// DistributedDataParallel, which averages the gradients over the ranks. Either way the
+// optimizer and the checkpoints keep working on `model` itself.
+nn::ModulePtr make_model_wrapper(const TrainOptions& options, const nn::ModulePtr& model,
+                                 const std::vector<Device>& devices, const DistributedRun& dist) {
   model->to(devices.front());
+  if (options.distributed)
+    return std::make_shared<parallel::DistributedDataParallel>(model, dist.group);
   if (devices.size() == 1) return model;
   return std::make_shared<parallel::DataParallel>(model, devices);
 }
 
-// ======================================================================================
-// --distributed: one process per device, started by minigrad-run (or torchrun), which
-// sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT:
-//   minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed --devices cpu
-// Each process holds a replica wrapped in DistributedDataParallel (Gloo on the CPU, NCCL
-// on GPUs) and trains on its own shard of every epoch (DistributedSampler). --batch-size
-// stays the global batch, split evenly over the ranks, so the run takes the same SGD
-// steps on the same averaged gradients as one process and reaches the same accuracy.
-// Rank 0 alone writes checkpoints, metrics and plots.
-// ======================================================================================
-struct DistributedRun {
-  std::shared_ptr<parallel::ProcessGroup> group;  // null without --distributed
-  int rank = 0;
-  int world_size = 1;
-  bool writes_files() const { return rank == 0; }
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options,
+                                                 const nn::Module& model) {
+  return std::make_unique<optim::SGD>(model.parameters(),
+                                      optim::SGDOptions(options.lr, options.momentum));
+}
+
+// Shuffled per (seed, epoch). Under --distributed each rank takes its shard of every
+// epoch (DistributedSampler) in its part of the global batch, so the run takes the same
+// steps on the same averaged gradients as one process.
+data::DataLoader make_train_loader(const TrainOptions& options,
+                                   std::shared_ptr<const data::Dataset> train_set,
+                                   const DistributedRun& dist) {
+  data::DataLoaderOptions loader_options;
+  loader_options.batch_size = options.batch_size;
+  loader_options.shuffle = true;
+  loader_options.seed = options.seed;
+  if (!dist.active()) return data::DataLoader(std::move(train_set), loader_options);
+  loader_options.shuffle = false;  // the sampler shuffles
+  loader_options.batch_size = options.batch_size / dist.world_size;
+  auto sampler = std::make_shared<data::DistributedSampler>(
+      train_set->size(), dist.world_size, dist.rank, /*shuffle=*/true, options.seed);
+  return data::DataLoader(std::move(train_set), std::move(sampler), loader_options);
+}
+
+// ---- the run ----
+
+// Everything a training run holds.
+struct Run {
+  const TrainOptions& options;
+  DistributedRun dist;
+  Device device;                                // this process's first device
+  std::shared_ptr<nn::Sequential> model;        // the parameters that train and are saved
+  nn::ModulePtr net;                            // what forward runs through: model or wrapper
+  std::unique_ptr<optim::Optimizer> optimizer;  // of model's parameters
+  data::DataLoader train_loader, test_loader;
+  std::vector<samples::EpochMetrics> history;   // every finished epoch, resumed ones too
+  int64_t total_steps() const { return train_loader.size() * options.epochs; }
 };
 
-// Joins the job; returns this rank's device: cpu, or the GPU of --devices at LOCAL_RANK.
-DistributedRun join_distributed_run(const Options& options, std::vector<Device>& devices) {
-  const parallel::DistributedEnv env = parallel::DistributedEnv::from_environment();
-  const Device device = devices[static_cast<size_t>(env.local_rank) % devices.size()];
-  devices = {device};
-  parallel::ProcessGroupOptions pg_options;
-  pg_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.dist_timeout * 1000));
-  pg_options.device_index = device.is_cuda() ? device.index() : -1;
-  DistributedRun run;
-  run.group = parallel::init_process_group(device.is_cuda() ? "nccl" : "gloo", pg_options);
-  run.rank = run.group->rank();
-  run.world_size = run.group->size();
-  MG_CHECK(options.batch_size % run.world_size == 0,
-           "--distributed: --batch-size {} (the global batch) must divide evenly over the {} "
-           "ranks",
-           options.batch_size, run.world_size);
-  return run;
+// The loss so far of the epoch that `start` stands in: zero, or (a checkpoint written in
+// mid-epoch) the sum over every rank, which rank 0 alone carries on.
+RunningLoss loss_at(const RunPosition& start, const Run& run) {
+  if (start.batches > 0 && run.dist.rank == 0) return {start.loss_sum.to(run.device), start.seen};
+  return RunningLoss::zero(run.device);
 }
 
-// The model on this rank's device, wrapped so that backward averages the gradients over
-// the ranks (the optimizer and checkpoints keep working on `model` itself).
-nn::ModulePtr distribute_model(const nn::ModulePtr& model, Device device,
-                               const DistributedRun& dist) {
-  model->to(device);
-  return std::make_shared<parallel::DistributedDataParallel>(model, dist.group);
+void save_checkpoint(const Run& run, const std::string& path, const RunPosition& position) {
+  samples::save_training_checkpoint(path, *run.model, *run.optimizer, run.options, position,
+                                    run.history);
 }
 
-// The learning rate at training step `step` of `total`: constant, or cosine annealing
-// from lr down to 0 over the whole run (SGDR without restarts, per step). Annealing lets
-// the last epochs settle into a minimum instead of bouncing around it at full lr: about
-// one point of test accuracy here. It depends on the step alone, so --resume continues it.
-double learning_rate(const Options& options, int64_t step, int64_t total) {
-  if (options.lr_schedule == "constant") return options.lr;
-  constexpr double kPi = 3.14159265358979323846;
-  return options.lr * 0.5 *
-         (1.0 + std::cos(kPi * static_cast<double>(step) / static_cast<double>(total)));
-}
-
-struct EvalResult {
-  double loss = 0.0;
-  double accuracy = 0.0;
-};
-
-EvalResult evaluate(nn::Module& net, data::DataLoader& loader, Device device) {
-  NoGradGuard no_grad;
-  net.eval();
-  double loss_sum = 0.0;
-  int64_t correct = 0, seen = 0;
-  for (const data::Batch& host_batch : loader) {
-    const data::Batch batch = host_batch.to(device);
-    const Tensor logits = net.forward(batch.data);
-    loss_sum += static_cast<double>(cross_entropy(logits, batch.target).item<float>()) *
-                static_cast<double>(batch.size());
-    const std::vector<int64_t> predicted = logits.argmax(1).to_vector<int64_t>();
-    const std::vector<int64_t> labels = host_batch.target.to_vector<int64_t>();
-    for (size_t i = 0; i < labels.size(); ++i) correct += predicted[i] == labels[i];
-    seen += batch.size();
-  }
-  net.train();
-  return {loss_sum / static_cast<double>(seen),
-          static_cast<double>(correct) / static_cast<double>(seen)};
-}
-
-// ---- checkpoints: model + optimizer + where the run stands, in one safetensors file ----
-
-// Where a run stands: `epochs_done` whole epochs, then `batches` batches of the next one
-// (a checkpoint written at an interrupt), whose training loss so far, summed over its
-// `seen` examples, is `loss_sum`.
-struct RunPosition {
-  int epochs_done = 0;
-  int64_t batches = 0;
-  int64_t seen = 0;
-  Tensor loss_sum;  // float32 scalar; undefined when batches == 0
-};
-
-void save_checkpoint(const std::string& path, const nn::Module& model, const optim::SGD& sgd,
-                     const Options& options, const RunPosition& position,
-                     const std::vector<samples::EpochMetrics>& history) {
-  nn::Checkpoint ck;
-  ck.put("model.", nn::state_dict(model));
-  ck.put("optim.", sgd.state_dict());
-  if (position.batches > 0) ck.tensors.emplace("progress.loss_sum", position.loss_sum);
-  const Generator::State rng = default_generator().state();
-  ck.metadata = {{"format", "pt"},
-                 {"program", "train_fashion_mnist"},
-                 {"epoch", std::to_string(position.epochs_done)},
-                 {"epoch_batches", std::to_string(position.batches)},
-                 {"epoch_seen", std::to_string(position.seen)},
-                 {"batch_size", std::to_string(options.batch_size)},
-                 {"hidden", hidden_str(options.hidden)},
-                 {"seed", std::to_string(options.seed)},
-                 {"generator_seed", std::to_string(rng.seed)},
-                 {"generator_offset", std::to_string(rng.offset)},
-                 {"metrics", samples::metrics_csv(history)}};
-  nn::save_tensors(ck, path);
-}
-
-// Loads a checkpoint written by save_checkpoint into model and sgd (both checked before
-// either changes); returns where the run stood when it was written, and fills `history`.
-RunPosition load_checkpoint(const std::string& path, nn::Module& model, optim::SGD& sgd,
-                            const Options& options, std::vector<samples::EpochMetrics>& history) {
-  const nn::Checkpoint ck = nn::load_tensors(path);
-  auto meta = [&](const char* key) {
-    const auto it = ck.metadata.find(key);
-    MG_CHECK(it != ck.metadata.end(),
-             "--resume {}: not a train_fashion_mnist checkpoint (no '{}' in its metadata)", path,
-             key);
-    return it->second;
-  };
-  MG_CHECK(meta("hidden") == hidden_str(options.hidden),
-           "--resume {}: the checkpoint's model has hidden layers {} but --hidden is {}; pass "
-           "--hidden {}",
-           path, meta("hidden"), hidden_str(options.hidden), meta("hidden"));
-  RunPosition position;
-  position.epochs_done = std::stoi(meta("epoch"));
-  // Written at an interrupt, the checkpoint stands in the middle of an epoch (checkpoints
-  // from before interrupts existed have no "epoch_batches": they never do).
-  const auto batches = ck.metadata.find("epoch_batches");
-  if (batches != ck.metadata.end() && std::stoll(batches->second) > 0) {
-    MG_CHECK(meta("batch_size") == std::to_string(options.batch_size),
-             "--resume {}: the checkpoint stopped in the middle of an epoch with --batch-size "
-             "{}, but --batch-size is {}; pass --batch-size {}",
-             path, meta("batch_size"), options.batch_size, meta("batch_size"));
-    const auto loss_sum = ck.tensors.find("progress.loss_sum");
-    MG_CHECK(loss_sum != ck.tensors.end() && loss_sum->second.numel() == 1 &&
-                 loss_sum->second.dtype() == DType::Float32,
-             "--resume {}: the checkpoint stopped in the middle of an epoch but has no float32 "
-             "scalar 'progress.loss_sum'",
-             path);
-    position.batches = std::stoll(batches->second);
-    position.seen = std::stoll(meta("epoch_seen"));
-    position.loss_sum = loss_sum->second.reshape({});
-  }
-  const nn::TensorDict model_state = ck.get("model."), optim_state = ck.get("optim.");
-  nn::check_state_dict(model, model_state, path);
-  sgd.check_state_dict(optim_state, path);
-  nn::load_state_dict(model, model_state, path);
-  sgd.load_state_dict(optim_state, path);
-  history = samples::parse_metrics_csv(meta("metrics"), path + " (metrics)");
-  default_generator().set_state(
-      {std::stoull(meta("generator_seed")), std::stoull(meta("generator_offset"))});
+// --resume: the model, the optimizer and the generator as the checkpoint left them, and
+// the epochs so far; returns where the run stood. Without --resume, the start.
+RunPosition resume(Run& run) {
+  const std::string& path = run.options.resume;
+  if (path.empty()) return {};
+  const RunPosition position = samples::load_training_checkpoint(
+      path, *run.model, *run.optimizer, run.options, run.history);
+  if (position.batches == 0)
+    fmt::print("resumed from {} after epoch {}\n", path, position.epochs_done);
+  else
+    fmt::print("resumed from {} in epoch {} after batch {}\n", path, position.epochs_done + 1,
+               position.batches);
   return position;
 }
 
-// Writes the CSV and the plot for everything so far (rewritten after every epoch, so a
-// run stopped early still leaves both behind).
-void write_reports(const Options& options, const std::vector<samples::EpochMetrics>& history) {
-  if (!options.metrics.empty())
-    samples::write_file_atomically(options.metrics, samples::metrics_csv(history));
-  if (!options.plot.empty() && !history.empty())
-    samples::write_training_plot(
-        options.plot, history,
-        fmt::format("Fashion-MNIST MLP 784-{}-10, SGD lr {} ({}) momentum {}, batch {}",
-                    fmt::join(options.hidden, "-"), options.lr, options.lr_schedule, options.momentum,
-                    options.batch_size));
-}
-
-// ======================================================================================
-// Interrupt and resume. The signal handler only records the signal. The training loop
-// looks at it after every step (and after each epoch's evaluation), writes a checkpoint
-// of exactly where the run stands -- model, SGD momentum, random generator, epoch and
-// batch, the epoch's running loss -- and exits with 128 + the signal number (130 for
-// Ctrl-C, 143 for SIGTERM), as a shell reports a process that a signal killed.
-// --resume continues from that batch with the same shuffled order and learning rate, so
-// on the CPU the run ends with the parameters of a run that was never stopped, bit for
-// bit (tests/samples/train_fashion_mnist_test.cpp).
-// ======================================================================================
-volatile std::sig_atomic_t stop_signal = 0;
-
-void record_stop_signal(int signo) { stop_signal = signo; }
-
-// SA_RESETHAND: the handler runs once, so a second Ctrl-C meets the default action and
-// kills the process at once, for when the step in progress is itself stuck. SA_RESTART:
-// a system call the signal lands in (a Gloo socket read, say) resumes instead of failing.
-void install_stop_handlers() {
-  struct sigaction action {};
-  action.sa_handler = record_stop_signal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESETHAND | SA_RESTART;
-  for (int signo : {SIGINT, SIGTERM})
-    MG_CHECK(sigaction(signo, &action, nullptr) == 0, "sigaction({}) failed: {}", signo,
-             std::strerror(errno));
-}
-
-// The signal that stops the run, or 0 to go on. The ranks of a --distributed run agree
-// on it (a sum over the ranks): one rank stopping alone would leave the others waiting
-// in the next all-reduce until --dist-timeout.
-int agreed_stop_signal(const DistributedRun& dist, Device device) {
-  const int local = stop_signal;
-  if (!dist.group) return local;
-  Tensor flag = full({}, local != 0 ? 1.0 : 0.0, DType::Float32, device);
-  dist.group->allreduce(std::vector<Tensor>{flag})->wait();
-  if (flag.item<float>() == 0.0f) return 0;
-  return local != 0 ? local : SIGTERM;
-}
-
-// This step's loss as every rank sees it: under --distributed the sum over the ranks,
-// so that all of them stop at the same step when one rank's loss is not finite.
-float loss_for_check(const Tensor& loss, const DistributedRun& dist) {
-  if (!dist.group) return loss.item<float>();
-  Tensor sum = ops::clone(loss.detach());
-  dist.group->allreduce(std::vector<Tensor>{sum})->wait();
-  return sum.item<float>();
-}
-
-// Where the run stands after `batches` batches of epoch `epochs_done` + 1. Under
-// --distributed each rank has summed the losses of its own examples; the checkpoint holds
-// the sum over all ranks, which rank 0 alone carries on after --resume.
-RunPosition mid_epoch_position(const DistributedRun& dist, int epochs_done, int64_t batches,
-                               int64_t seen, const Tensor& loss_sum) {
-  if (!dist.group) return {epochs_done, batches, seen, loss_sum};
-  Tensor loss_total = ops::clone(loss_sum);
-  Tensor seen_total = full({}, static_cast<double>(seen), DType::Float32, loss_sum.device());
-  dist.group->allreduce(std::vector<Tensor>{loss_total, seen_total})->wait();
-  return {epochs_done, batches, static_cast<int64_t>(seen_total.item<float>()), loss_total};
-}
-
-// Where an interrupted run leaves its checkpoint: --save, or a fixed name in the
-// current directory.
-std::string interrupt_checkpoint_path(const Options& options) {
-  return options.save.empty() ? "train_fashion_mnist.interrupted.safetensors" : options.save;
-}
-
-// Writes the checkpoint of an interrupted run (rank 0 alone) and returns the exit code.
-int stop_run(int signo, const Options& options, const DistributedRun& dist,
-             const nn::Module& model, const optim::SGD& sgd, const RunPosition& position,
-             int64_t global_step, const std::vector<samples::EpochMetrics>& history) {
-  const char* name = signo == SIGINT ? "SIGINT" : signo == SIGTERM ? "SIGTERM" : "a signal";
-  const std::string path = interrupt_checkpoint_path(options);
-  if (dist.writes_files()) {
-    save_checkpoint(path, model, sgd, options, position, history);
-    write_reports(options, history);
+// A run stopped by signal `signo` after `global_step`: rank 0 writes the checkpoint of
+// `position` (--save, or a fixed name in the current directory) and the reports. Returns
+// the exit code, 128 + signo, as a shell reports a process that a signal killed.
+int stop_run(const Run& run, int signo, const RunPosition& position, int64_t global_step) {
+  const std::string path = run.options.save.empty()
+                               ? "train_fashion_mnist.interrupted.safetensors"
+                               : run.options.save;
+  if (run.dist.writes_files()) {
+    save_checkpoint(run, path, position);
+    samples::write_training_reports(run.options, run.history);
     const std::string where =
         position.batches > 0
             ? fmt::format("epoch {}, batch {}", position.epochs_done + 1, position.batches)
             : fmt::format("the end of epoch {}", position.epochs_done);
     fmt::print("train_fashion_mnist: interrupted by {} after step {} ({}); checkpoint written "
                "to {}; continue with --resume {}\n",
-               name, global_step, where, path, path);
+               samples::signal_name(signo), global_step, where, path, path);
   }
   std::fflush(stdout);
   return 128 + signo;
 }
 
-int run(const Options& options) {
-  std::vector<Device> devices = samples::parse_devices(options.devices);
-  const DistributedRun dist = options.distributed ? join_distributed_run(options, devices)
-                                                  : DistributedRun{};
-  const Device device = devices.front();
+// One optimizer step on `batch`, the `global_step`-th of the run (from 1); returns the
+// loss. A NaN or infinite loss stops the run before backward and the update, so the
+// parameters stay those of the last good step. Reading the loss waits for the device
+// once per step, as loss.item() in the usual PyTorch loop does; under --distributed the
+// ranks check the sum of their losses, so that all of them stop at the same step.
+Tensor train_step(Run& run, const data::Batch& batch, int64_t global_step) {
+  run.optimizer->set_lr(samples::learning_rate(run.options, global_step - 1, run.total_steps()));
+  const Tensor loss = cross_entropy(run.net->forward(batch.data), batch.target);
+  Tensor checked = run.dist.active() ? ops::clone(loss.detach()) : loss;
+  samples::sum_over_ranks(run.dist, {checked});
+  const float value = checked.item<float>();
+  const int64_t per_epoch = run.train_loader.size();
+  MG_CHECK(std::isfinite(value),
+           "step {} (epoch {}, batch {} of {}): the loss is {}; stopping before this step's "
+           "update. Lower the learning rate (--lr {}); --detect-anomaly names the op whose "
+           "backward first produces a NaN or an infinity, if one does",
+           global_step, (global_step - 1) / per_epoch + 1, (global_step - 1) % per_epoch + 1,
+           per_epoch, value, run.options.lr);
+  run.optimizer->zero_grad();
+  loss.backward();
+  run.optimizer->step();
+  return loss;
+}
 
+// The end of an epoch: the training loss over every rank, the test set, the epoch's line,
+// and (rank 0) the reports and the checkpoint.
+void end_epoch(Run& run, int epoch, const RunningLoss& running, Clock::time_point start) {
+  const RunningLoss total = running.over_ranks(run.dist);
+  const double train_seconds = seconds_since(start);
+  const double train_loss = total.mean();
+  MG_CHECK(std::isfinite(train_loss),
+           "epoch {}: the training loss is {}; lower the learning rate (--lr {})", epoch,
+           train_loss, run.options.lr);
+  const samples::EvalResult test = samples::evaluate(*run.net, run.test_loader, run.device);
+  const double seconds = seconds_since(start);
+  run.history.push_back({epoch, train_loss, test.loss, test.accuracy, seconds});
+  fmt::print("epoch {:>2}/{}  train_loss {:.4f}  test_loss {:.4f}  test_accuracy {:.2f}%  "
+             "{:.2f} s ({:.0f} samples/s)\n",
+             epoch, run.options.epochs, train_loss, test.loss, 100.0 * test.accuracy, seconds,
+             static_cast<double>(total.seen) / train_seconds);
+  std::fflush(stdout);
+  if (run.dist.writes_files()) {
+    samples::write_training_reports(run.options, run.history);
+    if (!run.options.save.empty()) save_checkpoint(run, run.options.save, RunPosition::after_epoch(epoch));
+  }
+}
+
+// Trains the epoch that `start` stands in, from its batch (0, or where a checkpoint
+// written in mid-epoch stopped), then ends it. Returns 0, or the exit code of a run that
+// a signal stopped.
+int train_epoch(Run& run, const RunPosition& start) {
+  const int epoch = start.epochs_done + 1;
+  const Clock::time_point start_time = Clock::now();
+  data::DataLoader& loader = run.train_loader;
+  loader.set_epoch(epoch - 1);  // the order depends on (seed, epoch) alone
+  loader.set_start_batch(start.batches);
+  samples::ProgressBar bar(fmt::format("epoch {}/{}", epoch, run.options.epochs), loader.size());
+  RunningLoss running = loss_at(start, run);
+  int64_t step = start.batches;
+  for (const data::Batch& host_batch : loader) {
+    const data::Batch batch = host_batch.to(run.device);
+    const int64_t global_step = (epoch - 1) * loader.size() + step + 1;
+    running.add(train_step(run, batch, global_step), batch.size());
+    ++step;
+    if (global_step == run.options.stop_after_steps) std::raise(SIGINT);  // tests: a real signal
+    if (const int signo = samples::agreed_stop_signal(run.dist, run.device)) {
+      bar.finish();
+      const RunningLoss total = running.over_ranks(run.dist);
+      return stop_run(run, signo, RunPosition{epoch - 1, step, total.seen, total.sum},
+                      global_step);
+    }
+    if (bar.due(step))
+      bar.update(step, fmt::format("loss {:.4f}  {:.0f} samples/s", running.mean(),
+                                   static_cast<double>(running.seen) / seconds_since(start_time)));
+  }
+  bar.finish();
+  end_epoch(run, epoch, running, start_time);
+  return 0;
+}
+
+void print_setup(const Run& run, const std::vector<Device>& devices,
+                 const data::Dataset& train_set, const data::Dataset& test_set) {
+  const TrainOptions& o = run.options;
+  int64_t parameter_count = 0;
+  for (const Tensor& p : run.model->parameters()) parameter_count += p.numel();
+  fmt::print("train_fashion_mnist: MLP 784-{}-10 ({} parameters) on {}\n",
+             fmt::join(o.hidden, "-"), parameter_count, samples::devices_str(devices));
+  if (run.dist.active())
+    fmt::print("distributed: rank {} of {} ({}), global batch {} = {} x {} per rank\n",
+               run.dist.rank, run.dist.world_size, run.dist.group->backend_name(), o.batch_size,
+               run.dist.world_size, o.batch_size / run.dist.world_size);
+  fmt::print("data: {} training and {} test images from {}{}\n", train_set.size(),
+             test_set.size(), o.data_dir, o.no_normalize ? "" : " (normalised)");
+  fmt::print("SGD lr {} ({}) momentum {}, batch size {}, {} epoch{}, seed {}\n", o.lr,
+             o.lr_schedule, o.momentum, o.batch_size, o.epochs, plural(o.epochs), o.seed);
+}
+
+// The last line: the final test accuracy, the time per epoch trained in this run (not
+// in the run a checkpoint came from), and where the files are.
+void print_summary(const Run& run, int start_epoch) {
+  const TrainOptions& o = run.options;
+  double total_seconds = 0.0;
+  int timed_epochs = 0;
+  for (const samples::EpochMetrics& m : run.history) {
+    if (m.epoch <= start_epoch) continue;
+    total_seconds += m.seconds;
+    ++timed_epochs;
+  }
+  const samples::EpochMetrics& last = run.history.back();
+  fmt::print("final test accuracy {:.2f}% after {} epoch{} ({:.2f} s per epoch){}{}{}\n",
+             100.0 * last.test_accuracy, last.epoch, plural(last.epoch),
+             total_seconds / std::max(timed_epochs, 1),
+             o.metrics.empty() ? "" : "; metrics in " + o.metrics,
+             o.plot.empty() ? "" : "; plot in " + o.plot,
+             o.save.empty() ? "" : "; checkpoint in " + o.save);
+}
+
+int run(const TrainOptions& options) {
+  std::vector<Device> devices = options.device_list;
+  const DistributedRun dist =
+      options.distributed
+          ? samples::join_distributed_run(options.dist_timeout, options.batch_size, devices)
+          : DistributedRun{};
   data::FashionMNISTOptions data_options;
   data_options.normalize = !options.no_normalize;
   auto train_set =
@@ -388,276 +327,53 @@ int run(const Options& options) {
 
   manual_seed(options.seed);
   const std::shared_ptr<nn::Sequential> model = make_mlp(options.hidden);
-  const nn::ModulePtr net =
-      dist.group ? distribute_model(model, device, dist) : place_model(model, devices);
-  optim::SGD sgd(model->parameters(), optim::SGDOptions(options.lr, options.momentum));
-
-  int64_t parameter_count = 0;
-  for (const Tensor& p : model->parameters()) parameter_count += p.numel();
-  fmt::print("train_fashion_mnist: MLP 784-{}-10 ({} parameters) on {}\n",
-             fmt::join(options.hidden, "-"), parameter_count, samples::devices_str(devices));
-  if (dist.group)
-    fmt::print("distributed: rank {} of {} ({}), global batch {} = {} x {} per rank\n", dist.rank,
-               dist.world_size, dist.group->backend_name(), options.batch_size, dist.world_size,
-               options.batch_size / dist.world_size);
-  fmt::print("data: {} training and {} test images from {}{}\n", train_set->size(),
-             test_set->size(), options.data_dir, options.no_normalize ? "" : " (normalised)");
-  fmt::print("SGD lr {} ({}) momentum {}, batch size {}, {} epochs, seed {}\n", options.lr,
-             options.lr_schedule, options.momentum, options.batch_size, options.epochs,
-             options.seed);
-
-  std::vector<samples::EpochMetrics> history;
-  RunPosition resumed;
-  if (!options.resume.empty()) {
-    resumed = load_checkpoint(options.resume, *model, sgd, options, history);
-    if (resumed.batches == 0)
-      fmt::print("resumed from {} after epoch {}\n", options.resume, resumed.epochs_done);
-    else
-      fmt::print("resumed from {} in epoch {} after batch {}\n", options.resume,
-                 resumed.epochs_done + 1, resumed.batches);
-  }
-  const int start_epoch = resumed.epochs_done;
+  data::DataLoaderOptions test_options;
+  test_options.batch_size = 1000;
+  Run run{options,
+          dist,
+          devices.front(),
+          model,
+          make_model_wrapper(options, model, devices, dist),
+          make_optimizer(options, *model),
+          make_train_loader(options, train_set, dist),
+          data::DataLoader(test_set, test_options),
+          {}};
+  print_setup(run, devices, *train_set, *test_set);
+  const RunPosition resumed = resume(run);
   std::optional<DetectAnomalyGuard> detect_anomaly;
   if (options.detect_anomaly) {
     detect_anomaly.emplace();
     fmt::print("anomaly detection on: every backward checks its gradients for NaN and "
                "infinity (slow)\n");
   }
-  install_stop_handlers();
+  samples::install_stop_handlers();
 
-  data::DataLoaderOptions train_options;
-  train_options.batch_size = options.batch_size;
-  train_options.shuffle = true;
-  train_options.seed = options.seed;
-  if (dist.group) {  // this rank's shard of each epoch, and its part of the global batch
-    train_options.shuffle = false;
-    train_options.batch_size = options.batch_size / dist.world_size;
-  }
-  data::DataLoader train_loader =
-      dist.group ? data::DataLoader(train_set,
-                                    std::make_shared<data::DistributedSampler>(
-                                        train_set->size(), dist.world_size, dist.rank,
-                                        /*shuffle=*/true, options.seed),
-                                    train_options)
-                 : data::DataLoader(train_set, train_options);
-  data::DataLoaderOptions test_options;
-  test_options.batch_size = 1000;
-  data::DataLoader test_loader(test_set, test_options);
-
-  const bool interactive = samples::stdout_is_terminal();
-  const int64_t total_steps = train_loader.size() * options.epochs;
-  optim::SGDOptions sgd_options = sgd.options();
-  for (int epoch = start_epoch + 1; epoch <= options.epochs; ++epoch) {
-    const Clock::time_point start = Clock::now();
-    train_loader.set_epoch(epoch - 1);  // the order depends on (seed, epoch) alone
-    samples::ProgressBar bar(fmt::format("epoch {}/{}", epoch, options.epochs),
-                             train_loader.size(), interactive);
-    // The running loss stays on the device; it is read when the bar redraws and at the
-    // end. (The finiteness check below reads each step's loss on its own.)
-    Tensor loss_sum = zeros({}, DType::Float32, device);
-    int64_t seen = 0, step = 0;
-    if (epoch == start_epoch + 1 && resumed.batches > 0) {  // --resume in mid-epoch
-      train_loader.set_start_batch(resumed.batches);
-      step = resumed.batches;
-      if (dist.rank == 0) {  // the running loss of every rank (mid_epoch_position)
-        seen = resumed.seen;
-        loss_sum = resumed.loss_sum.to(device);
-      }
-    }
-    for (const data::Batch& host_batch : train_loader) {
-      const data::Batch batch = host_batch.to(device);
-      const int64_t global_step = (epoch - 1) * train_loader.size() + step + 1;  // from 1
-      sgd.set_options(sgd_options.lr(learning_rate(options, global_step - 1, total_steps)));
-      const Tensor loss = cross_entropy(net->forward(batch.data), batch.target);
-      // A NaN or infinite loss stops the run before backward and the update, so the
-      // parameters stay those of the last good step. Reading the loss waits for the
-      // device once per step, as loss.item() in the usual PyTorch loop does.
-      const float checked_loss = loss_for_check(loss, dist);
-      MG_CHECK(std::isfinite(checked_loss),
-               "step {} (epoch {}, batch {} of {}): the loss is {}; stopping before this "
-               "step's update. Lower the learning rate (--lr {}); --detect-anomaly names the "
-               "op whose backward first produces a NaN or an infinity, if one does",
-               global_step, epoch, step + 1, train_loader.size(), checked_loss, options.lr);
-      sgd.zero_grad();
-      loss.backward();
-      sgd.step();
-      {
-        NoGradGuard no_grad;
-        loss_sum.add_(loss.detach(), static_cast<double>(batch.size()));
-      }
-      seen += batch.size();
-      ++step;
-      if (global_step == options.stop_after_steps) std::raise(SIGINT);  // tests: a real signal
-      if (const int signo = agreed_stop_signal(dist, device)) {
-        bar.finish();
-        return stop_run(signo, options, dist, *model, sgd,
-                        mid_epoch_position(dist, epoch - 1, step, seen, loss_sum), global_step,
-                        history);
-      }
-      if (bar.due(step)) {
-        const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-        bar.update(step, fmt::format("loss {:.4f}  {:.0f} samples/s",
-                                     loss_sum.item<float>() / static_cast<double>(seen),
-                                     static_cast<double>(seen) / elapsed));
-      }
-    }
-    bar.finish();
-    if (dist.group) {  // the training loss over every rank's samples
-      Tensor seen_tensor = full({}, static_cast<double>(seen), DType::Float32, device);
-      dist.group->allreduce(std::vector<Tensor>{loss_sum, seen_tensor})->wait();
-      seen = static_cast<int64_t>(seen_tensor.item<float>());
-    }
-    const double train_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    const double train_loss = loss_sum.item<float>() / static_cast<double>(seen);
-    MG_CHECK(std::isfinite(train_loss),
-             "epoch {}: the training loss is {}; lower the learning rate (--lr {})", epoch,
-             train_loss, options.lr);
-
-    const EvalResult test = evaluate(*net, test_loader, device);
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    history.push_back({epoch, train_loss, test.loss, test.accuracy, seconds});
-    fmt::print("epoch {:>2}/{}  train_loss {:.4f}  test_loss {:.4f}  test_accuracy {:.2f}%  "
-               "{:.2f} s ({:.0f} samples/s)\n",
-               epoch, options.epochs, train_loss, test.loss, 100.0 * test.accuracy, seconds,
-               static_cast<double>(seen) / train_seconds);
-    std::fflush(stdout);
-
-    if (dist.writes_files()) {
-      write_reports(options, history);
-      if (!options.save.empty())
-        save_checkpoint(options.save, *model, sgd, options, RunPosition{epoch, 0, 0, Tensor()},
-                        history);
-    }
+  for (int epoch = resumed.epochs_done + 1; epoch <= options.epochs; ++epoch) {
+    const RunPosition start = epoch == resumed.epochs_done + 1 ? resumed : RunPosition::after_epoch(epoch - 1);
+    if (const int exit_code = train_epoch(run, start)) return exit_code;
     // A signal during the evaluation stops the run here, between epochs.
     if (epoch < options.epochs)
-      if (const int signo = agreed_stop_signal(dist, device))
-        return stop_run(signo, options, dist, *model, sgd, RunPosition{epoch, 0, 0, Tensor()},
-                        epoch * train_loader.size(), history);
+      if (const int signo = samples::agreed_stop_signal(run.dist, run.device))
+        return stop_run(run, signo, RunPosition::after_epoch(epoch), epoch * run.train_loader.size());
   }
-
-  if (history.empty()) {
-    fmt::print("nothing to do: the checkpoint is already at epoch {} of {}\n", start_epoch,
-               options.epochs);
+  if (run.history.empty()) {
+    fmt::print("nothing to do: the checkpoint is already at epoch {} of {}\n",
+               resumed.epochs_done, options.epochs);
     return 0;
   }
-  double total_seconds = 0.0;
-  int timed_epochs = 0;
-  for (const samples::EpochMetrics& m : history) {
-    if (m.epoch <= start_epoch) continue;  // timed by an earlier run
-    total_seconds += m.seconds;
-    ++timed_epochs;
-  }
-  fmt::print("final test accuracy {:.2f}% after {} epochs ({:.2f} s per epoch){}{}{}\n",
-             100.0 * history.back().test_accuracy, history.back().epoch,
-             total_seconds / std::max(timed_epochs, 1),
-             options.metrics.empty() ? "" : "; metrics in " + options.metrics,
-             options.plot.empty() ? "" : "; plot in " + options.plot,
-             options.save.empty() ? "" : "; checkpoint in " + options.save);
+  print_summary(run, resumed.epochs_done);
   return 0;
-}
-
-// Flag validators whose messages say what is wanted (CLI11's PositiveNumber prints its
-// range as 0 to 1.8e308 and calls "abc" out of range).
-CLI::Validator positive_integer() {
-  return CLI::Validator(
-      [](std::string& value) -> std::string {
-        char* end = nullptr;
-        errno = 0;
-        const long long v = std::strtoll(value.c_str(), &end, 10);
-        if (value.empty() || *end != '\0' || errno != 0 || v <= 0)
-          return fmt::format("must be a positive integer, got '{}'", value);
-        return {};
-      },
-      "INT>0");
-}
-
-CLI::Validator non_negative_integer() {
-  return CLI::Validator(
-      [](std::string& value) -> std::string {
-        char* end = nullptr;
-        errno = 0;
-        (void)std::strtoull(value.c_str(), &end, 10);
-        if (value.empty() || value[0] == '-' || *end != '\0' || errno != 0)
-          return fmt::format("must be an integer >= 0, got '{}'", value);
-        return {};
-      },
-      "UINT");
-}
-
-CLI::Validator non_negative_number() {
-  return CLI::Validator(
-      [](std::string& value) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(value.c_str(), &end);
-        if (value.empty() || *end != '\0' || !std::isfinite(v) || v < 0)
-          return fmt::format("must be a number >= 0, got '{}'", value);
-        return {};
-      },
-      "FLOAT>=0");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options options;
-  CLI::App app{"Trains an MLP classifier on Fashion-MNIST with minigrad and reports the test "
-               "accuracy after every epoch."};
-  app.add_option("--epochs", options.epochs, "Epochs to train (in all, counting resumed ones)")
-      ->check(positive_integer())
-      ->capture_default_str();
-  app.add_option("--batch-size", options.batch_size, "Training batch size")
-      ->check(positive_integer())
-      ->capture_default_str();
-  app.add_option("--lr", options.lr, "SGD learning rate")
-      ->check(non_negative_number())
-      ->capture_default_str();
-  app.add_option("--momentum", options.momentum, "SGD momentum")
-      ->check(non_negative_number())
-      ->capture_default_str();
-  app.add_option("--hidden", options.hidden, "Hidden layer widths, comma-separated (e.g. 512 or 256,256)")
-      ->delimiter(',')
-      ->check(positive_integer())
-      ->capture_default_str();
-  app.add_option("--lr-schedule", options.lr_schedule,
-                 "cosine (anneal the learning rate to 0 over --epochs) or constant")
-      ->check(CLI::IsMember({"cosine", "constant"}))
-      ->capture_default_str();
-  app.add_option("--seed", options.seed, "Seed of the initial weights and of the shuffling")
-      ->check(non_negative_integer())
-      ->capture_default_str();
-  app.add_option("--devices", options.devices,
-                 "cpu, all (every GPU), or GPU ids such as 0 or 0,1 (several: DataParallel)")
-      ->capture_default_str();
-  app.add_option("--data-dir", options.data_dir,
-                 "Directory with the Fashion-MNIST IDX files (raw or .gz)")
-      ->capture_default_str();
-  app.add_flag("--no-normalize", options.no_normalize,
-               "Scale pixels to [0, 1] only (default: also normalise with mean 0.2860, std 0.3530)");
-  app.add_option("--save", options.save, "Write a checkpoint (safetensors) here after every epoch");
-  app.add_option("--resume", options.resume, "Continue from a checkpoint written by --save");
-  app.add_option("--metrics", options.metrics,
-                 "Write per-epoch metrics to this CSV (epoch,train_loss,test_loss,test_accuracy,seconds)");
-  app.add_option("--plot", options.plot, "Draw the loss and accuracy curves into this SVG");
-  app.add_flag("--distributed", options.distributed,
-               "One process per device with DistributedDataParallel; start with minigrad-run "
-               "(--batch-size stays the global batch)");
-  app.add_option("--dist-timeout", options.dist_timeout,
-                 "With --distributed: seconds a rank waits for the others before failing")
-      ->check(non_negative_number())
-      ->capture_default_str();
-  app.add_flag("--detect-anomaly", options.detect_anomaly,
-               "Check every gradient of every backward for NaN and infinity, and name the op "
-               "whose backward produced the first one (slow; as torch.autograd.detect_anomaly)");
-  // For tests: raise a real SIGINT after this global step, so that the interrupt and
-  // resume path runs deterministically. Hidden from --help (an empty group).
-  app.add_option("--stop-after-steps", options.stop_after_steps)->group("");
-  CLI11_PARSE(app, argc, argv);
-
+  TrainOptions options;
+  if (const std::optional<int> exit_code = samples::parse_train_options(argc, argv, options))
+    return *exit_code;
   try {
     return run(options);
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "train_fashion_mnist: error: {}\n", e.what());
-    return 1;
+    return samples::report_error("train_fashion_mnist", e);
   }
 }

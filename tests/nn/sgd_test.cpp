@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -322,4 +323,33 @@ TEST_CASE("SGD: load_state_dict reports every problem at once and changes nothin
   // An empty state means "no buffers yet", as a fresh optimizer.
   sgd.load_state_dict({});
   CHECK_FALSE(sgd.momentum_buffer(0).defined());
+}
+
+// A training loop holds its optimizer as an optim::Optimizer (train_fashion_mnist does):
+// through it, a learning-rate schedule and a checkpoint reach SGD's own state.
+TEST_CASE("SGD through optim::Optimizer: set_lr is validated, steps and state are SGD's") {
+  Tensor p = problem_parameter();
+  Tensor q = problem_parameter();
+  optim::SGD direct({q}, optim::SGDOptions(0.1, 0.9));
+  std::unique_ptr<optim::Optimizer> opt =
+      std::make_unique<optim::SGD>(std::vector<Tensor>{p}, optim::SGDOptions(0.1, 0.9));
+  CHECK(opt->lr() == 0.1);
+  opt->set_lr(0.05);
+  optim::SGDOptions direct_options = direct.options();
+  direct.set_options(direct_options.lr(0.05));
+  CHECK(opt->lr() == 0.05);
+  for (int step = 0; step < 3; ++step) {
+    set_problem_grad(p);
+    set_problem_grad(q);
+    opt->step();
+    direct.step();
+  }
+  CHECK(p.to_vector<float>() == q.to_vector<float>());
+  CHECK(opt->state_dict().count("momentum_buffer.0") == 1);
+  REQUIRE_THROWS_WITH(opt->set_lr(-1.0), MG_CONTAINS("SGD: invalid learning rate: -1"));
+  CHECK(opt->lr() == 0.05);  // a refused value changes nothing
+  REQUIRE_THROWS_WITH(opt->check_state_dict({{"step", mg::zeros(Shape{1})}}, "ck.safetensors"),
+                      MG_CONTAINS("ck.safetensors does not fit this optimizer"));
+  opt->zero_grad();
+  CHECK_FALSE(p.grad().defined());
 }

@@ -25,29 +25,23 @@ void SGDOptions::validate() const {
 }
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions options)
-    : params_(std::move(params)), options_(options) {
+    : Optimizer(std::move(params), "SGD"), options_(options) {
   options_.validate();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor& p = params_[i];
-    MG_CHECK(p.defined(), "SGD: parameter {} is an undefined tensor", i);
-    MG_CHECK(p.is_leaf(),
-             "SGD: can't optimize a non-leaf tensor (parameter {}, shape {}); pass the "
-             "module's parameters, not results of ops on them",
-             i, p.shape());
-    MG_CHECK(p.dtype() == DType::Float32, "SGD: parameter {} (shape {}) is {}, expected float32",
-             i, p.shape(), p.dtype());
-    for (size_t j = 0; j < i; ++j)
-      MG_CHECK(!params_[j].is_same(p),
-               "SGD: parameter {} is the same tensor as parameter {}; each would be updated "
-               "twice per step",
-               i, j);
-  }
-  momentum_buffers_.resize(params_.size());
+  momentum_buffers_.resize(parameters().size());
 }
 
 void SGD::set_options(SGDOptions options) {
   options.validate();
   options_ = options;
+}
+
+void SGD::set_lr(double lr) {
+  SGDOptions options = options_;
+  set_options(options.lr(lr));
+}
+
+std::unique_ptr<Optimizer> SGD::make_like(std::vector<Tensor> params) const {
+  return std::make_unique<SGD>(std::move(params), options_);
 }
 
 namespace {
@@ -77,8 +71,8 @@ void SGD::step() {
     std::vector<size_t> new_buffer_indices;  // kept once the step has written them
   };
   std::vector<DeviceStep> steps;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor& p = params_[i];
+  for (size_t i = 0; i < parameters().size(); ++i) {
+    const Tensor& p = parameters()[i];
     const Tensor grad = p.grad();
     if (!grad.defined()) continue;
     const Tensor& buf = momentum_buffers_[i];
@@ -126,7 +120,7 @@ void SGD::step_unfused(size_t i) {
   const double weight_decay = options_.weight_decay();
   const bool nesterov = options_.nesterov();
 
-  Tensor& p = params_[i];
+  Tensor p = parameters()[i];  // a handle: updates land in the parameter
   const Tensor grad = p.grad();
 
   // d_p = g + weight_decay * p, into a new tensor: the gradient itself stays as it is.
@@ -152,96 +146,31 @@ void SGD::step_unfused(size_t i) {
   p.add_(d_p, -lr);
 }
 
-void SGD::zero_grad(bool set_to_none) {
-  NoGradGuard no_grad;
-  for (Tensor& p : params_) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    if (set_to_none) {
-      p.set_grad(Tensor());
-    } else {
-      g.zero_();
-    }
-  }
-}
-
 const Tensor& SGD::momentum_buffer(size_t index) const {
   MG_CHECK(index < momentum_buffers_.size(), "SGD::momentum_buffer: index {} out of range for {} "
            "parameters", index, momentum_buffers_.size());
   return momentum_buffers_[index];
 }
 
-// ---------------------------------------------------------------- checkpoints
+// ---------------------------------------------------------------- state
 
-namespace {
-constexpr const char* kMomentumPrefix = "momentum_buffer.";
-
-// The parameter index of a "momentum_buffer.<i>" key, or -1 if the key is not one.
-int64_t momentum_index(const std::string& key) {
-  const std::string prefix = kMomentumPrefix;
-  if (key.compare(0, prefix.size(), prefix) != 0 || key.size() == prefix.size()) return -1;
-  int64_t index = 0;
-  for (size_t c = prefix.size(); c < key.size(); ++c) {
-    if (key[c] < '0' || key[c] > '9' || index > (int64_t{1} << 40)) return -1;
-    index = index * 10 + (key[c] - '0');
-  }
-  // "momentum_buffer.01" is not what state_dict() writes.
-  if (key.size() - prefix.size() > 1 && key[prefix.size()] == '0') return -1;
-  return index;
-}
-}  // namespace
-
-std::map<std::string, Tensor> SGD::state_dict() const {
-  std::map<std::string, Tensor> state;
-  for (size_t i = 0; i < momentum_buffers_.size(); ++i)
-    if (momentum_buffers_[i].defined())
-      state.emplace(kMomentumPrefix + std::to_string(i), momentum_buffers_[i]);
-  return state;
+TensorDict SGD::state(size_t index) const {
+  const Tensor& buf = momentum_buffer(index);
+  if (!buf.defined()) return {};
+  return {{"momentum_buffer", buf}};
 }
 
-void SGD::check_state_dict(const std::map<std::string, Tensor>& state,
-                           const std::string& source) const {
-  std::vector<std::string> problems;
-  for (const auto& [key, tensor] : state) {
-    const int64_t index = momentum_index(key);
-    if (index < 0) {
-      problems.push_back(fmt::format("unexpected key '{}'", key));
-      continue;
-    }
-    if (static_cast<size_t>(index) >= params_.size()) {
-      problems.push_back(fmt::format("'{}' is for parameter {}, but the optimizer has {}", key,
-                                     index, params_.size()));
-      continue;
-    }
-    const Tensor& p = params_[static_cast<size_t>(index)];
-    if (!tensor.defined()) {
-      problems.push_back(fmt::format("'{}' is an undefined tensor", key));
-    } else if (tensor.shape() != p.shape() || tensor.dtype() != p.dtype()) {
-      problems.push_back(fmt::format("'{}' has shape {} ({}), but parameter {} has shape {} ({})",
-                                     key, tensor.shape(), tensor.dtype(), index, p.shape(),
-                                     p.dtype()));
-    }
-  }
-  if (!problems.empty()) {
-    std::string list;
-    for (const auto& s : problems) list += "\n  " + s;
-    MG_FAIL("SGD::load_state_dict: {} does not fit this optimizer ({} problem{}):{}", source,
-            problems.size(), problems.size() == 1 ? "" : "s", list);
-  }
+void SGD::check_param_state(size_t index, const TensorDict& state,
+                            const std::function<std::string(const std::string&)>& key,
+                            std::vector<std::string>& problems) const {
+  for (const auto& [name, tensor] : state) check_like_param(index, key(name), tensor, problems);
 }
 
-void SGD::load_state_dict(const std::map<std::string, Tensor>& state, const std::string& source) {
-  // Check everything before touching any buffer, so a bad checkpoint changes nothing.
-  check_state_dict(state, source);
-
-  // New buffers on each parameter's device; the saved tensors stay the caller's.
-  NoGradGuard no_grad;
-  std::vector<Tensor> buffers(params_.size());
-  for (const auto& [key, tensor] : state) {
-    const auto index = static_cast<size_t>(momentum_index(key));
-    buffers[index] = ops::copy_to(tensor, params_[index].device());
-  }
-  momentum_buffers_ = std::move(buffers);
+void SGD::set_param_state(size_t index, const TensorDict& state) {
+  const auto found = state.find("momentum_buffer");
+  momentum_buffers_[index] = found == state.end()
+                                 ? Tensor()
+                                 : ops::copy_to(found->second, parameters()[index].device());
 }
 
 }  // namespace mg::optim

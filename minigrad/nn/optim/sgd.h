@@ -14,11 +14,12 @@
 // take those ops (mul_, add_) one tensor at a time.
 #pragma once
 
-#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <minigrad/core/tensor.h>
+#include <minigrad/nn/optim/optimizer.h>
 
 namespace mg::optim {
 
@@ -55,7 +56,7 @@ class SGDOptions {
   bool nesterov_;
 };
 
-class SGD {
+class SGD : public Optimizer {
  public:
   // `params` are leaf tensors (Module::parameters()); SGD keeps handles to them and
   // updates them in place, so the module sees the new values.
@@ -63,39 +64,35 @@ class SGD {
 
   // One update of every parameter that has a gradient; parameters without one are
   // skipped (and their momentum buffers left as they are), as in PyTorch.
-  void step();
-  // Clears the parameters' gradients (set_to_none) or fills them with zeros.
-  void zero_grad(bool set_to_none = true);
+  void step() override;
 
-  const std::vector<Tensor>& parameters() const { return params_; }
   const SGDOptions& options() const { return options_; }
   // Changes options between steps (a learning-rate schedule); validated as at construction.
   void set_options(SGDOptions options);
+  double lr() const override { return options_.lr(); }
+  void set_lr(double lr) override;
+  std::unique_ptr<Optimizer> make_like(std::vector<Tensor> params) const override;
 
   // The momentum buffer of parameter `index`, undefined before its first step with
   // momentum.
   const Tensor& momentum_buffer(size_t index) const;
 
-  // ---- checkpoints ----
-  // What resuming needs to continue bit for bit: "momentum_buffer.<i>" for every
-  // parameter i that has a buffer (PyTorch's state[i]["momentum_buffer"]). The tensors
-  // are the live buffers; save them (nn::save_tensors) before the next step.
-  std::map<std::string, Tensor> state_dict() const;
-  // Restores buffers saved by state_dict() from a checkpoint named `source` (a file name,
-  // for messages). Every key, shape and dtype is checked first, all problems reported in
-  // one mg::Error; only then are the buffers replaced (copied to each parameter's device).
-  // Parameters without a "momentum_buffer.<i>" entry get no buffer, as after construction.
-  void load_state_dict(const std::map<std::string, Tensor>& state,
-                       const std::string& source = "SGD state dict");
-  // The checks of load_state_dict alone: a caller restoring a model and its optimizer
-  // from one checkpoint checks both before changing either.
-  void check_state_dict(const std::map<std::string, Tensor>& state,
-                        const std::string& source = "SGD state dict") const;
+  // ---- state (see Optimizer) ----
+  // "momentum_buffer" (PyTorch's state[p]["momentum_buffer"]); in state_dict() as
+  // "momentum_buffer.<i>" for every parameter i that has one. Parameters without an
+  // entry get no buffer on load, as after construction.
+  std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }
+  TensorDict state(size_t index) const override;
+
+ protected:
+  void check_param_state(size_t index, const TensorDict& state,
+                         const std::function<std::string(const std::string&)>& key,
+                         std::vector<std::string>& problems) const override;
+  void set_param_state(size_t index, const TensorDict& state) override;
 
  private:
   void step_unfused(size_t index);
 
-  std::vector<Tensor> params_;
   std::vector<Tensor> momentum_buffers_;  // one per parameter; undefined until first used
   SGDOptions options_;
 };

@@ -1,0 +1,28 @@
+#include "evaluate.h"
+
+#include <minigrad/autograd/functions.h>
+#include <minigrad/autograd/grad_mode.h>
+
+namespace mg::samples {
+
+EvalResult evaluate(nn::Module& net, data::DataLoader& loader, Device device) {
+  NoGradGuard no_grad;
+  net.eval();
+  double loss_sum = 0.0;
+  int64_t correct = 0, seen = 0;
+  for (const data::Batch& host_batch : loader) {
+    const data::Batch batch = host_batch.to(device);
+    const Tensor logits = net.forward(batch.data);
+    loss_sum += static_cast<double>(cross_entropy(logits, batch.target).item<float>()) *
+                static_cast<double>(batch.size());
+    const std::vector<int64_t> predicted = logits.argmax(1).to_vector<int64_t>();
+    const std::vector<int64_t> labels = host_batch.target.to_vector<int64_t>();
+    for (size_t i = 0; i < labels.size(); ++i) correct += predicted[i] == labels[i];
+    seen += batch.size();
+  }
+  net.train();
+  return {loss_sum / static_cast<double>(seen),
+          static_cast<double>(correct) / static_cast<double>(seen)};
+}
+
+}  // namespace mg::samples

@@ -1,0 +1,27 @@
+// Ctrl-C (SIGINT) and SIGTERM as a request to stop: the handler only records the signal;
+// the training loop asks after every step (and after each epoch's evaluation), writes a
+// checkpoint of exactly where the run stands and exits with 128 + the signal number (130
+// for Ctrl-C, 143 for SIGTERM), as a shell reports a process that a signal killed.
+#pragma once
+
+#include <minigrad/core/device.h>
+
+#include "distributed_run.h"
+
+namespace mg::samples {
+
+// Installs the handlers for SIGINT and SIGTERM. Each runs once (SA_RESETHAND): a second
+// Ctrl-C meets the default action and kills the process at once, for when the step in
+// progress is itself stuck. A system call the signal lands in (a Gloo socket read, say)
+// resumes instead of failing (SA_RESTART).
+void install_stop_handlers();
+
+// The signal that stops the run, or 0 to go on. The ranks of a --distributed run agree on
+// it (a sum over the ranks, through a tensor on `device`): one rank stopping alone would
+// leave the others waiting in the next all-reduce until --dist-timeout.
+int agreed_stop_signal(const DistributedRun& dist, Device device);
+
+// "SIGINT", "SIGTERM", or "a signal".
+const char* signal_name(int signo);
+
+}  // namespace mg::samples

@@ -1,0 +1,89 @@
+#include "train_options.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "command_line.h"
+#include "devices.h"
+
+namespace mg::samples {
+
+std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& options) {
+  CLI::App app{"Trains an MLP classifier on Fashion-MNIST with minigrad and reports the test "
+               "accuracy after every epoch."};
+  app.add_option("--epochs", options.epochs, "Epochs to train (in all, counting resumed ones)")
+      ->check(positive_integer())
+      ->capture_default_str();
+  app.add_option("--batch-size", options.batch_size, "Training batch size")
+      ->check(positive_integer())
+      ->capture_default_str();
+  app.add_option("--lr", options.lr, "SGD learning rate")
+      ->check(non_negative_number())
+      ->capture_default_str();
+  app.add_option("--momentum", options.momentum, "SGD momentum")
+      ->check(non_negative_number())
+      ->capture_default_str();
+  app.add_option("--hidden", options.hidden, "Hidden layer widths, comma-separated (e.g. 512 or 256,256)")
+      ->delimiter(',')
+      ->check(positive_integer())
+      ->capture_default_str();
+  app.add_option("--lr-schedule", options.lr_schedule,
+                 "cosine (anneal the learning rate to 0 over --epochs) or constant")
+      ->check(CLI::IsMember({"cosine", "constant"}))
+      ->capture_default_str();
+  app.add_option("--seed", options.seed, "Seed of the initial weights and of the shuffling")
+      ->check(non_negative_integer())
+      ->capture_default_str();
+  app.add_option("--devices", options.devices,
+                 "cpu, all (every GPU), or GPU ids such as 0 or 0,1; several devices (0,1, or "
+                 "cpu,cpu for replicas on the CPU) train with DataParallel")
+      ->capture_default_str();
+  app.add_option("--data-dir", options.data_dir,
+                 "Directory with the Fashion-MNIST IDX files (raw or .gz)")
+      ->capture_default_str();
+  app.add_flag("--no-normalize", options.no_normalize,
+               "Scale pixels to [0, 1] only (default: also normalise with mean 0.2860, std 0.3530)");
+  app.add_option("--save", options.save, "Write a checkpoint (safetensors) here after every epoch");
+  app.add_option("--resume", options.resume, "Continue from a checkpoint written by --save");
+  app.add_option("--metrics", options.metrics,
+                 "Write per-epoch metrics to this CSV (epoch,train_loss,test_loss,test_accuracy,seconds)");
+  app.add_option("--plot", options.plot, "Draw the loss and accuracy curves into this SVG");
+  app.add_flag("--distributed", options.distributed,
+               "One process per device with DistributedDataParallel; start with minigrad-run "
+               "(--batch-size stays the global batch)");
+  app.add_option("--dist-timeout", options.dist_timeout,
+                 "With --distributed: seconds a rank waits for the others before failing")
+      ->check(non_negative_number())
+      ->capture_default_str();
+  app.add_flag("--detect-anomaly", options.detect_anomaly,
+               "Check every gradient of every backward for NaN and infinity, and name the op "
+               "whose backward produced the first one (slow; as torch.autograd.detect_anomaly)");
+  // For tests: raise a real SIGINT after this global step, so that the interrupt and
+  // resume path runs deterministically. Hidden from --help (an empty group).
+  app.add_option("--stop-after-steps", options.stop_after_steps)->group("");
+
+  const char* program = "train_fashion_mnist";
+  if (const std::optional<int> exit_code = parse_command_line(app, program, argc, argv))
+    return exit_code;
+  try {
+    options.device_list = parse_devices(options.devices);
+  } catch (const Error& e) {
+    return report_error(program, OptionError(e.what()));
+  }
+  return std::nullopt;
+}
+
+std::string hidden_str(const std::vector<int64_t>& hidden) {
+  return fmt::format("{}", fmt::join(hidden, ","));
+}
+
+double learning_rate(const TrainOptions& options, int64_t step, int64_t total) {
+  if (options.lr_schedule == "constant") return options.lr;
+  constexpr double kPi = 3.14159265358979323846;
+  return options.lr * 0.5 *
+         (1.0 + std::cos(kPi * static_cast<double>(step) / static_cast<double>(total)));
+}
+
+}  // namespace mg::samples

@@ -1,0 +1,52 @@
+// The flags of train_fashion_mnist: one struct, parsed in one place.
+//
+// A new flag is a field here and its add_option in train_options.cpp; what it changes
+// is built in train_fashion_mnist.cpp (make_model_wrapper for how the model is spread
+// over the devices, make_optimizer for the optimizer).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <minigrad/core/device.h>
+#include <minigrad/data/fashion_mnist.h>
+
+namespace mg::samples {
+
+struct TrainOptions {
+  int epochs = 10;
+  int64_t batch_size = 64;
+  double lr = 0.05;
+  double momentum = 0.9;
+  std::string lr_schedule = "cosine";  // or "constant"
+  std::vector<int64_t> hidden{256, 256};
+  uint64_t seed = 1;
+  std::string devices = "cpu";       // as given to --devices
+  std::vector<Device> device_list;   // what it names on this machine (samples/support/devices.h)
+  std::string data_dir = data::FashionMNIST::kDefaultRoot;
+  bool no_normalize = false;
+  std::string save, resume, metrics, plot;  // file paths; empty: not written / not read
+  bool distributed = false;     // one process per device, started by minigrad-run
+  double dist_timeout = 300.0;  // seconds a rank waits for the others before failing
+  bool detect_anomaly = false;  // check every gradient of every backward (slow)
+  int64_t stop_after_steps = 0;  // hidden, for tests: raise SIGINT after this global step
+};
+
+// Parses argv into `options` (device_list included). Returns the exit code when the
+// program should stop here (--help: 0; a bad flag: kExitBadOption, reported on stderr as
+// "train_fashion_mnist: error: ..."), std::nullopt when it should train.
+std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& options);
+
+// "256,256": the hidden widths as --hidden takes them.
+std::string hidden_str(const std::vector<int64_t>& hidden);
+
+// The learning rate at training step `step` (from 0) of `total`: constant, or cosine
+// annealing from --lr down to 0 over the whole run (SGDR without restarts, per step).
+// Annealing lets the last epochs settle into a minimum instead of bouncing around it at
+// full lr: about one point of test accuracy here. It depends on the step alone, so
+// --resume continues it.
+double learning_rate(const TrainOptions& options, int64_t step, int64_t total);
+
+}  // namespace mg::samples

@@ -1,0 +1,56 @@
+// train_fashion_mnist's checkpoint: the model, the optimizer's state and where the run
+// stands, in one safetensors file, so that --resume continues with the same parameters,
+// momentum, shuffled order and learning rate as a run that was never stopped (bit for bit
+// on the CPU). Written after every epoch with --save, and at an interrupt in mid-epoch.
+//
+//   tensors   model.<name>       the parameters (nn::state_dict)
+//             optim.<key>        the optimizer's state_dict (SGD: momentum_buffer.<i>)
+//             progress.loss_sum  mid-epoch only: the epoch's training loss so far
+//   metadata  epoch, epoch_batches, epoch_seen, batch_size, hidden, seed, generator_seed,
+//             generator_offset, metrics (the per-epoch CSV so far)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <minigrad/core/tensor.h>
+#include <minigrad/nn/module.h>
+#include <minigrad/nn/optim/optimizer.h>
+
+#include "metrics.h"
+#include "train_options.h"
+
+namespace mg::samples {
+
+// Where a run stands: `epochs_done` whole epochs, then `batches` batches of the next one
+// (a checkpoint written at an interrupt), whose training loss so far, summed over its
+// `seen` examples, is `loss_sum`.
+struct RunPosition {
+  int epochs_done = 0;
+  int64_t batches = 0;
+  int64_t seen = 0;
+  Tensor loss_sum;  // float32 scalar; undefined when batches == 0
+
+  // The end of epoch `epochs`: the start of the next one.
+  static RunPosition after_epoch(int epochs) {
+    RunPosition position;
+    position.epochs_done = epochs;
+    return position;
+  }
+};
+
+void save_training_checkpoint(const std::string& path, const nn::Module& model,
+                              const optim::Optimizer& optimizer, const TrainOptions& options,
+                              const RunPosition& position,
+                              const std::vector<EpochMetrics>& history);
+
+// Loads a checkpoint written by save_training_checkpoint into `model` and `optimizer`
+// (both checked before either changes) and the default generator; returns where the run
+// stood when it was written, and fills `history`. mg::Error naming the file and the flag
+// to pass when the checkpoint does not fit the options (--hidden, --batch-size).
+RunPosition load_training_checkpoint(const std::string& path, nn::Module& model,
+                                     optim::Optimizer& optimizer, const TrainOptions& options,
+                                     std::vector<EpochMetrics>& history);
+
+}  // namespace mg::samples

@@ -1,0 +1,20 @@
+#include "training_reports.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "svg_plot.h"
+
+namespace mg::samples {
+
+void write_training_reports(const TrainOptions& options, const std::vector<EpochMetrics>& history) {
+  if (!options.metrics.empty()) write_file_atomically(options.metrics, metrics_csv(history));
+  if (!options.plot.empty() && !history.empty())
+    write_training_plot(
+        options.plot, history,
+        fmt::format("Fashion-MNIST MLP 784-{}-10, SGD lr {} ({}) momentum {}, batch {}",
+                    fmt::join(options.hidden, "-"), options.lr, options.lr_schedule,
+                    options.momentum, options.batch_size));
+}
+
+}  // namespace mg::samples
