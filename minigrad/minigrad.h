@@ -19,6 +19,7 @@
 #include <minigrad/data/fashion_mnist.h>
 #include <minigrad/data/idx.h>
 #include <minigrad/data/sampler.h>
+#include <minigrad/nn/fusion.h>
 #include <minigrad/nn/init.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/module.h>

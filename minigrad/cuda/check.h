@@ -53,3 +53,16 @@ namespace mg::cuda::detail {
                                               static_cast<int>(mg_nccl_status_), __FILE__, \
                                               __LINE__);                                   \
   } while (0)
+
+// A non-blocking NCCL communicator may answer ncclInProgress: the call was accepted and
+// completes in the background (the caller watches ncclCommGetAsyncError). Anything else
+// but success is an error, reported as MG_NCCL_CHECK reports it.
+#define MG_NCCL_CHECK_NONBLOCKING(expr)                                                     \
+  do {                                                                                      \
+    const ncclResult_t mg_nccl_result_ = (expr);                                            \
+    if (mg_nccl_result_ != ncclSuccess && mg_nccl_result_ != ncclInProgress)                \
+      ::mg::cuda::detail::throw_library_error("NCCL", #expr,                                \
+                                              ncclGetErrorString(mg_nccl_result_),          \
+                                              static_cast<int>(mg_nccl_result_), __FILE__, \
+                                              __LINE__);                                    \
+  } while (0)

@@ -1,10 +1,10 @@
 #include <minigrad/nn/layers.h>
 
 #include <cmath>
-#include <typeinfo>
 
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/grad_mode.h>
+#include <minigrad/nn/fusion.h>
 #include <minigrad/nn/init.h>
 
 namespace mg::nn {
@@ -66,10 +66,9 @@ Tensor Sequential::forward(const Tensor& input) {
   for (size_t i = 0; i < children.size(); ++i) {
     Module& module = *children[i].second;
     const Module* next = i + 1 < children.size() ? children[i + 1].second.get() : nullptr;
-    // Exactly these two types: a subclass may override forward, and must be run as is.
-    if (next != nullptr && typeid(*next) == typeid(ReLU) && typeid(module) == typeid(Linear)) {
-      x = static_cast<Linear&>(module).forward_relu(x);
-      ++i;
+    if (Linear* linear = fusable_linear_relu(module, next)) {  // nn/fusion.h decides
+      x = linear->forward_relu(x);
+      ++i;  // the ReLU ran inside
     } else {
       x = module.forward(x);
     }

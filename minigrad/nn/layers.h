@@ -37,8 +37,9 @@ class ReLU : public Cloneable<ReLU> {
 };
 
 // Runs its children in order, each one's output the next one's input. A Linear directly
-// followed by a ReLU runs as one fused op (Linear::forward_relu): same values and
-// gradients (and backward graph), one pass over the activations fewer.
+// followed by a ReLU runs as one fused op (Linear::forward_relu) unless fusion is off
+// (nn/fusion.h, where that is decided): same values and gradients (and backward graph),
+// one pass over the activations fewer.
 class Sequential : public Cloneable<Sequential> {
  public:
   Sequential() : Cloneable<Sequential>("Sequential") {}

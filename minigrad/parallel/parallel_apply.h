@@ -7,9 +7,9 @@
 //     a caller's NoGradGuard would not reach the workers);
 //   - hands any exception back: the caller re-throws the first failure (lowest index) as
 //     an mg::Error "parallel_apply: replica {i} on {device} failed: {what}".
-// The workers are a persistent pool, one thread per replica slot, so per-thread device
-// state is set up once rather than at every step. With a single replica the forward
-// runs inline on the calling thread.
+// The workers are a persistent pool (worker_pool.h), one thread per replica slot, so
+// per-thread device state is set up once rather than at every step. With a single
+// replica the forward runs inline on the calling thread.
 #pragma once
 
 #include <vector>

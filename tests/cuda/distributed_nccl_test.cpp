@@ -1,7 +1,7 @@
-// ProcessGroupNccl and DistributedDataParallel over real NCCL: 2 and 4 processes started
-// by minigrad-run on the one GPU of the GPU machine. NCCL refuses two ranks on one GPU
-// unless each process claims a different host (NCCL_HOSTID), in which case the ranks talk
-// over sockets on loopback (see ../shared/device/README.md): slow, but real NCCL.
+// ProcessGroupNccl and DistributedDataParallel over real NCCL (collectives, send and recv,
+// a DDP step): 2 and 4 processes started by minigrad-run on one GPU. NCCL refuses two
+// ranks on one GPU unless each process claims a different host (NCCL_HOSTID), in which
+// case the ranks talk over NCCL's socket transport on loopback: slow, but real NCCL.
 // In test_cuda, so skipped (exit 77, by test_main) without a GPU; compiled only when
 // minigrad was built with NCCL. The ranks are this binary's hidden worker cases below.
 #ifdef MINIGRAD_WITH_NCCL
@@ -61,6 +61,101 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   float m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
   return m;
+}
+
+// send and recv on a GPU group: a pipeline's pair in either order, tags out of order (the
+// message arrives before its recv), several of one tag, a list with a view, int64, empty,
+// a ring to other peers at once, and a mismatching recv that fails and leaves the lane
+// in step. Every rank pairs with rank ^ 1 (world 2 or 4).
+void check_point_to_point(ProcessGroup& pg) {
+  const int rank = pg.rank(), world = pg.size(), peer = rank ^ 1;
+  const Device gpu = pg.device();
+  const auto ramp = [&](float first, int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = first + static_cast<float>(i) / 8.0f;
+    return from_vector(v, Shape{n}).to(gpu);
+  };
+  const auto same = [](const Tensor& a, const Tensor& b) {
+    return a.to(Device::cpu()).contiguous().to_vector<float>() ==
+           b.to(Device::cpu()).contiguous().to_vector<float>();
+  };
+  for (int round = 0; round < 2; ++round) {
+    const Tensor out = ramp(100.0f * rank + round, 1 << 18);
+    Tensor in = empty(Shape{1 << 18}, DType::Float32, gpu);
+    std::shared_ptr<Work> s, r;
+    if ((rank % 2 == 0) == (round == 0)) {
+      s = pg.send(out, peer, 1);
+      r = pg.recv(in, peer, 1);
+    } else {
+      r = pg.recv(in, peer, 1);
+      s = pg.send(out, peer, 1);
+    }
+    r->wait();
+    s->wait();
+    MG_CHECK(same(in, ramp(100.0f * peer + round, 1 << 18)), "send/recv round {}", round);
+  }
+  // Tag 11 is waited for before tag 10's recv is posted: tag 10 arrives early.
+  if (rank % 2 == 0) {
+    auto a = pg.send(ramp(10, 3), peer, 10);
+    auto b = pg.send(ramp(11, 5), peer, 11);
+    b->wait();
+    a->wait();
+  } else {
+    Tensor b = empty(Shape{5}, DType::Float32, gpu), a = empty(Shape{3}, DType::Float32, gpu);
+    pg.recv(b, peer, 11)->wait();
+    pg.recv(a, peer, 10)->wait();
+    MG_CHECK(same(a, ramp(10, 3)) && same(b, ramp(11, 5)), "recv by tag, out of order");
+  }
+  // Several of one tag, in order; a list into a view; int64; empty.
+  std::vector<std::shared_ptr<Work>> works;
+  std::vector<Tensor> got;
+  for (int k = 0; k < 3; ++k) {
+    if (rank % 2 == 0) {
+      works.push_back(pg.send(full(Shape{7}, k, DType::Float32, gpu), peer, 5));
+    } else {
+      got.push_back(empty(Shape{7}, DType::Float32, gpu));
+      works.push_back(pg.recv(got.back(), peer, 5));
+    }
+  }
+  for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
+  for (int k = 0; k < static_cast<int>(got.size()); ++k)
+    MG_CHECK(same(got[static_cast<size_t>(k)], full(Shape{7}, k)), "message {} of tag 5", k);
+  if (rank % 2 == 0) {
+    pg.send(std::vector<Tensor>{ramp(1, 4), ramp(2, 6).reshape(Shape{3, 2})}, peer, 2)->wait();
+    pg.send(full(Shape{2}, -3.0, DType::Int64, gpu), peer, 3)->wait();
+    pg.send(empty(Shape{0}, DType::Float32, gpu), peer, 4)->wait();
+    pg.send(ramp(0, 12).reshape(Shape{3, 4}), peer, 6)->wait();  // recv'd as [12]: refused
+    pg.send(ramp(7, 9), peer, 6)->wait();                         // then a good one
+  } else {
+    Tensor c = empty(Shape{4}, DType::Float32, gpu);
+    Tensor d = empty(Shape{2, 3}, DType::Float32, gpu).t();
+    pg.recv(std::vector<Tensor>{c, d}, peer, 2)->wait();
+    MG_CHECK(same(c, ramp(1, 4)) && same(d, ramp(2, 6).reshape(Shape{3, 2})), "a list");
+    Tensor i = empty(Shape{2}, DType::Int64, gpu);
+    pg.recv(i, peer, 3)->wait();
+    MG_CHECK(i.to(Device::cpu()).to_vector<int64_t>()[1] == -3, "int64");
+    pg.recv(empty(Shape{0}, DType::Float32, gpu), peer, 4)->wait();
+    std::string error = "no error";
+    try {
+      pg.recv(empty(Shape{12}, DType::Float32, gpu), peer, 6)->wait();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    MG_CHECK(error.find("sent 1 tensor of float32 [3, 4], 12 elements") != std::string::npos &&
+                 error.find("The message was dropped") != std::string::npos,
+             "a mismatching recv: {}", error);
+    Tensor good = empty(Shape{9}, DType::Float32, gpu);
+    pg.recv(good, peer, 6)->wait();
+    MG_CHECK(same(good, ramp(7, 9)), "the message after a refused one");
+  }
+  // A ring: everyone sends to the next rank and receives from the previous, at once.
+  Tensor from_prev = empty(Shape{4 + (rank + world - 1) % world}, DType::Float32, gpu);
+  auto s = pg.send(ramp(static_cast<float>(rank), 4 + rank), (rank + 1) % world, 9);
+  auto r = pg.recv(from_prev, (rank + world - 1) % world, 9);
+  r->wait();
+  s->wait();
+  const int prev = (rank + world - 1) % world;
+  MG_CHECK(same(from_prev, ramp(static_cast<float>(prev), 4 + prev)), "ring");
 }
 
 }  // namespace
@@ -142,6 +237,8 @@ TEST_CASE("worker process of an NCCL job: collectives and one DDP step", "[.][nc
     }
     pg->all_gather(empty(Shape{0}, DType::Float32, gpu), empty(Shape{0}, DType::Float32, gpu))->wait();
   }
+
+  check_point_to_point(*pg);
 
   // One DDP step on a shard of a fixed batch equals the whole batch's step on the CPU.
   const int64_t per = 4, rows = per * world;

@@ -121,6 +121,13 @@ std::shared_ptr<parallel::ProcessGroup> RankContext::gloo(std::chrono::milliseco
 #endif
 }
 
+void RankContext::start_together() const {
+  store->set(fmt::format("multiprocess/started/{}", rank), "1");
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size; ++r) keys.push_back(fmt::format("multiprocess/started/{}", r));
+  store->wait(keys, std::chrono::seconds(60));
+}
+
 void RankContext::report(const std::string& name, const std::vector<float>& values) {
   send_frame(result_fd, name,
              std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));

@@ -28,6 +28,10 @@ class RankContext {
   std::shared_ptr<parallel::ProcessGroup> gloo(std::chrono::milliseconds timeout =
                                                    std::chrono::seconds(30)) const;
 
+  // Returns once every rank is running (through the store): a group with a short timeout
+  // joined after this does not take a slow start on a loaded machine for a missing peer.
+  void start_together() const;
+
   // Sends named values back to the parent (values of tensors are flattened to floats).
   void report(const std::string& name, const std::vector<float>& values);
   void report(const std::string& name, const Tensor& tensor);

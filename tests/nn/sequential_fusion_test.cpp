@@ -1,11 +1,15 @@
 // Sequential runs a Linear followed by a ReLU as one op (Linear::forward_relu ->
-// mg::linear_relu). That must change nothing a user can see: the output, every gradient
-// and the backward graph are the ones of running the modules one by one; only exact
-// Linear/ReLU pairs are fused (a subclass may override forward and must run as written);
-// and the peak memory of a training step is no higher than unfused.
+// mg::linear_relu) where nn/fusion.h says so, unless fusion is switched off. That must
+// change nothing a user can see: the output, every gradient and the backward graph are
+// the ones of running the modules one by one; only exact Linear/ReLU pairs are fused (a
+// subclass may override forward and must run as written); and the peak memory of a
+// training step is no higher than unfused.
 #include "catch_compat.h"
 
 #include <memory>
+#include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/host_backed_cuda.h"
@@ -142,4 +146,78 @@ TEST_CASE("Sequential: a fused step's peak memory is no higher than the unfused 
   // Activations are 512 x 256 floats (512 KiB): the unfused step holds several at its peak.
   CHECK(unfused_peak > 4 * 512 * 256 * sizeof(float));
   CHECK(fused_peak <= unfused_peak);
+}
+
+// The switch of nn/fusion.h: off, Sequential runs each module's own forward (no fused
+// call reaches the backend), a scope restores what was set before, and the setting is
+// one for the process, so a forward on another thread (a DataParallel replica's) follows it.
+TEST_CASE("Sequential with fusion off runs the modules one by one; FusionGuard restores it") {
+  mg::testing::ScopedHostBackedCuda scope;
+  auto& fake = scope.stand_in();
+  const Device gpu = Device::cuda(0);
+  mg::manual_seed(24);
+  auto seq = mlp(4, 8, 3);
+  seq->to(gpu);
+  const Tensor x = mg::randn(Shape{6, 4}).to(gpu);
+
+  REQUIRE(nn::fusion_enabled());  // the default
+  int before = fake.addmm_relu_calls();
+  {
+    nn::FusionGuard unfused(false);
+    CHECK_FALSE(nn::fusion_enabled());
+    const Tensor y = seq->forward(x);
+    CHECK(fake.addmm_relu_calls() == before);
+    CHECK(y.to_vector<float>() == unfused_forward(*seq, x).to_vector<float>());
+    {
+      nn::FusionGuard fused(true);
+      seq->forward(x);
+      CHECK(fake.addmm_relu_calls() - before == 2);
+    }
+    CHECK_FALSE(nn::fusion_enabled());
+    before = fake.addmm_relu_calls();
+    std::thread other([&] { seq->forward(x); });
+    other.join();
+    CHECK(fake.addmm_relu_calls() == before);
+  }
+  CHECK(nn::fusion_enabled());
+  before = fake.addmm_relu_calls();
+  seq->forward(x);
+  CHECK(fake.addmm_relu_calls() - before == 2);
+
+  nn::set_fusion_enabled(false);
+  before = fake.addmm_relu_calls();
+  seq->forward(x);
+  CHECK(fake.addmm_relu_calls() == before);
+  nn::set_fusion_enabled(true);
+}
+
+TEST_CASE("Sequential: fusion on and off give the same values, gradients and backward graph") {
+  mg::manual_seed(25);
+  auto seq = mlp(11, 24, 7);
+  const Tensor x = mg::randn(Shape{10, 11});
+  const Tensor targets = mg::randint(0, 7, Shape{10});
+  auto step = [&](bool fused, std::vector<std::string>& graph) {
+    nn::FusionGuard guard(fused);
+    seq->zero_grad(/*set_to_none=*/true);
+    Tensor out = seq->forward(x);
+    graph.clear();
+    for (const mg::Node* node = out.grad_fn().get(); node != nullptr;) {
+      graph.push_back(node->name());
+      const mg::Node* next = nullptr;
+      for (const auto& edge : node->next_edges())
+        if (edge.valid() && edge.function->name() != "AccumulateGrad") next = edge.function.get();
+      node = next;
+    }
+    mg::cross_entropy(out, targets).backward();
+    return std::make_pair(out.to_vector<float>(), grads_of(*seq));
+  };
+  std::vector<std::string> fused_graph, unfused_graph;
+  const auto fused = step(true, fused_graph);
+  const auto unfused = step(false, unfused_graph);
+  CHECK(fused.first == unfused.first);
+  CHECK(fused.second == unfused.second);
+  CHECK(fused_graph == unfused_graph);
+  CHECK(unfused_graph == std::vector<std::string>{"LinearBackward", "ReluBackward",
+                                                  "LinearBackward", "ReluBackward",
+                                                  "LinearBackward"});
 }

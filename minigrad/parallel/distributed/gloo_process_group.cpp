@@ -8,12 +8,9 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdlib>
-#include <deque>
-#include <functional>
-#include <mutex>
-#include <thread>
+
+#include <minigrad/parallel/distributed/gloo_internal.h>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -31,11 +28,78 @@
 
 namespace mg::parallel {
 
+namespace gloo_detail {
+
+double seconds_of(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+
+void block_sigpipe_in_this_thread(sigset_t* previous) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  const int rc = pthread_sigmask(SIG_BLOCK, &set, previous);
+  MG_CHECK(rc == 0, "ProcessGroupGloo: pthread_sigmask failed: {}", net::errno_string(rc));
+}
+
+ScopedSigpipeBlock::ScopedSigpipeBlock() {
+  block_sigpipe_in_this_thread(&previous_);
+  was_blocked_ = sigismember(&previous_, SIGPIPE) == 1;
+}
+
+ScopedSigpipeBlock::~ScopedSigpipeBlock() {
+  if (was_blocked_) return;
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  const timespec no_wait{0, 0};
+  while (sigtimedwait(&set, nullptr, &no_wait) == SIGPIPE) {
+  }
+  pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+}
+
+void GlooWork::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return done_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool GlooWork::is_completed() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+double GlooWork::duration_seconds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_ ? duration_ : -1.0;
+}
+
+void GlooWork::run() {
+  const auto start = std::chrono::steady_clock::now();
+  run_();
+  finish(nullptr, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+void GlooWork::finish(std::exception_ptr error, double duration) {
+  std::function<void()> done_with;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = std::move(error);
+    duration_ = duration;
+    done_ = true;
+    done_with = std::move(run_);  // drops the buffers it held, outside the lock
+    run_ = nullptr;
+  }
+  cv_.notify_all();
+}
+
+}  // namespace gloo_detail
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_of(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+using gloo_detail::GlooWork;
+using gloo_detail::ScopedSigpipeBlock;
+using gloo_detail::block_sigpipe_in_this_thread;
+using gloo_detail::seconds_of;
 
 // Gloo's rendezvous talks to a gloo::rendezvous::Store; this one forwards to our TCPStore
 // under a prefix of its own, so several groups (and NCCL) can share one store.
@@ -92,173 +156,79 @@ gloo::transport::tcp::attr transport_attr(const ProcessGroupOptions& options,
 
 using ReduceFunction = void (*)(void*, const void*, const void*, size_t);
 
-// Gloo writes to its sockets without MSG_NOSIGNAL, so writing to a peer that died raises
-// SIGPIPE, whose default action kills the process before Gloo can report the error.
-// (Python ignores SIGPIPE at start-up, which is why PyTorch never meets this.) Rather
-// than change the whole process's disposition, SIGPIPE is blocked in the threads that
-// talk to Gloo: the communication thread, Gloo's own event-loop thread (which inherits
-// the mask of the thread creating the device), and the constructing thread while it
-// connects; the write then fails with EPIPE and Gloo throws.
-void block_sigpipe_in_this_thread(sigset_t* previous) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGPIPE);
-  const int rc = pthread_sigmask(SIG_BLOCK, &set, previous);
-  MG_CHECK(rc == 0, "ProcessGroupGloo: pthread_sigmask failed: {}", net::errno_string(rc));
-}
-
-// Blocks SIGPIPE for a scope; one raised meanwhile is discarded before the mask returns.
-class ScopedSigpipeBlock {
- public:
-  ScopedSigpipeBlock() {
-    block_sigpipe_in_this_thread(&previous_);
-    was_blocked_ = sigismember(&previous_, SIGPIPE) == 1;
-  }
-  ~ScopedSigpipeBlock() {
-    if (was_blocked_) return;
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGPIPE);
-    const timespec no_wait{0, 0};
-    while (sigtimedwait(&set, nullptr, &no_wait) == SIGPIPE) {
-    }
-    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
-  }
-  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
-  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
-
- private:
-  sigset_t previous_;
-  bool was_blocked_ = false;
-};
-
 }  // namespace
 
-// One queued collective: what to run on the communication thread, and its outcome.
-class GlooWork : public Work {
- public:
-  GlooWork(std::string description, std::function<void()> run)
-      : description_(std::move(description)), run_(std::move(run)) {}
+std::string ProcessGroupGloo::Impl::next_description(const char* op, const std::string& detail) {
+  std::lock_guard<std::mutex> lock(mutex);
+  std::string description = fmt::format("{} #{}", op, sequence++);
+  if (!detail.empty()) description += " (" + detail + ")";
+  return description;
+}
 
-  void wait() override {
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return done_; });
-    if (error_) std::rethrow_exception(error_);
-  }
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return done_;
-  }
-  double duration_seconds() const override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return done_ ? duration_ : -1.0;
-  }
+void ProcessGroupGloo::Impl::record_failure(const std::string& message) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (first_error.empty()) first_error = message;
+}
 
-  const std::string& description() const { return description_; }
+std::string ProcessGroupGloo::Impl::failure() {
+  std::lock_guard<std::mutex> lock(mutex);
+  return first_error;
+}
 
-  // Runs on the communication thread.
-  void run() {
-    const auto start = Clock::now();
-    run_();
-    finish(nullptr, std::chrono::duration<double>(Clock::now() - start).count());
-  }
-  void finish(std::exception_ptr error, double duration) {
+std::shared_ptr<Work> ProcessGroupGloo::Impl::enqueue(const char* op, const std::string& detail,
+                                                      std::function<void(uint32_t)> body) {
+  std::lock_guard<std::mutex> lock(mutex);
+  const uint32_t tag = next_tag++;
+  std::string description = fmt::format("{} #{}", op, sequence++);
+  if (!detail.empty()) description += " (" + detail + ")";
+  auto work = std::make_shared<GlooWork>(std::move(description),
+                                         [body = std::move(body), tag] { body(tag); });
+  queue.push_back(work);
+  cv.notify_one();
+  return work;
+}
+
+void ProcessGroupGloo::Impl::run_worker() {
+  block_sigpipe_in_this_thread(nullptr);  // for good: see ScopedSigpipeBlock
+  for (;;) {
+    std::shared_ptr<GlooWork> work;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      error_ = std::move(error);
-      duration_ = duration;
-      done_ = true;
-      run_ = nullptr;  // drops the buffers it held
-    }
-    cv_.notify_all();
-  }
-
- private:
-  std::string description_;
-  std::function<void()> run_;
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  double duration_ = -1.0;
-  std::exception_ptr error_;
-};
-
-struct ProcessGroupGloo::Impl {
-  int rank = 0;
-  int size = 1;
-  std::shared_ptr<TCPStore> store;
-  ProcessGroupOptions options;
-  std::shared_ptr<gloo::transport::Device> device;
-  std::shared_ptr<gloo::rendezvous::Context> context;
-
-  std::mutex mutex;
-  std::condition_variable cv;
-  std::deque<std::shared_ptr<GlooWork>> queue;
-  bool stopping = false;
-  uint32_t next_tag = 0;     // Gloo matches the messages of concurrent ops by tag
-  uint64_t sequence = 0;     // numbers collectives in messages: "allreduce #12"
-  std::string first_error;   // after one failure the connections are unusable
-  std::thread worker;
-
-  // `op` and `detail` name the collective in messages: "allreduce #3 (sum of 40 bytes)".
-  std::shared_ptr<Work> enqueue(const char* op, const std::string& detail,
-                                std::function<void(uint32_t)> body) {
-    std::lock_guard<std::mutex> lock(mutex);
-    const uint32_t tag = next_tag++;
-    std::string description = fmt::format("{} #{}", op, sequence++);
-    if (!detail.empty()) description += " (" + detail + ")";
-    auto work = std::make_shared<GlooWork>(std::move(description),
-                                           [body = std::move(body), tag] { body(tag); });
-    queue.push_back(work);
-    cv.notify_one();
-    return work;
-  }
-
-  void run_worker() {
-    block_sigpipe_in_this_thread(nullptr);  // for good: see ScopedSigpipeBlock
-    for (;;) {
-      std::shared_ptr<GlooWork> work;
-      {
-        std::unique_lock<std::mutex> lock(mutex);
-        cv.wait(lock, [&] { return stopping || !queue.empty(); });
-        if (queue.empty()) return;  // stopping, and nothing left
-        work = std::move(queue.front());
-        queue.pop_front();
-        if (stopping) {
-          work->finish(std::make_exception_ptr(Error(fmt::format(
-                           "ProcessGroupGloo: {} was never run: the process group was "
-                           "destroyed first (rank {} of {})",
-                           work->description(), rank, size))),
-                       0.0);
-          continue;
-        }
-        if (!first_error.empty()) {
-          work->finish(std::make_exception_ptr(Error(fmt::format(
-                           "ProcessGroupGloo: {} on rank {} of {} was not run because an earlier "
-                           "collective failed: {}",
-                           work->description(), rank, size, first_error))),
-                       0.0);
-          continue;
-        }
+      std::unique_lock<std::mutex> lock(mutex);
+      cv.wait(lock, [&] { return stopping || !queue.empty(); });
+      if (queue.empty()) return;  // stopping, and nothing left
+      work = std::move(queue.front());
+      queue.pop_front();
+      if (stopping) {
+        work->finish(std::make_exception_ptr(Error(fmt::format(
+                         "ProcessGroupGloo: {} was never run: the process group was "
+                         "destroyed first (rank {} of {})",
+                         work->description(), rank, size))),
+                     0.0);
+        continue;
       }
-      const auto start = Clock::now();
-      try {
-        work->run();
-      } catch (const std::exception& e) {
-        const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-        const std::string message = fmt::format(
-            "ProcessGroupGloo: {} failed on rank {} of {} after {:.2f} s (timeout {:.2f} s): a "
-            "peer rank died, hung, or did not call the same collective. Gloo says: {}",
-            work->description(), rank, size, elapsed, seconds_of(options.timeout), e.what());
-        {
-          std::lock_guard<std::mutex> lock(mutex);
-          if (first_error.empty()) first_error = message;
-        }
-        work->finish(std::make_exception_ptr(Error(message)), elapsed);
+      if (!first_error.empty()) {
+        work->finish(std::make_exception_ptr(Error(fmt::format(
+                         "ProcessGroupGloo: {} on rank {} of {} was not run because an earlier "
+                         "collective or message failed: {}",
+                         work->description(), rank, size, first_error))),
+                     0.0);
+        continue;
       }
     }
+    const auto start = Clock::now();
+    try {
+      work->run();
+    } catch (const std::exception& e) {
+      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      const std::string message = fmt::format(
+          "ProcessGroupGloo: {} failed on rank {} of {} after {:.2f} s (timeout {:.2f} s): a "
+          "peer rank died, hung, or did not call the same collective. Gloo says: {}",
+          work->description(), rank, size, elapsed, seconds_of(options.timeout), e.what());
+      record_failure(message);
+      work->finish(std::make_exception_ptr(Error(message)), elapsed);
+    }
   }
-};
+}
 
 ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<TCPStore> store, int rank, int size,
                                    ProcessGroupOptions options)
@@ -270,8 +240,8 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<TCPStore> store, int rank, in
   impl_->size = size;
   impl_->store = std::move(store);
   impl_->options = options;
-
-  const std::string prefix = fmt::format("gloo/{}/", group_counter++);
+  impl_->prefix = fmt::format("gloo/{}/", group_counter++);
+  const std::string& prefix = impl_->prefix;
   const auto start = Clock::now();
   ScopedSigpipeBlock no_sigpipe;  // also inherited by Gloo's loop thread and our worker
   try {
@@ -298,6 +268,7 @@ ProcessGroupGloo::~ProcessGroupGloo() {
   }
   impl_->cv.notify_all();
   impl_->worker.join();
+  impl_->stop_point_to_point();
 }
 
 std::chrono::milliseconds ProcessGroupGloo::timeout() const { return impl_->options.timeout; }

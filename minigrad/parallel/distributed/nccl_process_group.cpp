@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -15,19 +16,8 @@
 #include <minigrad/core/backend.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/cuda/check.h>
-
-// In non-blocking mode an NCCL call may return ncclInProgress: the operation was accepted
-// and completes in the background (Impl::settle waits for it). Anything else but success
-// is an error, reported as MG_NCCL_CHECK reports it.
-#define MG_NCCL_CHECK_NONBLOCKING(expr)                                                     \
-  do {                                                                                      \
-    const ncclResult_t mg_nccl_result_ = (expr);                                            \
-    if (mg_nccl_result_ != ncclSuccess && mg_nccl_result_ != ncclInProgress)                \
-      ::mg::cuda::detail::throw_library_error("NCCL", #expr,                                \
-                                              ncclGetErrorString(mg_nccl_result_),          \
-                                              static_cast<int>(mg_nccl_result_), __FILE__, \
-                                              __LINE__);                                    \
-  } while (0)
+#include <minigrad/parallel/distributed/nccl_point_to_point.h>
+#include <minigrad/parallel/distributed/p2p_message.h>
 
 namespace mg::parallel {
 
@@ -53,10 +43,12 @@ struct ProcessGroupNccl::Impl {
   int size = 1;
   int device_index = 0;
   std::shared_ptr<TCPStore> store;
+  std::string prefix;  // this group's keys in the store: "nccl/0/", "nccl/0/sub1/"
   ProcessGroupOptions options;
   ncclComm_t comm = nullptr;
   cudaStream_t comm_stream = nullptr;
-  uint64_t sequence = 0;
+  std::atomic<uint64_t> sequence{0};  // numbers operations in messages: "allreduce #3"
+  std::unique_ptr<detail::NcclPointToPoint> p2p;  // send and recv, over lanes of their own
 
   std::mutex mutex;         // guards the two below (wait() may run on any thread)
   bool aborted = false;
@@ -235,11 +227,11 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<TCPStore> store, int rank, in
   impl_->store = std::move(store);
   impl_->options = options;
 
-  std::string prefix;
   {
     std::lock_guard<std::mutex> lock(group_counter_mutex);
-    prefix = fmt::format("nccl/{}/", group_counter++);
+    impl_->prefix = fmt::format("nccl/{}/", group_counter++);
   }
+  const std::string& prefix = impl_->prefix;
   DeviceGuard guard(impl_->device());
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + options.timeout;
@@ -265,10 +257,19 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<TCPStore> store, int rank, in
   impl_->settle(fmt::format("ncclCommInitRankConfig (world size {}, cuda:{})", size, index).c_str(),
                 start, deadline);
   MG_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->comm_stream, cudaStreamNonBlocking));
+  detail::NcclLaneConfig lanes;
+  lanes.store = impl_->store;
+  lanes.prefix = prefix;
+  lanes.rank = rank;
+  lanes.size = size;
+  lanes.device_index = index;
+  lanes.timeout = options.timeout;
+  impl_->p2p = std::make_unique<detail::NcclPointToPoint>(std::move(lanes));
 }
 
 ProcessGroupNccl::~ProcessGroupNccl() {
   if (!impl_) return;
+  impl_->p2p.reset();  // stops the lanes
   DeviceGuard guard(impl_->device());
   if (impl_->comm != nullptr && !impl_->aborted) {
     // A non-blocking communicator is finalised first (that flushes the collectives still
@@ -385,6 +386,22 @@ std::shared_ptr<Work> ProcessGroupNccl::all_gather(Tensor output, Tensor input) 
                                             nccl_dtype(input.dtype()), comm, stream));
   });
   return work;
+}
+
+std::shared_ptr<Work> ProcessGroupNccl::send(std::vector<Tensor> tensors, int dst, int tag) {
+  check_message("send", tensors, dst, tag);
+  std::string description =
+      fmt::format("send #{} (to rank {}, tag {}: {})", impl_->sequence++, dst, tag,
+                  detail::describe(detail::message_header(tensors, tag)));
+  return impl_->p2p->send(std::move(tensors), dst, tag, std::move(description));
+}
+
+std::shared_ptr<Work> ProcessGroupNccl::recv(std::vector<Tensor> tensors, int src, int tag) {
+  check_message("recv", tensors, src, tag);
+  std::string description =
+      fmt::format("recv #{} (from rank {}, tag {}: {})", impl_->sequence++, src, tag,
+                  detail::describe(detail::message_header(tensors, tag)));
+  return impl_->p2p->recv(std::move(tensors), src, tag, std::move(description));
 }
 
 std::shared_ptr<Work> ProcessGroupNccl::barrier() {

@@ -47,6 +47,18 @@ void ProcessGroup::check_tensors(const char* collective, const std::vector<Tenso
   }
 }
 
+void ProcessGroup::check_message(const char* op, const std::vector<Tensor>& tensors, int peer,
+                                 int tag) const {
+  check_tensors(op, tensors, false);
+  const char* peer_name = std::string(op) == "send" ? "destination" : "source";
+  MG_CHECK(peer >= 0 && peer < size_, "{} ({}): {} rank {} is outside [0, {}) (rank {})", op,
+           backend_name(), peer_name, peer, size_, rank_);
+  MG_CHECK(peer != rank_, "{} ({}): {} rank {} is this rank itself; messages go to other ranks",
+           op, backend_name(), peer_name, peer);
+  MG_CHECK(tag >= 0, "{} ({}): tag {} is negative; tags are 0 or more (rank {})", op,
+           backend_name(), tag, rank_);
+}
+
 bool ProcessGroup::check_flat_pair(const char* collective, const Tensor& whole,
                                    const char* whole_name, const Tensor& part,
                                    const char* part_name, bool average) const {

@@ -10,6 +10,8 @@
 //                                      buffer (DistributedDataParallel's gradients)
 //   reduce_scatter, all_gather         flat: one tensor in, one out (ZeRO and FSDP shard
 //                                      gradients and gather parameters with these)
+//   send, recv                         point to point, matched by (peer, tag), checked
+//                                      against each other (a pipeline's stages)
 //
 // Backends (the network code is theirs; minigrad re-implements no collective):
 //   ProcessGroupGloo (process_group_gloo.h): CPU tensors, over Gloo's TCP transport.
@@ -105,6 +107,26 @@ class ProcessGroup {
                                                ReduceOp op = ReduceOp::Sum) = 0;
   virtual std::shared_ptr<Work> all_gather(Tensor output, Tensor input) = 0;
 
+  // Point to point, as torch.distributed.isend / irecv: the tensors travel as one message
+  // (coalesced; float32 or int64, one dtype) to group rank `dst`, and recv fills its
+  // tensors from the message that rank `src` sent. Messages from one rank to another are
+  // matched by tag (tag >= 0), in the order they were posted; other tags and other peers
+  // are independent, so any number may be in flight, and a send and a recv between the
+  // same two ranks may be posted in either order (a 1F1B pipeline posts both). Only
+  // wait() blocks: a send completes once its peer has taken the message (Gloo) or it has
+  // left (NCCL), a recv once the message is in its tensors. A recv whose tensors differ
+  // from the message's (number, shapes or dtype) fails with both descriptions, and the
+  // message is dropped. The tensors must not be touched until wait(); the wait is bounded
+  // by the group's timeout.
+  virtual std::shared_ptr<Work> send(std::vector<Tensor> tensors, int dst, int tag = 0) = 0;
+  virtual std::shared_ptr<Work> recv(std::vector<Tensor> tensors, int src, int tag = 0) = 0;
+  std::shared_ptr<Work> send(const Tensor& tensor, int dst, int tag = 0) {
+    return send(std::vector<Tensor>{tensor}, dst, tag);
+  }
+  std::shared_ptr<Work> recv(const Tensor& tensor, int src, int tag = 0) {
+    return recv(std::vector<Tensor>{tensor}, src, tag);
+  }
+
  protected:
   // Checks the tensors of a collective against this group: defined, on device(), one
   // dtype that the op supports. Names the collective, the tensor index and the rank.
@@ -113,6 +135,10 @@ class ProcessGroup {
   // Checks the two tensors of reduce_scatter (whole = input, part = output) or all_gather
   // (whole = output, part = input) as the comment above says, naming the collective, the
   // sizes and the rank. Returns true when part is whole's slice for this rank (in place).
+  // Checks a send or recv: its tensors (as check_tensors), a peer in [0, size()) other
+  // than this rank, and a tag >= 0.
+  void check_message(const char* op, const std::vector<Tensor>& tensors, int peer,
+                     int tag) const;
   bool check_flat_pair(const char* collective, const Tensor& whole, const char* whole_name,
                        const Tensor& part, const char* part_name, bool average) const;
 

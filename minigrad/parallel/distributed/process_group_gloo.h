@@ -44,8 +44,14 @@ class ProcessGroupGloo : public ProcessGroup {
                                        ReduceOp op = ReduceOp::Sum) override;
   // Gloo's ring all-gather.
   std::shared_ptr<Work> all_gather(Tensor output, Tensor input) override;
+  // Gloo's unbound buffers, posted on the caller's thread (so messages never queue behind
+  // collectives): a fixed-size header, then the payload once the header has been checked.
+  std::shared_ptr<Work> send(std::vector<Tensor> tensors, int dst, int tag = 0) override;
+  std::shared_ptr<Work> recv(std::vector<Tensor> tensors, int src, int tag = 0) override;
   using ProcessGroup::allreduce;
   using ProcessGroup::broadcast;
+  using ProcessGroup::recv;
+  using ProcessGroup::send;
 
   struct Impl;  // gloo_process_group.cpp
 

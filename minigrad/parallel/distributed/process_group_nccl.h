@@ -50,8 +50,14 @@ class ProcessGroupNccl : public ProcessGroup {
   std::shared_ptr<Work> reduce_scatter(Tensor output, Tensor input,
                                        ReduceOp op = ReduceOp::Sum) override;
   std::shared_ptr<Work> all_gather(Tensor output, Tensor input) override;
+  // Over a lane per direction and peer: a two-rank communicator, stream and thread of its
+  // own (nccl_point_to_point.h), so a send and a recv never wait for each other's kernel.
+  std::shared_ptr<Work> send(std::vector<Tensor> tensors, int dst, int tag = 0) override;
+  std::shared_ptr<Work> recv(std::vector<Tensor> tensors, int src, int tag = 0) override;
   using ProcessGroup::allreduce;
   using ProcessGroup::broadcast;
+  using ProcessGroup::recv;
+  using ProcessGroup::send;
 
   struct Impl;  // nccl_process_group.cpp
 
