@@ -3,7 +3,6 @@
 #include <atomic>
 #include <exception>
 #include <functional>
-#include <thread>
 
 #include <minigrad/autograd/engine.h>
 #include <minigrad/autograd/grad_mode.h>
@@ -14,6 +13,7 @@
 #include <minigrad/parallel/communicator.h>
 #include <minigrad/parallel/tensor_parallel/layers.h>
 #include <minigrad/parallel/transfer.h>
+#include <minigrad/parallel/worker_pool.h>
 
 namespace mg::parallel {
 namespace {
@@ -46,10 +46,11 @@ void run_ranks(InProcessGroup& group, const std::function<void(int)>& body) {
   if (n == 1) {
     rank_main(0);
   } else {
-    std::vector<std::thread> threads;
-    threads.reserve(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) threads.emplace_back(rank_main, r);
-    for (std::thread& t : threads) t.join();
+    // parallel_apply's pool: a long-lived thread per rank, all running at once (a rank
+    // waits in each collective for all the others, so none may wait for a free thread).
+    std::vector<std::function<void()>> tasks;
+    for (int r = 0; r < n; ++r) tasks.emplace_back([&rank_main, r] { rank_main(r); });
+    WorkerPool::instance().run_all(tasks);
   }
   const int failed = first_failure.load();
   if (failed < 0) return;

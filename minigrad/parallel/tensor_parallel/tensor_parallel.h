@@ -5,8 +5,8 @@
 //   optim::SGD sgd(tp->parameters(), 0.1);                               // every rank's shards
 //   cross_entropy(tp->forward(x), y).backward();                          // as with any module
 //
-// Each rank of the group is a thread of its own (one per device, as parallel_apply runs
-// one per replica), and runs exactly the code a process of a Gloo or NCCL group runs: its
+// Each rank of the group is a thread of its own (one per device, on the worker pool that
+// parallel_apply runs its replicas on), and runs exactly the code a process of a Gloo or NCCL group runs: its
 // shard's forward, with the collectives of functions.h meeting the other ranks' threads in
 // an InProcessGroup. Threads, not one thread taking the ranks in turn, because a rank
 // blocks in each collective until every rank has reached it.
