@@ -23,9 +23,11 @@
 #include <minigrad/nn/init.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/module.h>
+#include <minigrad/nn/optim/adam.h>
 #include <minigrad/nn/optim/optimizer.h>
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/nn/serialize.h>
+#include <minigrad/nn/utils/clip_grad.h>
 #include <minigrad/parallel/comm.h>
 #include <minigrad/parallel/communicator.h>
 #include <minigrad/parallel/data_parallel.h>

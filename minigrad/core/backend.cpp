@@ -24,6 +24,7 @@ class MissingCudaBackend final : public Backend {
   void synchronize(int) override { fail(); }
   void* event_create(int) override { fail(); }
   void event_destroy(void*) override {}
+  void abs_max(const Tensor&, const Tensor&) override { fail(); }
   void event_record(void*, const Stream&) override { fail(); }
   void event_block(void*, const Stream&) override { fail(); }
   void event_synchronize(void*) override { fail(); }
@@ -126,6 +127,75 @@ void Backend::sgd_step(const SgdStep& step) {
       }
     }
     binary(BinaryOp::Add, t.param, t.param, d_p, -step.lr);
+  }
+}
+
+void check_adam_step(const AdamStep& step, Device device) {
+  for (size_t i = 0; i < step.tensors.size(); ++i) {
+    const AdamTensor& t = step.tensors[i];
+    MG_CHECK(t.param.defined(), "adam_step: parameter {} is undefined", i);
+    const auto fits = [&](const Tensor& x) {
+      return x.defined() && x.dtype() == DType::Float32 && x.is_contiguous() &&
+             x.shape() == t.param.shape() && x.device() == device;
+    };
+    const bool max_fits = step.amsgrad ? fits(t.max_exp_avg_sq) : !t.max_exp_avg_sq.defined();
+    MG_CHECK(fits(t.param) && fits(t.grad) && fits(t.exp_avg) && fits(t.exp_avg_sq) && max_fits,
+             "adam_step on {}: tensor {} does not fit (param: {}; grad: {}; exp_avg: {}; "
+             "exp_avg_sq: {}; max_exp_avg_sq: {}; amsgrad {}): expected float32 contiguous "
+             "tensors of the param's shape on {}, with max_exp_avg_sq exactly when amsgrad",
+             device, i, describe_operand(t.param), describe_operand(t.grad),
+             describe_operand(t.exp_avg), describe_operand(t.exp_avg_sq),
+             describe_operand(t.max_exp_avg_sq), step.amsgrad, device);
+  }
+}
+
+// The update as PyTorch's _single_tensor_adam/_single_tensor_adamw spell it, one
+// elementwise op at a time: the reference every fused adam_step reproduces bit for bit.
+// (addcmul_ and addcdiv_ are value * t1 first, then * or / t2, then the add.)
+void Backend::adam_step(const AdamStep& step) {
+  if (step.tensors.empty()) return;
+  check_adam_step(step, step.tensors.front().param.device());
+  for (const AdamTensor& t : step.tensors) {
+    if (t.param.numel() == 0) continue;
+    const auto temporary = [&] { return empty(t.param.shape(), DType::Float32, t.param.device()); };
+    Tensor g = t.grad;  // the gradient itself is never written
+    if (step.maximize) {
+      const Tensor negated = temporary();
+      unary(UnaryOp::Neg, negated, g);
+      g = negated;
+    }
+    if (step.weight_decay != 0.0) {
+      if (step.decoupled_weight_decay) {
+        binary_scalar(BinaryOp::Mul, t.param, t.param, 1.0 - step.lr * step.weight_decay);
+      } else {
+        const Tensor decayed = temporary();
+        binary(BinaryOp::Add, decayed, g, t.param, step.weight_decay);
+        g = decayed;
+      }
+    }
+    binary_scalar(BinaryOp::Mul, t.exp_avg, t.exp_avg, step.beta1);
+    binary(BinaryOp::Add, t.exp_avg, t.exp_avg, g, 1.0 - step.beta1);
+
+    binary_scalar(BinaryOp::Mul, t.exp_avg_sq, t.exp_avg_sq, step.beta2);
+    const Tensor g2 = temporary();
+    binary_scalar(BinaryOp::Mul, g2, g, 1.0 - step.beta2);
+    binary(BinaryOp::Mul, g2, g2, g, 1.0);
+    binary(BinaryOp::Add, t.exp_avg_sq, t.exp_avg_sq, g2, 1.0);
+
+    Tensor second = t.exp_avg_sq;
+    if (step.amsgrad) {
+      binary(BinaryOp::Maximum, t.max_exp_avg_sq, t.max_exp_avg_sq, t.exp_avg_sq, 1.0);
+      second = t.max_exp_avg_sq;
+    }
+    const Tensor denom = temporary();
+    unary(UnaryOp::Sqrt, denom, second);
+    binary_scalar(BinaryOp::Div, denom, denom, t.bias_correction2_sqrt);
+    binary_scalar(BinaryOp::Add, denom, denom, step.eps);
+
+    const Tensor update = temporary();
+    binary_scalar(BinaryOp::Mul, update, t.exp_avg, -t.step_size);
+    binary(BinaryOp::Div, update, update, denom, 1.0);
+    binary(BinaryOp::Add, t.param, t.param, update, 1.0);
   }
 }
 

@@ -76,6 +76,46 @@ struct SgdStep {
 // of the param's shape and on `device`.
 void check_sgd_step(const SgdStep& step, Device device);
 
+// One step of optim::Adam or optim::AdamW (nn/optim/adam.h) over tensors of one device,
+// torch.optim.Adam/AdamW's update with their roundings:
+//
+//   g    = maximize ? -grad : grad
+//   p    = p * (1 - lr * weight_decay)                (AdamW, when weight_decay != 0)
+//   g    = g + weight_decay * p                       (Adam, when weight_decay != 0)
+//   m    = m * beta1 + (1 - beta1) * g                (exp_avg.mul_(beta1).add_(g, 1 - beta1))
+//   v    = v * beta2 + ((1 - beta2) * g) * g          (exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2))
+//   vmax = maximum(vmax, v)                           (amsgrad)
+//   d    = sqrt(amsgrad ? vmax : v) / bias_correction2_sqrt + eps
+//   p    = p + ((-step_size) * m) / d                 (p.addcdiv_(m, d, -step_size))
+//
+// in float32, each product, quotient, sum and square root rounded on its own, with the
+// scalars rounded to float first (1 - lr * weight_decay, 1 - beta1, 1 - beta2 and
+// -step_size computed in double). Each tensor brings its own bias corrections, since a
+// parameter counts its own steps: step_size = lr / (1 - beta1^step) and
+// bias_correction2_sqrt = sqrt(1 - beta2^step), in double. The state of a first step is
+// zeros (m, v, vmax), as PyTorch starts it.
+struct AdamTensor {
+  Tensor param;
+  Tensor grad;
+  Tensor exp_avg;
+  Tensor exp_avg_sq;
+  Tensor max_exp_avg_sq;  // undefined unless amsgrad
+  double step_size = 0.0;
+  double bias_correction2_sqrt = 1.0;
+};
+struct AdamStep {
+  std::vector<AdamTensor> tensors;
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool decoupled_weight_decay = false;  // AdamW: p *= 1 - lr * weight_decay
+  bool amsgrad = false;
+  bool maximize = false;
+};
+
+// mg::Error unless `step` is what Backend::adam_step takes: every param, grad, exp_avg,
+// exp_avg_sq (and max_exp_avg_sq exactly when amsgrad) is float32, contiguous, of the
+// param's shape and on `device`.
+void check_adam_step(const AdamStep& step, Device device);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -128,6 +168,9 @@ class Backend {
   virtual void sum(const Tensor& out, const Tensor& in) = 0;
   // out[i] = argmax_j in[i, j]; in is 2-D, out int64 of size rows.
   virtual void argmax(const Tensor& out, const Tensor& in) = 0;
+  // out (one float32) = the largest |in| over all elements, NaN if any is NaN (the
+  // infinity norm, for gradient clipping). in is float32, contiguous, not empty.
+  virtual void abs_max(const Tensor& out, const Tensor& in) = 0;
 
   // ---- linear algebra ----
   // out[m,n] = a[m,k] @ b[k,n]. a and b may be contiguous or transposed views; a
@@ -162,6 +205,10 @@ class Backend {
   // elementwise ops (several per tensor); a backend fuses it into one pass per tensor
   // (CPU) or one launch per group of tensors (CUDA), with the same bits.
   virtual void sgd_step(const SgdStep& step);
+  // Updates params and their Adam state in place, as AdamStep describes. The default is
+  // the composition of elementwise ops (a dozen per tensor); the CPU fuses it into one
+  // pass per tensor, CUDA into one launch per group of tensors, with the same bits.
+  virtual void adam_step(const AdamStep& step);
 };
 
 // The backend table, by DeviceType. The CPU backend is always there; the CUDA entry is

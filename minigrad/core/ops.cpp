@@ -269,6 +269,17 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
   return view(reduced, shape);
 }
 
+Tensor abs_max(const Tensor& x) {
+  check_float("abs_max", x);
+  Tensor out = empty(Shape{}, DType::Float32, x.device());
+  if (x.numel() == 0) {
+    out.fill_(0.0);
+    return out;
+  }
+  backend_of(x).abs_max(out, contiguous(x));
+  return out;
+}
+
 Tensor argmax(const Tensor& x, int64_t dim) {
   check_float("argmax", x);
   MG_CHECK(x.dim() >= 1 && x.numel() > 0, "argmax: expected a non-empty tensor, got shape {}",

@@ -40,6 +40,9 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim);
 // Sums a broadcast gradient back down to `shape` (the input's shape before broadcast).
 Tensor sum_to(const Tensor& x, const Shape& shape);
 Tensor argmax(const Tensor& x, int64_t dim);
+// max |x| over all elements as a 0-dim float32 tensor on x's device: NaN if any element
+// is NaN, 0 for an empty x (torch's x.abs().max(), the infinity norm).
+Tensor abs_max(const Tensor& x);
 
 // ---- linear algebra, softmax, loss ----
 Tensor matmul(const Tensor& a, const Tensor& b);  // 2-D @ 2-D

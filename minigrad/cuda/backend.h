@@ -57,6 +57,7 @@ class CudaBackend final : public Backend {
   void relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& input) override;
   void sum(const Tensor& out, const Tensor& in) override;
   void argmax(const Tensor& out, const Tensor& in) override;
+  void abs_max(const Tensor& out, const Tensor& in) override;
   void log_softmax(const Tensor& out, const Tensor& in) override;
   void log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
                             const Tensor& output) override;
@@ -73,6 +74,7 @@ class CudaBackend final : public Backend {
 
   // backend_optim.cpp
   void sgd_step(const SgdStep& step) override;
+  void adam_step(const AdamStep& step) override;
 };
 
 CudaBackend& cuda_backend();

@@ -120,6 +120,14 @@ void CudaBackend::argmax(const Tensor& out, const Tensor& in) {
                        in.stride(0), in.stride(1), scope.stream());
 }
 
+void CudaBackend::abs_max(const Tensor& out, const Tensor& in) {
+  MG_CHECK(in.is_contiguous() && in.numel() > 0,
+           "abs_max on CUDA: expected a contiguous, non-empty input, got shape {}", in.shape());
+  OpScope scope(out);
+  kernels::abs_max(static_cast<float*>(out.data_ptr()), static_cast<const float*>(in.data_ptr()),
+                   in.numel(), scope.stream());
+}
+
 // ---- softmax and cross-entropy ----
 
 void CudaBackend::log_softmax(const Tensor& out, const Tensor& in) {

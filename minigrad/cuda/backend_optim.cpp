@@ -1,6 +1,7 @@
 // CudaBackend: optimizer updates. SGD's step over all the tensors of a device is one
 // multi-tensor kernel launch per kSgdTensorsPerLaunch tensors (kernels/optim.cu),
-// where the composition of elementwise ops launches up to five kernels per tensor.
+// where the composition of elementwise ops launches up to five kernels per tensor;
+// Adam's one per kAdamTensorsPerLaunch tensors, where the composition launches a dozen.
 #include <algorithm>
 #include <vector>
 
@@ -49,6 +50,50 @@ void CudaBackend::sgd_step(const SgdStep& step) {
                                     use_momentum,
                                     step.nesterov};
   kernels::sgd_step(tensors.data(), tensors.size(), scalars, scope.stream());
+}
+
+void CudaBackend::adam_step(const AdamStep& step) {
+  if (step.tensors.empty()) return;
+  const Device device = step.tensors.front().param.device();
+  MG_CHECK(device.type() == DeviceType::CUDA, "adam_step on CUDA: parameter 0 is on {}", device);
+  check_adam_step(step, device);
+  OpScope scope(device.index());
+  // The bias corrections are numbers in the launch, computed on the host from each
+  // parameter's step count: a graph would replay this step's corrections every time.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MG_CUDA_CHECK(cudaStreamIsCapturing(scope.stream(), &capture));
+  MG_CHECK(capture == cudaStreamCaptureStatusNone,
+           "adam_step on {}: Adam's step cannot be captured in a CUDA graph (its bias "
+           "corrections depend on the step count, which the optimizer keeps on the host, so "
+           "every replay would repeat this step's corrections); run the optimizer step "
+           "outside the capture",
+           device);
+
+  std::vector<kernels::AdamTensorPointers> tensors;
+  tensors.reserve(step.tensors.size());
+  for (const AdamTensor& t : step.tensors) {
+    tensors.push_back(kernels::AdamTensorPointers{
+        static_cast<float*>(t.param.data_ptr()), static_cast<const float*>(t.grad.data_ptr()),
+        static_cast<float*>(t.exp_avg.data_ptr()), static_cast<float*>(t.exp_avg_sq.data_ptr()),
+        step.amsgrad ? static_cast<float*>(t.max_exp_avg_sq.data_ptr()) : nullptr,
+        t.param.numel(), static_cast<float>(-t.step_size),
+        static_cast<float>(t.bias_correction2_sqrt)});
+  }
+  const kernels::AdamWeightDecay mode = step.weight_decay == 0.0 ? kernels::AdamWeightDecay::None
+                                        : step.decoupled_weight_decay
+                                            ? kernels::AdamWeightDecay::Decoupled
+                                            : kernels::AdamWeightDecay::L2;
+  const kernels::AdamScalars scalars{static_cast<float>(step.beta1),
+                                     static_cast<float>(1.0 - step.beta1),
+                                     static_cast<float>(step.beta2),
+                                     static_cast<float>(1.0 - step.beta2),
+                                     static_cast<float>(step.eps),
+                                     static_cast<float>(step.weight_decay),
+                                     static_cast<float>(1.0 - step.lr * step.weight_decay),
+                                     mode,
+                                     step.amsgrad,
+                                     step.maximize};
+  kernels::adam_step(tensors.data(), tensors.size(), scalars, scope.stream());
 }
 
 }  // namespace mg::cuda

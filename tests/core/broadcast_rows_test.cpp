@@ -2,6 +2,8 @@
 // either side, in place too) must give what element-by-element evaluation gives.
 #include "catch_compat.h"
 
+#include <algorithm>
+
 #include <minigrad/core/ops.h>
 
 using namespace mg;
@@ -21,13 +23,15 @@ TEST_CASE("broadcast rows: a column against a matrix, on either side, for each o
   const Tensor col = from_vector(std::vector<float>{2, -1, 4}, {3, 1});    // [3, 1]
   const auto mv = m.to_vector<float>();
   const std::vector<float> cv{2, -1, 4};
-  for (BinaryOp op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div}) {
+  for (BinaryOp op :
+       {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Maximum}) {
     const auto apply = [op](float p, float q) {
       switch (op) {
         case BinaryOp::Add: return p + q;
         case BinaryOp::Sub: return p - q;
         case BinaryOp::Mul: return p * q;
         case BinaryOp::Div: return p / q;
+        case BinaryOp::Maximum: return std::max(p, q);
       }
       return 0.0f;
     };

@@ -89,6 +89,7 @@ class HostBackedCudaBackend final : public Backend {
   }
   void sum(const Tensor& out, const Tensor& in) override { cpu().sum(out, in); }
   void argmax(const Tensor& out, const Tensor& in) override { cpu().argmax(out, in); }
+  void abs_max(const Tensor& out, const Tensor& in) override { cpu().abs_max(out, in); }
   void matmul(const Tensor& out, const Tensor& a, const Tensor& b) override {
     cpu().matmul(out, a, b);
   }

@@ -107,6 +107,23 @@ TEST_CASE("sqrt, abs and maximum (the optimizers' ops): values, NaN, views, int6
             .to_vector<float>() == std::vector<float>{0.5f, 2.0f});
 }
 
+TEST_CASE("abs_max: the largest magnitude, NaN wins, 0 when empty, strided input") {
+  const Tensor x = from_vector(std::vector<float>{0.5f, -7.25f, 3.0f, 7.0f}, {2, 2});
+  const Tensor m = ops::abs_max(x);
+  CHECK(m.dim() == 0);
+  CHECK(m.item<float>() == 7.25f);
+  CHECK(ops::abs_max(x.t()).item<float>() == 7.25f);
+  CHECK(ops::abs_max(ops::narrow(x, 1, 0, 1)).item<float>() == 3.0f);  // column 0: 0.5, 3
+  CHECK(ops::abs_max(zeros({0, 3})).item<float>() == 0.0f);
+  CHECK(ops::abs_max(from_vector(std::vector<float>{-INFINITY, 1.0f}, {2})).item<float>() ==
+        INFINITY);
+  CHECK(std::isnan(
+      ops::abs_max(from_vector(std::vector<float>{1.0f, std::nanf(""), INFINITY}, {3}))
+          .item<float>()));
+  REQUIRE_THROWS_WITH(ops::abs_max(arange(3.0)),
+                      MG_CONTAINS("abs_max: expected a float32 tensor, got int64"));
+}
+
 TEST_CASE("elementwise ops read strided and broadcast views correctly") {
   const Tensor a = iota({3, 4});
   const Tensor t = a.t();                         // [4, 3] strides [1, 4]

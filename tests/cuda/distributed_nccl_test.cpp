@@ -1,5 +1,5 @@
 // ProcessGroupNccl and DistributedDataParallel over real NCCL (collectives, send and recv,
-// a DDP step): 2 and 4 processes started by minigrad-run on one GPU. NCCL refuses two
+// sub-groups, a DDP step): 2 and 4 processes started by minigrad-run on one GPU. NCCL refuses two
 // ranks on one GPU unless each process claims a different host (NCCL_HOSTID), in which
 // case the ranks talk over NCCL's socket transport on loopback: slow, but real NCCL.
 // In test_cuda, so skipped (exit 77, by test_main) without a GPU; compiled only when
@@ -72,7 +72,8 @@ void check_point_to_point(ProcessGroup& pg) {
   const Device gpu = pg.device();
   const auto ramp = [&](float first, int64_t n) {
     std::vector<float> v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = first + static_cast<float>(i) / 8.0f;
+    for (int64_t i = 0; i < n; ++i)
+      v[static_cast<size_t>(i)] = first + static_cast<float>(i) / 8.0f;
     return from_vector(v, Shape{n}).to(gpu);
   };
   const auto same = [](const Tensor& a, const Tensor& b) {
@@ -158,6 +159,66 @@ void check_point_to_point(ProcessGroup& pg) {
   MG_CHECK(same(from_prev, ramp(static_cast<float>(prev), 4 + prev)), "ring");
 }
 
+// Sub-groups on a GPU group: with 4 ranks a 2 x 2 mesh (rows and columns, allreduces on
+// both at once, a reduce_scatter on a row, a message in a column), with 2 a group of both
+// and groups of one; a sub-group of a sub-group.
+void check_subgroups(ProcessGroup& pg) {
+  const int rank = pg.rank(), world = pg.size();
+  const Device gpu = pg.device();
+  const auto value = [](const Tensor& t) {
+    return t.to(Device::cpu()).contiguous().to_vector<float>()[0];
+  };
+  if (world == 4) {
+    std::shared_ptr<ProcessGroup> row, column;
+    for (int r = 0; r < 2; ++r)
+      if (auto g = pg.new_group({2 * r, 2 * r + 1})) row = g;
+    for (int c = 0; c < 2; ++c)
+      if (auto g = pg.new_group({c, c + 2})) column = g;
+    MG_CHECK(row && column && row->rank() == rank % 2 && column->rank() == rank / 2,
+             "mesh groups of rank {}", rank);
+    Tensor a = full(Shape{1000}, rank + 1.0, DType::Float32, gpu);
+    Tensor b = full(Shape{1000}, 10.0 * (rank + 1), DType::Float32, gpu);
+    auto wa = row->allreduce(a);
+    auto wb = column->allreduce(b);
+    Tensor scattered = empty(Shape{3}, DType::Float32, gpu);
+    auto ws = row->reduce_scatter(scattered, full(Shape{6}, rank + 1.0, DType::Float32, gpu));
+    Tensor got = empty(Shape{2}, DType::Float32, gpu);
+    auto wr = column->recv(got, 1 - column->rank());
+    auto wsend =
+        column->send(full(Shape{2}, 100.0 + rank, DType::Float32, gpu), 1 - column->rank());
+    for (auto& w : {wa, wb, ws, wr, wsend}) w->wait();
+    const float row_sum = rank / 2 == 0 ? 3.0f : 7.0f, column_sum = rank % 2 == 0 ? 4.0f : 6.0f;
+    MG_CHECK(value(a) == row_sum && value(b) == 10 * column_sum && value(scattered) == row_sum,
+             "mesh collectives on rank {}: {} {} {}", rank, value(a), value(b), value(scattered));
+    MG_CHECK(value(got) == 100.0f + (rank ^ 2), "a message in a column on rank {}", rank);
+    auto g = pg.new_group({1, 2, 3});
+    MG_CHECK((g != nullptr) == (rank != 0), "membership of {{1, 2, 3}} on rank {}", rank);
+    if (g) {
+      auto h = g->new_group({0, 2});  // world ranks 1 and 3
+      if (h) {
+        Tensor t = full(Shape{3}, rank + 1.0, DType::Float32, gpu);
+        h->allreduce(t)->wait();
+        MG_CHECK(value(t) == 6.0f, "a sub-group of a sub-group on rank {}", rank);
+      }
+    }
+  } else {
+    auto both = pg.new_group({0, 1});
+    Tensor t = full(Shape{5}, rank + 1.0, DType::Float32, gpu);
+    both->allreduce(t)->wait();
+    MG_CHECK(value(t) == 3.0f, "a sub-group of everyone on rank {}", rank);
+    for (int r = 0; r < world; ++r) {
+      auto one = pg.new_group({r});
+      MG_CHECK((one != nullptr) == (r == rank), "a group of one");
+      if (one) {
+        Tensor u = full(Shape{2}, 7.0, DType::Float32, gpu);
+        one->allreduce(u)->wait();
+        MG_CHECK(value(u) == 7.0f && one->size() == 1, "a group of one's allreduce");
+      }
+    }
+  }
+  pg.barrier()->wait();
+}
+
 }  // namespace
 
 TEST_CASE("worker process of an NCCL job: collectives and one DDP step", "[.][nccl-worker]") {
@@ -187,7 +248,8 @@ TEST_CASE("worker process of an NCCL job: collectives and one DDP step", "[.][nc
   // on odd sizes; rank r's element i is (r + 1) * (i + 1) / 8, exact in float.
   const auto values = [&](int r, int64_t n) {
     std::vector<float> v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<float>((r + 1) * (i + 1)) / 8.0f;
+    for (int64_t i = 0; i < n; ++i)
+      v[static_cast<size_t>(i)] = static_cast<float>((r + 1) * (i + 1)) / 8.0f;
     return from_vector(v, Shape{n}).to(gpu);
   };
   {
@@ -206,7 +268,8 @@ TEST_CASE("worker process of an NCCL job: collectives and one DDP step", "[.][nc
                         ranks_sum / world * static_cast<float>(rank * 5 + j + 1) / 8.0f) < 1e-5f,
                "reduce_scatter average: element {} is {}", j, av[static_cast<size_t>(j)]);
     Tensor int_out = empty(Shape{1}, DType::Int64, gpu);
-    pg->reduce_scatter(int_out, full(Shape{world}, static_cast<double>(rank), DType::Int64, gpu))->wait();
+    pg->reduce_scatter(int_out, full(Shape{world}, static_cast<double>(rank), DType::Int64, gpu))
+        ->wait();
     MG_CHECK(int_out.to(Device::cpu()).item<int64_t>() == static_cast<int64_t>(ranks_sum) - world,
              "reduce_scatter int64");
     Tensor inplace = values(rank, 7 * world);
@@ -219,7 +282,8 @@ TEST_CASE("worker process of an NCCL job: collectives and one DDP step", "[.][nc
     Tensor gathered = empty(Shape{world, 3}, DType::Float32, gpu);
     pg->all_gather(gathered, values(rank, 3))->wait();
     Tensor gathered_int = empty(Shape{2 * world}, DType::Int64, gpu);
-    pg->all_gather(gathered_int, full(Shape{2}, static_cast<double>(rank), DType::Int64, gpu))->wait();
+    pg->all_gather(gathered_int, full(Shape{2}, static_cast<double>(rank), DType::Int64, gpu))
+        ->wait();
     Tensor gathered_inplace = full(Shape{5 * world}, -1.0, DType::Float32, gpu);
     ops::copy_(gathered_inplace.narrow(0, rank * 5, 5), values(rank, 5));
     pg->all_gather(gathered_inplace, gathered_inplace.narrow(0, rank * 5, 5))->wait();
@@ -228,17 +292,21 @@ TEST_CASE("worker process of an NCCL job: collectives and one DDP step", "[.][nc
     const auto gp = gathered_inplace.to(Device::cpu()).to_vector<float>();
     for (int src = 0; src < world; ++src) {
       for (int64_t j = 0; j < 3; ++j)
-        MG_CHECK(g[static_cast<size_t>(src * 3 + j)] == static_cast<float>((src + 1) * (j + 1)) / 8.0f,
+        MG_CHECK(g[static_cast<size_t>(src * 3 + j)] ==
+                     static_cast<float>((src + 1) * (j + 1)) / 8.0f,
                  "all_gather: rank {}'s element {}", src, j);
       MG_CHECK(gi[static_cast<size_t>(src * 2 + 1)] == src, "all_gather int64 of rank {}", src);
       for (int64_t j = 0; j < 5; ++j)
-        MG_CHECK(gp[static_cast<size_t>(src * 5 + j)] == static_cast<float>((src + 1) * (j + 1)) / 8.0f,
+        MG_CHECK(gp[static_cast<size_t>(src * 5 + j)] ==
+                     static_cast<float>((src + 1) * (j + 1)) / 8.0f,
                  "all_gather in place: rank {}'s element {}", src, j);
     }
-    pg->all_gather(empty(Shape{0}, DType::Float32, gpu), empty(Shape{0}, DType::Float32, gpu))->wait();
+    pg->all_gather(empty(Shape{0}, DType::Float32, gpu), empty(Shape{0}, DType::Float32, gpu))
+        ->wait();
   }
 
   check_point_to_point(*pg);
+  check_subgroups(*pg);
 
   // One DDP step on a shard of a fixed batch equals the whole batch's step on the CPU.
   const int64_t per = 4, rows = per * world;

@@ -127,3 +127,21 @@ TEST_CASE("argmax ties and NaNs across the lanes of a warp match the CPU") {
     require_equal(with_nans.to(gpu()).argmax(-1), with_nans.argmax(-1));
   }
 }
+
+TEST_CASE("abs_max matches the CPU exactly, NaN wins, across many blocks") {
+  for (int64_t n : cuda_test::sizes()) {
+    CAPTURE(n);
+    const Tensor x = random_cpu({n, 3}, 40);
+    require_equal(ops::abs_max(x.to(gpu())), ops::abs_max(x));
+    require_equal(ops::abs_max(x.to(gpu()).t()), ops::abs_max(x.t()));  // through a copy
+  }
+  // More elements than the grid's threads: each thread walks several, blocks combine.
+  std::vector<float> values(3 * (1 << 20) + 7, 0.25f);
+  values[2'000'001] = -9.5f;
+  const Tensor big = from_vector(values, {static_cast<int64_t>(values.size())});
+  REQUIRE(ops::abs_max(big.to(gpu())).item<float>() == 9.5f);
+  values[17] = std::nanf("");
+  const Tensor with_nan = from_vector(values, {static_cast<int64_t>(values.size())});
+  REQUIRE(std::isnan(ops::abs_max(with_nan.to(gpu())).item<float>()));
+  REQUIRE(ops::abs_max(zeros({0}, DType::Float32, gpu())).item<float>() == 0.0f);
+}

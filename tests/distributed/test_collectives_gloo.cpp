@@ -86,7 +86,8 @@ TEST_CASE("ProcessGroupGloo: reduce_scatter and all_gather, odd sizes, float32 a
 
         // Empty tensors: nothing to move, complete at once.
         auto rs_empty = pg->reduce_scatter(empty(Shape{0}), empty(Shape{0}));
-        auto ag_empty = pg->all_gather(empty(Shape{0}, DType::Int64), empty(Shape{0}, DType::Int64));
+        auto ag_empty =
+            pg->all_gather(empty(Shape{0}, DType::Int64), empty(Shape{0}, DType::Int64));
         MG_CHECK(rs_empty->is_completed() && ag_empty->is_completed(), "empty collectives pending");
 
         for (auto& w8 : {rs, avg, rs_int, rs_inplace, ag, ag_int, ag_inplace, rs_empty, ag_empty})
@@ -115,8 +116,8 @@ TEST_CASE("ProcessGroupGloo: reduce_scatter and all_gather, odd sizes, float32 a
           CHECK(avg[static_cast<size_t>(j)] ==
                 Approx(ranks_sum / world * static_cast<float>(k * 5 + j + 1) / 8.0f));
         // sum over r of 1000 r + k: 1000 * w (w - 1) / 2 + w k.
-        CHECK(res.floats("rs_int") == std::vector<float>{static_cast<float>(
-                                          1000 * world * (world - 1) / 2 + world * k)});
+        CHECK(res.floats("rs_int") ==
+              std::vector<float>{static_cast<float>(1000 * world * (world - 1) / 2 + world * k)});
         const auto inplace = res.floats("rs_inplace");
         for (int64_t j = 0; j < 7; ++j)
           CHECK(inplace[static_cast<size_t>(j)] ==
@@ -156,9 +157,8 @@ TEST_CASE("ProcessGroupGloo: reduce_scatter and all_gather check their arguments
     expect("undefined", [&] { pg->all_gather(empty(Shape{2}), Tensor()); });
     // Overlapping, but not this rank's slice: the other rank's slice.
     Tensor whole = empty(Shape{8});
-    expect("overlap", [&] {
-      pg->reduce_scatter(ops::narrow(whole, 0, (1 - ctx.rank) * 4, 4), whole);
-    });
+    expect("overlap",
+           [&] { pg->reduce_scatter(ops::narrow(whole, 0, (1 - ctx.rank) * 4, 4), whole); });
     expect("overlap2", [&] { pg->all_gather(whole, ops::narrow(whole, 0, 2, 4)); });
     // The group is still usable: nothing was queued.
     Tensor out = empty(Shape{2});
@@ -203,9 +203,11 @@ TEST_CASE("ProcessGroupGloo: a rank that dies during an all-gather fails the oth
     if (ctx.rank == 1) ::raise(SIGKILL);
     const auto start = std::chrono::steady_clock::now();
     ctx.report("error", error_of([&] { pg->all_gather(out, full(Shape{1000}, 2.0))->wait(); }));
-    ctx.report("seconds", std::vector<float>{std::chrono::duration<float>(
-                              std::chrono::steady_clock::now() - start).count()});
-    ctx.report("after", error_of([&] { pg->reduce_scatter(empty(Shape{1}), empty(Shape{2}))->wait(); }));
+    ctx.report("seconds",
+               std::vector<float>{
+                   std::chrono::duration<float>(std::chrono::steady_clock::now() - start).count()});
+    ctx.report("after",
+               error_of([&] { pg->reduce_scatter(empty(Shape{1}), empty(Shape{2}))->wait(); }));
   });
   INFO(describe(results));
   REQUIRE(results[1].signal == SIGKILL);

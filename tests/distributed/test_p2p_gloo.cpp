@@ -29,7 +29,8 @@ Tensor ramp(float first, int64_t n, Shape shape) {
 }
 
 bool equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.contiguous().to_vector<float>() == b.contiguous().to_vector<float>();
+  return a.shape() == b.shape() &&
+         a.contiguous().to_vector<float>() == b.contiguous().to_vector<float>();
 }
 
 std::string error_of(const std::function<void()>& f) {
@@ -140,7 +141,8 @@ TEST_CASE("ProcessGroupGloo: messages between every pair of 4 ranks at once, bes
     // Sends to every peer, an allreduce queued between them, then the recvs: all in
     // flight before any wait; the collective does not wait for the messages or they for it.
     for (int peer = 0; peer < w; ++peer)
-      if (peer != me) works.push_back(pg->send(ramp(10.0f * me + peer, 3 + me, Shape{3 + me}), peer, me));
+      if (peer != me)
+        works.push_back(pg->send(ramp(10.0f * me + peer, 3 + me, Shape{3 + me}), peer, me));
     Tensor sum = full(Shape{5}, me + 1.0);
     works.push_back(pg->allreduce(sum));
     for (int peer = w - 1; peer >= 0; --peer) {
@@ -151,7 +153,8 @@ TEST_CASE("ProcessGroupGloo: messages between every pair of 4 ranks at once, bes
     for (auto& work : works) work->wait();
     std::string bad;
     for (int peer = 0; peer < w; ++peer)
-      if (peer != me && !equal(got[static_cast<size_t>(peer)], ramp(10.0f * peer + me, 3 + peer, Shape{3 + peer})))
+      if (peer != me && !equal(got[static_cast<size_t>(peer)],
+                               ramp(10.0f * peer + me, 3 + peer, Shape{3 + peer})))
         bad += fmt::format("from {}; ", peer);
     ctx.report("bad", bad);
     ctx.report("sum", sum);
@@ -164,16 +167,17 @@ TEST_CASE("ProcessGroupGloo: messages between every pair of 4 ranks at once, bes
   }
 }
 
-TEST_CASE("ProcessGroupGloo: a recv that does not match the message fails clearly, the group goes on") {
+TEST_CASE(
+    "ProcessGroupGloo: a recv that does not match the message fails clearly, the group goes on") {
   auto results = run_ranks(2, [](RankContext& ctx) {
     auto pg = ctx.gloo();
     if (ctx.rank == 0) {
       // Each of these completes: the receiver takes the message, then refuses it.
-      pg->send(ramp(0, 12, Shape{3, 4}), 1)->wait();        // recv'd as [12]: other shape
-      pg->send(ramp(0, 5, Shape{5}), 1)->wait();            // recv'd as [6]: other size
-      pg->send(ramp(0, 6, Shape{6}), 1)->wait();            // recv'd as int64
+      pg->send(ramp(0, 12, Shape{3, 4}), 1)->wait();  // recv'd as [12]: other shape
+      pg->send(ramp(0, 5, Shape{5}), 1)->wait();      // recv'd as [6]: other size
+      pg->send(ramp(0, 6, Shape{6}), 1)->wait();      // recv'd as int64
       pg->send(std::vector<Tensor>{ramp(0, 2, Shape{2}), ramp(0, 2, Shape{2})}, 1)->wait();
-      pg->send(ramp(7, 9, Shape{9}), 1)->wait();            // and then a good one
+      pg->send(ramp(7, 9, Shape{9}), 1)->wait();  // and then a good one
       ctx.report("sender", std::string("all sends completed"));
       return;
     }
@@ -214,24 +218,28 @@ TEST_CASE("ProcessGroupGloo: send and recv check their arguments") {
     ctx.report("tag", error_of([&] { pg->send(empty(Shape{2}), 1 - ctx.rank, -1); }));
     ctx.report("undefined", error_of([&] { pg->recv(Tensor(), 1 - ctx.rank); }));
     ctx.report("dtypes", error_of([&] {
-      pg->send(std::vector<Tensor>{empty(Shape{1}), empty(Shape{1}, DType::Int64)}, 1 - ctx.rank);
-    }));
+                 pg->send(std::vector<Tensor>{empty(Shape{1}), empty(Shape{1}, DType::Int64)},
+                          1 - ctx.rank);
+               }));
     // Nothing was posted; and no rank leaves while the other is still connecting.
     pg->barrier()->wait();
   });
   INFO(describe(results));
   for (const RankResult& r : results) {
     REQUIRE(r.ok());
-    CHECK_THAT(r.text("self"), MG_CONTAINS(fmt::format(
-                                   "send (gloo): destination rank {} is this rank itself", r.rank)));
+    CHECK_THAT(
+        r.text("self"),
+        MG_CONTAINS(fmt::format("send (gloo): destination rank {} is this rank itself", r.rank)));
     CHECK_THAT(r.text("range"), MG_CONTAINS("recv (gloo): source rank 2 is outside [0, 2)"));
     CHECK_THAT(r.text("tag"), MG_CONTAINS("send (gloo): tag -1 is negative"));
     CHECK_THAT(r.text("undefined"), MG_CONTAINS("recv (gloo): tensor 0 is undefined"));
-    CHECK_THAT(r.text("dtypes"), MG_CONTAINS("send (gloo): tensor 1 is int64 but tensor 0 is float32"));
+    CHECK_THAT(r.text("dtypes"),
+               MG_CONTAINS("send (gloo): tensor 1 is int64 but tensor 0 is float32"));
   }
 }
 
-TEST_CASE("ProcessGroupGloo: a recv from a rank that died fails at once, one never sent times out") {
+TEST_CASE(
+    "ProcessGroupGloo: a recv from a rank that died fails at once, the group refuses the next") {
   auto results = run_ranks(3, [](RankContext& ctx) {
     ctx.start_together();
     auto pg = ctx.gloo(5s);
@@ -245,8 +253,9 @@ TEST_CASE("ProcessGroupGloo: a recv from a rank that died fails at once, one nev
     auto from_dead = pg->recv(empty(Shape{4}), 2);
     auto start = std::chrono::steady_clock::now();
     ctx.report("dead", error_of([&] { from_dead->wait(); }));
-    ctx.report("dead seconds", std::vector<float>{std::chrono::duration<float>(
-                                   std::chrono::steady_clock::now() - start).count()});
+    ctx.report("dead seconds",
+               std::vector<float>{
+                   std::chrono::duration<float>(std::chrono::steady_clock::now() - start).count()});
     ctx.report("later", error_of([&] { pg->recv(empty(Shape{4}), 1)->wait(); }));
     ctx.store->set("rank0 done", "1");
   });

@@ -35,6 +35,14 @@ std::vector<Kind> kinds() {
          return std::make_unique<optim::SGD>(std::move(p),
                                              optim::SGDOptions(0.05, 0.9, 0.0, 1e-2, true));
        }},
+      {"Adam", [](std::vector<Tensor> p) {
+         return std::make_unique<optim::Adam>(
+             std::move(p), optim::AdamOptions(1e-2).weight_decay(0.1).amsgrad(true));
+       }},
+      {"AdamW", [](std::vector<Tensor> p) {
+         return std::make_unique<optim::AdamW>(std::move(p),
+                                               optim::AdamWOptions(1e-2).betas({0.8, 0.95}));
+       }},
   };
 }
 

@@ -44,6 +44,7 @@ class CpuBackend final : public Backend {
   // reduce.cpp
   void sum(const Tensor& out, const Tensor& in) override;
   void argmax(const Tensor& out, const Tensor& in) override;
+  void abs_max(const Tensor& out, const Tensor& in) override;
   // matmul.cpp
   void matmul(const Tensor& out, const Tensor& a, const Tensor& b) override;
   void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) override;
@@ -56,6 +57,7 @@ class CpuBackend final : public Backend {
                               const Tensor& logits, const Tensor& targets) override;
   // optim.cpp
   void sgd_step(const SgdStep& step) override;
+  void adam_step(const AdamStep& step) override;
 };
 
 CpuBackend& cpu_backend();

@@ -1,4 +1,5 @@
-// Sums and argmax on the host.
+// Sums, argmax and the largest magnitude on the host.
+#include <cmath>
 #include <type_traits>
 
 #include <minigrad/core/cpu/cpu_backend.h>
@@ -63,6 +64,21 @@ void CpuBackend::argmax(const Tensor& out, const Tensor& in) {
       if (x[i * rs + j * cs] > x[i * rs + best * cs]) best = j;
     o[i] = best;
   }
+}
+
+void CpuBackend::abs_max(const Tensor& out, const Tensor& in) {
+  const auto* x = static_cast<const float*>(in.data_ptr());
+  const int64_t n = in.numel();
+  float best = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    if (std::isnan(a)) {  // NaN wins, as torch.max does
+      best = a;
+      break;
+    }
+    best = a > best ? a : best;
+  }
+  *static_cast<float*>(out.data_ptr()) = best;
 }
 
 }  // namespace mg

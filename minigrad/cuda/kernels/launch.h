@@ -64,6 +64,9 @@ std::size_t sum_scratch_bytes(ElementType type, const SumPlan& plan);
 // give the same bits on every run.
 void sum(ElementType type, void* out, const void* in, const SumPlan& plan, void* scratch,
          cudaStream_t stream);
+// *out = max |in[i]| over n > 0 contiguous floats, NaN if any is NaN. Deterministic (a
+// maximum does not depend on the order it is taken in).
+void abs_max(float* out, const float* in, int64_t n, cudaStream_t stream);
 // out[i] = the first j with the largest in[i, j].
 void argmax_rows(int64_t* out, const float* in, int64_t rows, int64_t cols, int64_t row_stride,
                  int64_t col_stride, cudaStream_t stream);
@@ -137,5 +140,36 @@ struct SgdScalars {
 constexpr int kSgdTensorsPerLaunch = 96;
 void sgd_step(const SgdTensorPointers* tensors, std::size_t count, const SgdScalars& scalars,
               cudaStream_t stream);
+
+// One tensor of an Adam step (core/backend.h's AdamTensor as device pointers), with its
+// own bias corrections rounded to float. max_exp_avg_sq is null without amsgrad.
+struct AdamTensorPointers {
+  float* param;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  float* max_exp_avg_sq;
+  int64_t numel;
+  float neg_step_size;          // -lr / (1 - beta1^step)
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+};
+enum class AdamWeightDecay : int32_t { None, L2, Decoupled };  // none, Adam's, AdamW's
+// The step's options, rounded to float as PyTorch's in-place ops round their scalars.
+struct AdamScalars {
+  float beta1, keep1;  // keep1 = 1 - beta1
+  float beta2, keep2;  // keep2 = 1 - beta2
+  float eps;
+  float weight_decay;  // Adam: g + weight_decay * p
+  float decay;         // AdamW: p * (1 - lr * weight_decay)
+  AdamWeightDecay weight_decay_mode;
+  bool amsgrad;
+  bool maximize;
+};
+// Adam's update of every tensor (rounded as core/backend.h's AdamStep says), in one
+// launch per group of up to kAdamTensorsPerLaunch tensors, their pointers by value in
+// the kernel's parameters as SGD's.
+constexpr int kAdamTensorsPerLaunch = 56;
+void adam_step(const AdamTensorPointers* tensors, std::size_t count, const AdamScalars& scalars,
+               cudaStream_t stream);
 
 }  // namespace mg::cuda::kernels

@@ -1,4 +1,5 @@
-// Sums over any set of dims, and argmax over the last dim of a matrix.
+// Sums over any set of dims, argmax over the last dim of a matrix, and the largest
+// magnitude of a tensor.
 //
 // A sum is out[k] = sum_r in[kept(k) + reduced(r)] (see SumPlan). Three shapes of work:
 //  - "rows": the summed elements of one output are read by a warp (few per output) or a
@@ -323,6 +324,41 @@ void argmax_rows(int64_t* out, const float* in, int64_t rows, int64_t cols, int6
   if (rows == 0) return;
   const auto blocks = static_cast<unsigned>(ceil_div(rows, kThreads / 32));
   argmax_rows_kernel<<<blocks, kThreads, 0, stream>>>(out, in, rows, cols, row_stride, col_stride);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+// The largest |x|, by its bits: a float's magnitude (sign bit cleared) orders as an
+// unsigned integer, and every NaN's bits lie above infinity's, so an integer maximum
+// over the bits is the float maximum with NaN winning. Blocks combine with atomicMax on
+// the output's bits, which starts at +0.
+namespace {
+__global__ void __launch_bounds__(kThreads)
+    abs_max_kernel(const float* in, int64_t n, unsigned int* out_bits) {
+  unsigned int best = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride)
+    best = max(best, __float_as_uint(fabsf(in[i])));
+  for (int delta = 16; delta > 0; delta >>= 1)
+    best = max(best, __shfl_down_sync(0xffffffffu, best, delta));
+  __shared__ unsigned int warp_best[kThreads / 32];
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  if (lane == 0) warp_best[warp] = best;
+  __syncthreads();
+  if (warp == 0) {
+    best = lane < kThreads / 32 ? warp_best[lane] : 0u;
+    for (int delta = 16; delta > 0; delta >>= 1)
+      best = max(best, __shfl_down_sync(0xffffffffu, best, delta));
+    if (lane == 0) atomicMax(out_bits, best);
+  }
+}
+}  // namespace
+
+void abs_max(float* out, const float* in, int64_t n, cudaStream_t stream) {
+  static_assert(sizeof(float) == sizeof(unsigned int), "abs_max compares a float's bits");
+  MG_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), stream));
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(n, kThreads), kTargetBlocks));
+  abs_max_kernel<<<blocks, kThreads, 0, stream>>>(in, n, reinterpret_cast<unsigned int*>(out));
   MG_CUDA_CHECK_LAUNCH();
 }
 

@@ -110,7 +110,8 @@ struct ProcessGroupGloo::Impl {
   int rank = 0;
   int size = 1;
   std::shared_ptr<TCPStore> store;
-  std::string prefix;  // this group's keys in the store: "gloo/0/", "gloo/0/sub1/"
+  std::string prefix;      // this group's keys in the store: "gloo/0/", "gloo/0/sub1/"
+  uint64_t subgroups = 0;  // new_group calls so far
   ProcessGroupOptions options;
   std::shared_ptr<gloo::transport::Device> device;  // shared with the sub-groups
   std::shared_ptr<gloo::rendezvous::Context> context;
@@ -120,19 +121,19 @@ struct ProcessGroupGloo::Impl {
   std::condition_variable cv;
   std::deque<std::shared_ptr<gloo_detail::GlooWork>> queue;
   bool stopping = false;
-  uint32_t next_tag = 0;     // Gloo matches the messages of concurrent collectives by tag
-  uint64_t sequence = 0;     // numbers operations in messages: "allreduce #12", "send #13"
-  std::string first_error;   // after one failure the connections are unusable
+  uint32_t next_tag = 0;    // Gloo matches the messages of concurrent collectives by tag
+  uint64_t sequence = 0;    // numbers operations in messages: "allreduce #12", "send #13"
+  std::string first_error;  // after one failure the connections are unusable
   std::thread worker;
 
   // Point to point (gloo_point_to_point.cpp).
-  struct RecvChannel {       // the recvs from one peer with one tag, in post order
-    uint64_t posted = 0;     // tickets handed out
-    uint64_t payloads = 0;   // tickets whose payload recv is posted
+  struct RecvChannel {      // the recvs from one peer with one tag, in post order
+    uint64_t posted = 0;    // tickets handed out
+    uint64_t payloads = 0;  // tickets whose payload recv is posted
   };
-  std::mutex p2p_mutex;      // one message's posts stay together; guards the below
+  std::mutex p2p_mutex;  // one message's posts stay together; guards the below
   std::condition_variable p2p_cv;
-  std::map<std::pair<int, int>, RecvChannel> recv_channels;  // by (src, tag)
+  std::map<std::pair<int, int>, RecvChannel> recv_channels;   // by (src, tag)
   std::set<gloo::transport::UnboundBuffer*> pending_buffers;  // aborted at destruction
   bool p2p_stopping = false;
   gloo_detail::WaiterThreads waiters;

@@ -85,8 +85,12 @@ using Impl = ProcessGroupGloo::Impl;
 constexpr uint8_t kHeaderSlotPrefix = 0x40;
 constexpr uint8_t kPayloadSlotPrefix = 0x41;
 
-uint64_t header_slot(int tag) { return gloo::Slot::build(kHeaderSlotPrefix, static_cast<uint32_t>(tag)); }
-uint64_t payload_slot(int tag) { return gloo::Slot::build(kPayloadSlotPrefix, static_cast<uint32_t>(tag)); }
+uint64_t header_slot(int tag) {
+  return gloo::Slot::build(kHeaderSlotPrefix, static_cast<uint32_t>(tag));
+}
+uint64_t payload_slot(int tag) {
+  return gloo::Slot::build(kPayloadSlotPrefix, static_cast<uint32_t>(tag));
+}
 
 // A recv whose tensors are not what was sent: that recv fails, the group stays usable.
 class MessageMismatch : public Error {
@@ -101,12 +105,12 @@ struct Message {
   detail::MessageHeader header;    // sent, or received
   detail::MessageHeader expected;  // recv: what its tensors are
   std::shared_ptr<CoalescedBuffer> buffer;
-  std::vector<char> scratch;       // recv: where a mismatching payload goes
+  std::vector<char> scratch;  // recv: where a mismatching payload goes
   std::unique_ptr<gloo::transport::UnboundBuffer> header_buf;
   std::unique_ptr<gloo::transport::UnboundBuffer> payload_buf;
   int peer = 0;
   int tag = 0;
-  uint64_t ticket = 0;             // recv: its place among the recvs of (peer, tag)
+  uint64_t ticket = 0;  // recv: its place among the recvs of (peer, tag)
   Clock::time_point deadline;
 };
 
@@ -191,9 +195,8 @@ void in_turn(Impl& impl, Message& m, const std::string& description, F&& post) {
   Impl::RecvChannel& channel = impl.recv_channels[key];
   // The recvs before this one have their headers (Gloo delivers a slot's messages in
   // order), so their turns come at once; the deadline only guards against a bug.
-  const bool ours = impl.p2p_cv.wait_until(lock, m.deadline, [&] {
-    return impl.p2p_stopping || channel.payloads == m.ticket;
-  });
+  const bool ours = impl.p2p_cv.wait_until(
+      lock, m.deadline, [&] { return impl.p2p_stopping || channel.payloads == m.ticket; });
   const auto next_turn = [&] {
     ++channel.payloads;
     if (channel.payloads == channel.posted) impl.recv_channels.erase(key);

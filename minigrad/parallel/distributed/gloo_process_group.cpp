@@ -236,27 +236,44 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<TCPStore> store, int rank, in
   MG_CHECK(store != nullptr, "ProcessGroupGloo: store is null (rank {})", rank);
   MG_CHECK(options.timeout.count() > 0, "ProcessGroupGloo: timeout must be positive, got {} ms",
            options.timeout.count());
-  impl_->rank = rank;
-  impl_->size = size;
   impl_->store = std::move(store);
   impl_->options = options;
   impl_->prefix = fmt::format("gloo/{}/", group_counter++);
-  const std::string& prefix = impl_->prefix;
+  connect();
+}
+
+// A sub-group (new_group): the parent's store, options and transport device (one event
+// loop thread for all of a process's groups), connections and keys of its own.
+ProcessGroupGloo::ProcessGroupGloo(const Impl& parent, std::string prefix, int rank, int size)
+    : ProcessGroup(rank, size), impl_(std::make_unique<Impl>()) {
+  impl_->store = parent.store;
+  impl_->options = parent.options;
+  impl_->prefix = std::move(prefix);
+  impl_->device = parent.device;
+  connect();
+}
+
+void ProcessGroupGloo::connect() {
+  impl_->rank = rank();
+  impl_->size = size();
+  const ProcessGroupOptions& options = impl_->options;
   const auto start = Clock::now();
   ScopedSigpipeBlock no_sigpipe;  // also inherited by Gloo's loop thread and our worker
   try {
-    impl_->device = gloo::transport::tcp::CreateDevice(transport_attr(options, impl_->store->host()));
-    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    if (!impl_->device)
+      impl_->device =
+          gloo::transport::tcp::CreateDevice(transport_attr(options, impl_->store->host()));
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank(), size());
     context->setTimeout(options.timeout);
-    GlooStoreAdapter adapter(*impl_->store, prefix, options.timeout);
+    GlooStoreAdapter adapter(*impl_->store, impl_->prefix, options.timeout);
     context->connectFullMesh(adapter, impl_->device);
     impl_->context = std::move(context);
   } catch (const std::exception& e) {
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     MG_FAIL("ProcessGroupGloo: rank {} of {} could not join the group through the store at "
-            "{}:{} after {:.2f} s (timeout {:.2f} s): {}",
-            rank, size, impl_->store->host(), impl_->store->port(), elapsed,
-            seconds_of(options.timeout), e.what());
+            "{}:{} after {:.2f} s (timeout {:.2f} s; the group's keys are under '{}'): {}",
+            rank(), size(), impl_->store->host(), impl_->store->port(), elapsed,
+            seconds_of(options.timeout), impl_->prefix, e.what());
   }
   impl_->worker = std::thread([impl = impl_.get()] { impl->run_worker(); });
 }
@@ -322,7 +339,8 @@ void gloo_allgather(const std::shared_ptr<gloo::Context>& context, const Tensor*
 
 // A group of one: the result is the input itself.
 void copy_flat(const Tensor& dst, const Tensor& src) {
-  if (dst.numel() > 0 && dst.data_ptr() != src.data_ptr()) ops::copy_(dst, ops::view(src, dst.shape()));
+  if (dst.numel() > 0 && dst.data_ptr() != src.data_ptr())
+    ops::copy_(dst, ops::view(src, dst.shape()));
 }
 
 }  // namespace
@@ -421,6 +439,17 @@ std::shared_ptr<Work> ProcessGroupGloo::all_gather(Tensor output, Tensor input) 
       gloo_allgather<int64_t>(impl->context, in, output, tag, impl->options.timeout);
     }
   });
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroupGloo::new_group(const std::vector<int>& ranks) {
+  const int index = check_new_group(ranks);
+  // Every rank of this group calls new_group in the same order, members or not, so the
+  // n-th sub-group has the same keys everywhere; they are under this group's own.
+  const std::string prefix = fmt::format("{}sub{}/", impl_->prefix, impl_->subgroups++);
+  if (index < 0) return nullptr;
+  agree_on_members(*impl_->store, prefix, ranks);
+  return std::shared_ptr<ProcessGroupGloo>(
+      new ProcessGroupGloo(*impl_, prefix, index, static_cast<int>(ranks.size())));
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::barrier() {

@@ -64,7 +64,8 @@ class MessageWork : public Work {
   // will wait for what the caller's stream queued before (the tensors' producers for a
   // send, their previous users for a recv, the coalescing copy, the header's copy).
   void record_ready() {
-    MG_CUDA_CHECK(cudaEventRecord(ready_, static_cast<cudaStream_t>(current_stream(device_).handle)));
+    MG_CUDA_CHECK(
+        cudaEventRecord(ready_, static_cast<cudaStream_t>(current_stream(device_).handle)));
   }
   // On the caller's thread: a recv whose message was already there, copied on the
   // caller's stream into flat().
@@ -126,7 +127,7 @@ class MessageWork : public Work {
 };
 
 // One direction between this rank and a peer: see nccl_point_to_point.h.
-class NcclLane : public std::enable_shared_from_this<NcclLane> {
+class NcclLane {
  public:
   NcclLane(const NcclLaneConfig& config, int peer, bool sending)
       : config_(config), peer_(peer), sending_(sending) {
@@ -138,7 +139,9 @@ class NcclLane : public std::enable_shared_from_this<NcclLane> {
     join();
   }
 
-  void start() { thread_ = std::thread([this] { run(); }); }
+  void start() {
+    thread_ = std::thread([this] { run(); });
+  }
 
   // Stopping may take up to the timeout (a communicator that does not finalise): the
   // lanes of a group are all asked first, then joined.
@@ -207,7 +210,7 @@ class NcclLane : public std::enable_shared_from_this<NcclLane> {
   // A message that arrived before its recv was posted.
   struct Early {
     MessageHeader header;
-    Tensor data;             // allocated on the lane's stream
+    Tensor data;  // allocated on the lane's stream
     cudaEvent_t done = nullptr;
   };
 
@@ -218,9 +221,10 @@ class NcclLane : public std::enable_shared_from_this<NcclLane> {
   }
 
   std::string failure_of(const std::string& description, const std::string& why) const {
-    return fmt::format("ProcessGroupNccl: {} failed on rank {} of {}: {}; the communicator of {} "
-                       "was aborted",
-                       description, config_.rank, config_.size, why, name_);
+    return fmt::format(
+        "ProcessGroupNccl: {} failed on rank {} of {}: {}; the communicator of {} "
+        "was aborted",
+        description, config_.rank, config_.size, why, name_);
   }
 
   // On the caller's thread: the caller's stream takes the early message.
@@ -311,8 +315,8 @@ class NcclLane : public std::enable_shared_from_this<NcclLane> {
       if (state == ncclSuccess) return;
       check_running(what, start, deadline);
       if (state != ncclInProgress)
-        throw LaneFailure(fmt::format("{}: {} ({})", what, ncclGetErrorString(state),
-                                      ncclGetLastError(comm_)));
+        throw LaneFailure(
+            fmt::format("{}: {} ({})", what, ncclGetErrorString(state), ncclGetLastError(comm_)));
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   }
@@ -331,8 +335,8 @@ class NcclLane : public std::enable_shared_from_this<NcclLane> {
       const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
       if (r != ncclSuccess) state = r;
       if (state != ncclSuccess && state != ncclInProgress)
-        throw LaneFailure(fmt::format("{}: {} ({})", what, ncclGetErrorString(state),
-                                      ncclGetLastError(comm_)));
+        throw LaneFailure(
+            fmt::format("{}: {} ({})", what, ncclGetErrorString(state), ncclGetLastError(comm_)));
       check_running(what, start, deadline);
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -360,8 +364,9 @@ class NcclLane : public std::enable_shared_from_this<NcclLane> {
     const int src = sending_ ? config_.rank : peer_;
     const int dst = sending_ ? peer_ : config_.rank;
     const std::string key = fmt::format("{}p2p/{}->{}", config_.prefix, src, dst);
-    const auto left = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
-                               std::chrono::milliseconds(1));
+    const auto left =
+        std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+                 std::chrono::milliseconds(1));
     TCPStoreOptions options;
     options.timeout = left;
     options.rank = config_.rank;
@@ -372,8 +377,9 @@ class NcclLane : public std::enable_shared_from_this<NcclLane> {
       store.set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
     } else {
       const std::string bytes = store.get(key, left);
-      MG_CHECK(bytes.size() == sizeof(id), "ProcessGroupNccl: {}: the unique id under '{}' has {} bytes, expected {}",
-               name_, key, bytes.size(), sizeof(id));
+      MG_CHECK(bytes.size() == sizeof(id),
+               "ProcessGroupNccl: {}: the unique id under '{}' has {} bytes, expected {}", name_,
+               key, bytes.size(), sizeof(id));
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -418,7 +424,8 @@ class NcclLane : public std::enable_shared_from_this<NcclLane> {
     }
     ensure_comm(deadline);
     const std::string what = fmt::format("waiting for a message of {}", name_);
-    MG_NCCL_CHECK_NONBLOCKING(ncclRecv(header_device_, sizeof(MessageHeader), ncclUint8, 0, comm_, stream_));
+    MG_NCCL_CHECK_NONBLOCKING(
+        ncclRecv(header_device_, sizeof(MessageHeader), ncclUint8, 0, comm_, stream_));
     settle(what, deadline);
     MG_CUDA_CHECK(cudaMemcpyAsync(header_host_, header_device_, sizeof(MessageHeader),
                                   cudaMemcpyDeviceToHost, stream_));
@@ -444,7 +451,8 @@ class NcclLane : public std::enable_shared_from_this<NcclLane> {
     }
     const auto receive_into = [&](void* data, const std::string& label) {
       if (bytes == 0) return;
-      MG_NCCL_CHECK_NONBLOCKING(ncclRecv(data, static_cast<size_t>(numel), nccl_dtype(dtype), 0, comm_, stream_));
+      MG_NCCL_CHECK_NONBLOCKING(
+          ncclRecv(data, static_cast<size_t>(numel), nccl_dtype(dtype), 0, comm_, stream_));
       settle(label, deadline);
     };
     if (!work) {
@@ -519,9 +527,10 @@ class NcclLane : public std::enable_shared_from_this<NcclLane> {
       queued.swap(queue_);
     }
     for (const Queued& q : queued)
-      q.work->failed(fmt::format("ProcessGroupNccl: {} on rank {} of {} was never run: the process "
-                                 "group was destroyed first",
-                                 q.work->description(), config_.rank, config_.size));
+      q.work->failed(
+          fmt::format("ProcessGroupNccl: {} on rank {} of {} was never run: the process "
+                      "group was destroyed first",
+                      q.work->description(), config_.rank, config_.size));
     if (comm_ != nullptr && !aborted_) {
       // A communicator that does not finalise within the timeout (messages launched but
       // never taken, a peer gone) is aborted rather than hang here.
@@ -574,7 +583,7 @@ class NcclLane : public std::enable_shared_from_this<NcclLane> {
 
   std::mutex mutex_;  // guards the members below, and comm_'s being set or aborted
   std::condition_variable cv_;
-  std::deque<Queued> queue_;  // sends to launch, or recvs waiting for their message
+  std::deque<Queued> queue_;                // sends to launch, or recvs waiting for their message
   std::map<int, std::deque<Early>> early_;  // by tag
   std::vector<std::weak_ptr<MessageWork>> in_flight_;
   std::string abort_reason_;  // asked for by a Work
@@ -596,8 +605,8 @@ MessageWork::~MessageWork() {
     // Dropped without wait(): the caller's stream must not reuse the tensors' memory
     // before the lane is done with them.
     if (!waited_ && state_ == State::Launched) {
-      const cudaError_t e = cudaStreamWaitEvent(
-          static_cast<cudaStream_t>(current_stream(device_).handle), end_, 0);
+      const cudaError_t e =
+          cudaStreamWaitEvent(static_cast<cudaStream_t>(current_stream(device_).handle), end_, 0);
       if (e != cudaSuccess) (void)cudaGetLastError();
     }
   }
@@ -651,7 +660,8 @@ void MessageWork::wait() {
   duration_ = ms / 1000.0;
   waited_ = true;
   // Later work on the caller's stream sees the message (recv) or may reuse its memory (send).
-  MG_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(current_stream(device_).handle), end_, 0));
+  MG_CUDA_CHECK(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(current_stream(device_).handle), end_, 0));
   if (!error_once_done_.empty()) {
     error_ = error_once_done_;
     throw Error(error_);

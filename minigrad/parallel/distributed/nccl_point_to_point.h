@@ -37,8 +37,9 @@
 namespace mg::parallel::detail {
 
 struct NcclLaneConfig {
-  std::shared_ptr<TCPStore> store;  // for its address: every lane meets over a connection of its own
-  std::string prefix;               // the group's keys in the store
+  std::shared_ptr<TCPStore>
+      store;           // for its address: every lane meets over a connection of its own
+  std::string prefix;  // the group's keys in the store
   int rank = 0;
   int size = 1;
   int device_index = 0;
@@ -56,8 +57,10 @@ class NcclPointToPoint {
 
   // `tensors` checked by ProcessGroup::check_message; `description` names the message in
   // errors ("send #4 (to rank 1, tag 0: ...)").
-  std::shared_ptr<Work> send(std::vector<Tensor> tensors, int dst, int tag, std::string description);
-  std::shared_ptr<Work> recv(std::vector<Tensor> tensors, int src, int tag, std::string description);
+  std::shared_ptr<Work> send(std::vector<Tensor> tensors, int dst, int tag,
+                             std::string description);
+  std::shared_ptr<Work> recv(std::vector<Tensor> tensors, int src, int tag,
+                             std::string description);
 
  private:
   std::shared_ptr<NcclLane> lane(int peer, bool sending);

@@ -44,6 +44,7 @@ struct ProcessGroupNccl::Impl {
   int device_index = 0;
   std::shared_ptr<TCPStore> store;
   std::string prefix;  // this group's keys in the store: "nccl/0/", "nccl/0/sub1/"
+  uint64_t subgroups = 0;  // new_group calls so far
   ProcessGroupOptions options;
   ncclComm_t comm = nullptr;
   cudaStream_t comm_stream = nullptr;
@@ -208,8 +209,23 @@ class NcclWork : public Work {
 
 }  // namespace
 
+namespace {
+
+std::string next_group_prefix() {
+  std::lock_guard<std::mutex> lock(group_counter_mutex);
+  return fmt::format("nccl/{}/", group_counter++);
+}
+
+}  // namespace
+
 ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<TCPStore> store, int rank, int size,
                                    ProcessGroupOptions options)
+    : ProcessGroupNccl(std::move(store), next_group_prefix(), rank, size, options) {}
+
+// Also a sub-group (new_group): its own communicator, made like any group's from a
+// unique id that its rank 0 puts in the store under the sub-group's keys.
+ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<TCPStore> store, std::string prefix, int rank,
+                                   int size, ProcessGroupOptions options)
     : ProcessGroup(rank, size), impl_(std::make_shared<Impl>()) {
   MG_CHECK(store != nullptr, "ProcessGroupNccl: store is null (rank {})", rank);
   MG_CHECK(options.timeout.count() > 0, "ProcessGroupNccl: timeout must be positive, got {} ms",
@@ -227,18 +243,14 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<TCPStore> store, int rank, in
   impl_->store = std::move(store);
   impl_->options = options;
 
-  {
-    std::lock_guard<std::mutex> lock(group_counter_mutex);
-    impl_->prefix = fmt::format("nccl/{}/", group_counter++);
-  }
-  const std::string& prefix = impl_->prefix;
+  impl_->prefix = std::move(prefix);
   DeviceGuard guard(impl_->device());
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + options.timeout;
 
   // The unique id travels through the store: rank 0 makes it, the others wait for it.
   ncclUniqueId id;
-  const std::string key = prefix + "unique_id";
+  const std::string key = impl_->prefix + "unique_id";
   if (rank == 0) {
     MG_NCCL_CHECK(ncclGetUniqueId(&id));
     impl_->store->set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
@@ -259,7 +271,7 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<TCPStore> store, int rank, in
   MG_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->comm_stream, cudaStreamNonBlocking));
   detail::NcclLaneConfig lanes;
   lanes.store = impl_->store;
-  lanes.prefix = prefix;
+  lanes.prefix = impl_->prefix;
   lanes.rank = rank;
   lanes.size = size;
   lanes.device_index = index;
@@ -402,6 +414,19 @@ std::shared_ptr<Work> ProcessGroupNccl::recv(std::vector<Tensor> tensors, int sr
       fmt::format("recv #{} (from rank {}, tag {}: {})", impl_->sequence++, src, tag,
                   detail::describe(detail::message_header(tensors, tag)));
   return impl_->p2p->recv(std::move(tensors), src, tag, std::move(description));
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroupNccl::new_group(const std::vector<int>& ranks) {
+  const int index = check_new_group(ranks);
+  // Every rank of this group calls new_group in the same order, members or not, so the
+  // n-th sub-group has the same keys everywhere; they are under this group's own.
+  const std::string prefix = fmt::format("{}sub{}/", impl_->prefix, impl_->subgroups++);
+  if (index < 0) return nullptr;
+  agree_on_members(*impl_->store, prefix, ranks);
+  ProcessGroupOptions options = impl_->options;
+  options.device_index = impl_->device_index;
+  return std::shared_ptr<ProcessGroupNccl>(new ProcessGroupNccl(
+      impl_->store, prefix, index, static_cast<int>(ranks.size()), options));
 }
 
 std::shared_ptr<Work> ProcessGroupNccl::barrier() {

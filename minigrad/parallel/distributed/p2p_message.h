@@ -22,12 +22,12 @@ namespace mg::parallel::detail {
 struct MessageHeader {
   static constexpr uint32_t kMagic = 0x3250474d;  // "MGP2"
   uint32_t magic = kMagic;
-  uint32_t dtype = 0;          // static_cast<uint32_t>(DType)
+  uint32_t dtype = 0;  // static_cast<uint32_t>(DType)
   int32_t tag = 0;
   uint32_t tensors = 0;
-  uint64_t numel = 0;          // over all tensors
-  uint64_t shapes_hash = 0;    // FNV-1a over the tensor count and every shape
-  char shapes[224] = {};       // "[3, 4], [5]", cut short if longer, NUL-terminated
+  uint64_t numel = 0;        // over all tensors
+  uint64_t shapes_hash = 0;  // FNV-1a over the tensor count and every shape
+  char shapes[224] = {};     // "[3, 4], [5]", cut short if longer, NUL-terminated
 };
 static_assert(sizeof(MessageHeader) == 256, "the header travels as 256 raw bytes");
 

@@ -4,8 +4,12 @@
 #include <string>
 #include <utility>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <minigrad/core/ops.h>
 #include <minigrad/parallel/coalesce.h>
+#include <minigrad/parallel/distributed/tcp_store.h>
 
 namespace mg::parallel {
 
@@ -59,6 +63,51 @@ void ProcessGroup::check_message(const char* op, const std::vector<Tensor>& tens
            backend_name(), tag, rank_);
 }
 
+namespace {
+
+std::string list(const std::vector<int>& ranks) {
+  return fmt::format("[{}]", fmt::join(ranks, ", "));
+}
+
+}  // namespace
+
+int ProcessGroup::check_new_group(const std::vector<int>& ranks) const {
+  MG_CHECK(!ranks.empty(), "new_group ({}): the list of ranks is empty (rank {})", backend_name(),
+           rank_);
+  int index = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    MG_CHECK(ranks[i] >= 0 && ranks[i] < size_,
+             "new_group ({}): rank {} of {} is outside this group's [0, {}) (rank {})",
+             backend_name(), ranks[i], list(ranks), size_, rank_);
+    MG_CHECK(i == 0 || ranks[i - 1] < ranks[i],
+             "new_group ({}): the ranks {} must be sorted and distinct (rank {})", backend_name(),
+             list(ranks), rank_);
+    if (ranks[i] == rank_) index = static_cast<int>(i);
+  }
+  return index;
+}
+
+void ProcessGroup::agree_on_members(TCPStore& store, const std::string& prefix,
+                                    const std::vector<int>& ranks) const {
+  const std::string mine = list(ranks);
+  store.set(fmt::format("{}members/{}", prefix, rank_), mine);
+  for (int member : ranks) {
+    if (member == rank_) continue;
+    std::string theirs;
+    try {
+      theirs = store.get(fmt::format("{}members/{}", prefix, member), timeout());
+    } catch (const Error& e) {
+      MG_FAIL("new_group ({}): rank {} did not join the sub-group {} with rank {}: every rank "
+              "must call new_group in the same order, with the same ranks. {}",
+              backend_name(), member, mine, rank_, e.what());
+    }
+    MG_CHECK(theirs == mine,
+             "new_group ({}): rank {} was given the ranks {}, but rank {} was given {}: every "
+             "rank must call new_group in the same order, with the same ranks",
+             backend_name(), rank_, mine, member, theirs);
+  }
+}
+
 bool ProcessGroup::check_flat_pair(const char* collective, const Tensor& whole,
                                    const char* whole_name, const Tensor& part,
                                    const char* part_name, bool average) const {
@@ -77,8 +126,9 @@ bool ProcessGroup::check_flat_pair(const char* collective, const Tensor& whole,
              "{} ({}): {} of shape {} is not contiguous; pass .contiguous() (rank {})",
              collective, backend, name, t.shape(), rank_);
   }
-  MG_CHECK(whole.dtype() == part.dtype(), "{} ({}): {} is {} but {} is {}; both take one dtype (rank {})",
-           collective, backend, whole_name, whole.dtype(), part_name, part.dtype(), rank_);
+  MG_CHECK(whole.dtype() == part.dtype(),
+           "{} ({}): {} is {} but {} is {}; both take one dtype (rank {})", collective, backend,
+           whole_name, whole.dtype(), part_name, part.dtype(), rank_);
   MG_CHECK(!average || whole.dtype() == DType::Float32,
            "{} ({}): ReduceOp::Average needs float32 tensors, {} is {} (rank {})", collective,
            backend, whole_name, whole.dtype(), rank_);

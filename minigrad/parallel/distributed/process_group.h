@@ -12,6 +12,8 @@
 //                                      gradients and gather parameters with these)
 //   send, recv                         point to point, matched by (peer, tag), checked
 //                                      against each other (a pipeline's stages)
+//   new_group                          a sub-group of some ranks, with connections of its
+//                                      own (tensor parallelism inside data parallelism)
 //
 // Backends (the network code is theirs; minigrad re-implements no collective):
 //   ProcessGroupGloo (process_group_gloo.h): CPU tensors, over Gloo's TCP transport.
@@ -31,6 +33,8 @@
 #include <minigrad/core/tensor.h>
 
 namespace mg::parallel {
+
+class TCPStore;
 
 enum class ReduceOp { Sum, Average };
 const char* reduce_op_name(ReduceOp op);
@@ -127,6 +131,14 @@ class ProcessGroup {
     return recv(std::vector<Tensor>{tensor}, src, tag);
   }
 
+  // Sub-groups, as torch.distributed.new_group: every rank of this group calls it, in the
+  // same order, with the same sorted list of distinct ranks of this group; the members
+  // get a new group whose rank() is their index in `ranks`, the others nullptr. Same
+  // backend, device and timeout. A sub-group has connections, store keys and tags of its
+  // own, so its collectives and messages run beside this group's and other sub-groups'
+  // without mixing (a 2-D mesh: row and column groups). Sub-groups have sub-groups too.
+  virtual std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) = 0;
+
  protected:
   // Checks the tensors of a collective against this group: defined, on device(), one
   // dtype that the op supports. Names the collective, the tensor index and the rank.
@@ -139,6 +151,14 @@ class ProcessGroup {
   // than this rank, and a tag >= 0.
   void check_message(const char* op, const std::vector<Tensor>& tensors, int peer,
                      int tag) const;
+  // Checks new_group's ranks (not empty, sorted, distinct, in [0, size())) and returns
+  // this rank's index in them, or -1 when it is not a member.
+  int check_new_group(const std::vector<int>& ranks) const;
+  // For a member of a new sub-group: checks through the store, under the sub-group's
+  // keys, that every member was given the same ranks (an mg::Error naming the first one
+  // that was not, or that did not arrive within timeout()).
+  void agree_on_members(TCPStore& store, const std::string& prefix,
+                        const std::vector<int>& ranks) const;
   bool check_flat_pair(const char* collective, const Tensor& whole, const char* whole_name,
                        const Tensor& part, const char* part_name, bool average) const;
 

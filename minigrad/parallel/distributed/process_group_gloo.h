@@ -16,6 +16,8 @@
 #ifdef MINIGRAD_WITH_GLOO
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <minigrad/parallel/distributed/process_group.h>
 #include <minigrad/parallel/distributed/tcp_store.h>
@@ -48,14 +50,19 @@ class ProcessGroupGloo : public ProcessGroup {
   // collectives): a fixed-size header, then the payload once the header has been checked.
   std::shared_ptr<Work> send(std::vector<Tensor> tensors, int dst, int tag = 0) override;
   std::shared_ptr<Work> recv(std::vector<Tensor> tensors, int src, int tag = 0) override;
+  // A new Gloo context over the same store and transport, under keys of its own.
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override;
   using ProcessGroup::allreduce;
   using ProcessGroup::broadcast;
   using ProcessGroup::recv;
   using ProcessGroup::send;
 
-  struct Impl;  // gloo_process_group.cpp
+  struct Impl;  // gloo_internal.h
 
  private:
+  ProcessGroupGloo(const Impl& parent, std::string prefix, int rank, int size);  // new_group
+  void connect();
+
   std::unique_ptr<Impl> impl_;
 };
 

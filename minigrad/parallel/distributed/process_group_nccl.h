@@ -23,6 +23,8 @@
 #ifdef MINIGRAD_WITH_NCCL
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <minigrad/parallel/distributed/process_group.h>
 #include <minigrad/parallel/distributed/tcp_store.h>
@@ -54,6 +56,8 @@ class ProcessGroupNccl : public ProcessGroup {
   // own (nccl_point_to_point.h), so a send and a recv never wait for each other's kernel.
   std::shared_ptr<Work> send(std::vector<Tensor> tensors, int dst, int tag = 0) override;
   std::shared_ptr<Work> recv(std::vector<Tensor> tensors, int src, int tag = 0) override;
+  // A new communicator on the same GPU, its unique id through the store.
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override;
   using ProcessGroup::allreduce;
   using ProcessGroup::broadcast;
   using ProcessGroup::recv;
@@ -62,6 +66,9 @@ class ProcessGroupNccl : public ProcessGroup {
   struct Impl;  // nccl_process_group.cpp
 
  private:
+  ProcessGroupNccl(std::shared_ptr<TCPStore> store, std::string prefix, int rank, int size,
+                   ProcessGroupOptions options);
+
   std::shared_ptr<Impl> impl_;  // shared with Work handles still in flight
 };
 
