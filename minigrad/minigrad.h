@@ -32,6 +32,7 @@
 #include <minigrad/parallel/communicator.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/device_list.h>
+#include <minigrad/parallel/distributed/device_mesh.h>
 #include <minigrad/parallel/distributed/distributed_data_parallel.h>
 #include <minigrad/parallel/distributed/process_group.h>
 #include <minigrad/parallel/distributed/process_group_gloo.h>

@@ -5,6 +5,9 @@
 //   build/bin/train_fashion_mnist --devices cpu,cpu     # DataParallel over two CPU replicas
 //   build/bin/train_fashion_mnist --save ck.safetensors ...; ... --resume ck.safetensors
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
+//   build/bin/train_fashion_mnist --devices cpu,cpu --tensor-parallel 2  # Megatron's split
+//   build/bin/minigrad-run --nproc-per-node 4 build/bin/train_fashion_mnist --distributed
+//       --tensor-parallel 2                             # 2 x 2: data parallel over TP pairs
 //
 // The loop is the one every PyTorch user knows: for each epoch, shuffled batches from a
 // DataLoader; forward, cross-entropy, zero_grad, backward, optimizer step; then the test
@@ -51,6 +54,8 @@
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/distributed/distributed_data_parallel.h>
+#include <minigrad/parallel/tensor_parallel/layers.h>
+#include <minigrad/parallel/tensor_parallel/tensor_parallel.h>
 #include "support/command_line.h"
 #include "support/devices.h"
 #include "support/distributed_run.h"
@@ -98,13 +103,36 @@ std::shared_ptr<nn::Sequential> make_mlp(const std::vector<int64_t>& hidden) {
 // and sums the replicas' gradients back into `model`'s parameters. --distributed:
 // DistributedDataParallel, which averages the gradients over the ranks. Either way the
 // optimizer and the checkpoints keep working on `model` itself.
+//
+// --tensor-parallel N: the model's Linear layers split in column/row pairs
+// (parallelize_mlp), which then hold the parameters that train (trained_module below);
+// `model` is only where they were cut from. In one process: TensorParallel, a thread per
+// device. --distributed: this rank's shard, its collectives in its tensor-parallel group,
+// inside DistributedDataParallel over the data-parallel group when there is one.
 nn::ModulePtr make_model_wrapper(const TrainOptions& options, const nn::ModulePtr& model,
                                  const std::vector<Device>& devices, const DistributedRun& dist) {
   model->to(devices.front());
+  const auto& mlp = static_cast<const nn::Sequential&>(*model);
+  if (options.tensor_parallel > 1 && !options.distributed)
+    return std::make_shared<parallel::TensorParallel>(mlp, devices);
+  if (options.tensor_parallel > 1) {
+    nn::ModulePtr shard =
+        parallel::parallelize_mlp(mlp, parallel::tensor_parallel_group(dist.tensor_group));
+    if (!dist.data_group) return shard;
+    return std::make_shared<parallel::DistributedDataParallel>(shard, dist.data_group);
+  }
   if (options.distributed)
     return std::make_shared<parallel::DistributedDataParallel>(model, dist.group);
   if (devices.size() == 1) return model;
   return std::make_shared<parallel::DataParallel>(model, devices);
+}
+
+// The module whose parameters the optimizer updates: `model`, or with tensor parallelism
+// the shards (`net` itself, or the shard inside DistributedDataParallel: the same
+// parameters).
+const nn::Module& trained_module(const TrainOptions& options, const nn::Module& model,
+                                 const nn::Module& net) {
+  return options.tensor_parallel > 1 ? net : model;
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options,
@@ -113,9 +141,10 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options,
                                       optim::SGDOptions(options.lr, options.momentum));
 }
 
-// Shuffled per (seed, epoch). Under --distributed each rank takes its shard of every
-// epoch (DistributedSampler) in its part of the global batch, so the run takes the same
-// steps on the same averaged gradients as one process.
+// Shuffled per (seed, epoch). Under --distributed each data-parallel rank takes its shard
+// of every epoch (DistributedSampler) in its part of the global batch, so the run takes
+// the same steps on the same averaged gradients as one process; the ranks of a
+// tensor-parallel group take the same shard.
 data::DataLoader make_train_loader(const TrainOptions& options,
                                    std::shared_ptr<const data::Dataset> train_set,
                                    const DistributedRun& dist) {
@@ -123,11 +152,12 @@ data::DataLoader make_train_loader(const TrainOptions& options,
   loader_options.batch_size = options.batch_size;
   loader_options.shuffle = true;
   loader_options.seed = options.seed;
-  if (!dist.active()) return data::DataLoader(std::move(train_set), loader_options);
+  if (!dist.active() || dist.data_ranks == 1)
+    return data::DataLoader(std::move(train_set), loader_options);
   loader_options.shuffle = false;  // the sampler shuffles
-  loader_options.batch_size = options.batch_size / dist.world_size;
+  loader_options.batch_size = options.batch_size / dist.data_ranks;
   auto sampler = std::make_shared<data::DistributedSampler>(
-      train_set->size(), dist.world_size, dist.rank, /*shuffle=*/true, options.seed);
+      train_set->size(), dist.data_ranks, dist.data_rank, /*shuffle=*/true, options.seed);
   return data::DataLoader(std::move(train_set), std::move(sampler), loader_options);
 }
 
@@ -140,7 +170,7 @@ struct Run {
   Device device;                                // this process's first device
   std::shared_ptr<nn::Sequential> model;        // the parameters that train and are saved
   nn::ModulePtr net;                            // what forward runs through: model or wrapper
-  std::unique_ptr<optim::Optimizer> optimizer;  // of model's parameters
+  std::unique_ptr<optim::Optimizer> optimizer;  // of trained_module's parameters
   data::DataLoader train_loader, test_loader;
   std::vector<samples::EpochMetrics> history;   // every finished epoch, resumed ones too
   int64_t total_steps() const { return train_loader.size() * options.epochs; }
@@ -180,6 +210,14 @@ int stop_run(const Run& run, int signo, const RunPosition& position, int64_t glo
   const std::string path = run.options.save.empty()
                                ? "train_fashion_mnist.interrupted.safetensors"
                                : run.options.save;
+  if (run.options.tensor_parallel > 1) {  // the shards are not checkpointed
+    if (run.dist.writes_files())
+      fmt::print("train_fashion_mnist: interrupted by {} after step {}; no checkpoint "
+                 "(--tensor-parallel runs do not write one)\n",
+                 samples::signal_name(signo), global_step);
+    std::fflush(stdout);
+    return 128 + signo;
+  }
   if (run.dist.writes_files()) {
     save_checkpoint(run, path, position);
     samples::write_training_reports(run.options, run.history);
@@ -283,9 +321,21 @@ void print_setup(const Run& run, const std::vector<Device>& devices,
   fmt::print("train_fashion_mnist: MLP 784-{}-10 ({} parameters) on {}\n",
              fmt::join(o.hidden, "-"), parameter_count, samples::devices_str(devices));
   if (run.dist.active())
-    fmt::print("distributed: rank {} of {} ({}), global batch {} = {} x {} per rank\n",
+    fmt::print("distributed: rank {} of {} ({}), global batch {} = {} x {} per data-parallel "
+               "rank\n",
                run.dist.rank, run.dist.world_size, run.dist.group->backend_name(), o.batch_size,
-               run.dist.world_size, o.batch_size / run.dist.world_size);
+               run.dist.data_ranks, o.batch_size / run.dist.data_ranks);
+  if (o.tensor_parallel > 1) {
+    int64_t held = 0;
+    for (const Tensor& p : run.optimizer->parameters()) held += p.numel();
+    const int64_t per_rank = run.dist.active() ? held : held / o.tensor_parallel;
+    fmt::print("tensor parallel: the Linear layers in column/row pairs over {} ranks{}; "
+               "{} parameters per rank (of {})\n",
+               o.tensor_parallel,
+               run.dist.active() ? fmt::format(", data parallel over {}", run.dist.data_ranks)
+                                 : fmt::format(" in one process ({})", run.net->extra_repr()),
+               per_rank, parameter_count);
+  }
   fmt::print("data: {} training and {} test images from {}{}\n", train_set.size(),
              test_set.size(), o.data_dir, o.no_normalize ? "" : " (normalised)");
   fmt::print("SGD lr {} ({}) momentum {}, batch size {}, {} epoch{}, seed {}\n", o.lr,
@@ -316,7 +366,8 @@ int run(const TrainOptions& options) {
   std::vector<Device> devices = options.device_list;
   const DistributedRun dist =
       options.distributed
-          ? samples::join_distributed_run(options.dist_timeout, options.batch_size, devices)
+          ? samples::join_distributed_run(options.dist_timeout, options.batch_size,
+                                          options.tensor_parallel, devices)
           : DistributedRun{};
   data::FashionMNISTOptions data_options;
   data_options.normalize = !options.no_normalize;
@@ -327,14 +378,15 @@ int run(const TrainOptions& options) {
 
   manual_seed(options.seed);
   const std::shared_ptr<nn::Sequential> model = make_mlp(options.hidden);
+  const nn::ModulePtr net = make_model_wrapper(options, model, devices, dist);
   data::DataLoaderOptions test_options;
   test_options.batch_size = 1000;
   Run run{options,
           dist,
           devices.front(),
           model,
-          make_model_wrapper(options, model, devices, dist),
-          make_optimizer(options, *model),
+          net,
+          make_optimizer(options, trained_module(options, *model, *net)),
           make_train_loader(options, train_set, dist),
           data::DataLoader(test_set, test_options),
           {}};

@@ -53,6 +53,13 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
   app.add_flag("--distributed", options.distributed,
                "One process per device with DistributedDataParallel; start with minigrad-run "
                "(--batch-size stays the global batch)");
+  app.add_option("--tensor-parallel", options.tensor_parallel,
+                 "Split each pair of Linear layers over this many ranks (Megatron's column and "
+                 "row parallel layers): in one process over as many --devices (cpu,cpu for 2), "
+                 "or with --distributed over neighbouring ranks, data parallel across them "
+                 "(--nproc-per-node 4 --tensor-parallel 2: 2 x 2); checkpoints are not written")
+      ->check(positive_integer())
+      ->capture_default_str();
   app.add_option("--dist-timeout", options.dist_timeout,
                  "With --distributed: seconds a rank waits for the others before failing")
       ->check(non_negative_number())
@@ -69,10 +76,26 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
     return exit_code;
   try {
     options.device_list = parse_devices(options.devices);
+    check_tensor_parallel(options);
   } catch (const Error& e) {
     return report_error(program, OptionError(e.what()));
   }
   return std::nullopt;
+}
+
+void check_tensor_parallel(const TrainOptions& options) {
+  const int tp = options.tensor_parallel;
+  if (tp == 1) return;
+  MG_CHECK(options.save.empty() && options.resume.empty(),
+           "--tensor-parallel {}: --save and --resume are not supported with tensor parallelism "
+           "(each rank holds only its shards of the model)",
+           tp);
+  MG_CHECK(options.distributed || static_cast<int>(options.device_list.size()) == tp,
+           "--tensor-parallel {} in one process takes one device per rank, but --devices {} "
+           "names {}; pass {} devices (e.g. --devices {}), or use --distributed for data "
+           "parallelism as well",
+           tp, options.devices, options.device_list.size(), tp,
+           fmt::join(std::vector<std::string>(static_cast<size_t>(tp), "cpu"), ","));
 }
 
 std::string hidden_str(const std::vector<int64_t>& hidden) {

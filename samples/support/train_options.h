@@ -29,6 +29,7 @@ struct TrainOptions {
   bool no_normalize = false;
   std::string save, resume, metrics, plot;  // file paths; empty: not written / not read
   bool distributed = false;     // one process per device, started by minigrad-run
+  int tensor_parallel = 1;      // ranks each pair of Linear layers is split over (1: none)
   double dist_timeout = 300.0;  // seconds a rank waits for the others before failing
   bool detect_anomaly = false;  // check every gradient of every backward (slow)
   int64_t stop_after_steps = 0;  // hidden, for tests: raise SIGINT after this global step
@@ -38,6 +39,10 @@ struct TrainOptions {
 // program should stop here (--help: 0; a bad flag: kExitBadOption, reported on stderr as
 // "train_fashion_mnist: error: ..."), std::nullopt when it should train.
 std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& options);
+
+// --tensor-parallel against the other flags: one device per rank in one process, no
+// checkpoints (an mg::Error saying so otherwise).
+void check_tensor_parallel(const TrainOptions& options);
 
 // "256,256": the hidden widths as --hidden takes them.
 std::string hidden_str(const std::vector<int64_t>& hidden);
