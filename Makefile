@@ -1,5 +1,6 @@
 # The two commands of the README:
-#   make train   installs what is missing, builds, and trains the Fashion-MNIST MLP
+#   make train   installs what is missing, builds the library and the trainer, and trains
+#                the Fashion-MNIST MLP
 #   make test    installs what is missing, builds, and runs every test through CTest;
 #                then the CPU tests again under AddressSanitizer + UndefinedBehaviorSanitizer
 #                (test-sanitize) and a bounded libFuzzer run of each file reader (test-fuzz)
@@ -14,7 +15,7 @@ ASAN_BUILD   ?= build-asan
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 20
 
-.PHONY: all deps configure build test test-unit test-sanitize test-fuzz train clean
+.PHONY: all deps configure build build-train test test-unit test-sanitize test-fuzz train clean
 
 all: build
 
@@ -27,15 +28,16 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j$(JOBS)
 
+# What `make train` needs and nothing more: the library and the trainer (no tests, no
+# benchmarks, no other programs).
+build-train: configure
+	cmake --build $(BUILD) -j$(JOBS) --target train_fashion_mnist
+
 test: test-unit
 	@$(MAKE) --no-print-directory test-sanitize
 	@$(MAKE) --no-print-directory test-fuzz
-	@echo "== make test passed; the three stages:"
-	@for stage in "main suite:$(BUILD)" "sanitizers:$(ASAN_BUILD)" "fuzzing:$(FUZZ_BUILD)"; do \
-	  log="$${stage#*:}/ctest-output.log"; \
-	  printf '   %-11s %s; %s skipped\n' "$${stage%%:*}" "$$(grep -h 'tests passed' "$$log")" \
-	         "$$(grep -c '(Skipped)$$' "$$log")"; \
-	done
+	@echo "== make test passed; the three stages (skipped tests: why, and in which layers):"
+	@scripts/test-summary.sh "main suite:$(BUILD)" "sanitizers:$(ASAN_BUILD)" "fuzzing:$(FUZZ_BUILD)"
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -O ctest-output.log
@@ -60,7 +62,7 @@ test-fuzz: deps
 	cmake --build $(FUZZ_BUILD) -j$(JOBS)
 	cd $(FUZZ_BUILD) && ctest --output-on-failure -j$(JOBS) -L fuzz -O ctest-output.log
 
-train: build
+train: build-train
 	$(BUILD)/bin/train_fashion_mnist $(TRAIN_ARGS)
 
 clean:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs minigrad-bench and bench/torch_reference.py for every work and mode that applies
 # to the device, in one go, writes their JSON lines to a file and prints the table of
-# median step times with the ratio minigrad/PyTorch next to the target.
+# median step times with the ratio minigrad/PyTorch next to its target (bench/RESULTS.md).
 #
 #   bench/compare.sh                      # CPU: tutorial, mnist_mlp; one thread each
 #   bench/compare.sh --device cuda        # GPU: every work, eager/graph/dataparallel, TF32

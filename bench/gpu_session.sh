@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The GPU measurements in one command, for a session that has the GPU machine:
+# The GPU measurements in one command, on a machine with an NVIDIA GPU:
 # builds minigrad-bench with CUDA (Release) into build-gpu/, then runs
 #   compare  bench/compare.sh --device cuda   (every work and mode, the table of ratios)
 #   sweep    bench/sweep.sh --device cuda     (mnist_mlp batch 32..16384, the SVG chart)
-# and leaves the tables, the raw JSON lines and the chart in $OUT (the device tool brings
-# that folder back) or else bench/results/.
+# and leaves the tables, the raw JSON lines and the chart in $OUT (when set: a folder
+# collected after the run) or else bench/results/.
 #
 #   bench/gpu_session.sh            # build, compare, sweep (about 6-8 minutes on an H200)
 #   bench/gpu_session.sh compare    # build and compare only

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reads the JSON lines of minigrad-bench and bench/torch_reference.py and prints the
 comparison table (Markdown) of median step times, minigrad/PyTorch ratios and the
-targets of the performance issue.
+targets set for them (listed at the end of bench/RESULTS.md).
 
   python3 bench/report.py table results.jsonl
 
@@ -122,7 +122,7 @@ def table(records):
         r = ratio(dp, eager)
         torch_dp, torch_eager = pairs[k].get("torch"), pairs.get((device, work, "eager", False, "", batch), {}).get("torch")
         tr = ratio(torch_dp, torch_eager)
-        # The issue sets this target on the GPU; on the CPU the ratio is shown for reference.
+        # The target is set for the GPU; on the CPU the ratio is shown for reference.
         dp_target = f"≤ {DP_OVER_EAGER_TARGET} {verdict(r, DP_OVER_EAGER_TARGET)}" if device == "cuda" else "(GPU only)"
         dp_lines.append(
             f"| {device} | {work} | {fmt_ms(dp)} | {fmt_ms(eager)} | "

@@ -1,7 +1,53 @@
-# `cmake --install` lays out headers under include/minigrad/<layer>/, the library, and a
-# package config so that find_package(minigrad) + minigrad::minigrad work elsewhere.
+# `cmake --install` lays out the public headers under include/minigrad/<layer>/, the
+# library, a package config so that find_package(minigrad) + minigrad::minigrad work
+# elsewhere, and (with MINIGRAD_BUILD_SAMPLES) the programs a user runs, in bin/.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
+
+# The public headers: <minigrad/minigrad.h>, the headers README.md and docs/*.md name
+# (as minigrad/<layer>/<file>.h or <layer>/<file>.h), and everything those include from
+# minigrad, transitively, so the installed tree is closed under its own includes. The
+# rest (the CPU backend's loops, the CUDA backend's cuBLAS, stream and kernel helpers,
+# the worker pool, sockets) is internal and stays in the source tree.
+function(minigrad_public_headers out_var)
+  set(queue minigrad/minigrad.h)
+  file(GLOB docs ${PROJECT_SOURCE_DIR}/docs/*.md)
+  foreach(doc IN LISTS docs ITEMS ${PROJECT_SOURCE_DIR}/README.md)
+    file(READ ${doc} text)
+    string(REGEX MATCHALL "[a-z_/]*[a-z_]+/[a-z_0-9]+\\.h" named "${text}")
+    foreach(path IN LISTS named)
+      string(REGEX MATCH "[a-z_]+/[a-z_/0-9]*\\.h$" path "${path}")
+      string(REGEX REPLACE "^minigrad/" "" path "${path}")
+      if(path AND EXISTS ${PROJECT_SOURCE_DIR}/minigrad/${path})
+        list(APPEND queue minigrad/${path})
+      endif()
+    endforeach()
+  endforeach()
+  set(seen)
+  while(queue)
+    list(POP_FRONT queue header)
+    if(header IN_LIST seen)
+      continue()
+    endif()
+    list(APPEND seen ${header})
+    file(STRINGS ${PROJECT_SOURCE_DIR}/${header} includes REGEX "^[ \t]*#[ \t]*include <minigrad/")
+    foreach(line IN LISTS includes)
+      string(REGEX REPLACE "^[ \t]*#[ \t]*include <(minigrad/[^>]+)>.*$" "\\1" included "${line}")
+      if(NOT EXISTS ${PROJECT_SOURCE_DIR}/${included})
+        message(FATAL_ERROR "minigrad: ${header} includes <${included}>, which does not exist")
+      endif()
+      list(APPEND queue ${included})
+    endforeach()
+  endwhile()
+  list(SORT seen)
+  set(${out_var} ${seen} PARENT_SCOPE)
+endfunction()
+
+minigrad_public_headers(MINIGRAD_PUBLIC_HEADERS)
+foreach(header IN LISTS MINIGRAD_PUBLIC_HEADERS)
+  get_filename_component(dir ${header} DIRECTORY)
+  install(FILES ${PROJECT_SOURCE_DIR}/${header} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/${dir})
+endforeach()
 
 set_target_properties(minigrad PROPERTIES EXPORT_NAME minigrad
                       INSTALL_RPATH "$ORIGIN")
@@ -9,11 +55,6 @@ install(TARGETS minigrad EXPORT minigradTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-foreach(layer IN LISTS MINIGRAD_LAYERS ITEMS cuda)
-  install(DIRECTORY ${PROJECT_SOURCE_DIR}/minigrad/${layer}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/minigrad/${layer}
-          FILES_MATCHING PATTERN "*.h")
-endforeach()
-install(FILES ${PROJECT_SOURCE_DIR}/minigrad/minigrad.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/minigrad)
 install(EXPORT minigradTargets NAMESPACE minigrad::
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/minigrad)
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/minigradConfig.cmake.in
@@ -24,3 +65,14 @@ write_basic_package_version_file(${CMAKE_BINARY_DIR}/minigradConfigVersion.cmake
 install(FILES ${CMAKE_BINARY_DIR}/minigradConfig.cmake
               ${CMAKE_BINARY_DIR}/minigradConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/minigrad)
+
+# The programs a user runs: the launcher, the two trainers, the two tutorials. They find
+# libminigrad next door, in ../lib.
+set(MINIGRAD_INSTALLED_PROGRAMS minigrad-run train_fashion_mnist train_minimal
+                                data_parallel_tutorial model_parallel)
+if(MINIGRAD_BUILD_SAMPLES)
+  foreach(program IN LISTS MINIGRAD_INSTALLED_PROGRAMS)
+    set_target_properties(${program} PROPERTIES INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
+    install(TARGETS ${program} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  endforeach()
+endif()

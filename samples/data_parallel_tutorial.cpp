@@ -20,11 +20,10 @@
 // The replicas run at the same time on worker threads, so their lines may come in any
 // order. Without GPUs the replicas share the CPU: the numbers are the same, and the
 // mechanism (scatter, replicate, parallel forward, gather) is the one that runs on GPUs.
-#include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +36,7 @@
 #include <minigrad/parallel/communicator.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/device_list.h>
+#include "support/command_line.h"
 
 namespace {
 
@@ -76,8 +76,13 @@ std::vector<Device> choose_devices(const Options& options) {
   const std::string visible_note =
       visible != nullptr ? fmt::format(" (CUDA_VISIBLE_DEVICES={})", visible) : "";
   if (!options.device_ids.empty()) {
-    std::vector<Device> devices = parallel::parse_device_list(options.device_ids);
-    parallel::check_device_list(devices, "--device-ids");
+    std::vector<Device> devices;
+    try {
+      devices = parallel::parse_device_list(options.device_ids);
+      parallel::check_device_list(devices, "--device-ids");
+    } catch (const Error& e) {
+      throw samples::OptionError(e.what());  // a bad flag: reported as one
+    }
     fmt::print("--device-ids {}: using {}{}\n", options.device_ids,
                parallel::device_list_str(devices), devices[0].is_cuda() ? visible_note : "");
     return devices;
@@ -135,12 +140,11 @@ int main(int argc, char** argv) {
   app.add_option("--data-size", options.data_size, "Examples in the random dataset")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> exit_code = samples::parse_command_line(app, "data_parallel_tutorial", argc, argv))
+    return *exit_code;
   try {
     return run(options);
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "data_parallel_tutorial: error: {}\n", e.what());
-    return 1;
+    return samples::report_error("data_parallel_tutorial", e);
   }
 }

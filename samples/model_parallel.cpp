@@ -11,10 +11,9 @@
 // whole model. Nothing is replicated and nothing runs at the same time: model
 // parallelism is for a model too big for one device, data parallelism (DataParallel)
 // for a batch too big or too slow for one.
-#include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +26,7 @@
 #include <minigrad/parallel/communicator.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/device_list.h>
+#include "support/command_line.h"
 
 namespace {
 
@@ -60,11 +60,15 @@ struct Options {
 // Two devices: the two given, or the first two GPUs, or what this machine has.
 std::pair<Device, Device> choose_devices(const Options& options) {
   if (!options.devices.empty()) {
-    const std::vector<Device> devices = parallel::parse_device_list(options.devices);
-    MG_CHECK(devices.size() == 2, "--devices {}: expected two devices, one per layer",
-             options.devices);
-    for (const Device& d : devices) parallel::check_device_list({d}, "--devices");
-    return {devices[0], devices[1]};
+    try {
+      const std::vector<Device> devices = parallel::parse_device_list(options.devices);
+      MG_CHECK(devices.size() == 2, "--devices {}: expected two devices, one per layer",
+               options.devices);
+      for (const Device& d : devices) parallel::check_device_list({d}, "--devices");
+      return {devices[0], devices[1]};
+    } catch (const Error& e) {
+      throw samples::OptionError(e.what());  // a bad flag: reported as one
+    }
   }
   const std::vector<Device> gpus = parallel::visible_gpus();
   if (gpus.size() >= 2) return {gpus[0], gpus[1]};
@@ -145,12 +149,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--wrap-data-parallel", options.wrap_data_parallel,
                "Wrap the model in DataParallel to see why that is the wrong tool for it");
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> exit_code = samples::parse_command_line(app, "model_parallel", argc, argv))
+    return *exit_code;
   try {
     return run(options);
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "model_parallel: error: {}\n", e.what());
-    return 1;
+    return samples::report_error("model_parallel", e);
   }
 }

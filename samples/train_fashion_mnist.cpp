@@ -3,6 +3,7 @@
 //   build/bin/train_fashion_mnist                       # the defaults: >= 88% test accuracy
 //   build/bin/train_fashion_mnist --epochs 3 --hidden 512 --metrics run.csv --plot run.svg
 //   build/bin/train_fashion_mnist --devices cpu,cpu     # DataParallel over two CPU replicas
+//   build/bin/train_fashion_mnist --optimizer adamw     # AdamW (lr 1e-3, weight decay 1e-2)
 //   build/bin/train_fashion_mnist --save ck.safetensors ...; ... --resume ck.safetensors
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
 //   build/bin/train_fashion_mnist --devices cpu,cpu --tensor-parallel 2  # Megatron's split
@@ -51,6 +52,7 @@
 #include <minigrad/data/distributed_sampler.h>
 #include <minigrad/data/fashion_mnist.h>
 #include <minigrad/nn/layers.h>
+#include <minigrad/nn/optim/adam.h>
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/distributed/distributed_data_parallel.h>
@@ -135,10 +137,16 @@ const nn::Module& trained_module(const TrainOptions& options, const nn::Module& 
   return options.tensor_parallel > 1 ? net : model;
 }
 
+// --optimizer sgd: SGD with momentum (and an L2 penalty with --weight-decay); adamw:
+// AdamW with PyTorch's betas and eps, its weight decay decoupled from the gradient.
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options,
                                                  const nn::Module& model) {
-  return std::make_unique<optim::SGD>(model.parameters(),
-                                      optim::SGDOptions(options.lr, options.momentum));
+  if (options.optimizer == "adamw")
+    return std::make_unique<optim::AdamW>(
+        model.parameters(), optim::AdamWOptions(options.lr).weight_decay(options.weight_decay));
+  return std::make_unique<optim::SGD>(
+      model.parameters(),
+      optim::SGDOptions(options.lr, options.momentum).weight_decay(options.weight_decay));
 }
 
 // Shuffled per (seed, epoch). Under --distributed each data-parallel rank takes its shard
@@ -338,8 +346,8 @@ void print_setup(const Run& run, const std::vector<Device>& devices,
   }
   fmt::print("data: {} training and {} test images from {}{}\n", train_set.size(),
              test_set.size(), o.data_dir, o.no_normalize ? "" : " (normalised)");
-  fmt::print("SGD lr {} ({}) momentum {}, batch size {}, {} epoch{}, seed {}\n", o.lr,
-             o.lr_schedule, o.momentum, o.batch_size, o.epochs, plural(o.epochs), o.seed);
+  fmt::print("{}, batch size {}, {} epoch{}, seed {}\n", samples::optimizer_str(o),
+             o.batch_size, o.epochs, plural(o.epochs), o.seed);
 }
 
 // The last line: the final test accuracy, the time per epoch trained in this run (not

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Packs into .deps/ (git-ignored) what the GPU machine may lack and cannot download, as
-# it reaches no package registry (see ../shared/device/README.md):
+# Packs into .deps/ (git-ignored) what a GPU machine without network access may lack and
+# cannot download:
 #   - nlohmann-json3-dev (libminigrad's checkpoint code needs it: without it CMake stops)
 #   - libcli11-dev (the samples and benchmarks parse their flags with it)
 #   - the Fashion-MNIST files, for gpu-check's training run.
@@ -10,7 +10,7 @@
 # with `dpkg-deb -x` when the machine has no copy of its own.
 #
 #   scripts/fetch-gpu-deps.sh
-#   then, with the device tool: run(command="scripts/gpu-check.sh", carry=[".deps"])
+#   then copy the checkout, .deps/ included, to the GPU machine and run scripts/gpu-check.sh
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -48,4 +48,4 @@ if [[ -d "$dataset" ]]; then
 else
   echo "fetch-gpu-deps: no Fashion-MNIST in $dataset; gpu-check will skip its training run"
 fi
-echo "fetch-gpu-deps: $(du -sh "$deps" | cut -f1) in $deps (the device tool carries 64 MiB in all)"
+echo "fetch-gpu-deps: $(du -sh "$deps" | cut -f1) in $deps "

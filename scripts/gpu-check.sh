@@ -2,7 +2,8 @@
 # The GPU check: on a machine with an NVIDIA GPU, configure (sm_90 by default), build
 # with all cores, run the whole test suite with the GPU tests, run the benchmarks and a
 # short Fashion-MNIST training run on the GPU when they are there. Logs go to $OUT
-# when it is set (the device tool's result folder), else to build-gpu/gpu-check/.
+# when it is set (a folder whose files are collected after the run), else to
+# build-gpu/gpu-check/.
 #
 #   scripts/gpu-check.sh                 # everything
 #   BUILD_DIR=build-x CUDA_ARCH=80 scripts/gpu-check.sh
@@ -15,13 +16,14 @@
 # batch 32..16384, the SVG chart); a short training run; the NCCL checks; ddp-bench;
 # compute-sanitizer memcheck and racecheck with what time remains.
 #
-# The GPU machine reaches no package registry: run scripts/fetch-gpu-deps.sh here first
-# and name .deps in the device tool's `carry`; the header-only packages found there are
+# A GPU machine without network access reaches no package registry: run
+# scripts/fetch-gpu-deps.sh on a machine with one first and copy .deps/ along with the
+# checkout; the header-only packages found there are
 # unpacked under $DEPS_PREFIX (default /opt/deps) when the machine lacks them, and the
 # Fashion-MNIST files there feed the training run.
 #
-# Stays inside a time budget (GPU_CHECK_BUDGET_S, default 540 s, under the device tool's
-# 600 s per call): the benchmarks and the training run are skipped, and say so, when too
+# Stays inside a time budget (GPU_CHECK_BUDGET_S, default 540 s, for a machine held ten
+# minutes at a time): the benchmarks and the training run are skipped, and say so, when too
 # little of it is left, so that the logs and the summary always come back.
 # Exits non-zero when the build fails, a test fails, a GPU test was skipped (the GPU
 # was not seen), or the benchmark or training binary fails.
@@ -33,8 +35,7 @@ build="${BUILD_DIR:-build-gpu}"
 arch="${CUDA_ARCH:-90}"
 jobs="${JOBS:-$(nproc)}"
 [[ "$jobs" -gt 16 ]] && jobs=16
-# The device tool brings back at most 8 files from $OUT: the logs are written to a
-# folder of their own and packed into $OUT/gpu-check-logs.tar.gz (with the summary, the
+# Few files of $OUT may be collected (8): the logs are written to a folder of their own and packed into $OUT/gpu-check-logs.tar.gz (with the summary, the
 # comparison table, the kernel profile and the sweep chart beside it) when the script
 # ends, however it ends.
 if [[ -n "${OUT:-}" ]]; then
@@ -249,7 +250,7 @@ elif [[ -z "${SKIP_BENCH:-}" && -x "$ddp_bench" && -x "$launcher" ]]; then
   say "ddp-bench: $(wc -l < "$logs/ddp-bench.md") rows in ddp-bench.md"
 fi
 
-# ---- compute-sanitizer (owner: reliability, issue 8): the GPU tests under memcheck and racecheck ----
+# ---- compute-sanitizer: the GPU tests under memcheck and racecheck ----
 # memcheck: out-of-bounds, misaligned and freed device memory accessed by a kernel, in
 # every GPU test but the multi-process NCCL ones (their ranks are processes of their own).
 # API errors are not reported here: the library checks every CUDA return code itself,

@@ -35,6 +35,14 @@ std::atomic<bool>& tf32_allowed() {
 int device_count() { return cuda_table().device_count(); }
 bool is_available() { return device_count() > 0; }
 
+bool is_built() {
+#ifdef MINIGRAD_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
 int current_device() { return cuda_table().current_device(); }
 void set_device(int device) { cuda_table().set_device(device); }
 

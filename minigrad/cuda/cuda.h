@@ -13,6 +13,9 @@ namespace mg::cuda {
 // built without CUDA, or there is no driver or GPU.
 int device_count();
 bool is_available();
+// Whether this minigrad was built with the CUDA backend (torch.backends.cuda.is_built()):
+// tells "built without CUDA" from "no GPU on this machine" when device_count() is 0.
+bool is_built();
 
 // This thread's current device, and setting it (as cudaSetDevice / torch.cuda.set_device).
 int current_device();

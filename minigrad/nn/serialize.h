@@ -16,7 +16,7 @@
 // before returning anything, so a truncated or corrupt file is an mg::Error naming the
 // file and the fault.
 //
-// One checkpoint can hold several things (issue 8: model, optimizer, RNG, epoch):
+// One checkpoint can hold several things (model, optimizer, random generator, epoch):
 //
 //   nn::Checkpoint ck;
 //   ck.put("model.", nn::state_dict(model));

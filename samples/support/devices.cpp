@@ -5,8 +5,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <minigrad/core/backend.h>
 #include <minigrad/core/error.h>
+#include <minigrad/cuda/cuda.h>
 
 namespace mg::samples {
 
@@ -36,10 +36,17 @@ std::string available(int cuda_device_count) {
 
 }  // namespace
 
-std::vector<Device> parse_devices(const std::string& spec, int cuda_device_count) {
+std::vector<Device> parse_devices(const std::string& spec, int cuda_device_count,
+                                  bool cuda_built) {
+  if (!cuda_built) cuda_device_count = 0;
   const std::string whole = trim(spec);
-  const auto count_str = fmt::format("this machine has {} CUDA device{} ({})", cuda_device_count,
-                                     cuda_device_count == 1 ? "" : "s", available(cuda_device_count));
+  // Without the CUDA backend there is no GPU to name, whatever the machine has.
+  const auto count_str =
+      cuda_built ? fmt::format("this machine has {} CUDA device{} ({})", cuda_device_count,
+                               cuda_device_count == 1 ? "" : "s", available(cuda_device_count))
+                 : fmt::format("minigrad was built without CUDA ({}); rebuild it with the CUDA "
+                               "toolkit installed to train on GPUs",
+                               available(0));
   if (whole == "all") {
     std::vector<Device> gpus;
     for (int i = 0; i < cuda_device_count; ++i) gpus.push_back(Device::cuda(i));
@@ -79,7 +86,7 @@ std::vector<Device> parse_devices(const std::string& spec, int cuda_device_count
 }
 
 std::vector<Device> parse_devices(const std::string& spec) {
-  return parse_devices(spec, backend(DeviceType::CUDA).device_count());
+  return parse_devices(spec, cuda::device_count(), cuda::is_built());
 }
 
 std::string devices_str(const std::vector<Device>& devices) {

@@ -13,12 +13,14 @@
 
 namespace mg::samples {
 
-// The devices `spec` names on a machine with `cuda_device_count` visible GPUs.
-// mg::Error, beginning "--devices <spec>: ", on an unknown word, a GPU that does not
-// exist (saying which devices do), or a list mixing the CPU and GPUs.
-std::vector<Device> parse_devices(const std::string& spec, int cuda_device_count);
+// The devices `spec` names on a machine with `cuda_device_count` visible GPUs, in a
+// minigrad built with CUDA or not (`cuda_built`). mg::Error, beginning "--devices
+// <spec>: ", on an unknown word, a GPU that does not exist (saying which devices do, or
+// that minigrad was built without CUDA), or a list mixing the CPU and GPUs.
+std::vector<Device> parse_devices(const std::string& spec, int cuda_device_count,
+                                  bool cuda_built = true);
 
-// parse_devices with the number of GPUs this process sees.
+// parse_devices for this process: the GPUs it sees, and this build.
 std::vector<Device> parse_devices(const std::string& spec);
 
 // "cpu", "cuda:0", "cuda:0, cuda:1".

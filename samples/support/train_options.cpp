@@ -19,12 +19,24 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
   app.add_option("--batch-size", options.batch_size, "Training batch size")
       ->check(positive_integer())
       ->capture_default_str();
-  app.add_option("--lr", options.lr, "SGD learning rate")
-      ->check(non_negative_number())
+  app.add_option("--optimizer", options.optimizer,
+                 "sgd (SGD with momentum) or adamw (AdamW, decoupled weight decay)")
+      ->check(CLI::IsMember({"sgd", "adamw"}))
       ->capture_default_str();
-  app.add_option("--momentum", options.momentum, "SGD momentum")
-      ->check(non_negative_number())
-      ->capture_default_str();
+  CLI::Option* lr = app.add_option("--lr", options.lr,
+                                   fmt::format("Learning rate (default: {} with sgd, {} with adamw)",
+                                               kSgdLr, kAdamWLr))
+                        ->check(non_negative_number());
+  CLI::Option* momentum = app.add_option("--momentum", options.momentum, "SGD's momentum")
+                              ->check(non_negative_number())
+                              ->capture_default_str();
+  CLI::Option* weight_decay =
+      app.add_option("--weight-decay", options.weight_decay,
+                     fmt::format("Weight decay (default: 0 with sgd, where it is an L2 penalty in "
+                                 "the gradient; {} with adamw, where it shrinks the weights by "
+                                 "lr * weight_decay each step)",
+                                 kAdamWWeightDecay))
+          ->check(non_negative_number());
   app.add_option("--hidden", options.hidden, "Hidden layer widths, comma-separated (e.g. 512 or 256,256)")
       ->delimiter(',')
       ->check(positive_integer())
@@ -74,6 +86,13 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
   const char* program = "train_fashion_mnist";
   if (const std::optional<int> exit_code = parse_command_line(app, program, argc, argv))
     return exit_code;
+  if (options.optimizer == "adamw") {
+    if (lr->count() == 0) options.lr = kAdamWLr;
+    if (weight_decay->count() == 0) options.weight_decay = kAdamWWeightDecay;
+    if (momentum->count() != 0)
+      return report_error(program, OptionError("--momentum is SGD's; AdamW keeps running "
+                                               "averages with betas (0.9, 0.999) instead"));
+  }
   try {
     options.device_list = parse_devices(options.devices);
     check_tensor_parallel(options);
@@ -96,6 +115,16 @@ void check_tensor_parallel(const TrainOptions& options) {
            "parallelism as well",
            tp, options.devices, options.device_list.size(), tp,
            fmt::join(std::vector<std::string>(static_cast<size_t>(tp), "cpu"), ","));
+}
+
+std::string optimizer_str(const TrainOptions& options) {
+  if (options.optimizer == "adamw")
+    return fmt::format("AdamW lr {} ({}) weight_decay {}", options.lr, options.lr_schedule,
+                       options.weight_decay);
+  std::string out = fmt::format("SGD lr {} ({}) momentum {}", options.lr, options.lr_schedule,
+                                options.momentum);
+  if (options.weight_decay != 0.0) out += fmt::format(" weight_decay {}", options.weight_decay);
+  return out;
 }
 
 std::string hidden_str(const std::vector<int64_t>& hidden) {

@@ -15,11 +15,21 @@
 
 namespace mg::samples {
 
+// SGD's learning rate is the one this MLP has always trained with; AdamW's learning rate
+// and weight decay are torch.optim.AdamW's defaults, which suit this MLP as they are.
+inline constexpr double kSgdLr = 0.05;
+inline constexpr double kAdamWLr = 1e-3;
+inline constexpr double kAdamWWeightDecay = 1e-2;
+
 struct TrainOptions {
   int epochs = 10;
   int64_t batch_size = 64;
-  double lr = 0.05;
-  double momentum = 0.9;
+  std::string optimizer = "sgd";  // or "adamw"
+  // lr and weight_decay default per optimizer (kSgd*, kAdamW*), set after parsing when the
+  // flag is not given.
+  double lr = kSgdLr;
+  double momentum = 0.9;  // SGD's only
+  double weight_decay = 0.0;
   std::string lr_schedule = "cosine";  // or "constant"
   std::vector<int64_t> hidden{256, 256};
   uint64_t seed = 1;
@@ -43,6 +53,10 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
 // --tensor-parallel against the other flags: one device per rank in one process, no
 // checkpoints (an mg::Error saying so otherwise).
 void check_tensor_parallel(const TrainOptions& options);
+
+// "SGD lr 0.05 (cosine) momentum 0.9" or "AdamW lr 0.001 (cosine) weight_decay 0.01":
+// the optimizer as the setup line and the plot's title name it.
+std::string optimizer_str(const TrainOptions& options);
 
 // "256,256": the hidden widths as --hidden takes them.
 std::string hidden_str(const std::vector<int64_t>& hidden);

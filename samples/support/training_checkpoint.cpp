@@ -21,6 +21,7 @@ void save_training_checkpoint(const std::string& path, const nn::Module& model,
                  {"epoch_batches", std::to_string(position.batches)},
                  {"epoch_seen", std::to_string(position.seen)},
                  {"batch_size", std::to_string(options.batch_size)},
+                 {"optimizer", options.optimizer},
                  {"hidden", hidden_str(options.hidden)},
                  {"seed", std::to_string(options.seed)},
                  {"generator_seed", std::to_string(rng.seed)},
@@ -44,6 +45,14 @@ RunPosition load_training_checkpoint(const std::string& path, nn::Module& model,
            "--resume {}: the checkpoint's model has hidden layers {} but --hidden is {}; pass "
            "--hidden {}",
            path, meta("hidden"), hidden_str(options.hidden), meta("hidden"));
+  // Checkpoints from before --optimizer existed are SGD's.
+  const auto optimizer_entry = ck.metadata.find("optimizer");
+  const std::string saved_optimizer =
+      optimizer_entry == ck.metadata.end() ? "sgd" : optimizer_entry->second;
+  MG_CHECK(saved_optimizer == options.optimizer,
+           "--resume {}: the checkpoint holds the state of --optimizer {}, but --optimizer is {}; "
+           "pass --optimizer {}",
+           path, saved_optimizer, options.optimizer, saved_optimizer);
   RunPosition position;
   position.epochs_done = std::stoi(meta("epoch"));
   // Written at an interrupt, the checkpoint stands in the middle of an epoch (checkpoints

@@ -4,9 +4,10 @@
 // on the CPU). Written after every epoch with --save, and at an interrupt in mid-epoch.
 //
 //   tensors   model.<name>       the parameters (nn::state_dict)
-//             optim.<key>        the optimizer's state_dict (SGD: momentum_buffer.<i>)
+//             optim.<key>        the optimizer's state_dict (SGD: momentum_buffer.<i>;
+//                                AdamW: step.<i>, exp_avg.<i>, exp_avg_sq.<i>)
 //             progress.loss_sum  mid-epoch only: the epoch's training loss so far
-//   metadata  epoch, epoch_batches, epoch_seen, batch_size, hidden, seed, generator_seed,
+//   metadata  epoch, epoch_batches, epoch_seen, batch_size, optimizer, hidden, seed, generator_seed,
 //             generator_offset, metrics (the per-epoch CSV so far)
 #pragma once
 

@@ -12,9 +12,8 @@ void write_training_reports(const TrainOptions& options, const std::vector<Epoch
   if (!options.plot.empty() && !history.empty())
     write_training_plot(
         options.plot, history,
-        fmt::format("Fashion-MNIST MLP 784-{}-10, SGD lr {} ({}) momentum {}, batch {}",
-                    fmt::join(options.hidden, "-"), options.lr, options.lr_schedule,
-                    options.momentum, options.batch_size));
+        fmt::format("Fashion-MNIST MLP 784-{}-10, {}, batch {}", fmt::join(options.hidden, "-"),
+                    optimizer_str(options), options.batch_size));
 }
 
 }  // namespace mg::samples

@@ -107,3 +107,22 @@ TEST_CASE("CUDAGraph without a usable CUDA device is a clear error") {
   REQUIRE_THROWS_WITH(graph.replay(), MG_CONTAINS("CUDAGraph::replay"));
   REQUIRE_THROWS_WITH(graph.capture_end(), MG_CONTAINS("CUDAGraph::capture_end"));
 }
+
+TEST_CASE("cuda::is_built tells a build without CUDA from a machine without a GPU") {
+#ifdef MINIGRAD_WITH_CUDA
+  CHECK(cuda::is_built());
+#else
+  CHECK_FALSE(cuda::is_built());
+  CHECK(cuda::device_count() == 0);
+#endif
+  if (cuda::device_count() > 0) return;
+  std::string message;
+  try {
+    zeros({1}, DType::Float32, Device::cuda(0));
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(!message.empty());
+  CHECK((message.find("minigrad was built without CUDA") != std::string::npos) == !cuda::is_built());
+}

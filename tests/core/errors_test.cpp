@@ -1,6 +1,6 @@
 // Every user-facing error of core (and the differentiable API over it) is an mg::Error
-// whose message names the op and the shapes, dtypes or devices involved (issue 2, "Bad
-// input"). Each test checks the message, not only that something was thrown.
+// whose message names the op and the shapes, dtypes or devices involved. Each test
+// checks the message, not only that something was thrown.
 #include "catch_compat.h"
 #include "host_backed_cuda.h"
 

@@ -1,4 +1,4 @@
-// DataLoader::set_start_batch: resuming in the middle of an epoch (issue 8) visits
+// DataLoader::set_start_batch: resuming in the middle of an epoch visits
 // exactly the batches an uninterrupted epoch had left, then later epochs start at 0.
 #include "catch_compat.h"
 

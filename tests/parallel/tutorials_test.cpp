@@ -75,7 +75,7 @@ TEST_CASE("data_parallel_tutorial takes --device-ids and explains a bad one") {
   REQUIRE(count(two.output, "\tIn Model: input size [5, 5] output size [5, 2]\n") == 2);
 
   const Run bad = run(tutorial + " --device-ids cpu,,cpu");
-  REQUIRE(bad.status == 1);
+  REQUIRE(bad.status == 2);  // a bad flag
   REQUIRE(count(bad.output, "data_parallel_tutorial: error: device list 'cpu,,cpu': empty entry") == 1);
 }
 

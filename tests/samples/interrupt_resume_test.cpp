@@ -1,4 +1,4 @@
-// train_fashion_mnist stopped by a signal and resumed (issue 8): the checkpoint written at
+// train_fashion_mnist stopped by a signal and resumed: the checkpoint written at
 // the interrupt continues to the very parameters of a run that was never stopped, bit for
 // bit on the CPU; a diverging loss stops the run naming the step; --detect-anomaly is
 // harmless on a healthy run.
@@ -11,6 +11,8 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <minigrad/nn/serialize.h>
 
@@ -45,13 +47,18 @@ std::string metrics_without_seconds(const std::string& path) {
   return out;
 }
 
-// Every tensor of two checkpoints, compared byte for byte.
-void require_same_tensors(const std::string& a_path, const std::string& b_path) {
+// Every tensor of two checkpoints, compared byte for byte; `optimizer_keys` must be there.
+void require_same_tensors(const std::string& a_path, const std::string& b_path,
+                          const std::vector<std::string>& optimizer_keys = {
+                              "optim.momentum_buffer.0"}) {
   const mg::nn::Checkpoint a = mg::nn::load_tensors(a_path);
   const mg::nn::Checkpoint b = mg::nn::load_tensors(b_path);
   REQUIRE(a.tensors.size() == b.tensors.size());
   REQUIRE(a.tensors.count("model.0.weight") == 1);
-  REQUIRE(a.tensors.count("optim.momentum_buffer.0") == 1);
+  for (const std::string& key : optimizer_keys) {
+    INFO(key);
+    REQUIRE(a.tensors.count(key) == 1);
+  }
   for (const auto& [name, ta] : a.tensors) {
     INFO(name);
     REQUIRE(b.tensors.count(name) == 1);
@@ -101,6 +108,46 @@ TEST_CASE("train_fashion_mnist: interrupted three times and resumed, ends bit-id
   // travels in the checkpoint.
   CHECK(metrics_without_seconds(dir / "straight.csv") ==
         metrics_without_seconds(dir / "resumed.csv"));
+}
+
+TEST_CASE("train_fashion_mnist --optimizer adamw: interrupted and resumed, ends bit-identical") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, false);
+  const std::string flags = small_run(dir.path()) + " --epochs 2 --optimizer adamw";
+  const std::string straight = dir / "straight.safetensors", resumed = dir / "resumed.safetensors";
+  const auto reference = run_program(flags + " --save " + straight + " --metrics " +
+                                     (dir / "straight.csv"));
+  INFO(reference.output);
+  REQUIRE(reference.exit_code == 0);
+  REQUIRE_THAT(reference.output, MG_CONTAINS("AdamW lr 0.001 (cosine) weight_decay 0.01"));
+
+  // Stopped in mid-epoch: AdamW's moments and step counts travel in the checkpoint.
+  const auto stopped = run_program(flags + " --save " + resumed + " --stop-after-steps 4");
+  INFO(stopped.output);
+  REQUIRE(stopped.exit_code == 130);
+  const mg::nn::Checkpoint at_stop = mg::nn::load_tensors(resumed);
+  REQUIRE(at_stop.metadata.at("optimizer") == "adamw");
+  REQUIRE(at_stop.tensors.at("optim.step.0").item<int64_t>() == 4);
+  const auto rest = run_program(flags + " --resume " + resumed + " --save " + resumed +
+                                " --metrics " + (dir / "resumed.csv"));
+  INFO(rest.output);
+  REQUIRE(rest.exit_code == 0);
+  REQUIRE_THAT(rest.output, MG_CONTAINS("resumed from " + resumed + " in epoch 1 after batch 4"));
+
+  require_same_tensors(straight, resumed,
+                       {"optim.step.0", "optim.exp_avg.0", "optim.exp_avg_sq.0",
+                        "optim.exp_avg_sq.3"});
+  CHECK(mg::nn::load_tensors(resumed).tensors.at("optim.step.3").item<int64_t>() == 12);
+  CHECK(metrics_without_seconds(dir / "straight.csv") ==
+        metrics_without_seconds(dir / "resumed.csv"));
+
+  // The SGD run cannot continue from AdamW's state, and says which flag to pass.
+  const auto wrong = run_program(small_run(dir.path()) + " --epochs 3 --resume " + resumed);
+  INFO(wrong.output);
+  REQUIRE(wrong.exit_code != 0);
+  REQUIRE_THAT(wrong.output, MG_CONTAINS("--resume " + resumed + ": the checkpoint holds the "
+                                         "state of --optimizer adamw, but --optimizer is sgd; "
+                                         "pass --optimizer adamw"));
 }
 
 TEST_CASE("train_fashion_mnist: SIGTERM from outside writes a checkpoint that resumes") {

@@ -35,6 +35,14 @@ TEST_CASE("parse_devices: errors say which devices exist") {
                       MG_CONTAINS("--devices gpu: 'gpu' is not a device; expected cpu, all, or "
                                   "GPU ids such as 0,1 (available: cpu, 0, all)"));
   REQUIRE_THROWS_WITH(parse_devices("0,", 1), MG_CONTAINS("--devices 0,: empty entry"));
+  // A build without CUDA has no GPU to offer, whatever the machine holds.
+  REQUIRE_THROWS_WITH(parse_devices("0", 0, /*cuda_built=*/false),
+                      "--devices 0: no CUDA device 0; minigrad was built without CUDA "
+                      "(available: cpu); rebuild it with the CUDA toolkit installed to train "
+                      "on GPUs");
+  REQUIRE_THROWS_WITH(parse_devices("cuda:1", 4, /*cuda_built=*/false),
+                      MG_CONTAINS("minigrad was built without CUDA (available: cpu)"));
+  REQUIRE(parse_devices("all", 4, /*cuda_built=*/false) == std::vector<Device>{Device::cpu()});
   REQUIRE_THROWS_WITH(parse_devices("cpu,0", 1),
                       MG_CONTAINS("--devices cpu,0: mixes the CPU and GPUs"));
 }

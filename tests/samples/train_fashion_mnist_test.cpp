@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include <minigrad/core/backend.h>
+#include <minigrad/cuda/cuda.h>
 
 #include "data/synthetic_fashion_mnist.h"
 #include "samples/run_program.h"
@@ -52,6 +52,9 @@ TEST_CASE("train_fashion_mnist: one epoch writes the metrics CSV, the SVG plot a
   REQUIRE_THAT(run.output, MG_CONTAINS("epoch  1/1  train_loss "));
   REQUIRE_THAT(run.output, MG_CONTAINS("test_accuracy "));
   REQUIRE(run.output.find('\r') == std::string::npos);
+  // One epoch, in the singular.
+  REQUIRE_THAT(run.output, MG_CONTAINS(", 1 epoch, seed 1\n") && MG_CONTAINS(" after 1 epoch ("));
+  REQUIRE(run.output.find("1 epochs") == std::string::npos);
 
   const auto csv = lines(read_text(dir / "m.csv"));
   REQUIRE(csv.size() == 2);
@@ -106,6 +109,45 @@ TEST_CASE("train_fashion_mnist: --resume continues after the saved epoch") {
                                             "hidden layers 32 but --hidden is 64"));
 }
 
+TEST_CASE("train_fashion_mnist --optimizer adamw: one epoch learns, with its defaults or flags") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, true);
+  const auto run = run_program(small_run(dir.path()) + " --epochs 1 --optimizer adamw --metrics " +
+                               (dir / "m.csv"));
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  REQUIRE_THAT(run.output, MG_CONTAINS("AdamW lr 0.001 (cosine) weight_decay 0.01, batch size 50"));
+  const auto csv = lines(read_text(dir / "m.csv"));
+  REQUIRE(csv.size() == 2);
+  double accuracy = 0;
+  REQUIRE(std::sscanf(csv[1].c_str(), "%*d,%*f,%*f,%lf", &accuracy) == 1);
+  REQUIRE(accuracy > 0.5);
+
+  const auto tuned = run_program(small_run(dir.path()) + " --epochs 1 --optimizer adamw --lr "
+                                 "0.003 --weight-decay 0.1 --lr-schedule constant");
+  INFO(tuned.output);
+  REQUIRE(tuned.exit_code == 0);
+  REQUIRE_THAT(tuned.output, MG_CONTAINS("AdamW lr 0.003 (constant) weight_decay 0.1"));
+  const auto sgd = run_program(small_run(dir.path()) + " --epochs 1 --weight-decay 1e-4");
+  INFO(sgd.output);
+  REQUIRE(sgd.exit_code == 0);
+  REQUIRE_THAT(sgd.output, MG_CONTAINS("SGD lr 0.05 (cosine) momentum 0.9 weight_decay 0.0001"));
+}
+
+TEST_CASE("train_fashion_mnist: --optimizer and its flags refuse what they cannot take") {
+  auto run = run_program(kProgram + " --optimizer adam");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 2);
+  REQUIRE_THAT(run.output, MG_CONTAINS("--optimizer: adam not in {sgd,adamw}"));
+  run = run_program(kProgram + " --optimizer adamw --momentum 0.5");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 2);
+  REQUIRE_THAT(run.output, MG_CONTAINS("train_fashion_mnist: error: --momentum is SGD's"));
+  run = run_program(kProgram + " --optimizer adamw --weight-decay -1");
+  REQUIRE(run.exit_code == 2);
+  REQUIRE_THAT(run.output, MG_CONTAINS("--weight-decay"));
+}
+
 TEST_CASE("train_fashion_mnist: bad flag values are refused by CLI11") {
   for (const char* flags : {"--epochs abc", "--epochs 0", "--batch-size -4", "--lr -0.1",
                             "--hidden 256,x", "--no-such-flag"}) {
@@ -119,19 +161,44 @@ TEST_CASE("train_fashion_mnist: bad flag values are refused by CLI11") {
 }
 
 TEST_CASE("train_fashion_mnist: --devices with a GPU that does not exist says which devices do") {
-  const int gpus = mg::backend(mg::DeviceType::CUDA).device_count();
+  const int gpus = mg::cuda::device_count();
   const int missing = gpus <= 3 ? 3 : gpus;
   const auto run = run_program(kProgram + " --devices " + std::to_string(missing));
   INFO(run.output);
-  REQUIRE(run.exit_code != 0);
+  REQUIRE(run.exit_code == 2);
   std::string available = "cpu";
   for (int i = 0; i < gpus; ++i) available += ", " + std::to_string(i);
   if (gpus > 0) available += ", all";
-  REQUIRE_THAT(run.output,
-               MG_CONTAINS("--devices " + std::to_string(missing) + ": no CUDA device " +
-                           std::to_string(missing) + "; this machine has " + std::to_string(gpus) +
-                           " CUDA device" + (gpus == 1 ? "" : "s") + " (available: " + available +
-                           ")"));
+  const std::string why =
+      mg::cuda::is_built()
+          ? "this machine has " + std::to_string(gpus) + " CUDA device" + (gpus == 1 ? "" : "s") +
+                " (available: " + available + ")"
+          : "minigrad was built without CUDA (available: cpu)";
+  REQUIRE_THAT(run.output, MG_CONTAINS("train_fashion_mnist: error: --devices " +
+                                       std::to_string(missing) + ": no CUDA device " +
+                                       std::to_string(missing) + "; " + why));
+}
+
+// Whatever finds a bad flag -- CLI11's parser, a validator, or --devices looking at the
+// machine -- the user sees one prefix, the hint to --help, and exit code 2.
+TEST_CASE("train_fashion_mnist: every option error has one prefix and exit code 2") {
+  for (const char* flags : {"--epochs abc", "--epochs 0", "--batch-size -4", "--lr -0.1",
+                            "--hidden 256,x", "--no-such-flag", "--lr-schedule linear",
+                            "--devices gpu", "--devices cpu,0", "--devices 99"}) {
+    const auto run = run_program(kProgram + " " + flags);
+    INFO(flags << "\n" << run.output);
+    CHECK(run.exit_code == 2);
+    CHECK(run.output.rfind("train_fashion_mnist: error: ", 0) == 0);
+    CHECK_THAT(run.output, MG_CONTAINS("\nRun with --help for more information.\n"));
+  }
+  const auto help = run_program(kProgram + " --help");
+  CHECK(help.exit_code == 0);
+  CHECK_THAT(help.output, MG_CONTAINS("--devices") && MG_CONTAINS("cpu,cpu"));
+  // Not a flag's fault: a missing dataset is an error of the run, exit code 1.
+  TempDir dir;
+  const auto missing = run_program(kProgram + " --data-dir " + (dir / "nowhere"));
+  CHECK(missing.exit_code == 1);
+  CHECK(missing.output.rfind("train_fashion_mnist: error: FashionMNIST: cannot find", 0) == 0);
 }
 
 TEST_CASE("train_fashion_mnist: a missing or corrupt dataset file is named, with the fault") {

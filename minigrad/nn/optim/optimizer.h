@@ -9,7 +9,10 @@
 //
 // The parameters are leaf float32 tensors, held by handle and updated in place. They may
 // be any tensors the caller owns -- a module's parameters, or flat 1-D views into one
-// buffer (a shard) whose gradients the caller sets with set_grad().
+// buffer (a shard: ops::narrow(flat, 0, begin, length), or flat.narrow(...) of a buffer
+// that does not require grad, so that the view is a leaf) whose gradients the caller sets
+// with set_grad(). Updates are elementwise, so a shard steps exactly as the same elements
+// would inside the whole tensors (tests/nn/optimizer_test.cpp).
 //
 // State: each parameter has a few named state tensors once it has stepped (PyTorch's
 // optimizer.state[p]): SGD "momentum_buffer"; Adam and AdamW "step", "exp_avg",

@@ -1,0 +1,305 @@
+// The repository itself, as a reader finds it: no tracked file points outside the
+// repository, every relative link of the Markdown pages resolves inside it, every link to
+// a code line ([`name`](path#L42)) lands on a line that names `name`, and the reading
+// order of docs/design.md gives each file's true length.
+//
+// The files are those `git ls-files` lists (every file under the source directory but
+// the build trees when there is no git checkout, as in an unpacked archive).
+#include "catch_compat.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kRoot = MINIGRAD_SOURCE_DIR;
+
+std::vector<std::string> tracked_files() {
+  std::vector<std::string> files;
+  if (fs::exists(kRoot / ".git")) {
+    const std::string command = "git -C '" + kRoot.string() + "' ls-files 2>/dev/null";
+    if (std::FILE* pipe = ::popen(command.c_str(), "r")) {
+      char line[4096];
+      while (std::fgets(line, sizeof line, pipe) != nullptr) {
+        std::string name(line);
+        while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
+        if (!name.empty()) files.push_back(name);
+      }
+      if (::pclose(pipe) == 0 && !files.empty()) return files;
+      files.clear();
+    }
+  }
+  for (auto it = fs::recursive_directory_iterator(kRoot); it != fs::recursive_directory_iterator();
+       ++it) {
+    const std::string name = it->path().filename().string();
+    if (it->is_directory() && (name == ".git" || name == ".deps" || name.rfind("build", 0) == 0)) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_regular_file()) files.push_back(fs::relative(it->path(), kRoot).string());
+  }
+  return files;
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool is_text(const std::string& content) {
+  return content.find('\0', 0) == std::string::npos;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// Markdown outside fenced code blocks (whose brackets are code, not links), with the
+// fenced lines blanked so that line numbers stay those of the file.
+std::string without_code_blocks(const std::string& markdown) {
+  std::string out;
+  bool fenced = false;
+  for (const std::string& line : lines_of(markdown)) {
+    const bool fence = line.find("```") != std::string::npos &&
+                       line.find_first_not_of(" \t") == line.find("```");
+    if (fence) fenced = !fenced;
+    out += (fence || fenced) ? "\n" : line + "\n";
+  }
+  return out;
+}
+
+struct Link {
+  std::string text, target;
+  int line = 0;  // in the Markdown file
+};
+
+std::vector<Link> links_of(const std::string& markdown) {
+  const std::string text = without_code_blocks(markdown);
+  static const std::regex link(R"(\[([^\]]*)\]\(([^)\s]+)\))");
+  std::vector<Link> links;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), link); it != std::sregex_iterator();
+       ++it) {
+    const auto at = static_cast<size_t>(it->position(0));
+    const int line = 1 + static_cast<int>(std::count(text.begin(), text.begin() + static_cast<long>(at), '\n'));
+    links.push_back({(*it)[1].str(), (*it)[2].str(), line});
+  }
+  return links;
+}
+
+// The identifier a code-line link names: the link text without backticks and without a
+// trailing argument list, then its last identifier ("comm::reduce_add_coalesced" ->
+// "reduce_add_coalesced", "scatter(input, devices, dim)" -> "scatter").
+std::string named_identifier(std::string text) {
+  text.erase(std::remove(text.begin(), text.end(), '`'), text.end());
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  if (!text.empty() && text.back() == ')' && text.find('(') != std::string::npos)
+    text.erase(text.find('('));
+  static const std::regex identifier(R"([A-Za-z_][A-Za-z0-9_]*)");
+  std::string last;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), identifier);
+       it != std::sregex_iterator(); ++it)
+    last = it->str();
+  return last;
+}
+
+bool has_word(const std::string& line, const std::string& word) {
+  const auto is_ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t at = line.find(word); at != std::string::npos; at = line.find(word, at + 1)) {
+    const bool starts = at == 0 || !is_ident(line[at - 1]);
+    const bool ends = at + word.size() == line.size() || !is_ident(line[at + word.size()]);
+    if (starts && ends) return true;
+  }
+  return false;
+}
+
+// Problems of one link of `page` (a path relative to the root); empty when it is fine.
+std::string check_link(const std::string& page, const Link& link) {
+  const std::string& target = link.target;
+  if (target.rfind("http://", 0) == 0 || target.rfind("https://", 0) == 0 ||
+      target.rfind("mailto:", 0) == 0 || target[0] == '#')
+    return {};
+  const std::string where = page + ":" + std::to_string(link.line) + ": [" + link.text + "](" +
+                            target + "): ";
+  const size_t hash = target.find('#');
+  const std::string path = target.substr(0, hash);
+  const std::string anchor = hash == std::string::npos ? "" : target.substr(hash + 1);
+  const fs::path resolved = (fs::path(page).parent_path() / path).lexically_normal();
+  if (resolved.empty() || *resolved.begin() == "..") return where + "points outside the repository";
+  if (!fs::exists(kRoot / resolved)) return where + resolved.string() + " does not exist";
+  if (anchor.size() < 2 || anchor[0] != 'L' || !std::isdigit(static_cast<unsigned char>(anchor[1])))
+    return {};
+  const int number = std::stoi(anchor.substr(1));
+  const std::vector<std::string> lines = lines_of(read_file(kRoot / resolved));
+  if (number < 1 || number > static_cast<int>(lines.size()))
+    return where + resolved.string() + " has " + std::to_string(lines.size()) + " lines";
+  const std::string name = named_identifier(link.text);
+  if (name.empty()) return where + "the text of a link to a code line must name what is there";
+  if (!has_word(lines[static_cast<size_t>(number - 1)], name))
+    return where + "line " + std::to_string(number) + " of " + resolved.string() +
+           " does not name '" + name + "': " + lines[static_cast<size_t>(number - 1)];
+  return {};
+}
+
+std::string join(const std::vector<std::string>& problems) {
+  std::string out;
+  for (const std::string& p : problems) out += "\n  " + p;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("repository: no tracked file points outside the repository") {
+  // Spelled in pieces, so that this file does not name what it looks for.
+  const std::vector<std::string> forbidden{std::string("../") + "shared",
+                                           std::string("/wo") + "rk/",
+                                           std::string("DESIGN") + ".md"};
+  std::vector<std::string> problems;
+  size_t scanned = 0;
+  for (const std::string& file : tracked_files()) {
+    const std::string content = read_file(kRoot / file);
+    if (!is_text(content)) continue;
+    ++scanned;
+    const std::vector<std::string> lines = lines_of(content);
+    for (size_t i = 0; i < lines.size(); ++i)
+      for (const std::string& word : forbidden)
+        if (lines[i].find(word) != std::string::npos)
+          problems.push_back(file + ":" + std::to_string(i + 1) + ": names '" + word + "'");
+  }
+  INFO("scanned " << scanned << " text files" << join(problems));
+  CHECK(scanned > 100);
+  CHECK(problems.empty());
+}
+
+TEST_CASE("repository: every link of the Markdown pages resolves, code-line links to their name") {
+  std::vector<std::string> problems;
+  size_t code_line_links = 0;
+  for (const std::string& file : tracked_files()) {
+    if (fs::path(file).extension() != ".md") continue;
+    for (const Link& link : links_of(read_file(kRoot / file))) {
+      if (link.target.find("#L") != std::string::npos) ++code_line_links;
+      const std::string problem = check_link(file, link);
+      if (!problem.empty()) problems.push_back(problem);
+    }
+  }
+  INFO(code_line_links << " links to code lines" << join(problems));
+  CHECK(code_line_links > 10);
+  CHECK(problems.empty());
+}
+
+TEST_CASE("repository: the link checker's rule on a code line") {
+  CHECK(named_identifier("`comm::reduce_add_coalesced`") == "reduce_add_coalesced");
+  CHECK(named_identifier("`scatter(input, devices, dim)`") == "scatter");
+  CHECK(named_identifier("`DataParallel::forward`") == "forward");
+  CHECK(named_identifier("scatter.cpp") == "cpp");  // a file name names no line: it fails
+  CHECK(has_word("Tensor DataParallel::forward(const Tensor& input) {", "forward"));
+  CHECK_FALSE(has_word("Tensor DataParallel::forward_all(const Tensor& input) {", "forward"));
+  const std::string stale = check_link(
+      "docs/x.md", {"`run_data_parallel`", "../minigrad/parallel/data_parallel.cpp#L1", 3});
+  CHECK_THAT(stale, MG_CONTAINS("docs/x.md:3: ") &&
+                        MG_CONTAINS("line 1 of minigrad/parallel/data_parallel.cpp does not "
+                                    "name 'run_data_parallel'"));
+  CHECK_THAT(check_link("README.md", {"x", "../outside.md", 1}),
+             MG_CONTAINS("points outside the repository"));
+  CHECK_THAT(check_link("README.md", {"x", "docs/no-such-page.md", 1}),
+             MG_CONTAINS("docs/no-such-page.md does not exist"));
+  CHECK(check_link("README.md", {"design", "docs/design.md", 1}).empty());
+}
+
+// Each row "| n | [`path`](../path) | lines | ... |" of the reading order: the file's
+// length now, within 10% (at least 5 lines) so that small edits need no update; and the
+// total row is the sum of the rows.
+TEST_CASE("repository: docs/design.md's reading order gives each file's length") {
+  const std::string page = read_file(kRoot / "docs/design.md");
+  REQUIRE_FALSE(page.empty());
+  static const std::regex row(R"(^\| *\d+ *\| *\[[^\]]*\]\(\.\./([^)]+)\) *\| *(\d+) *\|)");
+  static const std::regex total_row(R"(^\| *\| *\*\*total\*\* *\| *\*\*([\d,]+)\*\* *\|)");
+  std::vector<std::string> problems;
+  long listed_sum = 0, stated_total = -1;
+  int rows = 0;
+  for (const std::string& line : lines_of(page)) {
+    std::smatch m;
+    if (std::regex_search(line, m, row)) {
+      ++rows;
+      const std::string path = m[1];
+      const long listed = std::stol(m[2]);
+      listed_sum += listed;
+      if (!fs::exists(kRoot / path)) {
+        problems.push_back(path + " does not exist");
+        continue;
+      }
+      const auto actual = static_cast<long>(lines_of(read_file(kRoot / path)).size());
+      if (std::abs(actual - listed) > std::max(5L, listed / 10))
+        problems.push_back(path + ": listed with " + std::to_string(listed) + " lines, has " +
+                           std::to_string(actual));
+    } else if (std::regex_search(line, m, total_row)) {
+      std::string digits = m[1];
+      digits.erase(std::remove(digits.begin(), digits.end(), ','), digits.end());
+      stated_total = std::stol(digits);
+    }
+  }
+  INFO(join(problems));
+  CHECK(rows >= 10);
+  CHECK(problems.empty());
+  CHECK(stated_total == listed_sum);
+}
+
+// The rule of docs/design.md: a file of minigrad/<layer>/ includes from its own layer and
+// the layers below it only. cuda/ implements core's Backend beside the others; of
+// parallel/, only the NCCL files (built with CUDA) reach into it.
+TEST_CASE("repository: the library's includes point down the layers") {
+  const std::map<std::string, std::set<std::string>> allowed{
+      {"core", {"core"}},
+      {"autograd", {"core", "autograd"}},
+      {"data", {"core", "autograd", "data"}},
+      {"nn", {"core", "autograd", "nn"}},
+      {"parallel", {"core", "autograd", "nn", "data", "parallel"}},
+      {"cuda", {"core", "cuda"}},
+  };
+  static const std::regex include(R"(^\s*#\s*include\s*([<"])([^>"]+)[>"])");
+  std::vector<std::string> problems;
+  size_t checked = 0;
+  for (const std::string& file : tracked_files()) {
+    const fs::path path(file);
+    if (path.begin() == path.end() || *path.begin() != "minigrad" || ++path.begin() == path.end())
+      continue;
+    const std::string layer = (++path.begin())->string();
+    const auto rule = allowed.find(layer);
+    if (rule == allowed.end()) continue;  // minigrad.h, the umbrella, includes every layer
+    const std::vector<std::string> lines = lines_of(read_file(kRoot / file));
+    for (size_t i = 0; i < lines.size(); ++i) {
+      std::smatch m;
+      if (!std::regex_search(lines[i], m, include)) continue;
+      ++checked;
+      const std::string target = m[2];
+      const std::string where = file + ":" + std::to_string(i + 1) + ": " + target;
+      if (m[1] == "\"") {
+        if (target.find("..") != std::string::npos)
+          problems.push_back(where + " (a relative include leaving its folder)");
+        continue;
+      }
+      if (target.rfind("minigrad/", 0) != 0) continue;  // the standard library, fmt, BLAS ...
+      const std::string to = target.substr(9, target.find('/', 9) - 9);
+      const bool nccl_file = path.filename().string().rfind("nccl_", 0) == 0;
+      if (rule->second.count(to) == 0 && !(layer == "parallel" && to == "cuda" && nccl_file))
+        problems.push_back(where + " (" + layer + " may not include " + to + ")");
+    }
+  }
+  INFO(checked << " includes checked" << join(problems));
+  CHECK(checked > 300);
+  CHECK(problems.empty());
+}
