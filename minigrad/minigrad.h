@@ -36,6 +36,7 @@
 #include <minigrad/parallel/communicator.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/device_list.h>
+#include <minigrad/parallel/distributed/device_mesh.h>
 #include <minigrad/parallel/distributed/distributed_data_parallel.h>
 #include <minigrad/parallel/distributed/process_group.h>
 #include <minigrad/parallel/distributed/process_group_gloo.h>
@@ -49,4 +50,9 @@
 #include <minigrad/parallel/pipeline/pipeline_stage.h>
 #include <minigrad/parallel/replicate.h>
 #include <minigrad/parallel/scatter.h>
+#include <minigrad/parallel/tensor_parallel/functions.h>
+#include <minigrad/parallel/tensor_parallel/group.h>
+#include <minigrad/parallel/tensor_parallel/in_process_group.h>
+#include <minigrad/parallel/tensor_parallel/layers.h>
+#include <minigrad/parallel/tensor_parallel/tensor_parallel.h>
 // The whole user API of minigrad in one include.

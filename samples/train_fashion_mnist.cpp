@@ -9,6 +9,9 @@
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
 //       --zero 3 --optimizer adamw           # sharded (docs/sharded-data-parallel.md)
+//   build/bin/train_fashion_mnist --devices cpu,cpu --tensor-parallel 2  # Megatron's split
+//   build/bin/minigrad-run --nproc-per-node 4 build/bin/train_fashion_mnist --distributed
+//       --tensor-parallel 2                             # 2 x 2: data parallel over TP pairs
 //
 // The loop is the one every PyTorch user knows: for each epoch, shuffled batches from a
 // DataLoader; forward, cross-entropy, zero_grad, backward, optimizer step; then the test
@@ -60,6 +63,8 @@
 #include <minigrad/parallel/distributed/fully_sharded_data_parallel.h>
 #include <minigrad/parallel/distributed/zero_redundancy_optimizer.h>
 #include <minigrad/parallel/pipeline/pipe.h>
+#include <minigrad/parallel/tensor_parallel/layers.h>
+#include <minigrad/parallel/tensor_parallel/tensor_parallel.h>
 #include "support/command_line.h"
 #include "support/devices.h"
 #include "support/distributed_run.h"
@@ -113,9 +118,24 @@ std::shared_ptr<nn::Sequential> make_mlp(const std::vector<int64_t>& hidden) {
 // --pipeline N: a Pipe, the model's layers cut into N stages, stage s on devices[s] (the
 // layers move there). Either way the optimizer and the checkpoints keep working on
 // `model` itself.
+//
+// --tensor-parallel N: the model's Linear layers split in column/row pairs
+// (parallelize_mlp), which then hold the parameters that train (the optimizer takes
+// `net`'s parameters); `model` is only where they were cut from. In one process:
+// TensorParallel, a thread per device. --distributed: this rank's shard, its collectives
+// in its tensor-parallel group, inside DistributedDataParallel over the data-parallel
+// group when there is one.
 nn::ModulePtr make_model_wrapper(const TrainOptions& options, const nn::ModulePtr& model,
                                  const std::vector<Device>& devices, const DistributedRun& dist) {
   model->to(devices.front());
+  if (options.tensor_parallel > 1) {
+    const auto& mlp = static_cast<const nn::Sequential&>(*model);
+    if (!options.distributed) return std::make_shared<parallel::TensorParallel>(mlp, devices);
+    nn::ModulePtr shard =
+        parallel::parallelize_mlp(mlp, parallel::tensor_parallel_group(dist.tensor_group));
+    if (!dist.data_group) return shard;
+    return std::make_shared<parallel::DistributedDataParallel>(shard, dist.data_group);
+  }
   if (options.distributed) {
     if (options.zero == 2) return model;
     if (options.zero == 3) return parallel::fully_shard(model, dist.group);
@@ -156,9 +176,10 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options,
   return make(net.parameters());
 }
 
-// Shuffled per (seed, epoch). Under --distributed each rank takes its shard of every
-// epoch (DistributedSampler) in its part of the global batch, so the run takes the same
-// steps on the same averaged gradients as one process.
+// Shuffled per (seed, epoch). Under --distributed each data-parallel rank takes its shard
+// of every epoch (DistributedSampler) in its part of the global batch, so the run takes
+// the same steps on the same averaged gradients as one process; the ranks of a
+// tensor-parallel group take the same shard.
 data::DataLoader make_train_loader(const TrainOptions& options,
                                    std::shared_ptr<const data::Dataset> train_set,
                                    const DistributedRun& dist) {
@@ -166,11 +187,12 @@ data::DataLoader make_train_loader(const TrainOptions& options,
   loader_options.batch_size = options.batch_size;
   loader_options.shuffle = true;
   loader_options.seed = options.seed;
-  if (!dist.active()) return data::DataLoader(std::move(train_set), loader_options);
+  if (!dist.active() || dist.data_ranks == 1)
+    return data::DataLoader(std::move(train_set), loader_options);
   loader_options.shuffle = false;  // the sampler shuffles
-  loader_options.batch_size = options.batch_size / dist.world_size;
+  loader_options.batch_size = options.batch_size / dist.data_ranks;
   auto sampler = std::make_shared<data::DistributedSampler>(
-      train_set->size(), dist.world_size, dist.rank, /*shuffle=*/true, options.seed);
+      train_set->size(), dist.data_ranks, dist.data_rank, /*shuffle=*/true, options.seed);
   return data::DataLoader(std::move(train_set), std::move(sampler), loader_options);
 }
 
@@ -183,7 +205,7 @@ struct Run {
   Device device;                                // this process's first device
   std::shared_ptr<nn::Sequential> model;        // the parameters that train and are saved
   nn::ModulePtr net;                            // what forward runs through: model or wrapper
-  std::unique_ptr<optim::Optimizer> optimizer;  // of model's parameters (or their shards)
+  std::unique_ptr<optim::Optimizer> optimizer;  // of net's parameters (or their shards)
   data::DataLoader train_loader, test_loader;
   std::vector<samples::EpochMetrics> history;   // every finished epoch, resumed ones too
   int64_t total_steps() const { return train_loader.size() * options.epochs; }
@@ -231,6 +253,14 @@ int stop_run(Run& run, int signo, const RunPosition& position, int64_t global_st
   const std::string path = run.options.save.empty()
                                ? "train_fashion_mnist.interrupted.safetensors"
                                : run.options.save;
+  if (run.options.tensor_parallel > 1) {  // the shards are not checkpointed
+    if (run.dist.writes_files())
+      fmt::print("train_fashion_mnist: interrupted by {} after step {}; no checkpoint "
+                 "(--tensor-parallel runs do not write one)\n",
+                 samples::signal_name(signo), global_step);
+    std::fflush(stdout);
+    return 128 + signo;
+  }
   save_checkpoint(run, path, position);
   if (run.dist.writes_files()) {
     samples::write_training_reports(run.options, run.history);
@@ -355,15 +385,27 @@ void print_setup(const Run& run, const std::vector<Device>& devices,
                pipe->num_stages(), fmt::join(pipe->balance(), ", "), o.chunks, o.schedule,
                parallel::checkpoint_name(pipe->options().checkpoint));
   if (run.dist.active()) {
-    fmt::print("distributed: rank {} of {} ({}), global batch {} = {} x {} per rank\n",
+    fmt::print("distributed: rank {} of {} ({}), global batch {} = {} x {} per data-parallel "
+               "rank\n",
                run.dist.rank, run.dist.world_size, run.dist.group->backend_name(), o.batch_size,
-               run.dist.world_size, o.batch_size / run.dist.world_size);
+               run.dist.data_ranks, o.batch_size / run.dist.data_ranks);
     static const char* const kSharding[] = {
         "none (DistributedDataParallel)",
         "ZeRO-1, optimizer state (DistributedDataParallel + ZeroRedundancyOptimizer)",
         "ZeRO-2, optimizer state and gradients (ZeroRedundancyOptimizer)",
         "ZeRO-3, optimizer state, gradients and parameters (FullyShardedDataParallel)"};
-    fmt::print("sharded over the ranks: {}\n", kSharding[o.zero]);
+    if (o.tensor_parallel == 1) fmt::print("sharded over the ranks: {}\n", kSharding[o.zero]);
+  }
+  if (o.tensor_parallel > 1) {
+    int64_t held = 0;
+    for (const Tensor& p : run.optimizer->parameters()) held += p.numel();
+    const int64_t per_rank = run.dist.active() ? held : held / o.tensor_parallel;
+    fmt::print("tensor parallel: the Linear layers in column/row pairs over {} ranks{}; "
+               "{} parameters per rank (of {})\n",
+               o.tensor_parallel,
+               run.dist.active() ? fmt::format(", data parallel over {}", run.dist.data_ranks)
+                                 : fmt::format(" in one process ({})", run.net->extra_repr()),
+               per_rank, parameter_count);
   }
   fmt::print("data: {} training and {} test images from {}{}\n", train_set.size(),
              test_set.size(), o.data_dir, o.no_normalize ? "" : " (normalised)");
@@ -395,7 +437,8 @@ int run(const TrainOptions& options) {
   std::vector<Device> devices = options.device_list;
   const DistributedRun dist =
       options.distributed
-          ? samples::join_distributed_run(options.dist_timeout, options.batch_size, devices)
+          ? samples::join_distributed_run(options.dist_timeout, options.batch_size,
+                                          options.tensor_parallel, devices)
           : DistributedRun{};
   // Before the data loads and anything trains: a path that cannot be used fails now, not
   // when the first epoch is done (or never, as a FIFO given to --resume would).
@@ -409,13 +452,14 @@ int run(const TrainOptions& options) {
 
   manual_seed(options.seed);
   const std::shared_ptr<nn::Sequential> model = make_mlp(options.hidden);
+  const nn::ModulePtr net = make_model_wrapper(options, model, devices, dist);
   data::DataLoaderOptions test_options;
   test_options.batch_size = 1000;
   Run run{options,
           dist,
           devices.front(),
           model,
-          make_model_wrapper(options, model, devices, dist),
+          net,
           nullptr,
           make_train_loader(options, train_set, dist),
           data::DataLoader(test_set, test_options),

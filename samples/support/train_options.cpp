@@ -87,6 +87,12 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
                  "optimizer state (1), the gradients too (2), the parameters too (3, "
                  "FullyShardedDataParallel)")
       ->check(CLI::IsMember({0, 1, 2, 3}))
+  app.add_option("--tensor-parallel", options.tensor_parallel,
+                 "Split each pair of Linear layers over this many ranks (Megatron's column and "
+                 "row parallel layers): in one process over as many --devices (cpu,cpu for 2), "
+                 "or with --distributed over neighbouring ranks, data parallel across them "
+                 "(--nproc-per-node 4 --tensor-parallel 2: 2 x 2); checkpoints are not written")
+      ->check(positive_integer())
       ->capture_default_str();
   app.add_option("--dist-timeout", options.dist_timeout,
                  "With --distributed: seconds a rank waits for the others before failing")
@@ -126,10 +132,32 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
                "--pipeline {}: --devices {} names {} devices; give one per stage, or one for all",
                options.pipeline, options.devices, options.device_list.size());
     }
+    check_tensor_parallel(options);
   } catch (const Error& e) {
     return report_error(program, OptionError(e.what()));
   }
   return std::nullopt;
+}
+
+void check_tensor_parallel(const TrainOptions& options) {
+  const int tp = options.tensor_parallel;
+  if (tp == 1) return;
+  MG_CHECK(options.pipeline == 0,
+           "--tensor-parallel {} and --pipeline {} do not go together: choose one split of the "
+           "model", tp, options.pipeline);
+  MG_CHECK(options.zero == 0,
+           "--tensor-parallel {} and --zero {} do not go together (the tensor-parallel layers "
+           "are not sharded further); use --zero 0", tp, options.zero);
+  MG_CHECK(options.save.empty() && options.resume.empty(),
+           "--tensor-parallel {}: --save and --resume are not supported with tensor parallelism "
+           "(each rank holds only its shards of the model)",
+           tp);
+  MG_CHECK(options.distributed || static_cast<int>(options.device_list.size()) == tp,
+           "--tensor-parallel {} in one process takes one device per rank, but --devices {} "
+           "names {}; pass {} devices (e.g. --devices {}), or use --distributed for data "
+           "parallelism as well",
+           tp, options.devices, options.device_list.size(), tp,
+           fmt::join(std::vector<std::string>(static_cast<size_t>(tp), "cpu"), ","));
 }
 
 std::string optimizer_str(const TrainOptions& options) {
