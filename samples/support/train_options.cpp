@@ -86,7 +86,7 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
                  "With --distributed: 0 (DistributedDataParallel), or shard over the ranks the "
                  "optimizer state (1), the gradients too (2), the parameters too (3, "
                  "FullyShardedDataParallel)")
-      ->check(CLI::IsMember({0, 1, 2, 3}))
+      ->check(CLI::IsMember({0, 1, 2, 3}));
   app.add_option("--tensor-parallel", options.tensor_parallel,
                  "Split each pair of Linear layers over this many ranks (Megatron's column and "
                  "row parallel layers): in one process over as many --devices (cpu,cpu for 2), "
