@@ -77,6 +77,7 @@ class CpuAllocator final : public Allocator {
         return;
       }
     }
+    std::free(ptr);
   }
 
   static std::size_t round_up(std::size_t nbytes) {
