@@ -5,6 +5,7 @@
 //   build/bin/train_fashion_mnist --devices cpu,cpu     # DataParallel over two CPU replicas
 //   build/bin/train_fashion_mnist --optimizer adamw     # AdamW (lr 1e-3, weight decay 1e-2)
 //   build/bin/train_fashion_mnist --save ck.safetensors ...; ... --resume ck.safetensors
+//   build/bin/train_fashion_mnist --devices cpu,cpu --trace t.json  # 3 steps for Perfetto
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
 //
 // The loop is the one every PyTorch user knows: for each epoch, shuffled batches from a
@@ -20,6 +21,7 @@
 //   running_loss         the epoch's training loss, kept on the device
 //   evaluate             the test loss and accuracy
 //   training_reports     --metrics (CSV) and --plot (SVG); progress: the bar
+//   trace                --trace: a few steps as a Chrome trace (Perfetto), per rank
 //
 // A run stopped by a signal leaves a checkpoint of exactly where it stands, mid-epoch
 // included; --resume continues from it to the same parameters, bit for bit on the CPU, as
@@ -44,6 +46,7 @@
 #include <minigrad/autograd/functions.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/core/profiler.h>
 #include <minigrad/core/tensor.h>
 #include <minigrad/data/dataloader.h>
 #include <minigrad/data/distributed_sampler.h>
@@ -60,6 +63,7 @@
 #include "support/progress.h"
 #include "support/running_loss.h"
 #include "support/stop_signal.h"
+#include "support/trace.h"
 #include "support/train_options.h"
 #include "support/training_checkpoint.h"
 #include "support/training_reports.h"
@@ -151,6 +155,7 @@ struct Run {
   std::unique_ptr<optim::Optimizer> optimizer;  // of model's parameters
   data::DataLoader train_loader, test_loader;
   std::vector<samples::EpochMetrics> history;   // every finished epoch, resumed ones too
+  std::unique_ptr<samples::StepTracer> tracer;  // --trace
   int64_t total_steps() const { return train_loader.size() * options.epochs; }
 };
 
@@ -188,6 +193,7 @@ int stop_run(const Run& run, int signo, const RunPosition& position, int64_t glo
   const std::string path = run.options.save.empty()
                                ? "train_fashion_mnist.interrupted.safetensors"
                                : run.options.save;
+  run.tracer->finish();
   if (run.dist.writes_files()) {
     save_checkpoint(run, path, position);
     samples::write_training_reports(run.options, run.history);
@@ -210,7 +216,12 @@ int stop_run(const Run& run, int signo, const RunPosition& position, int64_t glo
 // ranks check the sum of their losses, so that all of them stop at the same step.
 Tensor train_step(Run& run, const data::Batch& batch, int64_t global_step) {
   run.optimizer->set_lr(samples::learning_rate(run.options, global_step - 1, run.total_steps()));
-  const Tensor loss = cross_entropy(run.net->forward(batch.data), batch.target);
+  Tensor loss;
+  {
+    profiler::Span span("forward");  // in a --trace; backward and the step name themselves
+    span.category("forward");
+    loss = cross_entropy(run.net->forward(batch.data), batch.target);
+  }
   Tensor checked = run.dist.active() ? ops::clone(loss.detach()) : loss;
   samples::sum_over_ranks(run.dist, {checked});
   const float value = checked.item<float>();
@@ -265,7 +276,9 @@ int train_epoch(Run& run, const RunPosition& start) {
   for (const data::Batch& host_batch : loader) {
     const data::Batch batch = host_batch.to(run.device);
     const int64_t global_step = (epoch - 1) * loader.size() + step + 1;
+    run.tracer->begin_step(global_step);
     running.add(train_step(run, batch, global_step), batch.size());
+    run.tracer->end_step();
     ++step;
     if (global_step == run.options.stop_after_steps) std::raise(SIGINT);  // tests: a real signal
     if (const int signo = samples::agreed_stop_signal(run.dist, run.device)) {
@@ -345,7 +358,8 @@ int run(const TrainOptions& options) {
           make_optimizer(options, *model),
           make_train_loader(options, train_set, dist),
           data::DataLoader(test_set, test_options),
-          {}};
+          {},
+          std::make_unique<samples::StepTracer>(options.trace, dist.group)};
   print_setup(run, devices, *train_set, *test_set);
   const RunPosition resumed = resume(run);
   std::optional<DetectAnomalyGuard> detect_anomaly;
@@ -364,6 +378,7 @@ int run(const TrainOptions& options) {
       if (const int signo = samples::agreed_stop_signal(run.dist, run.device))
         return stop_run(run, signo, RunPosition::after_epoch(epoch), epoch * run.train_loader.size());
   }
+  run.tracer->finish();
   if (run.history.empty()) {
     fmt::print("nothing to do: the checkpoint is already at epoch {} of {}\n",
                resumed.epochs_done, options.epochs);

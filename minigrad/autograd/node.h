@@ -16,6 +16,21 @@ namespace mg {
 
 class Node;
 
+// The DataParallel replica whose forward runs on this thread (-1: none), set by
+// parallel_apply around each replica's forward. A Node remembers the replica that made
+// it, so the trace can show each replica's backward (core/profiler.h).
+int current_replica();
+class ReplicaScope {
+ public:
+  explicit ReplicaScope(int replica);
+  ~ReplicaScope();
+  ReplicaScope(const ReplicaScope&) = delete;
+  ReplicaScope& operator=(const ReplicaScope&) = delete;
+
+ private:
+  int previous_;
+};
+
 // Where a gradient goes: input slot `input_nr` of `function` (null: nowhere).
 struct Edge {
   std::shared_ptr<Node> function;
@@ -55,6 +70,7 @@ class Node {
   // (anomaly_mode.h); empty otherwise. Anomaly errors quote it.
   const std::string& creation_context() const { return creation_context_; }
   void set_creation_context(std::string context) { creation_context_ = std::move(context); }
+  int replica() const { return replica_; }  // the replica whose forward made it, or -1
 
  private:
   std::string name_;
@@ -62,6 +78,7 @@ class Node {
   std::vector<Edge> next_edges_;
   std::vector<OutputMeta> outputs_;
   uint64_t sequence_nr_;
+  int replica_;
 };
 
 // What a backward function receives: the output gradients (zeros where an output got

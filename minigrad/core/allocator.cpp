@@ -1,5 +1,6 @@
 #include <minigrad/core/allocator.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
@@ -26,6 +27,32 @@ class CpuAllocator final : public Allocator {
 
   void* allocate(std::size_t nbytes) override {
     if (nbytes == 0) return nullptr;
+    void* ptr = take_block(nbytes);
+    count_allocation(nbytes);
+    return ptr;
+  }
+
+  void deallocate(void* ptr, std::size_t nbytes) override {
+    if (ptr == nullptr) return;
+    allocated_.fetch_sub(nbytes, std::memory_order_relaxed);
+    const std::size_t rounded = round_up(nbytes);
+    if (rounded >= kMinCachedBytes) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (cached_bytes_ + rounded <= kMaxCachedBytes) {
+        free_blocks_[rounded].push_back(ptr);
+        cached_bytes_ += rounded;
+        return;
+      }
+    }
+    std::free(ptr);
+  }
+
+  std::size_t allocated_bytes() const { return allocated_.load(std::memory_order_relaxed); }
+  std::size_t peak_bytes() const { return peak_.load(std::memory_order_relaxed); }
+  void reset_peak() { peak_.store(allocated_bytes(), std::memory_order_relaxed); }
+
+ private:
+  void* take_block(std::size_t nbytes) {
     const std::size_t rounded = round_up(nbytes);
     if (rounded >= kMinCachedBytes) {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -42,21 +69,15 @@ class CpuAllocator final : public Allocator {
     return ptr;
   }
 
-  void deallocate(void* ptr, std::size_t nbytes) override {
-    if (ptr == nullptr) return;
-    const std::size_t rounded = round_up(nbytes);
-    if (rounded >= kMinCachedBytes) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (cached_bytes_ + rounded <= kMaxCachedBytes) {
-        free_blocks_[rounded].push_back(ptr);
-        cached_bytes_ += rounded;
-        return;
-      }
+  // Two relaxed atomics per allocation: cheap next to malloc, and exact once the
+  // threads that allocate have been joined.
+  void count_allocation(std::size_t nbytes) {
+    const std::size_t now = allocated_.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
+    std::size_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
     }
-    std::free(ptr);
   }
 
- private:
   static std::size_t round_up(std::size_t nbytes) {
     return (nbytes + kAlignment - 1) / kAlignment * kAlignment;
   }
@@ -64,14 +85,22 @@ class CpuAllocator final : public Allocator {
   std::mutex mutex_;  // DataParallel's replicas allocate from worker threads
   std::unordered_map<std::size_t, std::vector<void*>> free_blocks_;
   std::size_t cached_bytes_ = 0;
+  std::atomic<std::size_t> allocated_{0};
+  std::atomic<std::size_t> peak_{0};
 };
 
-}  // namespace
-
-Allocator& cpu_allocator() {
+CpuAllocator& host_allocator() {
   // Never destroyed: storages freed during static destruction still find their allocator.
   static CpuAllocator* allocator = new CpuAllocator();
   return *allocator;
 }
+
+}  // namespace
+
+Allocator& cpu_allocator() { return host_allocator(); }
+
+std::size_t cpu_memory_allocated() { return host_allocator().allocated_bytes(); }
+std::size_t cpu_max_memory_allocated() { return host_allocator().peak_bytes(); }
+void cpu_reset_peak_memory_stats() { host_allocator().reset_peak(); }
 
 }  // namespace mg

@@ -19,4 +19,12 @@ class Allocator {
 // 64-byte aligned host memory: enough for AVX-512 loads and cache lines.
 Allocator& cpu_allocator();
 
+// Bytes the host allocator hands out to live storages now (blocks it keeps cached for
+// reuse are not counted), and the most that has been since start-up or the last
+// reset: what a pipeline's memory plan and its tests measure on CPU devices, as
+// cuda::memory_allocated / max_memory_allocated do on a GPU.
+std::size_t cpu_memory_allocated();
+std::size_t cpu_max_memory_allocated();
+void cpu_reset_peak_memory_stats();
+
 }  // namespace mg

@@ -38,6 +38,10 @@ class CudaBackend final : public Backend {
   void event_record(void* event, const Stream& stream) override;
   void event_block(void* event, const Stream& stream) override;
   void event_synchronize(void* event) override;
+  // The profiler's (core/profiler.h): timed events, and the allocator's live bytes.
+  void* timing_event_record(const Stream& stream) override;
+  double event_elapsed_ms(void* start, void* end) override;
+  int64_t memory_allocated(int index) override;
 
   // backend_copy.cpp
   void copy(const Tensor& dst, const Tensor& src) override;
