@@ -73,11 +73,15 @@ double GlooWork::duration_seconds() const {
 }
 
 void GlooWork::run() {
-  profiler::Span span("{}", std::string_view(description_).substr(0, description_.find(" #")));
-  span.category("comm").arg("collective", description_);
-  if (!label_.empty()) span.arg("for", label_);
   const auto start = std::chrono::steady_clock::now();
-  run_();
+  {
+    // The span ends before finish() wakes the waiter, so a trace stopped right after
+    // wait() still has it.
+    profiler::Span span("{}", std::string_view(description_).substr(0, description_.find(" #")));
+    span.category("comm").arg("collective", description_);
+    if (!label_.empty()) span.arg("for", label_);
+    run_();
+  }
   finish(nullptr, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
