@@ -4,7 +4,8 @@
 #   make test    installs what is missing, builds, and runs every test through CTest;
 #                then the CPU tests again under AddressSanitizer + UndefinedBehaviorSanitizer
 #                (test-sanitize) and a bounded libFuzzer run of each reader of untrusted
-#                bytes: IDX, safetensors, the TCPStore's messages (test-fuzz)
+#                bytes (IDX, safetensors, the TCPStore's messages) and of random
+#                tensor-op programs (test-fuzz)
 # Everything else is CMake; this file only strings the steps together.
 
 BUILD      ?= build
@@ -53,8 +54,8 @@ test-sanitize: deps
 	cd $(ASAN_BUILD) && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	      ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS) -LE install -O ctest-output.log
 
-# libFuzzer (clang) on the IDX reader, the safetensors loader and the TCPStore's message
-# parser, FUZZ_SECONDS each,
+# libFuzzer (clang) on the IDX reader, the safetensors loader, the TCPStore's message
+# parser and random programs of tensor ops, FUZZ_SECONDS each,
 # from the seeds in tests/fuzz/corpus/; a crash is saved in $(FUZZ_BUILD)/tests/fuzz/.
 test-fuzz: deps
 	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \

@@ -2,6 +2,24 @@
 # Sourced by bench/compare.sh and bench/sweep.sh: finds the two programs to run.
 #   MINIGRAD_BENCH  build/bin/minigrad-bench (or the --build folder's); never built here
 #   TORCH_PYTHON    $PYTHON, else the first of python3, /usr/bin/python3 that imports torch
+# and checks the files they will write before any benchmark runs (bench_check_output).
+
+# Exits naming the option and the path unless `path` can take the results: a regular file
+# (a symbolic link to one is written through) or nothing yet, in a writable directory.
+# A FIFO would block the first write, and a device such as /dev/null would swallow the
+# results, so neither is taken.
+bench_check_output() {
+  local option="$1" path="$2" dir
+  dir="$(dirname -- "$path")"
+  if [[ -e "$path" && ! -f "$path" ]]; then
+    echo "bench: $option $path: it exists and is not a regular file; refusing to write there" >&2
+    exit 2
+  fi
+  if [[ ! -d "$dir" || ! -w "$dir" ]]; then
+    echo "bench: $option $path: the directory $dir does not exist or cannot be written" >&2
+    exit 2
+  fi
+}
 
 bench_find_tools() {
   local build="$1"

@@ -65,6 +65,7 @@ if [[ -z "$out" ]]; then
   mkdir -p "$here/results"
   out="$here/results/compare-$device-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
 fi
+bench_check_output --out "$out"
 : > "$out"
 
 extra=()

@@ -6,6 +6,12 @@
 //   minigrad-bench --work wide_mlp --device cuda --mode eager --tf32
 //   minigrad-bench --work mnist_mlp --device cuda --mode graph
 //   minigrad-bench --work tutorial --device cuda --mode dataparallel --device-ids 0,1
+//   minigrad-bench --work pipe_mlp --mode pipeline --devices cpu,cpu --chunks 8
+//   minigrad-bench --work pipe_mlp --mode model_parallel --devices cpu,cpu
+//   minigrad-bench --work mnist_mlp --trace t.json    # the same, every timed step traced
+//
+// The cost of tracing: the median with --trace (and --trace-detail nodes) against the
+// one without; the trace is written after the timing.
 //
 // What is measured: after --warmup untimed steps, --steps steps are timed one by one
 // (host clock on the CPU; CUDA events on the stream, with no host synchronisation
@@ -28,9 +34,12 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <minigrad/core/profiler.h>
 #include <minigrad/minigrad.h>
 #include <minigrad/cuda/cuda.h>
 #include <minigrad/nn/optim/sgd.h>
+
+#include "pipeline_bench.h"
 
 #if __has_include(<minigrad/parallel/data_parallel.h>)
 #include <minigrad/parallel/data_parallel.h>
@@ -58,6 +67,12 @@ const std::vector<Work>& works() {
       {"tutorial", {5, 2}, 30},
       {"mnist_mlp", {784, 512, 512, 10}, 256},
       {"wide_mlp", {4096, 8192, 8192, 10}, 8192},
+      // Eight equal layers, split into two halves by the pipeline modes: 12.9 GFLOP a
+      // step, about 100 ms on one core. Wide enough to be matmul-bound, and a batch large
+      // enough that 8 or 16 micro-batches still have 512 or 256 rows: with narrow
+      // micro-batches of wide layers, each micro-batch's weight gradient (written, then
+      // added into .grad) costs as much as its matmuls (docs/pipeline-parallel.md).
+      {"pipe_mlp", {256, 256, 256, 256, 256, 256, 256, 256, 256}, 4096},
   };
   return list;
 }
@@ -212,6 +227,14 @@ struct Options {
   std::vector<int> device_ids;
   double lr = 0.01;
   uint64_t seed = 0;
+  // The pipeline modes (pipeline_bench.h).
+  std::string devices = "cpu,cpu";
+  int64_t chunks = 8;
+  std::string schedule = "gpipe";
+  std::string checkpoint = "never";
+  std::string timeline;
+  std::string trace;                  // eager and dataparallel: every timed step
+  std::string trace_detail = "steps";  // or nodes
 };
 
 json base_record(const Options& opt, const Work& work, int64_t batch) {
@@ -238,6 +261,28 @@ json run(const Options& opt) {
   const Work& work = *found;
   const int64_t batch = opt.batch > 0 ? opt.batch : work.batch;
   json record = base_record(opt, work, batch);
+
+  if (opt.mode == "pipeline" || opt.mode == "model_parallel") {
+    minigrad_bench::PipelineRun run;
+    run.mode = opt.mode;
+    run.devices = opt.devices;
+    run.chunks = opt.chunks;
+    run.schedule = opt.schedule;
+    run.checkpoint = opt.checkpoint;
+    run.widths = work.widths;
+    run.batch = batch;
+    run.steps = opt.steps;
+    run.warmup = opt.warmup;
+    run.lr = opt.lr;
+    run.seed = opt.seed;
+    run.timeline = opt.timeline;
+    if (opt.devices.find("cpu") == std::string::npos && !mg::cuda::is_available()) {
+      record["error"] = "no CUDA device (minigrad built without CUDA, or no GPU visible)";
+      return record;
+    }
+    minigrad_bench::run_pipeline_bench(run, record);
+    return record;
+  }
 
   const bool on_gpu = opt.device == "cuda";
   if (on_gpu && !mg::cuda::is_available()) {
@@ -333,6 +378,12 @@ json run(const Options& opt) {
     record["final_loss"] = static_loss.item<float>();
 #endif
   } else {
+    if (!opt.trace.empty()) {
+      mg::profiler::ProfilerOptions profiler_options;
+      profiler_options.autograd_nodes = opt.trace_detail == "nodes";
+      mg::profiler::set_thread_name("main");
+      mg::profiler::start(profiler_options);
+    }
 #if MINIGRAD_WITH_CUDA
     if (on_gpu) {
       ms = time_on_stream(step, opt.steps, device_index, host_ms);
@@ -342,6 +393,12 @@ json run(const Options& opt) {
 #else
     ms = time_on_host(step, opt.steps, cpu_ms);
 #endif
+    if (!opt.trace.empty()) {
+      mg::profiler::stop();
+      mg::profiler::export_chrome_trace(opt.trace);
+      record["trace"] = opt.trace;
+      record["trace_detail"] = opt.trace_detail;
+    }
     record["final_loss"] = loss.item<float>();
   }
 
@@ -369,11 +426,11 @@ int main(int argc, char** argv) {
   CLI::App app{"minigrad-bench: median time of one training step, as one JSON line"};
   Options opt;
   std::string ids;
-  app.add_option("--work", opt.work, "tutorial | mnist_mlp | wide_mlp")
-      ->check(CLI::IsMember({"tutorial", "mnist_mlp", "wide_mlp"}));
+  app.add_option("--work", opt.work, "tutorial | mnist_mlp | wide_mlp | pipe_mlp")
+      ->check(CLI::IsMember({"tutorial", "mnist_mlp", "wide_mlp", "pipe_mlp"}));
   app.add_option("--device", opt.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--mode", opt.mode, "eager | dataparallel | graph")
-      ->check(CLI::IsMember({"eager", "dataparallel", "graph"}));
+  app.add_option("--mode", opt.mode, "eager | dataparallel | graph | model_parallel | pipeline")
+      ->check(CLI::IsMember({"eager", "dataparallel", "graph", "model_parallel", "pipeline"}));
   app.add_flag("--tf32", opt.tf32, "allow TF32 tensor cores in float32 matmuls (CUDA)");
   app.add_option("--steps", opt.steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", opt.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
@@ -382,7 +439,26 @@ int main(int argc, char** argv) {
   app.add_option("--device-ids", ids, "devices for dataparallel, e.g. 0,1,2,3 (default 0)");
   app.add_option("--lr", opt.lr, "SGD learning rate");
   app.add_option("--seed", opt.seed, "seed of the model and the data");
+  app.add_option("--devices", opt.devices,
+                 "model_parallel/pipeline: a device per stage, e.g. cpu,cpu or 0,0 or 0,1");
+  app.add_option("--chunks", opt.chunks, "pipeline: micro-batches per batch")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--schedule", opt.schedule, "pipeline: gpipe | 1f1b")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}));
+  app.add_option("--checkpoint", opt.checkpoint, "pipeline: never | except_last | always")
+      ->check(CLI::IsMember({"never", "except_last", "always"}));
+  app.add_option("--timeline", opt.timeline, "pipeline: write the last step's timeline (SVG) here");
+  app.add_option("--trace", opt.trace,
+                 "eager and dataparallel: trace every timed step into this Chrome "
+                 "trace JSON (the cost of tracing: compare the median with and without)");
+  app.add_option("--trace-detail", opt.trace_detail, "steps | nodes (every autograd node)")
+      ->check(CLI::IsMember({"steps", "nodes"}));
   CLI11_PARSE(app, argc, argv);
+  if (!opt.trace.empty() && opt.mode != "eager" && opt.mode != "dataparallel") {
+    std::fprintf(stderr, "minigrad-bench: --trace traces --mode eager and dataparallel, not %s\n",
+                 opt.mode.c_str());
+    return 2;
+  }
 
   std::stringstream list(ids.empty() ? "0" : ids);
   for (std::string item; std::getline(list, item, ',');) {

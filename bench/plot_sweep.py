@@ -15,7 +15,9 @@ the SVG is written by hand.
 """
 import json
 import math
+import os
 import sys
+import tempfile
 from xml.sax.saxutils import escape
 
 WIDTH, HEIGHT = 900, 600
@@ -33,6 +35,28 @@ MARKER_RADIUS = 3.5
 METRIC = "median_ms"
 Y_LABEL = {"median_ms": "median ms per training step",
            "median_cpu_ms": "median CPU ms per training step"}
+
+
+def write_atomically(path, text):
+    """Writes `text` to `path` as minigrad's own writers do (minigrad/core/files.h): to a
+    temporary file beside the target, flushed, then renamed over it. A symbolic link is
+    followed; a path that exists and is not a regular file (a FIFO, /dev/null) is refused."""
+    target = os.path.realpath(path)
+    if os.path.lexists(target) and not os.path.isfile(target):
+        raise SystemExit(f"plot_sweep.py: {path}: it exists and is not a regular file; "
+                         "refusing to write there")
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target),
+                               prefix=f"{os.path.basename(target)}.tmp.{os.getpid()}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def load(path):
@@ -175,8 +199,7 @@ def main(argv):
     what = "CPU time" if METRIC == "median_cpu_ms" else "training step"
     title = (f"mnist_mlp {what} vs batch size — {'/'.join(devices)}{extra}, "
              f"{', '.join(hosts)}, {', '.join(dates)}")
-    with open(argv[2], "w") as f:
-        f.write(plot(rows, title))
+    write_atomically(argv[2], plot(rows, title))
     return 0
 
 

@@ -49,6 +49,9 @@ stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$here/results"
 out="${out:-$here/results/sweep-$device-$stamp.jsonl}"
 svg="${svg:-${out%.jsonl}.svg}"
+bench_check_output --out "$out"
+bench_check_output --svg "$svg"
+[[ "$device" == cpu ]] && bench_check_output --svg "${svg%.svg}-cputime.svg"
 : > "$out"
 
 gpus=1

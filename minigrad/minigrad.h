@@ -4,6 +4,10 @@
 #include <minigrad/autograd/anomaly_mode.h>
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/grad_mode.h>
+#include <minigrad/autograd/saved_tensor.h>
+#include <minigrad/autograd/version_counter.h>
+#include <minigrad/core/checked_math.h>
+#include <minigrad/core/cross_entropy_options.h>
 #include <minigrad/core/device.h>
 #include <minigrad/core/dtype.h>
 #include <minigrad/core/error.h>
@@ -32,6 +36,7 @@
 #include <minigrad/parallel/communicator.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/device_list.h>
+#include <minigrad/parallel/distributed/device_mesh.h>
 #include <minigrad/parallel/distributed/distributed_data_parallel.h>
 #include <minigrad/parallel/distributed/process_group.h>
 #include <minigrad/parallel/distributed/process_group_gloo.h>
@@ -40,6 +45,14 @@
 #include <minigrad/parallel/distributed/tcp_store.h>
 #include <minigrad/parallel/gather.h>
 #include <minigrad/parallel/parallel_apply.h>
+#include <minigrad/parallel/pipeline/balance.h>
+#include <minigrad/parallel/pipeline/pipe.h>
+#include <minigrad/parallel/pipeline/pipeline_stage.h>
 #include <minigrad/parallel/replicate.h>
 #include <minigrad/parallel/scatter.h>
+#include <minigrad/parallel/tensor_parallel/functions.h>
+#include <minigrad/parallel/tensor_parallel/group.h>
+#include <minigrad/parallel/tensor_parallel/in_process_group.h>
+#include <minigrad/parallel/tensor_parallel/layers.h>
+#include <minigrad/parallel/tensor_parallel/tensor_parallel.h>
 // The whole user API of minigrad in one include.

@@ -4,6 +4,8 @@
 //   build/bin/model_parallel                        # layer1 on cuda:0, layer2 on cuda:1
 //   build/bin/model_parallel --devices cpu,cuda:0   # any two devices
 //   build/bin/model_parallel --wrap-data-parallel   # what DataParallel says about it
+//   build/bin/model_parallel --pipeline --chunks 8  # the same training, both stages busy
+//   build/bin/model_parallel --devices cpu,cpu --pipeline --trace t.json  # for Perfetto
 //
 // layer1 = Linear(10, 5) lives on the first device and layer2 = Linear(5, 2) on the
 // second; forward moves the activations between them with Tensor::to, whose backward
@@ -11,6 +13,13 @@
 // whole model. Nothing is replicated and nothing runs at the same time: model
 // parallelism is for a model too big for one device, data parallelism (DataParallel)
 // for a batch too big or too slow for one.
+//
+// --pipeline keeps the split and fixes the waiting: parallel::Pipe cuts each batch into
+// --chunks micro-batches, and while layer2 works on one, layer1 already works on the
+// next, each on a thread of its own. Same initial weights, same batch, same losses (to
+// float rounding); at the end it prints how busy each stage was, against the same step
+// with one micro-batch (the naive split). --width and --batch make the layers big
+// enough for the overlap to show; --timeline writes the last step as an SVG.
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -26,7 +35,9 @@
 #include <minigrad/parallel/communicator.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/device_list.h>
+#include <minigrad/parallel/pipeline/pipe.h>
 #include "support/command_line.h"
+#include "support/trace.h"
 
 namespace {
 
@@ -34,10 +45,10 @@ using namespace mg;
 
 class ToyModel : public nn::Cloneable<ToyModel> {
  public:
-  ToyModel(Device first, Device second)
+  ToyModel(Device first, Device second, int64_t width)
       : Cloneable<ToyModel>("ToyModel"), first_(first), second_(second) {
-    register_module("layer1", std::make_shared<nn::Linear>(10, 5))->to(first);
-    register_module("layer2", std::make_shared<nn::Linear>(5, 2))->to(second);
+    register_module("layer1", std::make_shared<nn::Linear>(10, width))->to(first);
+    register_module("layer2", std::make_shared<nn::Linear>(width, 2))->to(second);
   }
 
   Tensor forward(const Tensor& x) override {
@@ -55,6 +66,13 @@ struct Options {
   std::string devices;
   bool wrap_data_parallel = false;
   int epochs = 10;
+  int64_t width = 5;   // layer1's outputs (the tutorial's 5)
+  int64_t batch = 64;
+  bool pipeline = false;
+  int64_t chunks = 8;
+  std::string schedule = "gpipe";
+  std::string timeline;  // SVG of the last step (--pipeline)
+  samples::TraceOptions trace;  // --trace FILE.json: a few epochs' steps
 };
 
 // Two devices: the two given, or the first two GPUs, or what this machine has.
@@ -114,25 +132,103 @@ int show_wrapping(const nn::ModulePtr& model, Device first, Device second) {
   return 0;
 }
 
+// Each stage's share of the step in which it computed, from the Pipe's timeline.
+void print_busy(const parallel::PipeTimeline& t, const std::vector<Device>& devices,
+                const char* what) {
+  fmt::print("{}: step {:.2f} ms", what, 1e3 * t.running_seconds());
+  for (int s = 0; s < t.stages; ++s)
+    fmt::print(", stage {} ({}) busy {:.0f}%", s, devices[static_cast<size_t>(s)],
+               100.0 * t.busy_fraction(s));
+  fmt::print("\n");
+}
+
+// The same model as a Sequential, cut after layer1's ReLU, under a Pipe: the same
+// initial weights (made in the same order from the same seed) and the same batch.
+int run_pipeline(const Options& options, Device first, Device second) {
+  auto model = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(10, options.width), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(options.width, 2)});
+  // The naive split, for comparison at the end: the same stages with one micro-batch.
+  const nn::ModulePtr naive_copy = model->clone();
+  const std::vector<Device> devices{first, second};
+  parallel::PipeOptions pipe_options;
+  pipe_options.chunks = options.chunks;
+  pipe_options.balance = {2, 1};
+  pipe_options.schedule = parallel::parse_schedule(options.schedule);
+  pipe_options.checkpoint = parallel::Checkpoint::Never;
+  auto pipe = std::make_shared<parallel::Pipe>(model, devices, pipe_options);
+  fmt::print("Pipe over [{}, {}]: {} micro-batches of a batch of {}, schedule {}\n", first,
+             second, options.chunks, options.batch, options.schedule);
+
+  optim::SGD sgd(pipe->parameters(), optim::SGDOptions(0.01));
+  const Tensor inputs = randn({options.batch, 10});
+  const Tensor labels = randint(0, 2, {options.batch}, second);
+  samples::StepTracer tracer(options.trace);
+  for (int epoch = 1; epoch <= options.epochs; ++epoch) {
+    tracer.begin_step(epoch);
+    sgd.zero_grad();
+    const parallel::PipeStep step = pipe->train_step(inputs, labels, cross_entropy);
+    sgd.step();
+    tracer.end_step();
+    fmt::print("Epoch {}, Loss: {:.4f}\n", epoch, step.loss.item<float>());
+  }
+  tracer.finish();
+  fmt::print("\nThe memory the Pipe planned before its first step (a dry run of one micro-batch):\n{}",
+             parallel::plan_str(pipe->last_plan()));
+  const parallel::PipeTimeline pipelined = pipe->last_timeline();
+  if (!options.timeline.empty()) {
+    const std::string svg = parallel::timeline_svg(
+        pipelined, fmt::format("model_parallel --pipeline: {} micro-batches, {}", options.chunks,
+                               options.schedule));
+    std::FILE* file = std::fopen(options.timeline.c_str(), "w");
+    MG_CHECK(file != nullptr, "--timeline {}: cannot write the file", options.timeline);
+    std::fputs(svg.c_str(), file);
+    std::fclose(file);
+  }
+
+  parallel::PipeOptions one_chunk = pipe_options;
+  one_chunk.chunks = 1;
+  parallel::Pipe naive(naive_copy, devices, one_chunk);
+  for (int i = 0; i < 2; ++i) naive.train_step(inputs, labels, cross_entropy);  // warm, then time
+  const parallel::PipeTimeline alone = naive.last_timeline();
+  fmt::print("\n");
+  print_busy(alone, devices, "naive split (1 micro-batch)");
+  print_busy(pipelined, devices, fmt::format("pipeline ({} micro-batches)", options.chunks).c_str());
+  fmt::print("bubble: {:.0f}% of the step idle (ideal for equal stages: (p-1)/(m+p-1) = {:.0f}%)\n",
+             100.0 * pipelined.bubble_fraction(),
+             100.0 * parallel::ideal_bubble_fraction(2, options.chunks));
+  if (pipelined.busy_fraction(0) < 0.25 && pipelined.busy_fraction(1) < 0.25)
+    fmt::print("(the stages spent most of the step waiting: layers this small take less time\n"
+               "than a hand-over between the stages' threads; try --width 2048 --batch 8192)\n");
+  if (!options.timeline.empty()) fmt::print("timeline of the last step: {}\n", options.timeline);
+  return 0;
+}
+
 int run(const Options& options) {
   manual_seed(0);
   const auto [first, second] = choose_devices(options);
-  auto model = std::make_shared<ToyModel>(first, second);
-  fmt::print("layer1 = Linear(10, 5) on {}, layer2 = Linear(5, 2) on {}\n", first, second);
+  if (options.pipeline) return run_pipeline(options, first, second);
+  auto model = std::make_shared<ToyModel>(first, second, options.width);
+  fmt::print("layer1 = Linear(10, {}) on {}, layer2 = Linear({}, 2) on {}\n", options.width,
+             first, options.width, second);
   if (options.wrap_data_parallel) return show_wrapping(model, first, second);
 
   optim::SGD sgd(model->parameters(), optim::SGDOptions(0.01));
-  const Tensor inputs = randn({64, 10});
+  const Tensor inputs = randn({options.batch, 10});
   // The labels live where the outputs come out: on the second device.
-  const Tensor labels = randint(0, 2, {64}, second);
+  const Tensor labels = randint(0, 2, {options.batch}, second);
+  samples::StepTracer tracer(options.trace);
   for (int epoch = 1; epoch <= options.epochs; ++epoch) {
+    tracer.begin_step(epoch);
     sgd.zero_grad();
     const Tensor outputs = model->forward(inputs);
     const Tensor loss = cross_entropy(outputs, labels);
     loss.backward();
     sgd.step();
+    tracer.end_step();
     fmt::print("Epoch {}, Loss: {:.4f}\n", epoch, loss.item<float>());
   }
+  tracer.finish();
   return 0;
 }
 
@@ -149,6 +245,23 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--wrap-data-parallel", options.wrap_data_parallel,
                "Wrap the model in DataParallel to see why that is the wrong tool for it");
+  app.add_option("--width", options.width, "layer1's output width (the tutorial's 5)")
+      ->check(samples::positive_integer())
+      ->capture_default_str();
+  app.add_option("--batch", options.batch, "Rows of the training batch")
+      ->check(samples::positive_integer())
+      ->capture_default_str();
+  app.add_flag("--pipeline", options.pipeline,
+               "Train the split model as a pipeline (parallel::Pipe): both stages at work");
+  app.add_option("--chunks", options.chunks, "--pipeline: micro-batches per batch")
+      ->check(samples::positive_integer())
+      ->capture_default_str();
+  app.add_option("--schedule", options.schedule, "--pipeline: gpipe or 1f1b")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}))
+      ->capture_default_str();
+  app.add_option("--timeline", options.timeline,
+                 "--pipeline: write the last step's timeline (an SVG) here");
+  samples::add_trace_options(app, options.trace, "epoch");
   if (const std::optional<int> exit_code = samples::parse_command_line(app, "model_parallel", argc, argv))
     return *exit_code;
   try {

@@ -4,9 +4,15 @@
 //   build/bin/train_fashion_mnist --epochs 3 --hidden 512 --metrics run.csv --plot run.svg
 //   build/bin/train_fashion_mnist --devices cpu,cpu     # DataParallel over two CPU replicas
 //   build/bin/train_fashion_mnist --optimizer adamw     # AdamW (lr 1e-3, weight decay 1e-2)
+//   build/bin/train_fashion_mnist --pipeline 2 --chunks 4 --devices cpu,cpu   # a pipeline
 //   build/bin/train_fashion_mnist --save ck.safetensors ...; ... --resume ck.safetensors
 //   build/bin/train_fashion_mnist --devices cpu,cpu --trace t.json  # 3 steps for Perfetto
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
+//   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
+//       --zero 3 --optimizer adamw           # sharded (docs/sharded-data-parallel.md)
+//   build/bin/train_fashion_mnist --devices cpu,cpu --tensor-parallel 2  # Megatron's split
+//   build/bin/minigrad-run --nproc-per-node 4 build/bin/train_fashion_mnist --distributed
+//       --tensor-parallel 2                             # 2 x 2: data parallel over TP pairs
 //
 // The loop is the one every PyTorch user knows: for each epoch, shuffled batches from a
 // DataLoader; forward, cross-entropy, zero_grad, backward, optimizer step; then the test
@@ -17,6 +23,7 @@
 //   devices              --devices: cpu, GPU ids, cpu,cpu
 //   distributed_run      --distributed: joining the job, agreeing over the ranks
 //   training_checkpoint  --save / --resume: model, optimizer, where the run stands
+//   run_files            the paths of --save, --metrics, --plot, --resume, checked first
 //   stop_signal          Ctrl-C / SIGTERM: stop after the step in progress, checkpoint
 //   running_loss         the epoch's training loss, kept on the device
 //   evaluate             the test loss and accuracy
@@ -56,17 +63,24 @@
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/distributed/distributed_data_parallel.h>
+#include <minigrad/parallel/distributed/fully_sharded_data_parallel.h>
+#include <minigrad/parallel/distributed/zero_redundancy_optimizer.h>
+#include <minigrad/parallel/pipeline/pipe.h>
+#include <minigrad/parallel/tensor_parallel/layers.h>
+#include <minigrad/parallel/tensor_parallel/tensor_parallel.h>
 #include "support/command_line.h"
 #include "support/devices.h"
 #include "support/distributed_run.h"
 #include "support/evaluate.h"
 #include "support/progress.h"
+#include "support/run_files.h"
 #include "support/running_loss.h"
 #include "support/stop_signal.h"
 #include "support/trace.h"
 #include "support/train_options.h"
 #include "support/training_checkpoint.h"
 #include "support/training_reports.h"
+#include "support/training_state.h"
 
 namespace {
 
@@ -102,32 +116,74 @@ std::shared_ptr<nn::Sequential> make_mlp(const std::vector<int64_t>& hidden) {
 // The model moves to the first device. One device: the model itself. Several (--devices
 // 0,1 or cpu,cpu): DataParallel, which scatters each batch over them, replicates the model
 // and sums the replicas' gradients back into `model`'s parameters. --distributed:
-// DistributedDataParallel, which averages the gradients over the ranks. Either way the
-// optimizer and the checkpoints keep working on `model` itself.
+// DistributedDataParallel, which averages the gradients over the ranks; with --zero 2 the
+// model itself (its optimizer reduces the gradients); with --zero 3
+// FullyShardedDataParallel, which keeps only this rank's shards of the parameters.
+// --pipeline N: a Pipe, the model's layers cut into N stages, stage s on devices[s] (the
+// layers move there). Either way the optimizer and the checkpoints keep working on
+// `model` itself.
+//
+// --tensor-parallel N: the model's Linear layers split in column/row pairs
+// (parallelize_mlp), which then hold the parameters that train (the optimizer takes
+// `net`'s parameters); `model` is only where they were cut from. In one process:
+// TensorParallel, a thread per device. --distributed: this rank's shard, its collectives
+// in its tensor-parallel group, inside DistributedDataParallel over the data-parallel
+// group when there is one.
 nn::ModulePtr make_model_wrapper(const TrainOptions& options, const nn::ModulePtr& model,
                                  const std::vector<Device>& devices, const DistributedRun& dist) {
   model->to(devices.front());
-  if (options.distributed)
+  if (options.tensor_parallel > 1) {
+    const auto& mlp = static_cast<const nn::Sequential&>(*model);
+    if (!options.distributed) return std::make_shared<parallel::TensorParallel>(mlp, devices);
+    nn::ModulePtr shard =
+        parallel::parallelize_mlp(mlp, parallel::tensor_parallel_group(dist.tensor_group));
+    if (!dist.data_group) return shard;
+    return std::make_shared<parallel::DistributedDataParallel>(shard, dist.data_group);
+  }
+  if (options.distributed) {
+    if (options.zero == 2) return model;
+    if (options.zero == 3) return parallel::fully_shard(model, dist.group);
     return std::make_shared<parallel::DistributedDataParallel>(model, dist.group);
+  }
+  if (options.pipeline > 0) {
+    parallel::PipeOptions pipe_options;
+    pipe_options.chunks = options.chunks;
+    pipe_options.schedule = parallel::parse_schedule(options.schedule);
+    return std::make_shared<parallel::Pipe>(model, devices, pipe_options);
+  }
   if (devices.size() == 1) return model;
   return std::make_shared<parallel::DataParallel>(model, devices);
 }
 
 // --optimizer sgd: SGD with momentum (and an L2 penalty with --weight-decay); adamw:
-// AdamW with PyTorch's betas and eps, its weight decay decoupled from the gradient.
+// AdamW with PyTorch's betas and eps, its weight decay decoupled from the gradient. Over
+// what `net` trains: the model's parameters, or under --zero 3 this rank's shards of them;
+// --zero 1 and 2 wrap it in a ZeroRedundancyOptimizer, which builds it over this rank's
+// shards.
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options,
-                                                 const nn::Module& model) {
-  if (options.optimizer == "adamw")
-    return std::make_unique<optim::AdamW>(
-        model.parameters(), optim::AdamWOptions(options.lr).weight_decay(options.weight_decay));
-  return std::make_unique<optim::SGD>(
-      model.parameters(),
-      optim::SGDOptions(options.lr, options.momentum).weight_decay(options.weight_decay));
+                                                 const nn::Module& net, const nn::Module& model,
+                                                 const DistributedRun& dist) {
+  auto make = [&options](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
+    if (options.optimizer == "adamw")
+      return std::make_unique<optim::AdamW>(
+          std::move(params), optim::AdamWOptions(options.lr).weight_decay(options.weight_decay));
+    return std::make_unique<optim::SGD>(
+        std::move(params),
+        optim::SGDOptions(options.lr, options.momentum).weight_decay(options.weight_decay));
+  };
+  if (options.zero == 1 || options.zero == 2) {
+    parallel::ZeroOptions zero;
+    zero.stage = options.zero;
+    return std::make_unique<parallel::ZeroRedundancyOptimizer>(model.parameters(), dist.group,
+                                                               make, zero);
+  }
+  return make(net.parameters());
 }
 
-// Shuffled per (seed, epoch). Under --distributed each rank takes its shard of every
-// epoch (DistributedSampler) in its part of the global batch, so the run takes the same
-// steps on the same averaged gradients as one process.
+// Shuffled per (seed, epoch). Under --distributed each data-parallel rank takes its shard
+// of every epoch (DistributedSampler) in its part of the global batch, so the run takes
+// the same steps on the same averaged gradients as one process; the ranks of a
+// tensor-parallel group take the same shard.
 data::DataLoader make_train_loader(const TrainOptions& options,
                                    std::shared_ptr<const data::Dataset> train_set,
                                    const DistributedRun& dist) {
@@ -135,11 +191,12 @@ data::DataLoader make_train_loader(const TrainOptions& options,
   loader_options.batch_size = options.batch_size;
   loader_options.shuffle = true;
   loader_options.seed = options.seed;
-  if (!dist.active()) return data::DataLoader(std::move(train_set), loader_options);
+  if (!dist.active() || dist.data_ranks == 1)
+    return data::DataLoader(std::move(train_set), loader_options);
   loader_options.shuffle = false;  // the sampler shuffles
-  loader_options.batch_size = options.batch_size / dist.world_size;
+  loader_options.batch_size = options.batch_size / dist.data_ranks;
   auto sampler = std::make_shared<data::DistributedSampler>(
-      train_set->size(), dist.world_size, dist.rank, /*shuffle=*/true, options.seed);
+      train_set->size(), dist.data_ranks, dist.data_rank, /*shuffle=*/true, options.seed);
   return data::DataLoader(std::move(train_set), std::move(sampler), loader_options);
 }
 
@@ -152,11 +209,13 @@ struct Run {
   Device device;                                // this process's first device
   std::shared_ptr<nn::Sequential> model;        // the parameters that train and are saved
   nn::ModulePtr net;                            // what forward runs through: model or wrapper
-  std::unique_ptr<optim::Optimizer> optimizer;  // of model's parameters
+  std::unique_ptr<optim::Optimizer> optimizer;  // of net's parameters (or their shards)
   data::DataLoader train_loader, test_loader;
   std::vector<samples::EpochMetrics> history;   // every finished epoch, resumed ones too
   std::unique_ptr<samples::StepTracer> tracer;  // --trace
   int64_t total_steps() const { return train_loader.size() * options.epochs; }
+  // The model's and the optimizer's state, however --zero spreads them over the ranks.
+  samples::TrainingState state() { return {*model, *net, *optimizer}; }
 };
 
 // The loss so far of the epoch that `start` stands in: zero, or (a checkpoint written in
@@ -166,9 +225,14 @@ RunningLoss loss_at(const RunPosition& start, const Run& run) {
   return RunningLoss::zero(run.device);
 }
 
-void save_checkpoint(const Run& run, const std::string& path, const RunPosition& position) {
-  samples::save_training_checkpoint(path, *run.model, *run.optimizer, run.options, position,
-                                    run.history);
+// Every rank calls it (under --zero the state is gathered from all of them); rank 0 writes.
+void save_checkpoint(Run& run, const std::string& path, const RunPosition& position) {
+  const samples::TrainingState state = run.state();
+  const nn::TensorDict model_state = state.model_state();
+  const nn::TensorDict optimizer_state = state.optimizer_state();
+  if (run.dist.writes_files())
+    samples::save_training_checkpoint(path, model_state, optimizer_state, run.options, position,
+                                      run.history);
 }
 
 // --resume: the model, the optimizer and the generator as the checkpoint left them, and
@@ -176,8 +240,9 @@ void save_checkpoint(const Run& run, const std::string& path, const RunPosition&
 RunPosition resume(Run& run) {
   const std::string& path = run.options.resume;
   if (path.empty()) return {};
-  const RunPosition position = samples::load_training_checkpoint(
-      path, *run.model, *run.optimizer, run.options, run.history);
+  samples::TrainingState state = run.state();
+  const RunPosition position =
+      samples::load_training_checkpoint(path, state, run.options, run.history);
   if (position.batches == 0)
     fmt::print("resumed from {} after epoch {}\n", path, position.epochs_done);
   else
@@ -189,13 +254,21 @@ RunPosition resume(Run& run) {
 // A run stopped by signal `signo` after `global_step`: rank 0 writes the checkpoint of
 // `position` (--save, or a fixed name in the current directory) and the reports. Returns
 // the exit code, 128 + signo, as a shell reports a process that a signal killed.
-int stop_run(const Run& run, int signo, const RunPosition& position, int64_t global_step) {
+int stop_run(Run& run, int signo, const RunPosition& position, int64_t global_step) {
   const std::string path = run.options.save.empty()
                                ? "train_fashion_mnist.interrupted.safetensors"
                                : run.options.save;
   run.tracer->finish();
+  if (run.options.tensor_parallel > 1) {  // the shards are not checkpointed
+    if (run.dist.writes_files())
+      fmt::print("train_fashion_mnist: interrupted by {} after step {}; no checkpoint "
+                 "(--tensor-parallel runs do not write one)\n",
+                 samples::signal_name(signo), global_step);
+    std::fflush(stdout);
+    return 128 + signo;
+  }
+  save_checkpoint(run, path, position);
   if (run.dist.writes_files()) {
-    save_checkpoint(run, path, position);
     samples::write_training_reports(run.options, run.history);
     const std::string where =
         position.batches > 0
@@ -214,8 +287,26 @@ int stop_run(const Run& run, int signo, const RunPosition& position, int64_t glo
 // parameters stay those of the last good step. Reading the loss waits for the device
 // once per step, as loss.item() in the usual PyTorch loop does; under --distributed the
 // ranks check the sum of their losses, so that all of them stop at the same step.
+// A pipeline's step is the Pipe's own (forward and backward interleaved as its schedule
+// says): the gradients are made before the loss is checked, and the update waits for it.
+Tensor pipeline_step(Run& run, parallel::Pipe& pipe, const data::Batch& batch,
+                     int64_t global_step) {
+  run.optimizer->zero_grad();
+  const Tensor loss = pipe.train_step(batch.data, batch.target, cross_entropy).loss;
+  const float value = loss.item<float>();
+  MG_CHECK(std::isfinite(value),
+           "step {}: the loss is {}; stopping before this step's update. Lower the learning "
+           "rate (--lr {})",
+           global_step, value, run.options.lr);
+  run.optimizer->step();
+  // The loss comes out on the last stage's device; the running loss lives on the first.
+  return loss.device() == run.device ? loss : loss.to(run.device);
+}
+
 Tensor train_step(Run& run, const data::Batch& batch, int64_t global_step) {
   run.optimizer->set_lr(samples::learning_rate(run.options, global_step - 1, run.total_steps()));
+  if (auto* pipe = dynamic_cast<parallel::Pipe*>(run.net.get()))
+    return pipeline_step(run, *pipe, batch, global_step);
   Tensor loss;
   {
     profiler::Span span("forward");  // in a --trace; backward and the step name themselves
@@ -255,10 +346,8 @@ void end_epoch(Run& run, int epoch, const RunningLoss& running, Clock::time_poin
              epoch, run.options.epochs, train_loss, test.loss, 100.0 * test.accuracy, seconds,
              static_cast<double>(total.seen) / train_seconds);
   std::fflush(stdout);
-  if (run.dist.writes_files()) {
-    samples::write_training_reports(run.options, run.history);
-    if (!run.options.save.empty()) save_checkpoint(run, run.options.save, RunPosition::after_epoch(epoch));
-  }
+  if (run.dist.writes_files()) samples::write_training_reports(run.options, run.history);
+  if (!run.options.save.empty()) save_checkpoint(run, run.options.save, RunPosition::after_epoch(epoch));
 }
 
 // Trains the epoch that `start` stands in, from its batch (0, or where a checkpoint
@@ -303,10 +392,34 @@ void print_setup(const Run& run, const std::vector<Device>& devices,
   for (const Tensor& p : run.model->parameters()) parameter_count += p.numel();
   fmt::print("train_fashion_mnist: MLP 784-{}-10 ({} parameters) on {}\n",
              fmt::join(o.hidden, "-"), parameter_count, samples::devices_str(devices));
-  if (run.dist.active())
-    fmt::print("distributed: rank {} of {} ({}), global batch {} = {} x {} per rank\n",
+  if (const auto* pipe = dynamic_cast<const parallel::Pipe*>(run.net.get()))
+    fmt::print("pipeline: {} stages of [{}] layers, {} micro-batches per batch, schedule {}, "
+               "checkpoint {}\n",
+               pipe->num_stages(), fmt::join(pipe->balance(), ", "), o.chunks, o.schedule,
+               parallel::checkpoint_name(pipe->options().checkpoint));
+  if (run.dist.active()) {
+    fmt::print("distributed: rank {} of {} ({}), global batch {} = {} x {} per data-parallel "
+               "rank\n",
                run.dist.rank, run.dist.world_size, run.dist.group->backend_name(), o.batch_size,
-               run.dist.world_size, o.batch_size / run.dist.world_size);
+               run.dist.data_ranks, o.batch_size / run.dist.data_ranks);
+    static const char* const kSharding[] = {
+        "none (DistributedDataParallel)",
+        "ZeRO-1, optimizer state (DistributedDataParallel + ZeroRedundancyOptimizer)",
+        "ZeRO-2, optimizer state and gradients (ZeroRedundancyOptimizer)",
+        "ZeRO-3, optimizer state, gradients and parameters (FullyShardedDataParallel)"};
+    if (o.tensor_parallel == 1) fmt::print("sharded over the ranks: {}\n", kSharding[o.zero]);
+  }
+  if (o.tensor_parallel > 1) {
+    int64_t held = 0;
+    for (const Tensor& p : run.optimizer->parameters()) held += p.numel();
+    const int64_t per_rank = run.dist.active() ? held : held / o.tensor_parallel;
+    fmt::print("tensor parallel: the Linear layers in column/row pairs over {} ranks{}; "
+               "{} parameters per rank (of {})\n",
+               o.tensor_parallel,
+               run.dist.active() ? fmt::format(", data parallel over {}", run.dist.data_ranks)
+                                 : fmt::format(" in one process ({})", run.net->extra_repr()),
+               per_rank, parameter_count);
+  }
   fmt::print("data: {} training and {} test images from {}{}\n", train_set.size(),
              test_set.size(), o.data_dir, o.no_normalize ? "" : " (normalised)");
   fmt::print("{}, batch size {}, {} epoch{}, seed {}\n", samples::optimizer_str(o),
@@ -337,8 +450,12 @@ int run(const TrainOptions& options) {
   std::vector<Device> devices = options.device_list;
   const DistributedRun dist =
       options.distributed
-          ? samples::join_distributed_run(options.dist_timeout, options.batch_size, devices)
+          ? samples::join_distributed_run(options.dist_timeout, options.batch_size,
+                                          options.tensor_parallel, devices)
           : DistributedRun{};
+  // Before the data loads and anything trains: a path that cannot be used fails now, not
+  // when the first epoch is done (or never, as a FIFO given to --resume would).
+  samples::check_run_files(options, dist, devices.front());
   data::FashionMNISTOptions data_options;
   data_options.normalize = !options.no_normalize;
   auto train_set =
@@ -348,18 +465,20 @@ int run(const TrainOptions& options) {
 
   manual_seed(options.seed);
   const std::shared_ptr<nn::Sequential> model = make_mlp(options.hidden);
+  const nn::ModulePtr net = make_model_wrapper(options, model, devices, dist);
   data::DataLoaderOptions test_options;
   test_options.batch_size = 1000;
   Run run{options,
           dist,
           devices.front(),
           model,
-          make_model_wrapper(options, model, devices, dist),
-          make_optimizer(options, *model),
+          net,
+          nullptr,
           make_train_loader(options, train_set, dist),
           data::DataLoader(test_set, test_options),
           {},
           std::make_unique<samples::StepTracer>(options.trace, dist.group)};
+  run.optimizer = make_optimizer(options, *run.net, *model, dist);
   print_setup(run, devices, *train_set, *test_set);
   const RunPosition resumed = resume(run);
   std::optional<DetectAnomalyGuard> detect_anomaly;

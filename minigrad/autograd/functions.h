@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include <minigrad/core/cross_entropy_options.h>
 #include <minigrad/core/tensor.h>
 
 namespace mg {
@@ -44,15 +45,24 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // x @ w^T + b, with w of shape [out, in] as in torch.nn.functional.linear.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
 // relu(linear(x, w, b)) computed as one op: the same values, gradients and backward graph
-// (LinearBackward, ReluBackward) as the two ops, with one pass over the activations fewer
-// (the ReLU is fused into the matrix product's epilogue on CUDA) and no pre-activation
-// in memory. b is required.
+// (LinearBackward, ReluBackward) as the two ops, with no pre-activation in memory (the
+// ReLU runs in place on the product). b is required.
 Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& b);
 
 // ---- softmax and loss (functions/loss.cpp) ----
 Tensor log_softmax(const Tensor& x, int64_t dim = -1);
-// Mean cross-entropy of [batch, classes] logits against int64 class targets.
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+// Cross-entropy of [batch, classes] logits against int64 class targets, as PyTorch's
+// F::cross_entropy: the mean over the batch by default; ignore_index (-100), label
+// smoothing and the reduction (mean, sum, none) are options
+// (core/cross_entropy_options.h), e.g.
+//   cross_entropy(x, y, CrossEntropyOptions().ignore_index(-1).label_smoothing(0.1))
+// A function object, so that `cross_entropy` itself can be passed where a loss of
+// (output, target) is expected (a pipeline's train_step), its options defaulted.
+struct CrossEntropyFunction {
+  Tensor operator()(const Tensor& logits, const Tensor& targets,
+                    const CrossEntropyOptions& options = {}) const;
+};
+inline constexpr CrossEntropyFunction cross_entropy{};
 
 // ---- shape and placement (functions/shape.cpp) ----
 Tensor reshape(const Tensor& x, const Shape& shape);

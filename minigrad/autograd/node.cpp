@@ -6,6 +6,7 @@
 
 #include <minigrad/autograd/anomaly_mode.h>
 #include <minigrad/autograd/grad_mode.h>
+#include <minigrad/autograd/replica_scope.h>
 #include <minigrad/core/ops.h>
 
 namespace mg {
@@ -28,7 +29,7 @@ std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grad_outputs) {
            "of {} were freed by the first backward); pass retain_graph=true to the first "
            "backward() if you need to call it twice",
            name());
-  std::vector<Tensor> grads = backward_(BackwardArgs(grad_outputs, next_edges()));
+  std::vector<Tensor> grads = backward_(BackwardArgs(grad_outputs, next_edges(), name()));
   MG_CHECK(grads.size() == next_edges().size(),
            "backward of {} returned {} gradients for {} inputs", name(), grads.size(),
            next_edges().size());
@@ -54,6 +55,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
     leaf.set_grad(sole_owner ? incoming : ops::clone(incoming));
   } else {
     backend(current.device()).binary(BinaryOp::Add, current, current, incoming, 1.0);
+    bump_version(current, "AccumulateGrad");  // grad += incoming, in place, as PyTorch's
   }
   for (auto& hook : leaf_->autograd.post_accumulate_grad_hooks) hook(leaf);
   return {};

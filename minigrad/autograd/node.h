@@ -16,21 +16,6 @@ namespace mg {
 
 class Node;
 
-// The DataParallel replica whose forward runs on this thread (-1: none), set by
-// parallel_apply around each replica's forward. A Node remembers the replica that made
-// it, so the trace can show each replica's backward (core/profiler.h).
-int current_replica();
-class ReplicaScope {
- public:
-  explicit ReplicaScope(int replica);
-  ~ReplicaScope();
-  ReplicaScope(const ReplicaScope&) = delete;
-  ReplicaScope& operator=(const ReplicaScope&) = delete;
-
- private:
-  int previous_;
-};
-
 // Where a gradient goes: input slot `input_nr` of `function` (null: nowhere).
 struct Edge {
   std::shared_ptr<Node> function;
@@ -70,7 +55,7 @@ class Node {
   // (anomaly_mode.h); empty otherwise. Anomaly errors quote it.
   const std::string& creation_context() const { return creation_context_; }
   void set_creation_context(std::string context) { creation_context_ = std::move(context); }
-  int replica() const { return replica_; }  // the replica whose forward made it, or -1
+  int replica() const { return replica_; }  // whose forward made it, or -1 (replica_scope.h)
 
  private:
   std::string name_;
@@ -82,24 +67,31 @@ class Node {
 };
 
 // What a backward function receives: the output gradients (zeros where an output got
-// none) and which inputs want a gradient, so it can skip work nobody needs.
+// none), which inputs want a gradient, so it can skip work nobody needs, and the name
+// of the node, which SavedTensor::unpack quotes when a saved tensor was modified.
 class BackwardArgs {
  public:
-  BackwardArgs(const std::vector<Tensor>& grads, const std::vector<Edge>& edges)
-      : grads_(grads), edges_(edges) {}
+  BackwardArgs(const std::vector<Tensor>& grads, const std::vector<Edge>& edges,
+               const std::string& node_name)
+      : grads_(grads), edges_(edges), node_name_(node_name) {}
   const Tensor& grad(size_t output = 0) const { return grads_[output]; }
   const std::vector<Tensor>& grads() const { return grads_; }
   bool needs(size_t input) const { return edges_[input].valid(); }
+  const std::string& node_name() const { return node_name_; }
 
  private:
   const std::vector<Tensor>& grads_;
   const std::vector<Edge>& edges_;
+  const std::string& node_name_;
 };
 
 using BackwardFunction = std::function<std::vector<Tensor>(const BackwardArgs&)>;
 
 // A Node whose backward is a closure written next to its forward (see autograd/functions/).
-// The closure holds the tensors forward saved; release_saved() drops it.
+// The closure holds what forward saved: tensors only as SavedTensor
+// (autograd/saved_tensor.h), which checks their version when backward unpacks them, so
+// an in-place write between forward and backward is an error and not a wrong gradient.
+// release_saved() drops the closure.
 class FunctionNode final : public Node {
  public:
   FunctionNode(std::string name, BackwardFunction backward)

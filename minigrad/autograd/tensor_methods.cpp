@@ -1,9 +1,12 @@
 // Tensor's differentiable methods (declared in core/tensor.h) forward to the functions
 // of autograd/functions.h; backward() starts the engine; the in-place methods update
 // values outside the graph, for optimizers and initialisation.
+#include <cmath>
+
 #include <minigrad/autograd/engine.h>
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/checked_math.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
 
@@ -58,6 +61,9 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
 }
 
 // ---- in-place ----
+//
+// Each one writes through the backend and then bumps the version once (bump_version),
+// whatever path it took, so that t.version() counts in-place ops as PyTorch's _version.
 
 namespace {
 void check_inplace(const Tensor& t, const char* op) {
@@ -66,22 +72,46 @@ void check_inplace(const Tensor& t, const char* op) {
            "mode is on; wrap the update in a NoGradGuard",
            op, t.shape());
 }
+
+// A scalar that an int64 tensor's in-place op takes: a whole number within int64's
+// range, since the result keeps the tensor's dtype.
+void check_int64_scalar(const Tensor& t, double value, const char* op, const char* what) {
+  if (t.dtype() != DType::Int64) return;
+  MG_CHECK(value == std::trunc(value),
+           "{}: the {} {} is not a whole number, but the tensor (shape {}) is int64", op, what,
+           value, t.shape());
+  MG_CHECK(value >= -9223372036854775808.0 && value < 9223372036854775808.0,
+           "{}: the {} {} cannot be converted to type int64 without overflow (the tensor, "
+           "shape {}, is int64)",
+           op, what, value, t.shape());
+}
+
+// dst = src on dst's device, for a source made on that device (a broadcast value, fresh
+// random numbers): the values only, the caller bumps the version.
+void write_values(const Tensor& dst, const Tensor& src) {
+  if (dst.numel() == 0) return;
+  const Tensor source = src.shape() == dst.shape() ? src : ops::expand(src, dst.shape());
+  backend(dst.device()).copy(dst, source);
+}
 }  // namespace
 
 Tensor& Tensor::copy_(const Tensor& src) {
   check_inplace(*this, "copy_");
-  ops::copy_(*this, src);
+  ops::copy_(*this, src);  // bumps the version
   return *this;
 }
 
 Tensor& Tensor::fill_(double value) {
   check_inplace(*this, "fill_");
-  if (numel() == 0) return *this;
-  if (is_contiguous()) {
-    backend(device()).fill(*this, value);
-  } else {
-    ops::copy_(*this, full(Shape{}, value, dtype(), device()));
+  if (dtype() == DType::Int64) checked_int64(value, "fill_");
+  if (numel() > 0) {
+    if (is_contiguous()) {
+      backend(device()).fill(*this, value);
+    } else {
+      write_values(*this, full(Shape{}, value, dtype(), device()));
+    }
   }
+  bump_version(*this, "fill_");
   return *this;
 }
 
@@ -89,14 +119,18 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_inplace(*this, "add_");
   ops::check_same_device("add_", *this, other);
   MG_CHECK(dtype() == other.dtype(), "add_: dtype mismatch {} vs {}", dtype(), other.dtype());
+  check_int64_scalar(*this, alpha, "add_", "alpha");
   const Tensor b = other.shape() == shape() ? other : ops::expand(other, shape());
   if (numel() > 0) backend(device()).binary(BinaryOp::Add, *this, *this, b, alpha);
+  bump_version(*this, "add_");
   return *this;
 }
 
 Tensor& Tensor::mul_(double value) {
   check_inplace(*this, "mul_");
+  check_int64_scalar(*this, value, "mul_", "scalar");
   if (numel() > 0) backend(device()).binary_scalar(BinaryOp::Mul, *this, *this, value);
+  bump_version(*this, "mul_");
   return *this;
 }
 
@@ -106,6 +140,7 @@ Tensor& Tensor::mul_(const Tensor& other) {
   MG_CHECK(dtype() == other.dtype(), "mul_: dtype mismatch {} vs {}", dtype(), other.dtype());
   const Tensor b = other.shape() == shape() ? other : ops::expand(other, shape());
   if (numel() > 0) backend(device()).binary(BinaryOp::Mul, *this, *this, b, 1.0);
+  bump_version(*this, "mul_");
   return *this;
 }
 
@@ -115,7 +150,8 @@ Tensor& Tensor::uniform_(double low, double high) {
   Tensor values = empty(shape(), dtype(), device());
   const auto draw = default_generator().reserve((static_cast<uint64_t>(numel()) + 3) / 4);
   if (numel() > 0) backend(device()).random_uniform(values, low, high, draw.seed, draw.offset);
-  ops::copy_(*this, values);
+  write_values(*this, values);
+  bump_version(*this, "uniform_");
   return *this;
 }
 
@@ -125,7 +161,8 @@ Tensor& Tensor::normal_(double mean, double stddev) {
   Tensor values = empty(shape(), dtype(), device());
   const auto draw = default_generator().reserve((static_cast<uint64_t>(numel()) + 1) / 2);
   if (numel() > 0) backend(device()).random_normal(values, mean, stddev, draw.seed, draw.offset);
-  ops::copy_(*this, values);
+  write_values(*this, values);
+  bump_version(*this, "normal_");
   return *this;
 }
 

@@ -27,32 +27,30 @@ class CpuAllocator final : public Allocator {
 
   void* allocate(std::size_t nbytes) override {
     if (nbytes == 0) return nullptr;
-    void* ptr = take_block(nbytes);
-    count_allocation(nbytes);
+    void* ptr = allocate_block(nbytes);
+    count_allocated(nbytes);
     return ptr;
   }
 
   void deallocate(void* ptr, std::size_t nbytes) override {
     if (ptr == nullptr) return;
     allocated_.fetch_sub(nbytes, std::memory_order_relaxed);
-    const std::size_t rounded = round_up(nbytes);
-    if (rounded >= kMinCachedBytes) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (cached_bytes_ + rounded <= kMaxCachedBytes) {
-        free_blocks_[rounded].push_back(ptr);
-        cached_bytes_ += rounded;
-        return;
-      }
-    }
-    std::free(ptr);
+    free_block(ptr, nbytes);
   }
 
-  std::size_t allocated_bytes() const { return allocated_.load(std::memory_order_relaxed); }
-  std::size_t peak_bytes() const { return peak_.load(std::memory_order_relaxed); }
-  void reset_peak() { peak_.store(allocated_bytes(), std::memory_order_relaxed); }
+  std::size_t allocated() const { return allocated_.load(std::memory_order_relaxed); }
+  std::size_t peak() const { return peak_.load(std::memory_order_relaxed); }
+  void reset_peak() { peak_.store(allocated(), std::memory_order_relaxed); }
 
  private:
-  void* take_block(std::size_t nbytes) {
+  void count_allocated(std::size_t nbytes) {
+    const std::size_t now = allocated_.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
+    std::size_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+  }
+
+  void* allocate_block(std::size_t nbytes) {
     const std::size_t rounded = round_up(nbytes);
     if (rounded >= kMinCachedBytes) {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -69,12 +67,15 @@ class CpuAllocator final : public Allocator {
     return ptr;
   }
 
-  // Two relaxed atomics per allocation: cheap next to malloc, and exact once the
-  // threads that allocate have been joined.
-  void count_allocation(std::size_t nbytes) {
-    const std::size_t now = allocated_.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
-    std::size_t peak = peak_.load(std::memory_order_relaxed);
-    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  void free_block(void* ptr, std::size_t nbytes) {
+    const std::size_t rounded = round_up(nbytes);
+    if (rounded >= kMinCachedBytes) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (cached_bytes_ + rounded <= kMaxCachedBytes) {
+        free_blocks_[rounded].push_back(ptr);
+        cached_bytes_ += rounded;
+        return;
+      }
     }
   }
 
@@ -89,7 +90,7 @@ class CpuAllocator final : public Allocator {
   std::atomic<std::size_t> peak_{0};
 };
 
-CpuAllocator& host_allocator() {
+CpuAllocator& the_cpu_allocator() {
   // Never destroyed: storages freed during static destruction still find their allocator.
   static CpuAllocator* allocator = new CpuAllocator();
   return *allocator;
@@ -97,10 +98,10 @@ CpuAllocator& host_allocator() {
 
 }  // namespace
 
-Allocator& cpu_allocator() { return host_allocator(); }
+Allocator& cpu_allocator() { return the_cpu_allocator(); }
 
-std::size_t cpu_memory_allocated() { return host_allocator().allocated_bytes(); }
-std::size_t cpu_max_memory_allocated() { return host_allocator().peak_bytes(); }
-void cpu_reset_peak_memory_stats() { host_allocator().reset_peak(); }
+std::size_t cpu_memory_allocated() { return the_cpu_allocator().allocated(); }
+std::size_t cpu_max_memory_allocated() { return the_cpu_allocator().peak(); }
+void cpu_reset_peak_memory_stats() { the_cpu_allocator().reset_peak(); }
 
 }  // namespace mg

@@ -19,10 +19,10 @@ class Allocator {
 // 64-byte aligned host memory: enough for AVX-512 loads and cache lines.
 Allocator& cpu_allocator();
 
-// Bytes the host allocator hands out to live storages now (blocks it keeps cached for
-// reuse are not counted), and the most that has been since start-up or the last
-// reset: what a pipeline's memory plan and its tests measure on CPU devices, as
-// cuda::memory_allocated / max_memory_allocated do on a GPU.
+// What cpu_allocator() hands out, counted in the bytes asked for (as
+// cuda::memory_allocated counts a GPU's): held by live storages now, and the most held
+// since start-up or the last reset. Per process, so per rank of a distributed job: the
+// memory tests and benchmarks of sharded data parallelism read these.
 std::size_t cpu_memory_allocated();
 std::size_t cpu_max_memory_allocated();
 void cpu_reset_peak_memory_stats();

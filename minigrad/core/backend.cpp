@@ -42,9 +42,12 @@ class MissingCudaBackend final : public Backend {
   void matmul(const Tensor&, const Tensor&, const Tensor&) override { fail(); }
   void log_softmax(const Tensor&, const Tensor&) override { fail(); }
   void log_softmax_backward(const Tensor&, const Tensor&, const Tensor&) override { fail(); }
-  void cross_entropy(const Tensor&, const Tensor&, const Tensor&) override { fail(); }
-  void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&,
-                              const Tensor&) override {
+  void cross_entropy(const Tensor&, const Tensor&, const Tensor&,
+                     const CrossEntropyOptions&) override {
+    fail();
+  }
+  void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const CrossEntropyOptions&) override {
     fail();
   }
 

@@ -5,6 +5,11 @@
 // every output and broadcasts inputs (stride-0 views), so a backend only computes:
 // inputs and outputs are already on its device, shapes agree, and any input may be a
 // strided view. Outputs are freshly allocated and contiguous unless stated otherwise.
+// Where an output may be an existing tensor (the in-place forms of binary and
+// binary_scalar, copy and fill into a view, sgd_step), the caller bumps that tensor's
+// version counter (core/tensor.h: bump_version), never the backend: Tensor's in-place
+// methods, ops::copy_, the optimizers and the engine do it, and code that writes a
+// visible tensor through a Backend directly must do it too.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +18,7 @@
 #include <vector>
 
 #include <minigrad/core/allocator.h>
+#include <minigrad/core/cross_entropy_options.h>
 #include <minigrad/core/device.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/core/tensor.h>
@@ -116,6 +122,15 @@ struct AdamStep {
 // param's shape and on `device`.
 void check_adam_step(const AdamStep& step, Device device);
 
+// A device's memory as its driver reports it: free and total bytes (cudaMemGetInfo on a
+// GPU; the host's MemAvailable and MemTotal on the CPU). `known` is false where the
+// backend cannot tell.
+struct MemoryInfo {
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  bool known = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -136,6 +151,16 @@ class Backend {
   virtual void event_record(void* event, const Stream& stream) = 0;
   virtual void event_block(void* event, const Stream& stream) = 0;
   virtual void event_synchronize(void* event) = 0;
+  // Extra streams of a device, for work that must overlap on one device (pipeline
+  // stages sharing a GPU): slot k is the same stream at every call. The default, for
+  // backends without streams, is the compute stream.
+  virtual Stream pool_stream(int index, int slot) { (void)slot; return compute_stream(index); }
+  // Free and total memory of the device; the default says it is unknown.
+  virtual MemoryInfo memory_info(int index) { (void)index; return {}; }
+  // Bytes held by live tensors on the device now (what its allocator handed out and has
+  // not had back; cached blocks are not counted). The default, for a backend that does
+  // not count, is 0.
+  virtual std::size_t memory_allocated(int index) { (void)index; return 0; }
 
   // ---- the profiler's device spans and memory counters (core/profiler.h) ----
   // A new event that can be timed, recorded on `stream` (destroy it with event_destroy),
@@ -144,9 +169,6 @@ class Backend {
   virtual void* timing_event_record(const Stream& stream) { (void)stream; return nullptr; }
   // Milliseconds from `start` to `end`, two timing events of one device, waiting for both.
   virtual double event_elapsed_ms(void* start, void* end);
-  // Bytes held by live tensors on the device now (torch.cuda.memory_allocated), or -1
-  // where the backend does not count them.
-  virtual int64_t memory_allocated(int index) { (void)index; return -1; }
 
   // ---- data ----
   // dst = src; same shape and dtype; any strides. For copies between device types the
@@ -162,22 +184,27 @@ class Backend {
                              uint64_t offset) = 0;
 
   // ---- elementwise (float32; add/sub/mul/div also int64) ----
+  // relu(NaN) is NaN (PyTorch's clamp_min propagates NaN).
   virtual void unary(UnaryOp op, const Tensor& out, const Tensor& in) = 0;
   // out = a op (alpha * b) for Add/Sub; out = a op b otherwise. `out` may alias `a`
-  // (in-place updates), element for element. Maximum: float32 and int64.
+  // (in-place updates), element for element. Maximum: float32 and int64. int64 sums and
+  // products wrap around (two's complement, as in PyTorch); int64 divisors are checked by
+  // ops::binary (no zero, no INT64_MIN / -1), and alpha is a whole number in int64's range.
   virtual void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b,
                       double alpha) = 0;
   // out = in op scalar (Add, Sub, Mul, Div); `out` may alias `in`.
   virtual void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& in,
                              double scalar) = 0;
-  // grad_in = grad_out where input > 0, else 0.
+  // grad_in = 0 where input <= 0, else grad_out (a NaN input passes the gradient, as
+  // PyTorch's threshold_backward).
   virtual void relu_backward(const Tensor& grad_in, const Tensor& grad_out,
                              const Tensor& input) = 0;
 
   // ---- reductions ----
   // `out` has in's rank, size 1 in the reduced dims (keepdim form): out = sum over them.
   virtual void sum(const Tensor& out, const Tensor& in) = 0;
-  // out[i] = argmax_j in[i, j]; in is 2-D, out int64 of size rows.
+  // out[i] = argmax_j in[i, j]; in is 2-D, out int64 of size rows. NaN is larger than
+  // every number (PyTorch's order); ties go to the first index.
   virtual void argmax(const Tensor& out, const Tensor& in) = 0;
   // out (one float32) = the largest |in| over all elements, NaN if any is NaN (the
   // infinity norm, for gradient clipping). in is float32, contiguous, not empty.
@@ -192,8 +219,8 @@ class Backend {
   // broadcast add; a backend can fuse the two (BLAS beta = 1, a cuBLASLt epilogue).
   virtual void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b);
   // out = relu(a @ b + bias): a Linear layer followed by a ReLU. The default is addmm
-  // and then relu in place; a backend can fuse the ReLU too (a cuBLASLt epilogue), which
-  // saves a pass over the activations.
+  // and then relu in place. A backend may fuse the ReLU into its GEMM only where that
+  // keeps relu(NaN) = NaN (cuBLASLt's RELU epilogue is max(x, 0), so CUDA does not).
   virtual void addmm_relu(const Tensor& out, const Tensor& bias, const Tensor& a,
                           const Tensor& b);
 
@@ -202,13 +229,18 @@ class Backend {
   // grad_in = grad_out - exp(output) * sum(grad_out, -1)
   virtual void log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
                                     const Tensor& output) = 0;
-  // loss (scalar) = mean_i (logsumexp(logits[i]) - logits[i, targets[i]]).
-  // targets int64 in [0, classes); the CPU backend checks, the CUDA one assumes it.
-  virtual void cross_entropy(const Tensor& loss, const Tensor& logits,
-                             const Tensor& targets) = 0;
-  // grad_logits = (softmax(logits) - onehot(targets)) * grad_loss / rows
+  // The row losses of core/cross_entropy_options.h, reduced as options.reduction() says
+  // into `loss`: a scalar for Mean and Sum, [rows] for None (0 for an ignored row).
+  // targets int64 [rows], each in [0, classes) or options.ignore_index(); the CPU backend
+  // throws on any other value, the CUDA one reports it through its target check.
+  virtual void cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets,
+                             const CrossEntropyOptions& options) = 0;
+  // grad_logits[i] = (softmax(logits[i]) - q_i) * s_i, where q_i = (1 - eps) onehot(t_i)
+  // + eps / classes and s_i is grad_loss (Sum), grad_loss / rows not ignored (Mean) or
+  // grad_loss[i] (None); an ignored row's gradient is 0.
   virtual void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
-                                      const Tensor& logits, const Tensor& targets) = 0;
+                                      const Tensor& logits, const Tensor& targets,
+                                      const CrossEntropyOptions& options) = 0;
 
   // ---- optimizers ----
   // Updates params (and momentum buffers) in place, as check_sgd_step() describes

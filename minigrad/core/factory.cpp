@@ -1,5 +1,8 @@
 // Creating tensors: empty, filled, ranges, from host vectors, random.
+#include <cmath>
+
 #include <minigrad/core/backend.h>
+#include <minigrad/core/checked_math.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/core/tensor.h>
@@ -16,12 +19,14 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
              "empty: shape {} of {} is impossibly large (its byte size overflows int64)", shape,
              dtype);
   }
+  // extent bounds numel * element size, so the byte count below cannot overflow.
   Storage storage(static_cast<size_t>(shape.numel()) * element_size(dtype), device);
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), shape,
                                              contiguous_strides(shape), 0, dtype));
 }
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  if (dtype == DType::Int64) checked_int64(value, "full");
   Tensor t = empty(shape, dtype, device);
   if (t.numel() > 0) backend(device).fill(t, value);
   return t;
@@ -45,9 +50,22 @@ Tensor arange(double end, DType dtype, Device device) {
 }
 
 Tensor arange(double start, double end, double step, DType dtype, Device device) {
+  MG_CHECK(std::isfinite(start) && std::isfinite(end) && std::isfinite(step),
+           "arange: start, end and step must be finite, got start={}, end={}, step={}", start,
+           end, step);
   MG_CHECK(step != 0.0, "arange: step must be non-zero");
-  const double span = (end - start) / step;
-  const auto n = static_cast<int64_t>(std::max(0.0, std::ceil(span)));
+  // The length as a double first: (end - start) / step can exceed any int64 (and the
+  // conversion of such a double is undefined behaviour).
+  const double span = std::ceil((end - start) / step);
+  MG_CHECK(span < 9223372036854775808.0,
+           "arange: start={}, end={}, step={} give {} elements, more than int64 can count",
+           start, end, step, span);
+  const auto n = static_cast<int64_t>(std::max(0.0, span));
+  // int64 values: the first and the last must convert (the ones between lie inside).
+  if (dtype == DType::Int64 && n > 0) {
+    checked_int64(start, "arange");
+    checked_int64(start + step * static_cast<double>(n - 1), "arange");
+  }
   Tensor t = empty(Shape{n}, dtype, device);
   if (n > 0) backend(device).arange(t, start, step);
   return t;
@@ -92,9 +110,15 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, Device device) {
   Tensor u = rand(shape, Device::cpu());
   std::vector<int64_t> values(static_cast<size_t>(u.numel()));
   const float* p = u.data<float>();
-  const auto span = static_cast<double>(high - low);
-  for (size_t i = 0; i < values.size(); ++i)
-    values[i] = low + std::min(static_cast<int64_t>(static_cast<double>(p[i]) * span), high - low - 1);
+  // high - low can exceed INT64_MAX (randint(INT64_MIN, INT64_MAX)): the span and the
+  // offsets from low are unsigned, where they always fit, and wrap back into int64.
+  const uint64_t span = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
+  for (size_t i = 0; i < values.size(); ++i) {
+    // u < 1, so u * span < span <= 2^64 - 1: the conversion is defined; the min guards
+    // the rounding of u * span up to span itself.
+    const auto step = static_cast<uint64_t>(static_cast<double>(p[i]) * static_cast<double>(span));
+    values[i] = static_cast<int64_t>(static_cast<uint64_t>(low) + std::min(step, span - 1));
+  }
   return from_vector(values, shape, device);
 }
 

@@ -1,9 +1,14 @@
 #include <minigrad/core/ops.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <limits>
 
 #include <fmt/ranges.h>
+
+#include <minigrad/core/checked_math.h>
+#include <minigrad/core/cpu/strided_loop.h>
 
 namespace mg::ops {
 
@@ -27,23 +32,60 @@ Backend& backend_of(const Tensor& t) { return backend(t.device()); }
 
 // ---------------------------------------------------------------- views
 
+// Every view is made here, so this is where a view that would reach outside its
+// storage is refused, whatever arithmetic produced its shape, strides and offset (the
+// check of PyTorch's setStorage: sizes, strides, offset and itemsize must fit the storage).
 Tensor as_strided(const Tensor& t, const Shape& shape, std::vector<int64_t> strides,
                   int64_t offset) {
+  const auto describe = [&] {
+    return fmt::format("a view of shape {}, strides [{}] and storage offset {}", shape,
+                       fmt::join(strides, ", "), offset);
+  };
+  MG_CHECK(static_cast<int64_t>(strides.size()) == shape.dim(),
+           "as_strided: {} has {} strides for {} dimensions", describe(), strides.size(),
+           shape.dim());
+  checked_numel(shape, "as_strided");  // no negative size, an element count that fits
+  MG_CHECK(offset >= 0, "as_strided: {}: negative storage offset", describe());
+  // The last element's offset: offset + sum (size - 1) * stride, each step checked.
+  int64_t last = offset;
+  bool empty_view = false;
+  for (size_t d = 0; d < strides.size(); ++d) {
+    const int64_t size = shape[static_cast<int64_t>(d)];
+    MG_CHECK(strides[d] >= 0, "as_strided: {}: negative strides are not supported", describe());
+    if (size == 0) empty_view = true;
+    if (size > 1) last = checked_add(last, checked_mul(size - 1, strides[d], "as_strided"), "as_strided");
+  }
+  const auto capacity =
+      static_cast<int64_t>(t.storage().nbytes() / element_size(t.dtype()));  // elements
+  // An empty view reads nothing; its offset may sit at the end of the storage (narrow
+  // with length 0 at start == size), not past it.
+  MG_CHECK(empty_view ? offset <= capacity : last < capacity,
+           "as_strided: {} is out of bounds for a storage of {} elements ({})", describe(),
+           capacity, t.dtype());
   return Tensor(std::make_shared<TensorImpl>(t.storage(), shape, std::move(strides), offset,
                                              t.dtype()));
 }
 
 Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
   std::vector<int64_t> sizes = shape.sizes();
-  int64_t known = 1, infer_at = -1;
+  int64_t infer_at = -1;
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (sizes[i] == -1) {
       MG_CHECK(infer_at < 0, "{}: only one dimension can be -1, got {}", op, shape);
       infer_at = static_cast<int64_t>(i);
     } else {
       MG_CHECK(sizes[i] >= 0, "{}: invalid size {} in shape {}", op, sizes[i], shape);
-      known *= sizes[i];
     }
+  }
+  // The product of the known sizes, with 0 counted as 1 so that its overflow is caught
+  // even when a 0 makes the tensor empty (its strides multiply the same sizes).
+  int64_t known = 1, extent = 1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (static_cast<int64_t>(i) == infer_at) continue;
+    MG_CHECK(!mul_overflows(extent, std::max<int64_t>(sizes[i], 1)),
+             "{}: shape {} is too large: the product of its sizes overflows int64", op, shape);
+    extent *= std::max<int64_t>(sizes[i], 1);
+    known *= sizes[i];
   }
   if (infer_at >= 0) {
     MG_CHECK(known != 0 && numel % known == 0,
@@ -117,21 +159,26 @@ Tensor expand(const Tensor& t, const Shape& shape) {
     const int64_t src = i - (n - t.dim());
     const auto iu = static_cast<size_t>(i);
     if (src < 0) {
-      MG_CHECK(shape[i] >= 0, "expand: size -1 is not allowed in a new leading dimension ({})",
-               shape);
+      MG_CHECK(shape[i] >= 0,
+               "expand: size {} is not allowed in a new leading dimension (target shape {})",
+               shape[i], shape);
       sizes[iu] = shape[i];
       strides[iu] = 0;
       continue;
     }
     const int64_t have = t.size(src);
     const int64_t want = shape[i] == -1 ? have : shape[i];
+    MG_CHECK(want >= 0, "expand: invalid size {} for dimension {} in target shape {} (sizes are "
+             ">= 0, or -1 to keep the size)", shape[i], i, shape);
     MG_CHECK(have == want || have == 1,
              "expand: the size {} of dimension {} of shape {} cannot be expanded to {} (target {})",
              have, src, t.shape(), want, shape);
     sizes[iu] = want;
     strides[iu] = have == want ? t.stride(src) : 0;
   }
-  return as_strided(t, Shape(std::move(sizes)), std::move(strides), t.storage_offset());
+  Shape out(std::move(sizes));
+  checked_numel(out, "expand");
+  return as_strided(t, out, std::move(strides), t.storage_offset());
 }
 
 Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1) {
@@ -148,15 +195,18 @@ Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
   MG_CHECK(t.dim() > 0, "narrow: cannot narrow a 0-dimensional tensor");
   dim = wrap_dim(dim, t.dim(), "narrow");
   const int64_t size = t.size(dim);
-  if (start < 0) start += size;
-  MG_CHECK(start >= 0 && length >= 0 && start + length <= size,
+  if (start < 0) start += size;  // start >= INT64_MIN and size >= 0: no overflow
+  // length <= size - start, not start + length <= size, which wraps for a start near
+  // INT64_MAX and lets the view through (start is in [0, size] when this is reached).
+  MG_CHECK(start >= 0 && start <= size && length >= 0 && length <= size - start,
            "narrow: start {} and length {} are out of range for dimension {} of size {} "
            "(shape {})",
            start, length, dim, size, t.shape());
   std::vector<int64_t> sizes = t.shape().sizes();
   sizes[static_cast<size_t>(dim)] = length;
-  return as_strided(t, Shape(std::move(sizes)), t.strides(),
-                    t.storage_offset() + start * t.stride(dim));
+  const int64_t offset = checked_add(t.storage_offset(), checked_mul(start, t.stride(dim), "narrow"),
+                                     "narrow");
+  return as_strided(t, Shape(std::move(sizes)), t.strides(), offset);
 }
 
 // ---------------------------------------------------------------- copies
@@ -165,10 +215,12 @@ void copy_(const Tensor& dst, const Tensor& src) {
   MG_CHECK(dst.dtype() == src.dtype(), "copy_: dtype mismatch: destination {} vs source {}",
            dst.dtype(), src.dtype());
   const Tensor source = src.shape() == dst.shape() ? src : expand(src, dst.shape());
-  if (dst.numel() == 0) return;
-  // The non-CPU side's backend moves data between the host and its devices.
-  Backend& b = !dst.device().is_cpu() ? backend_of(dst) : backend_of(source);
-  b.copy(dst, source);
+  if (dst.numel() > 0) {
+    // The non-CPU side's backend moves data between the host and its devices.
+    Backend& b = !dst.device().is_cpu() ? backend_of(dst) : backend_of(source);
+    b.copy(dst, source);
+  }
+  bump_version(dst, "copy_");
 }
 
 Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : clone(t); }
@@ -186,6 +238,38 @@ Tensor copy_to(const Tensor& t, Device device) {
 }
 
 // ---------------------------------------------------------------- elementwise
+
+namespace {
+
+// int64 division traps (SIGFPE) on a zero divisor and on INT64_MIN / -1, whose quotient
+// 2^63 does not fit: both are refused before any kernel runs, as PyTorch's
+// "ZeroDivisionError". The operands are read on the host (a copy, and a wait, for a GPU
+// tensor: integer division is not on any hot path), element pair by element pair after
+// broadcasting.
+void check_int64_division(const Tensor& a, const Tensor& b, const char* op) {
+  const Tensor ha = a.device().is_cpu() ? a : copy_to(a, Device::cpu());
+  const Tensor hb = b.device().is_cpu() ? b : copy_to(b, Device::cpu());
+  const auto* x = static_cast<const int64_t*>(ha.data_ptr());
+  const auto* y = static_cast<const int64_t*>(hb.data_ptr());
+  bool zero = false, overflow = false;
+  cpu::for_each_element<2>(ha.shape(), {&ha.strides(), &hb.strides()},
+                           [&](const std::array<int64_t, 2>& k) {
+                             const int64_t d = y[k[1]];
+                             zero = zero || d == 0;
+                             overflow = overflow ||
+                                        (d == -1 && x[k[0]] == std::numeric_limits<int64_t>::min());
+                           });
+  MG_CHECK(!zero,
+           "{}: ZeroDivisionError: integer division by zero (int64 tensors of shapes {} and {} "
+           "on {})",
+           op, a.shape(), b.shape(), a.device());
+  MG_CHECK(!overflow,
+           "{}: integer overflow: {} / -1 does not fit in int64 (int64 tensors of shapes {} and {} "
+           "on {})",
+           op, std::numeric_limits<int64_t>::min(), a.shape(), b.shape(), a.device());
+}
+
+}  // namespace
 
 Tensor unary(UnaryOp op, const Tensor& x) {
   check_float(op_name(op), x);
@@ -206,6 +290,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   if (out.numel() == 0) return out;
   const Tensor ea = a.shape() == shape ? a : expand(a, shape);
   const Tensor eb = b.shape() == shape ? b : expand(b, shape);
+  if (op == BinaryOp::Div && a.dtype() == DType::Int64) check_int64_division(ea, eb, name);
   backend_of(a).binary(op, out, ea, eb, 1.0);
   return out;
 }
@@ -215,6 +300,11 @@ Tensor binary_scalar(BinaryOp op, const Tensor& x, double scalar) {
   MG_CHECK(x.dtype() != DType::Int64 || scalar == std::trunc(scalar),
            "{}: the scalar {} is not a whole number, but the tensor (shape {}) is int64",
            op_name(op), scalar, x.shape());
+  if (x.dtype() == DType::Int64) {
+    checked_int64(scalar, op_name(op));
+    if (op == BinaryOp::Div && x.numel() > 0)
+      check_int64_division(x, expand(scalar_tensor(scalar, DType::Int64), x.shape()), "div");
+  }
   Tensor out = empty(x.shape(), x.dtype(), x.device());
   if (x.numel() > 0) backend_of(x).binary_scalar(op, out, x, scalar);
   return out;
@@ -384,7 +474,8 @@ Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& output, int64_
   return out;
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& options) {
   check_same_device("cross_entropy", logits, targets);
   MG_CHECK(logits.dim() == 2, "cross_entropy: expected logits of shape [batch, classes], got {}",
            logits.shape());
@@ -397,15 +488,28 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
            targets.shape(), logits.shape(), logits.size(0));
   MG_CHECK(logits.size(0) > 0 && logits.size(1) > 0,
            "cross_entropy: expected a non-empty batch, got logits of shape {}", logits.shape());
-  Tensor loss = empty(Shape{}, DType::Float32, logits.device());
-  backend_of(logits).cross_entropy(loss, logits, targets);
+  const double eps = options.label_smoothing();
+  MG_CHECK(eps >= 0.0 && eps <= 1.0,
+           "cross_entropy: label_smoothing must be between 0.0 and 1.0, got {}", eps);
+  const Shape loss_shape =
+      options.reduction() == Reduction::None ? Shape{logits.size(0)} : Shape{};
+  Tensor loss = empty(loss_shape, DType::Float32, logits.device());
+  backend_of(logits).cross_entropy(loss, logits, targets, options);
   return loss;
 }
 
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits,
-                              const Tensor& targets) {
+                              const Tensor& targets, const CrossEntropyOptions& options) {
+  const Shape loss_shape =
+      options.reduction() == Reduction::None ? Shape{logits.size(0)} : Shape{};
+  MG_CHECK(grad_loss.shape() == loss_shape && grad_loss.device() == logits.device() &&
+               grad_loss.dtype() == DType::Float32,
+           "cross_entropy_backward: expected a float32 gradient of shape {} on {} (reduction "
+           "{}), got shape {} ({}, on {})",
+           loss_shape, logits.device(), reduction_name(options.reduction()), grad_loss.shape(),
+           grad_loss.dtype(), grad_loss.device());
   Tensor grad = empty(logits.shape(), DType::Float32, logits.device());
-  backend_of(logits).cross_entropy_backward(grad, grad_loss, logits, targets);
+  backend_of(logits).cross_entropy_backward(grad, grad_loss, logits, targets, options);
   return grad;
 }
 

@@ -52,9 +52,12 @@ Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b);
 Tensor addmm_relu(const Tensor& bias, const Tensor& a, const Tensor& b);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& output, int64_t dim);
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+// Cross-entropy of [batch, classes] logits against int64 class targets [batch], as
+// core/cross_entropy_options.h describes (a scalar, or [batch] for Reduction::None).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& options = {});
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits,
-                              const Tensor& targets);
+                              const Tensor& targets, const CrossEntropyOptions& options = {});
 
 // ---- checks shared by ops ----
 void check_same_device(const char* op, const Tensor& a, const Tensor& b);

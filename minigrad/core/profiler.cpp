@@ -108,12 +108,12 @@ void* record_timing_event(const Stream& stream) {
 }
 
 void sample_memory(ThreadBuffer& buffer, Device device, int64_t at_ns) {
-  int64_t bytes = -1;
+  int64_t bytes = 0;
   try {
-    bytes = backend(device).memory_allocated(device.index());
-  } catch (...) {
+    bytes = static_cast<int64_t>(backend(device).memory_allocated(device.index()));
+  } catch (...) {  // a span's ends must not throw; a missing sample is the lesser harm
+    return;
   }
-  if (bytes < 0) return;
   Record record;
   record.phase = 'C';
   record.start_ns = at_ns;
@@ -212,6 +212,26 @@ void instant(std::string name, const char* category, std::vector<Arg> args) {
   record.name = std::move(name);
   record.category = category != nullptr ? category : "";
   record.start_ns = detail::now_ns();
+  record.args = std::move(args);
+  buffer->push(std::move(record));
+}
+
+void record_span(std::string name, const char* category,
+                 std::chrono::steady_clock::time_point start,
+                 std::chrono::steady_clock::time_point end, std::vector<Arg> args) {
+  if (!is_enabled()) return;
+  const uint64_t session = registry().session.load(std::memory_order_acquire);
+  detail::ThreadBuffer* buffer = detail::current_buffer(session);
+  if (buffer == nullptr) return;
+  auto ns = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  };
+  Record record;
+  record.phase = 'X';
+  record.name = std::move(name);
+  record.category = category != nullptr ? category : "";
+  record.start_ns = ns(start);
+  record.end_ns = std::max(ns(end), record.start_ns);
   record.args = std::move(args);
   buffer->push(std::move(record));
 }

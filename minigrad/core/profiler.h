@@ -24,6 +24,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -67,7 +68,7 @@ void stop();
 // Drops what was recorded (and the events of device spans).
 void clear();
 
-// The name of this thread's track ("main", "replica worker 1", "gloo comm"), set by
+// The name of this thread's track ("main", "worker 1", "gloo comm thread"), set by
 // whoever starts the thread; a thread that sets none is "thread <n>".
 void set_thread_name(std::string name);
 // The name of a stream's track, for streams other than a device's compute and copy
@@ -143,6 +144,13 @@ class Span {
 
 // A moment rather than a span (Chrome's instant event, "i"), on this thread's track.
 void instant(std::string name, const char* category, std::vector<Arg> args = {});
+
+// A span that its caller timed itself, on the steady clock, recorded on this thread's
+// track: for code that keeps a timeline of its own (the pipeline's TimelineRecorder), so
+// that its spans are in the trace too. Does nothing while the profiler is off.
+void record_span(std::string name, const char* category,
+                 std::chrono::steady_clock::time_point start,
+                 std::chrono::steady_clock::time_point end, std::vector<Arg> args = {});
 
 // Says what the collectives this thread launches meanwhile are for ("DDP bucket 2"): a
 // process group keeps it with the collective, whose span (on its communication thread

@@ -1,5 +1,7 @@
 #include <minigrad/core/shape.h>
 
+#include <algorithm>
+
 #include <fmt/ranges.h>
 
 #include <minigrad/core/error.h>
@@ -8,8 +10,20 @@ namespace mg {
 
 int64_t Shape::numel() const {
   int64_t n = 1;
-  for (int64_t s : sizes_) n *= s;
+  for (int64_t s : sizes_)
+    MG_CHECK(!__builtin_mul_overflow(n, s, &n),
+             "numel: the shape {} has more elements than int64 can count", str());
   return n;
+}
+
+int64_t checked_numel(const Shape& shape, const char* op) {
+  int64_t extent = 1;
+  for (int64_t s : shape) {
+    MG_CHECK(s >= 0, "{}: invalid size {} in shape {} (sizes must be >= 0)", op, s, shape);
+    MG_CHECK(!__builtin_mul_overflow(extent, std::max<int64_t>(s, 1), &extent),
+             "{}: shape {} is too large: the product of its sizes overflows int64", op, shape);
+  }
+  return shape.numel();
 }
 
 std::string Shape::str() const { return fmt::format("[{}]", fmt::join(sizes_, ", ")); }
@@ -19,7 +33,8 @@ std::vector<int64_t> contiguous_strides(const Shape& shape) {
   int64_t stride = 1;
   for (int64_t d = shape.dim() - 1; d >= 0; --d) {
     strides[static_cast<size_t>(d)] = stride;
-    stride *= std::max<int64_t>(shape[d], 1);
+    MG_CHECK(d == 0 || !__builtin_mul_overflow(stride, std::max<int64_t>(shape[d], 1), &stride),
+             "contiguous_strides: the strides of shape {} overflow int64", shape);
   }
   return strides;
 }

@@ -17,6 +17,8 @@ class Shape {
   explicit Shape(std::vector<int64_t> sizes) : sizes_(std::move(sizes)) {}
 
   int64_t dim() const { return static_cast<int64_t>(sizes_.size()); }
+  // The product of the sizes; an mg::Error if it overflows int64 (a Shape can hold any
+  // sizes until a tensor is made of it: checked_numel below says what a tensor allows).
   int64_t numel() const;
   int64_t operator[](int64_t d) const { return sizes_[static_cast<size_t>(d)]; }
   int64_t& operator[](int64_t d) { return sizes_[static_cast<size_t>(d)]; }
@@ -34,6 +36,11 @@ class Shape {
 
 // Row-major strides of a contiguous tensor of this shape.
 std::vector<int64_t> contiguous_strides(const Shape& shape);
+
+// The number of elements of a tensor of this shape, after checking that the shape can
+// be one: no negative size, and the product of the sizes with each 0 counted as 1 (what
+// the strides multiply) fits in int64. An mg::Error naming `op` and the shape otherwise.
+int64_t checked_numel(const Shape& shape, const char* op);
 
 // Wraps a possibly negative dimension index into [0, ndim); names `op` in the error.
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);

@@ -7,6 +7,9 @@ namespace mg {
 Stream current_stream(Device device) { return backend(device).current_stream(device.index()); }
 Stream compute_stream(Device device) { return backend(device).compute_stream(device.index()); }
 Stream copy_stream(Device device) { return backend(device).copy_stream(device.index()); }
+Stream stream_from_pool(Device device, int slot) {
+  return backend(device).pool_stream(device.index(), slot);
+}
 void synchronize(Device device) { backend(device).synchronize(device.index()); }
 
 Event::~Event() { reset(); }

@@ -17,6 +17,10 @@ struct Stream {
 Stream current_stream(Device device);   // what ops on `device` run on, for this thread
 Stream compute_stream(Device device);   // the device's own compute stream
 Stream copy_stream(Device device);      // the device's stream for copies between devices
+// One of a few extra streams of `device` (slot k: always the same one), for work that
+// must overlap with the compute stream on the same device, as two pipeline stages
+// sharing a GPU (torch.cuda's stream pool). The CPU has no streams: the null stream.
+Stream stream_from_pool(Device device, int slot);
 void synchronize(Device device);        // waits for all work queued on `device`
 
 // A marker recorded on a stream; another stream can wait for it without the host waiting.

@@ -34,8 +34,16 @@ bool Tensor::is_contiguous() const {
 
 void* Tensor::data_ptr() const {
   const TensorImpl& t = checked();
-  return static_cast<char*>(t.storage.data()) +
-         t.offset * static_cast<int64_t>(element_size(t.dtype));
+  void* data = t.storage.data();
+  // A storage freed by Storage::resize_(0) (FullyShardedDataParallel's parameters outside
+  // their unit's forward and backward): an error here, not a read of freed memory.
+  MG_CHECK(data != nullptr || t.shape.numel() == 0,
+           "Tensor: the memory of this tensor (shape {}, {}, {}) has been freed "
+           "(Storage::resize_(0)). FullyShardedDataParallel frees a unit's full parameters "
+           "outside its forward and backward; read them through full_state_dict(), or train "
+           "the shards its parameters() returns",
+           t.shape, t.dtype, t.storage.device());
+  return static_cast<char*>(data) + t.offset * static_cast<int64_t>(element_size(t.dtype));
 }
 
 template <typename T>
@@ -127,6 +135,20 @@ void Tensor::set_grad(const Tensor& grad) const {
              grad.shape(), grad.dtype(), grad.device(), shape(), dtype(), device());
   }
   checked().autograd.grad = grad.impl_ptr();
+}
+
+void Tensor::set_data(const Tensor& new_data) const {
+  MG_CHECK(new_data.defined(), "set_data: the new data is an undefined tensor");
+  TensorImpl& t = checked();
+  MG_CHECK(new_data.shape() == t.shape && new_data.dtype() == t.dtype &&
+               new_data.device() == t.storage.device(),
+           "set_data: new data of shape {} ({}, {}) does not match the tensor's shape {} ({}, {})",
+           new_data.shape(), new_data.dtype(), new_data.device(), t.shape, t.dtype,
+           t.storage.device());
+  const TensorImpl& src = *new_data.impl();
+  t.storage = src.storage;
+  t.strides = src.strides;
+  t.offset = src.offset;
 }
 
 Tensor Tensor::detach() const {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <minigrad/core/checked_math.h>
 #include <minigrad/core/device.h>
 #include <minigrad/core/dtype.h>
 #include <minigrad/core/error.h>
@@ -76,7 +77,11 @@ class Tensor {
   Device device() const { return checked().storage.device(); }
   const Storage& storage() const { return checked().storage; }
   bool is_contiguous() const;
-  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * element_size(dtype()); }
+  // numel * element size; an mg::Error for a broadcast view too large to hold in memory.
+  std::size_t nbytes() const {
+    return static_cast<std::size_t>(
+        checked_mul(numel(), static_cast<int64_t>(element_size(dtype())), "nbytes"));
+  }
 
   // Pointer to the first element (storage + offset). Device memory on CUDA.
   void* data_ptr() const;
@@ -108,7 +113,17 @@ class Tensor {
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
   // Shares storage, but is a new leaf cut off from the graph.
   Tensor detach() const;
+  // Makes this tensor a view of `new_data`'s storage (same shape, dtype and device),
+  // keeping its identity: its autograd state, hooks and every handle to it (a module's
+  // registry, an optimizer's list) stay as they are (libtorch's set_data, PyTorch's
+  // `p.data = t`). ZeRO and FSDP move parameters into one flat buffer this way.
+  void set_data(const Tensor& new_data) const;
   void register_post_accumulate_grad_hook(std::function<void(Tensor&)> hook) const;
+  // How many times this tensor's memory has been written in place (PyTorch:
+  // t._version). One counter per Storage, so every view of the memory (and detach())
+  // shares it; every in-place op bumps it, and backward refuses a tensor saved for it
+  // whose version moved since (autograd/saved_tensor.h).
+  uint64_t version() const { return storage().version(); }
 
   // ---- differentiable views and copies (autograd/) ----
   Tensor to(Device device) const;
@@ -134,7 +149,9 @@ class Tensor {
   Tensor argmax(int64_t dim = -1) const;  // int64, not differentiable
 
   // ---- in-place, outside the graph (optimizers, initialisation) ----
-  // Refused on a leaf that requires grad while grad mode is on, as in PyTorch.
+  // Refused on a tensor that requires grad while grad mode is on, as in PyTorch. Each
+  // bumps version(): a tensor that a graph saved for backward and that is modified here
+  // makes that backward throw instead of computing a wrong gradient.
   Tensor& copy_(const Tensor& src);
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }
@@ -151,6 +168,13 @@ class Tensor {
   }
   std::shared_ptr<TensorImpl> impl_;
 };
+
+// Records an in-place write to t's memory by `op` (a string literal), for every tensor
+// that shares it (libtorch: torch::autograd::impl::bump_version). The in-place methods
+// above, ops::copy_, the optimizers' fused steps, gradient accumulation and the
+// collectives call it; code that writes a tensor's memory through a Backend directly
+// must call it too. A write into an output it has just allocated needs none.
+inline void bump_version(const Tensor& t, const char* op) { t.storage().bump_version(op); }
 
 // ---- creation (core/factory.cpp) ----
 Tensor empty(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());

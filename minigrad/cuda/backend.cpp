@@ -97,6 +97,25 @@ Stream CudaBackend::copy_stream(int index) {
   return Stream{Device::cuda(index), device_streams(index).copy};
 }
 
+Stream CudaBackend::pool_stream(int index, int slot) {
+  prepare_device(index);
+  return Stream{Device::cuda(index), pool_cuda_stream(index, slot)};
+}
+
+MemoryInfo CudaBackend::memory_info(int index) {
+  check_device_index(index, "memory_info");
+  ScopedDevice device(index);
+  MemoryInfo info;
+  MG_CUDA_CHECK(cudaMemGetInfo(&info.free_bytes, &info.total_bytes));
+  info.known = true;
+  return info;
+}
+
+std::size_t CudaBackend::memory_allocated(int index) {
+  check_device_index(index, "memory_allocated");
+  return device_allocator(index).allocated_bytes();
+}
+
 void CudaBackend::synchronize(int index) {
   check_device_index(index, "synchronize");
   {
@@ -166,11 +185,6 @@ double CudaBackend::event_elapsed_ms(void* start, void* end) {
   MG_CUDA_CHECK(
       cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
   return ms;
-}
-
-int64_t CudaBackend::memory_allocated(int index) {
-  check_device_index(index, "memory_allocated");
-  return static_cast<int64_t>(device_allocator(index).allocated_bytes());
 }
 
 }  // namespace mg::cuda

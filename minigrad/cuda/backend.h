@@ -38,10 +38,12 @@ class CudaBackend final : public Backend {
   void event_record(void* event, const Stream& stream) override;
   void event_block(void* event, const Stream& stream) override;
   void event_synchronize(void* event) override;
-  // The profiler's (core/profiler.h): timed events, and the allocator's live bytes.
+  Stream pool_stream(int index, int slot) override;
+  MemoryInfo memory_info(int index) override;
+  std::size_t memory_allocated(int index) override;
+  // The profiler's device spans (core/profiler.h): events that time a stream's work.
   void* timing_event_record(const Stream& stream) override;
   double event_elapsed_ms(void* start, void* end) override;
-  int64_t memory_allocated(int index) override;
 
   // backend_copy.cpp
   void copy(const Tensor& dst, const Tensor& src) override;
@@ -65,9 +67,11 @@ class CudaBackend final : public Backend {
   void log_softmax(const Tensor& out, const Tensor& in) override;
   void log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
                             const Tensor& output) override;
-  void cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets) override;
+  void cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& options) override;
   void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
-                              const Tensor& logits, const Tensor& targets) override;
+                              const Tensor& logits, const Tensor& targets,
+                              const CrossEntropyOptions& options) override;
 
   // blas.cpp
   void matmul(const Tensor& out, const Tensor& a, const Tensor& b) override;

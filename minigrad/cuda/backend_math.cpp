@@ -146,29 +146,57 @@ void CudaBackend::log_softmax_backward(const Tensor& grad_in, const Tensor& grad
                                 scope.stream());
 }
 
-void CudaBackend::cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets) {
+namespace {
+
+kernels::CrossEntropyParams cross_entropy_params(const CrossEntropyOptions& options) {
+  kernels::LossReduction reduction = kernels::LossReduction::Mean;
+  if (options.reduction() == Reduction::None) reduction = kernels::LossReduction::None;
+  if (options.reduction() == Reduction::Sum) reduction = kernels::LossReduction::Sum;
+  return kernels::CrossEntropyParams{options.ignore_index(),
+                                     static_cast<float>(options.label_smoothing()), reduction};
+}
+
+}  // namespace
+
+void CudaBackend::cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets,
+                                const CrossEntropyOptions& options) {
+  MG_CHECK(loss.is_contiguous(), "cross_entropy on CUDA: expected a contiguous output");
   OpScope scope(loss);
   const int64_t rows = logits.size(0), cols = logits.size(1);
-  DeviceScratch row_losses(scope.device(), static_cast<std::size_t>(rows) * sizeof(float));
-  kernels::cross_entropy(static_cast<float*>(loss.data_ptr()), matrix_view(logits),
-                         static_cast<const int64_t*>(targets.data_ptr()), targets.stride(0), rows,
-                         cols, static_cast<float*>(row_losses.data()),
+  const kernels::CrossEntropyParams params = cross_entropy_params(options);
+  // Reduction::None writes the row losses straight into the output.
+  const bool per_row = params.reduction == kernels::LossReduction::None;
+  DeviceScratch row_losses(scope.device(),
+                           per_row ? 0 : static_cast<std::size_t>(rows) * sizeof(float));
+  kernels::cross_entropy(per_row ? nullptr : static_cast<float*>(loss.data_ptr()),
+                         matrix_view(logits), static_cast<const int64_t*>(targets.data_ptr()),
+                         targets.stride(0), rows, cols, params,
+                         per_row ? static_cast<float*>(loss.data_ptr())
+                                 : static_cast<float*>(row_losses.data()),
                          target_error_sink(scope.device()), scope.stream());
 }
 
 void CudaBackend::cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
-                                         const Tensor& logits, const Tensor& targets) {
-  MG_CHECK(grad_loss.device() == logits.device() && grad_loss.numel() == 1,
-           "cross_entropy_backward on CUDA: expected a one-element gradient on {}, got shape {} "
-           "on {}",
-           logits.device(), grad_loss.shape(), grad_loss.device());
+                                         const Tensor& logits, const Tensor& targets,
+                                         const CrossEntropyOptions& options) {
+  const kernels::CrossEntropyParams params = cross_entropy_params(options);
+  const bool per_row = params.reduction == kernels::LossReduction::None;
+  MG_CHECK(grad_loss.device() == logits.device() &&
+               grad_loss.numel() == (per_row ? logits.size(0) : 1),
+           "cross_entropy_backward on CUDA: expected a gradient of {} element(s) on {}, got "
+           "shape {} on {}",
+           per_row ? logits.size(0) : 1, logits.device(), grad_loss.shape(), grad_loss.device());
   MG_CHECK(grad_logits.is_contiguous(),
            "cross_entropy_backward on CUDA: expected a contiguous output");
   OpScope scope(grad_logits);
+  const bool mean = params.reduction == kernels::LossReduction::Mean;
+  DeviceScratch scale(scope.device(), mean ? sizeof(float) : 0);
   kernels::cross_entropy_backward(
       static_cast<float*>(grad_logits.data_ptr()), static_cast<const float*>(grad_loss.data_ptr()),
-      matrix_view(logits), static_cast<const int64_t*>(targets.data_ptr()), targets.stride(0),
-      logits.size(0), logits.size(1), target_error_sink(scope.device()), scope.stream());
+      per_row ? grad_loss.stride(0) : 0, matrix_view(logits),
+      static_cast<const int64_t*>(targets.data_ptr()), targets.stride(0), logits.size(0),
+      logits.size(1), params, static_cast<float*>(scale.data()),
+      target_error_sink(scope.device()), scope.stream());
 }
 
 }  // namespace mg::cuda

@@ -1,7 +1,10 @@
 // CudaBackend::addmm: out = a @ b + bias (Linear's forward) as one cublasLtMatmul whose
 // epilogue adds the bias, as PyTorch does, instead of a GEMM followed by a broadcast add
 // (a second read and write of the whole output). addmm_relu (a Linear followed by a
-// ReLU) uses CUBLASLT_EPILOGUE_RELU_BIAS, so the ReLU costs no pass of its own either.
+// ReLU) runs the same BIAS epilogue and then minigrad's ReLU kernel in place, not
+// CUBLASLT_EPILOGUE_RELU_BIAS: cuBLASLt documents that epilogue as x := max(x, 0), and
+// CUDA's max of a NaN and 0 is 0 (fmaxf), where PyTorch's relu(NaN) is NaN. A Linear
+// whose output is NaN must not train on silently, so the ReLU costs a pass of its own.
 //
 // The operands are laid out by the same plan as matmul (cuda/gemm_plan.h): cuBLASLt's
 // column-major D is out^T, [n, m], so the bias (one value per output feature, per row of
@@ -53,7 +56,7 @@ struct ProblemKey {
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   uint32_t align_a = 0, align_b = 0, align_c = 0, align_bias = 0;
   size_t workspace_bytes = 0;
-  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;  // or RELU_BIAS (addmm_relu)
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;  // the only one used (see the top)
 
   auto tied() const {
     return std::tie(device, m, n, k, transpose_a, transpose_b, lda, ldb, ldc, compute, align_a,
@@ -180,8 +183,8 @@ uint32_t alignment_of(const Tensor& t, int64_t ld) {
                               static_cast<int64_t>(sizeof(float)));
 }
 
-// out = a @ b + bias (then relu, with CUBLASLT_EPILOGUE_RELU_BIAS) in one
-// cublasLtMatmul; false (nothing done) when cuBLASLt refuses.
+// out = a @ b + bias (the `epilogue`) in one cublasLtMatmul; false (nothing done) when
+// cuBLASLt refuses.
 bool fused_addmm(const BlasContext& blas, int device, cudaStream_t stream, const GemmPlan& plan,
                  const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b,
                  cublasLtEpilogue_t epilogue) {
@@ -235,7 +238,8 @@ AddmmPathCounts addmm_path_counts() {
 namespace {
 
 // addmm and addmm_relu: one fused cublasLtMatmul when cuBLASLt takes the problem, else
-// the bias copied into out and cublasGemmEx with beta = 1, then (relu) a ReLU in place.
+// the bias copied into out and cublasGemmEx with beta = 1; then (relu) a ReLU in place,
+// which keeps NaN as PyTorch's does (see the top of this file).
 void addmm_cuda(CudaBackend& backend, const Tensor& out, const Tensor& bias, const Tensor& a,
                 const Tensor& b, bool relu) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
@@ -253,8 +257,9 @@ void addmm_cuda(CudaBackend& backend, const Tensor& out, const Tensor& bias, con
     const Tensor b_operand = plan.lhs.pack ? ops::clone(b) : b;
     const BlasContext blas = blas_context(scope.device(), scope.stream());
     if (fused_addmm(blas, scope.device(), scope.stream(), plan, out, bias, a_operand, b_operand,
-                    relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)) {
+                    CUBLASLT_EPILOGUE_BIAS)) {
       fused_calls.fetch_add(1, std::memory_order_relaxed);
+      if (relu) backend.unary(UnaryOp::Relu, out, out);
       return;
     }
     backend.copy(out, ops::expand(bias, out.shape()));

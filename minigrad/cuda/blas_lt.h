@@ -7,7 +7,8 @@
 namespace mg::cuda {
 
 // Process-wide counts of CudaBackend::addmm and addmm_relu calls: `fused` ran one
-// cublasLtMatmul with the bias (and the ReLU) in its epilogue; `fallback` copied the bias into the output and ran
+// cublasLtMatmul with the bias in its epilogue (addmm_relu then runs its ReLU kernel);
+// `fallback` copied the bias into the output and ran
 // cublasGemmEx with beta = 1 (cuBLASLt refused the problem, the bias is not 16-byte
 // aligned, k == 0, or the plan cache was full). Lets a test check that Linear's forward really takes the fused path.
 struct AddmmPathCounts {

@@ -41,6 +41,28 @@ const DeviceStreams& device_streams(int index) {
   return table.streams[i];
 }
 
+cudaStream_t pool_cuda_stream(int index, int slot) {
+  check_device_index(index, "stream_from_pool");
+  struct Pool {
+    std::mutex mutex;
+    std::vector<cudaStream_t> streams;  // kPoolStreams per device, null until created
+  };
+  // Never destroyed, for the reason stream_table() gives.
+  static Pool* pool = [] {
+    auto* p = new Pool();
+    p->streams.assign(static_cast<size_t>(visible_device_count() * kPoolStreams), nullptr);
+    return p;
+  }();
+  const int wrapped = ((slot % kPoolStreams) + kPoolStreams) % kPoolStreams;
+  std::lock_guard<std::mutex> lock(pool->mutex);
+  cudaStream_t& stream = pool->streams[static_cast<size_t>(index * kPoolStreams + wrapped)];
+  if (stream == nullptr) {
+    ScopedDevice device(index);
+    MG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  return stream;
+}
+
 namespace {
 // Per thread, per device: the stream made current by a StreamGuard, or nullptr for
 // "the device's compute stream".

@@ -16,6 +16,12 @@ struct DeviceStreams {
 };
 const DeviceStreams& device_streams(int index);
 
+// Extra streams of device `index`, created non-blocking on first use of each slot and
+// never destroyed (like the device's own streams): kPoolStreams per device, slot taken
+// modulo that. Pipeline stages that share a GPU each get one, so their work overlaps.
+constexpr int kPoolStreams = 8;
+cudaStream_t pool_cuda_stream(int index, int slot);
+
 // What ops on device `index` run on for this thread: its compute stream unless the
 // thread made another current (StreamGuard).
 cudaStream_t current_cuda_stream(int index);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include <minigrad/core/checked_math.h>
 #include <minigrad/core/error.h>
 
 namespace mg::data {
@@ -47,7 +48,7 @@ void DataLoader::set_start_batch(int64_t batch) {
 
 int64_t DataLoader::size() const {
   const int64_t n = sampler_->size(), b = options_.batch_size;
-  return options_.drop_last ? n / b : (n + b - 1) / b;
+  return options_.drop_last ? n / b : ceil_div(n, b);
 }
 
 DataLoader::Iterator DataLoader::begin() {

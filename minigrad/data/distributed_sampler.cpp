@@ -2,6 +2,7 @@
 
 #include <numeric>
 
+#include <minigrad/core/checked_math.h>
 #include <minigrad/core/error.h>
 
 namespace mg::data {
@@ -24,7 +25,7 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t world_size,
   // Without drop_last every rank gets ceil(n / world) indices (the order is padded); with
   // it, floor(n / world) (the tail is cut), as PyTorch.
   num_samples_ = drop_last ? dataset_size / world_size
-                           : (dataset_size + world_size - 1) / world_size;
+                           : ceil_div(dataset_size, world_size);
 }
 
 std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {

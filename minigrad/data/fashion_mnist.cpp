@@ -22,8 +22,10 @@ std::string find_dataset_file(const std::string& root, const std::string& name) 
   const fs::path raw = fs::path(root) / name;
   const fs::path gz = fs::path(root) / (name + ".gz");
   std::error_code ec;
-  if (fs::is_regular_file(raw, ec)) return raw.string();
-  if (fs::is_regular_file(gz, ec)) return gz.string();
+  // Whatever is there is returned, and the reader refuses what is not a regular file
+  // (a FIFO, a directory) by name, rather than this saying it found nothing.
+  if (fs::exists(raw, ec)) return raw.string();
+  if (fs::exists(gz, ec)) return gz.string();
   const bool root_exists = fs::is_directory(root, ec);
   MG_FAIL("FashionMNIST: cannot find {} (tried {} and {}){}; pass the directory that holds the "
           "Fashion-MNIST IDX files (on Debian: apt-get install dataset-fashion-mnist, which "

@@ -7,6 +7,11 @@
 // Files may be gzipped (the distribution's *.gz) or raw. Every fault is an mg::Error
 // that names the file and says what is wrong; parsing never reads out of bounds, so a
 // corrupt file cannot crash the process (the fuzz harness calls parse_idx_ubyte).
+//
+// The file readers refuse anything but a regular file without blocking on it (a FIFO;
+// minigrad/core/files.h), read the header first, and then no more than the values it
+// declares (the product of the sizes, overflow-checked): a small .gz that inflates to
+// gigabytes is stopped at the declared size and costs no more memory than an honest file.
 #pragma once
 
 #include <cstddef>
@@ -31,14 +36,18 @@ IdxArray parse_idx_ubyte(const uint8_t* bytes, std::size_t size, int ndims,
                          const std::string& name);
 
 // The bytes of a file, gunzipped when it is gzip-compressed (zlib reads a raw file as
-// it is). Errors name the path: cannot open, read error, corrupt or truncated gzip data.
-std::vector<uint8_t> read_maybe_gzipped(const std::string& path);
+// it is), at most `limit` of them: longer data is an mg::Error, and nothing past the limit
+// is inflated. Errors name the path: not a regular file, cannot open, read error, corrupt
+// or truncated gzip data, over the limit.
+std::vector<uint8_t> read_maybe_gzipped(const std::string& path, std::size_t limit);
 
-// read_maybe_gzipped + parse_idx_ubyte.
+// Reads and parses an IDX file, gunzipping it when it is gzip-compressed: the header,
+// then exactly the values it declares (one byte more is an error: trailing data, or a
+// gzip stream that inflates past the declared size, where inflating stops).
 IdxArray read_idx_ubyte(const std::string& path, int ndims);
 
 // Writes an unsigned-byte IDX file, gzipped when `gzip` (tests, seed corpora, and
-// converting data for minigrad). Written to a temporary name and renamed into place.
+// converting data for minigrad), with files::write_atomically.
 void write_idx_ubyte(const std::string& path, const std::vector<int64_t>& dims,
                      const std::vector<uint8_t>& values, bool gzip);
 

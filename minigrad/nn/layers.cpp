@@ -77,7 +77,7 @@ Tensor Sequential::forward(const Tensor& input) {
 }
 
 Tensor CrossEntropyLoss::forward(const Tensor& logits, const Tensor& targets) const {
-  return cross_entropy(logits, targets);
+  return cross_entropy(logits, targets, options_);
 }
 
 }  // namespace mg::nn

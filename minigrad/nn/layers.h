@@ -3,6 +3,8 @@
 
 #include <initializer_list>
 
+#include <minigrad/autograd/functions.h>
+#include <minigrad/core/cross_entropy_options.h>
 #include <minigrad/nn/module.h>
 
 namespace mg::nn {
@@ -50,13 +52,34 @@ class Sequential : public Cloneable<Sequential> {
   ModulePtr operator[](size_t index) const;
 };
 
-// Mean cross-entropy of [batch, classes] logits against int64 class indices.
+// The options of CrossEntropyLoss and of functional::cross_entropy, under libtorch's
+// names: CrossEntropyLossOptions().ignore_index(-1).label_smoothing(0.1).reduction(...).
+using CrossEntropyLossOptions = CrossEntropyOptions;
+
+// Cross-entropy of [batch, classes] logits against int64 class indices: the mean over
+// the batch unless the options say otherwise (ignore_index, label_smoothing, reduction;
+// core/cross_entropy_options.h).
 class CrossEntropyLoss {
  public:
+  explicit CrossEntropyLoss(CrossEntropyLossOptions options = {}) : options_(options) {}
   Tensor forward(const Tensor& logits, const Tensor& targets) const;
   Tensor operator()(const Tensor& logits, const Tensor& targets) const {
     return forward(logits, targets);
   }
+  const CrossEntropyLossOptions& options() const { return options_; }
+
+ private:
+  CrossEntropyLossOptions options_;
 };
+
+// libtorch's torch::nn::functional spelling: F::cross_entropy(x, y,
+// F::CrossEntropyFuncOptions().label_smoothing(0.1)), with namespace F = mg::nn::functional.
+namespace functional {
+using CrossEntropyFuncOptions = CrossEntropyOptions;
+inline Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
+                            const CrossEntropyFuncOptions& options = {}) {
+  return mg::cross_entropy(logits, targets, options);
+}
+}  // namespace functional
 
 }  // namespace mg::nn

@@ -161,8 +161,8 @@ void Module::zero_grad(bool set_to_none) {
     if (set_to_none) {
       p.set_grad(Tensor());
     } else {
-      Tensor g = p.grad();
-      backend(g.device()).fill(g, 0.0);
+      NoGradGuard no_grad;
+      p.grad().zero_();
     }
   }
 }

@@ -1,15 +1,10 @@
 #include <minigrad/nn/serialize.h>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <system_error>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -17,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/files.h>
 #include <minigrad/core/ops.h>
 
 // Tensors are written as they sit in memory; the format says little-endian.
@@ -33,109 +29,7 @@ using json = nlohmann::json;
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr const char* kMetadataKey = "__metadata__";
 
-std::string errno_text(int error) { return std::error_code(error, std::generic_category()).message(); }
-
 const char* dtype_code(DType dtype) { return dtype == DType::Float32 ? "F32" : "I64"; }
-
-// ---------------------------------------------------------------- files
-
-// Closes the descriptor on every path out of a function.
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  int get() const { return fd_; }
-  // Closes now and returns close()'s errno (0 on success): a failed close can mean
-  // lost data, so writers check it.
-  int close() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc == 0 ? 0 : errno;
-  }
-
- private:
-  int fd_;
-};
-
-// 0, or the errno of the write that failed. write() may write less than asked.
-int write_all(int fd, const std::string& bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    done += static_cast<size_t>(n);
-  }
-  return 0;
-}
-
-// The directory holding `path`, to fsync after a rename so the new name itself is durable.
-std::string directory_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-// Writes `bytes` to "<path>.tmp.<pid>", fsyncs it, and renames it over `path`. On any
-// failure the temporary file is removed and `path` is left as it was.
-void write_atomically(const char* op, const std::string& path, const std::string& bytes) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  FileDescriptor fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  MG_CHECK(fd.get() >= 0, "{}: cannot write '{}': creating the temporary file '{}' failed: {}",
-           op, path, tmp, errno_text(errno));
-
-  int error = write_all(fd.get(), bytes);
-  std::string step = fmt::format("writing the temporary file '{}'", tmp);
-  if (error == 0 && ::fsync(fd.get()) != 0) {
-    error = errno;
-    step = fmt::format("flushing (fsync) the temporary file '{}'", tmp);
-  }
-  const int close_error = fd.close();
-  if (error == 0 && close_error != 0) {
-    error = close_error;
-    step = fmt::format("closing the temporary file '{}'", tmp);
-  }
-  if (error == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    error = errno;
-    step = fmt::format("renaming the temporary file '{}' over it", tmp);
-  }
-  if (error != 0) {
-    ::unlink(tmp.c_str());
-    MG_FAIL("{}: cannot write '{}': {} failed: {} ('{}' was not changed)", op, path, step,
-            errno_text(error), path);
-  }
-
-  // The data is in place; syncing the directory makes the rename survive a power cut.
-  // Some file systems refuse fsync on directories, which is no reason to fail the save.
-  FileDescriptor dir(::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir.get() >= 0) ::fsync(dir.get());
-}
-
-std::string read_whole_file(const char* op, const std::string& path) {
-  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  MG_CHECK(fd.get() >= 0, "{}: cannot open '{}': {}", op, path, errno_text(errno));
-  struct stat st {};
-  MG_CHECK(::fstat(fd.get(), &st) == 0, "{}: cannot stat '{}': {}", op, path, errno_text(errno));
-  MG_CHECK(S_ISREG(st.st_mode), "{}: '{}' is not a regular file", op, path);
-
-  std::string bytes(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    MG_CHECK(n >= 0, "{}: reading '{}' failed: {}", op, path, errno_text(errno));
-    if (n == 0) break;  // the file shrank while we read; the checks below see it short
-    done += static_cast<size_t>(n);
-  }
-  bytes.resize(done);
-  return bytes;
-}
 
 // ---------------------------------------------------------------- encoding
 
@@ -197,14 +91,47 @@ std::vector<uint64_t> unsigned_list(const char* op, const std::string& path, con
   return out;
 }
 
-Checkpoint decode(const char* op, const std::string& path, const std::string& bytes) {
-  if (bytes.size() < 8)
+// A NaN or an infinity in a checkpoint is nearly always the state of a run that
+// diverged; loading it silently moves the failure away from its cause (a run resumed from
+// it stops at its first step, or trains on with dead units). Every float tensor is
+// checked, and the message lists each bad one.
+void check_finite(const char* op, const std::string& path, const TensorDict& tensors) {
+  std::string list;
+  size_t bad_tensors = 0;
+  for (const auto& [name, t] : tensors) {
+    if (t.dtype() != DType::Float32) continue;
+    const float* v = t.data<float>();
+    const int64_t n = t.numel();
+    int64_t count = 0, first = -1;
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(v[i])) {
+        if (count++ == 0) first = i;
+      }
+    if (count == 0) continue;
+    ++bad_tensors;
+    list += fmt::format("\n  '{}' (shape {}): {} of {} values, the first {} at index {}", name,
+                        t.shape(), count, n, v[first], first);
+  }
+  if (bad_tensors > 0)
+    MG_FAIL("{}: '{}' holds non-finite values (NaN or infinity) in {} tensor{} (a checkpoint of "
+            "a run that diverged?); nothing was loaded (nn::LoadOptions::allow_non_finite "
+            "loads it anyway):{}",
+            op, path, bad_tensors, bad_tensors == 1 ? "" : "s", list);
+}
+
+// Reads and checks a safetensors file: the 8-byte header length first, checked against the
+// file's size and kMaxHeaderBytes before anything is allocated; then the header, checked
+// whole; then each tensor's own bytes straight into the tensor. Nothing is read that the
+// header does not declare, so memory is bounded by the tensors, not by the file.
+Checkpoint decode(const char* op, const std::string& path, const LoadOptions& options) {
+  const files::OpenedFile file = files::open_for_reading(op, path);
+  if (file.size < 8)
     corrupt(op, path, fmt::format("the file has {} bytes, fewer than the 8 of the header length "
                                   "(truncated?)",
-                                  bytes.size()));
+                                  file.size));
   uint64_t header_size = 0;
-  std::memcpy(&header_size, bytes.data(), 8);
-  const uint64_t rest = bytes.size() - 8;
+  files::read_exactly(op, path, file.fd.get(), 0, &header_size, 8);
+  const uint64_t rest = file.size - 8;
   if (header_size > rest)
     corrupt(op, path, fmt::format("the header length {} is larger than the {} bytes that follow "
                                   "it (truncated, or not a safetensors file)",
@@ -212,8 +139,10 @@ Checkpoint decode(const char* op, const std::string& path, const std::string& by
   if (header_size > kMaxHeaderBytes)
     corrupt(op, path, fmt::format("the header length {} exceeds the limit of {} bytes",
                                   header_size, kMaxHeaderBytes));
+  std::string header_text(static_cast<size_t>(header_size), '\0');
+  files::read_exactly(op, path, file.fd.get(), 8, header_text.data(), header_text.size());
 
-  const char* header_begin = bytes.data() + 8;
+  const char* header_begin = header_text.data();
   // A safetensors header nests three levels ({name: {"shape": [...]}}). Deeper JSON is
   // refused while parsing: the messages below dump() values, which recurses once per
   // level, and 100000 nested brackets would overflow the stack.
@@ -232,7 +161,7 @@ Checkpoint decode(const char* op, const std::string& path, const std::string& by
   if (!header.is_object())
     corrupt(op, path, fmt::format("its JSON header is a JSON {}, not an object", header.type_name()));
 
-  const char* data = header_begin + header_size;
+  const uint64_t data_begin = 8 + header_size;
   const uint64_t data_size = rest - header_size;
 
   struct Entry {
@@ -329,9 +258,12 @@ Checkpoint decode(const char* op, const std::string& path, const std::string& by
 
   for (const Entry& e : entries) {
     Tensor t = empty(e.shape, e.dtype);
-    if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
+    if (e.end > e.begin)
+      files::read_exactly(op, path, file.fd.get(), data_begin + e.begin, t.data_ptr(),
+                          e.end - e.begin);
     checkpoint.tensors.emplace(e.name, t);
   }
+  if (!options.allow_non_finite) check_finite(op, path, checkpoint.tensors);
   return checkpoint;
 }
 
@@ -409,15 +341,15 @@ TensorDict Checkpoint::get(const std::string& prefix) const {
 }
 
 void save_tensors(const TensorDict& tensors, const std::string& path, const Metadata& metadata) {
-  write_atomically("save_tensors", path, encode("save_tensors", path, tensors, metadata));
+  files::write_atomically("save_tensors", path, encode("save_tensors", path, tensors, metadata));
 }
 
 void save_tensors(const Checkpoint& checkpoint, const std::string& path) {
   save_tensors(checkpoint.tensors, path, checkpoint.metadata);
 }
 
-Checkpoint load_tensors(const std::string& path) {
-  return decode("load_tensors", path, read_whole_file("load_tensors", path));
+Checkpoint load_tensors(const std::string& path, const LoadOptions& options) {
+  return decode("load_tensors", path, options);
 }
 
 TensorDict state_dict(const Module& module) {
@@ -438,11 +370,11 @@ void load_state_dict(Module& module, const TensorDict& tensors, const std::strin
 void save(const Module& module, const std::string& path, const Metadata& metadata) {
   Metadata meta = metadata;
   meta.emplace("format", "pt");  // what safetensors.torch.save_file writes
-  write_atomically("nn::save", path, encode("nn::save", path, state_dict(module), meta));
+  files::write_atomically("nn::save", path, encode("nn::save", path, state_dict(module), meta));
 }
 
-void load(Module& module, const std::string& path) {
-  const Checkpoint checkpoint = decode("nn::load", path, read_whole_file("nn::load", path));
+void load(Module& module, const std::string& path, const LoadOptions& options) {
+  const Checkpoint checkpoint = decode("nn::load", path, options);
   load_module_state("nn::load", module, checkpoint.tensors, path);
 }
 

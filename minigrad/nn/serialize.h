@@ -8,13 +8,19 @@
 //               padded with spaces to a multiple of 8 bytes
 //   the rest    the tensors' raw little-endian bytes; offsets count from here
 //
-// Writes go to "<path>.tmp.<pid>" in the same directory, which is fsync'ed and then
-// renamed over <path>: a reader sees the old file or the new one, never half of one,
-// and a failed write leaves the old file as it was.
+// Files go through minigrad/core/files.h. Writes go to a temporary file
+// "<path>.tmp.<pid>.<n>" in the same directory, which is fsync'ed and then renamed over
+// <path>: a reader sees the old file or the new one, never half of one, and a failed
+// write leaves the old file as it was. A <path> that exists but is not a regular file (a
+// directory, a FIFO, /dev/null) is refused; a symbolic link is followed, and the file it
+// points to is replaced.
 //
-// Reads load the whole file and check it (header length, JSON, dtypes, shapes, offsets)
-// before returning anything, so a truncated or corrupt file is an mg::Error naming the
-// file and the fault.
+// Reads refuse anything but a regular file without blocking on it (a FIFO), check the
+// header length against the file's size before allocating, then check the whole header
+// (JSON, dtypes, shapes, offsets) before reading the tensors' bytes, and read no byte the
+// header does not declare. A truncated or corrupt file is an mg::Error naming the file and
+// the fault; so is a float tensor holding a NaN or an infinity, unless
+// LoadOptions::allow_non_finite says otherwise.
 //
 // One checkpoint can hold several things (model, optimizer, random generator, epoch):
 //
@@ -53,13 +59,19 @@ struct Checkpoint {
   TensorDict get(const std::string& prefix) const;
 };
 
+struct LoadOptions {
+  // A checkpoint whose float tensors hold a NaN or an infinity (a run that diverged) is
+  // refused, naming every such tensor; true loads it as it is.
+  bool allow_non_finite = false;
+};
+
 // ---- any tensors ----
 // Tensors may live on any device and have any strides; they are written contiguous.
 void save_tensors(const TensorDict& tensors, const std::string& path,
                   const Metadata& metadata = {});
 void save_tensors(const Checkpoint& checkpoint, const std::string& path);
 // The tensors come back on the CPU, as fresh leaves without requires_grad.
-Checkpoint load_tensors(const std::string& path);
+Checkpoint load_tensors(const std::string& path, const LoadOptions& options = {});
 
 // ---- modules ----
 // Parameters (named_parameters() names, e.g. "0.weight") and buffers (named_buffers()),
@@ -78,6 +90,6 @@ void load_state_dict(Module& module, const TensorDict& tensors,
 // state_dict(module) to `path` (metadata gets "format": "pt", as safetensors.torch writes).
 void save(const Module& module, const std::string& path, const Metadata& metadata = {});
 // Reads and checks `path`, then load_state_dict. On any error the module is unchanged.
-void load(Module& module, const std::string& path);
+void load(Module& module, const std::string& path, const LoadOptions& options = {});
 
 }  // namespace mg::nn

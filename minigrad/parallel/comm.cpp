@@ -2,6 +2,7 @@
 
 #include <fmt/ranges.h>
 
+#include <minigrad/core/checked_math.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/core/profiler.h>
 #include <minigrad/core/stream.h>
@@ -14,9 +15,10 @@ namespace mg::parallel::comm {
 std::vector<int64_t> chunk_sizes(int64_t size, int64_t chunks) {
   MG_CHECK(chunks > 0, "chunk_sizes: number of chunks must be positive, got {}", chunks);
   MG_CHECK(size >= 0, "chunk_sizes: size must be >= 0, got {}", size);
-  const int64_t piece = (size + chunks - 1) / chunks;
+  const int64_t piece = ceil_div(size, chunks);
   std::vector<int64_t> sizes;
-  for (int64_t start = 0; start < size; start += piece) sizes.push_back(std::min(piece, size - start));
+  for (int64_t start = 0; start < size; start += std::min(piece, size - start))
+    sizes.push_back(std::min(piece, size - start));
   return sizes;
 }
 
@@ -27,7 +29,10 @@ std::vector<Tensor> scatter(const Tensor& tensor, const std::vector<Device>& dev
            "scatter: {} pieces for {} devices (at most one piece per device)", sizes.size(),
            devices.size());
   int64_t total = 0;
-  for (int64_t s : sizes) total += s;
+  for (int64_t s : sizes) {
+    MG_CHECK(s >= 0, "scatter: chunk sizes must be >= 0, got {}", s);
+    total = checked_add(total, s, "scatter");
+  }
   MG_CHECK(total == tensor.size(dim),
            "scatter: chunk sizes add up to {}, but dimension {} of the tensor (shape {}) has {}",
            total, dim, tensor.shape(), tensor.size(dim));

@@ -52,6 +52,22 @@ void Communicator::check_reduce_add(const std::vector<std::vector<Tensor>>& per_
   }
 }
 
+void Communicator::check_one_per_rank(const char* collective,
+                                      const std::vector<Tensor>& per_rank) const {
+  MG_CHECK(per_rank.size() == size(),
+           "{} {}: got tensors for {} ranks, but the communicator has {} ({})", name(), collective,
+           per_rank.size(), size(), device_list_str(devices_));
+  for (size_t r = 0; r < size(); ++r) {
+    const Tensor& t = per_rank[r];
+    MG_CHECK(t.defined(), "{} {}: the tensor of rank {} is undefined", name(), collective, r);
+    MG_CHECK(t.device() == devices_[r], "{} {}: the tensor of rank {} is on {}, expected {}",
+             name(), collective, r, t.device(), devices_[r]);
+    MG_CHECK(t.shape() == per_rank[0].shape() && t.dtype() == per_rank[0].dtype(),
+             "{} {}: rank {} has a {} tensor of shape {}, but rank 0 has {} {}", name(),
+             collective, r, t.dtype(), t.shape(), per_rank[0].dtype(), per_rank[0].shape());
+  }
+}
+
 bool nccl_available_for(const std::vector<Device>& devices) {
 #ifdef MINIGRAD_WITH_NCCL
   if (devices.size() < 2) return false;

@@ -1,5 +1,5 @@
-// Communicator: the collectives DataParallel needs over a list of devices in one
-// process. Two implementations:
+// Communicator: the collectives DataParallel and TensorParallel need over a list of
+// devices in one process. Two implementations:
 //   - NcclCommunicator (nccl_communicator.cpp): NCCL over distinct GPUs, from one
 //     thread, inside ncclGroupStart/End; used when every device is a different GPU and
 //     minigrad was built with NCCL.
@@ -41,10 +41,20 @@ class Communicator {
   virtual std::vector<Tensor> reduce_add(const std::vector<std::vector<Tensor>>& per_rank,
                                          size_t root) = 0;
 
+  // The two collectives of tensor parallelism (tensor_parallel/in_process_group.h). Both
+  // take one tensor per rank, per_rank[r] on devices()[r], of one shape and dtype.
+  // all_reduce: out[r] on devices()[r] is the sum over the ranks, a fresh tensor with the
+  //   same values on every rank (replicated activations must stay bitwise equal).
+  virtual std::vector<Tensor> all_reduce(const std::vector<Tensor>& per_rank) = 0;
+  // all_gather: out[r] on devices()[r] has shape [size(), shape...]: out[r][s] is rank s's
+  //   tensor (NCCL's layout: the ranks' buffers one after the other).
+  virtual std::vector<Tensor> all_gather(const std::vector<Tensor>& per_rank) = 0;
+
  protected:
-  // Checks the arguments of broadcast / reduce_add, naming the collective in errors.
+  // Checks the arguments of a collective, naming it in errors.
   void check_broadcast(const std::vector<Tensor>& tensors, size_t root) const;
   void check_reduce_add(const std::vector<std::vector<Tensor>>& per_rank, size_t root) const;
+  void check_one_per_rank(const char* collective, const std::vector<Tensor>& per_rank) const;
 
  private:
   std::vector<Device> devices_;

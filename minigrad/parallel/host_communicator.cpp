@@ -45,4 +45,36 @@ std::vector<Tensor> HostCommunicator::reduce_add(const std::vector<std::vector<T
   return out;
 }
 
+// Summed once, on rank 0, then copied: every rank gets the same bits, which a sum on each
+// device would not promise (the order of a float sum changes its rounding).
+std::vector<Tensor> HostCommunicator::all_reduce(const std::vector<Tensor>& per_rank) {
+  check_one_per_rank("all_reduce", per_rank);
+  std::vector<std::vector<Tensor>> wrapped;
+  for (const Tensor& t : per_rank) wrapped.push_back({t});
+  const Tensor sum = reduce_add(wrapped, 0).at(0);
+  std::vector<Tensor> out{size() == 1 ? ops::clone(sum) : sum};
+  for (size_t r = 1; r < size(); ++r) out.push_back(copy_to_device(sum, devices()[r]));
+  return out;
+}
+
+std::vector<Tensor> HostCommunicator::all_gather(const std::vector<Tensor>& per_rank) {
+  check_one_per_rank("all_gather", per_rank);
+  std::vector<int64_t> sizes{static_cast<int64_t>(size())};
+  for (int64_t s : per_rank[0].shape().sizes()) sizes.push_back(s);
+  std::vector<Tensor> out;
+  for (size_t r = 0; r < size(); ++r) {
+    Tensor stacked;
+    {
+      DeviceGuard guard(devices()[r]);  // allocated on rank r's current stream
+      stacked = empty(Shape(sizes), per_rank[0].dtype(), devices()[r]);
+    }
+    for (size_t s = 0; s < size(); ++s)
+      ordered_copy_(ops::view(ops::narrow(stacked, 0, static_cast<int64_t>(s), 1),
+                              per_rank[s].shape()),
+                    per_rank[s]);
+    out.push_back(stacked);
+  }
+  return out;
+}
+
 }  // namespace mg::parallel

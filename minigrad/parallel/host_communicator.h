@@ -1,4 +1,4 @@
-// HostCommunicator: broadcast and reduce_add as ordered copies (transfer.h) and adds.
+// HostCommunicator: the collectives as ordered copies (transfer.h) and adds.
 // The communicator of CPU replicas, of replicas sharing a GPU, and of GPUs without NCCL.
 #pragma once
 
@@ -14,6 +14,8 @@ class HostCommunicator final : public Communicator {
                                              size_t root) override;
   std::vector<Tensor> reduce_add(const std::vector<std::vector<Tensor>>& per_rank,
                                  size_t root) override;
+  std::vector<Tensor> all_reduce(const std::vector<Tensor>& per_rank) override;
+  std::vector<Tensor> all_gather(const std::vector<Tensor>& per_rank) override;
 };
 
 }  // namespace mg::parallel

@@ -1,4 +1,4 @@
-// NcclCommunicator: broadcast and reduce over distinct GPUs with NCCL, all ranks driven
+// NcclCommunicator: the collectives over distinct GPUs with NCCL, all ranks driven
 // from the calling thread. Compiled only when NCCL was found (CMake drops nccl_*.cpp
 // otherwise); the rest of the parallel layer reaches it through communicator_for().
 //
@@ -139,6 +139,52 @@ class NcclCommunicator final : public Communicator {
                                    comms_[r], stream_of(devices()[r])));
         }
       }
+      group.end();
+    });
+    return out;
+  }
+
+  std::vector<Tensor> all_reduce(const std::vector<Tensor>& per_rank) override {
+    check_one_per_rank("all_reduce", per_rank);
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<Tensor> inputs, out;
+    for (size_t r = 0; r < size(); ++r) {
+      DeviceGuard guard(devices()[r]);
+      inputs.push_back(ops::contiguous(per_rank[r]));
+      out.push_back(empty(per_rank[r].shape(), per_rank[r].dtype(), devices()[r]));
+    }
+    if (per_rank[0].numel() == 0) return out;
+    guarded("ncclAllReduce", [&] {
+      Group group;
+      for (size_t r = 0; r < size(); ++r)
+        MG_NCCL_CHECK(ncclAllReduce(inputs[r].data_ptr(), out[r].data_ptr(),
+                                    static_cast<size_t>(inputs[r].numel()),
+                                    nccl_dtype(inputs[r].dtype()), ncclSum, comms_[r],
+                                    stream_of(devices()[r])));
+      group.end();
+    });
+    return out;
+  }
+
+  std::vector<Tensor> all_gather(const std::vector<Tensor>& per_rank) override {
+    check_one_per_rank("all_gather", per_rank);
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<int64_t> sizes{static_cast<int64_t>(size())};
+    for (int64_t s : per_rank[0].shape().sizes()) sizes.push_back(s);
+    std::vector<Tensor> inputs, out;
+    for (size_t r = 0; r < size(); ++r) {
+      DeviceGuard guard(devices()[r]);
+      inputs.push_back(ops::contiguous(per_rank[r]));
+      out.push_back(empty(Shape(sizes), per_rank[r].dtype(), devices()[r]));
+    }
+    if (per_rank[0].numel() == 0) return out;
+    guarded("ncclAllGather", [&] {
+      Group group;
+      for (size_t r = 0; r < size(); ++r)
+        MG_NCCL_CHECK(ncclAllGather(inputs[r].data_ptr(), out[r].data_ptr(),
+                                    static_cast<size_t>(inputs[r].numel()),
+                                    nccl_dtype(inputs[r].dtype()), comms_[r],
+                                    stream_of(devices()[r])));
       group.end();
     });
     return out;

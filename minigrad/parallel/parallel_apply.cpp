@@ -4,7 +4,7 @@
 #include <functional>
 
 #include <minigrad/autograd/grad_mode.h>
-#include <minigrad/autograd/node.h>
+#include <minigrad/autograd/replica_scope.h>
 #include <minigrad/core/profiler.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/parallel/worker_pool.h>

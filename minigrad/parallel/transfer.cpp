@@ -8,8 +8,20 @@
 namespace mg::parallel {
 
 void ordered_copy_(const Tensor& dst, const Tensor& src) {
+  if (src.device().is_cpu() && dst.device().is_cpu()) {  // the host runs in order
+    ops::copy_(dst, src);
+    return;
+  }
+  ordered_copy_(dst, src, current_stream(src.device()), current_stream(dst.device()));
+}
+
+void ordered_copy_(const Tensor& dst, const Tensor& src, const Stream& src_stream,
+                   const Stream& dst_stream) {
   const Device from = src.device();
   const Device to = dst.device();
+  MG_CHECK(src_stream.device == from && dst_stream.device == to,
+           "ordered_copy_: the streams are on {} and {}, the tensors on {} and {}",
+           src_stream.device, dst_stream.device, from, to);
   if (from.is_cpu() && to.is_cpu()) {  // the host runs in order: nothing to arrange
     ops::copy_(dst, src);
     return;
@@ -20,8 +32,6 @@ void ordered_copy_(const Tensor& dst, const Tensor& src) {
   if (!to.is_cpu()) lanes.push_back(to);
   if (!from.is_cpu() && from != to) lanes.push_back(from);
 
-  const Stream src_stream = current_stream(from);
-  const Stream dst_stream = current_stream(to);
   Event src_ready, dst_ready;
   src_ready.record(src_stream);
   dst_ready.record(dst_stream);

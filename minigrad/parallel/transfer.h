@@ -19,6 +19,7 @@
 // makes the copy streams of both devices current and orders both.
 #pragma once
 
+#include <minigrad/core/stream.h>
 #include <minigrad/core/tensor.h>
 
 namespace mg::parallel {
@@ -26,6 +27,13 @@ namespace mg::parallel {
 // dst = src (same shape and dtype, any devices), ordered as above. `dst` may be a view
 // (gather copies each piece straight into its slice of the output).
 void ordered_copy_(const Tensor& dst, const Tensor& src);
+
+// The same with the two streams named: `src_stream` produced `src` and frees its memory,
+// `dst_stream` will read `dst`. A pipeline stage receiving a tensor from another stage's
+// thread needs this form: the producer's stream is not the current one of the thread
+// doing the copy (and, with both stages on one GPU, neither is the same stream).
+void ordered_copy_(const Tensor& dst, const Tensor& src, const Stream& src_stream,
+                   const Stream& dst_stream);
 
 // A new contiguous copy of `src` on `device`, ordered as above. Always copies, even on
 // the same device (each replica owns its copy, as it would on a device of its own).

@@ -14,7 +14,7 @@ class WorkerPool::Worker {
  public:
   explicit Worker(size_t index)
       : thread_([this, index] {
-          profiler::set_thread_name(fmt::format("replica worker {}", index));
+          profiler::set_thread_name(fmt::format("worker {}", index));
           loop();
         }) {}
   ~Worker() {
@@ -71,7 +71,7 @@ void run_on_fresh_threads(std::vector<std::function<void()>>& tasks) {
   threads.reserve(tasks.size());
   for (size_t i = 0; i < tasks.size(); ++i)
     threads.emplace_back([&task = tasks[i], i] {
-      profiler::set_thread_name(fmt::format("replica thread {}", i));
+      profiler::set_thread_name(fmt::format("worker thread {}", i));
       task();
     });
   for (auto& t : threads) t.join();

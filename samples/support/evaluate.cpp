@@ -13,7 +13,10 @@ EvalResult evaluate(nn::Module& net, data::DataLoader& loader, Device device) {
   for (const data::Batch& host_batch : loader) {
     const data::Batch batch = host_batch.to(device);
     const Tensor logits = net.forward(batch.data);
-    loss_sum += static_cast<double>(cross_entropy(logits, batch.target).item<float>()) *
+    // The logits come out where the model ends (a pipeline's last stage): the targets go there.
+    const Tensor target = batch.target.device() == logits.device() ? batch.target
+                                                                    : batch.target.to(logits.device());
+    loss_sum += static_cast<double>(cross_entropy(logits, target).item<float>()) *
                 static_cast<double>(batch.size());
     const std::vector<int64_t> predicted = logits.argmax(1).to_vector<int64_t>();
     const std::vector<int64_t> labels = host_batch.target.to_vector<int64_t>();

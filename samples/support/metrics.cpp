@@ -1,10 +1,6 @@
 #include "metrics.h"
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -44,21 +40,6 @@ std::vector<EpochMetrics> parse_metrics_csv(const std::string& text, const std::
     history.push_back(m);
   }
   return history;
-}
-
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string temp = fmt::format("{}.tmp.{}", path, ::getpid());
-  std::FILE* file = std::fopen(temp.c_str(), "wb");
-  MG_CHECK(file != nullptr, "cannot write {}: {}", path, std::strerror(errno));
-  bool ok = std::fwrite(text.data(), 1, text.size(), file) == text.size();
-  ok = std::fclose(file) == 0 && ok;
-  if (!ok) std::remove(temp.c_str());
-  MG_CHECK(ok, "cannot write {}: {}", path, std::strerror(errno));
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    std::remove(temp.c_str());
-    MG_FAIL("cannot write {}: rename from {} failed: {}", path, temp, std::strerror(error));
-  }
 }
 
 }  // namespace mg::samples

@@ -28,8 +28,4 @@ std::string metrics_csv(const std::vector<EpochMetrics>& history);
 // The inverse of metrics_csv; mg::Error naming `source` and the line on a malformed row.
 std::vector<EpochMetrics> parse_metrics_csv(const std::string& text, const std::string& source);
 
-// Writes `text` to `path` through a temporary file renamed into place, so a reader
-// (or a crash) never sees half a file. mg::Error naming the path on failure.
-void write_file_atomically(const std::string& path, const std::string& text);
-
 }  // namespace mg::samples

@@ -19,7 +19,7 @@ RunningLoss RunningLoss::over_ranks(const DistributedRun& dist) const {
   if (!dist.active()) return *this;
   RunningLoss total{ops::clone(sum), 0};
   Tensor seen_total = full({}, static_cast<double>(seen), DType::Float32, sum.device());
-  sum_over_ranks(dist, {total.sum, seen_total});
+  sum_over_data_ranks(dist, {total.sum, seen_total});
   total.seen = static_cast<int64_t>(seen_total.item<float>());
   return total;
 }

@@ -20,7 +20,8 @@ struct RunningLoss {
   static RunningLoss zero(Device device);
   void add(const Tensor& loss, int64_t examples);
   double mean() const;  // reads the sum back
-  // The sum over every rank's examples (in a run of one process: this one).
+  // The sum over every rank's examples, each counted once (in a run of one process: this
+  // one's).
   RunningLoss over_ranks(const DistributedRun& dist) const;
 };
 

@@ -10,10 +10,12 @@
 
 namespace mg::samples {
 
-// Installs the handlers for SIGINT and SIGTERM. Each runs once (SA_RESETHAND): a second
-// Ctrl-C meets the default action and kills the process at once, for when the step in
-// progress is itself stuck. A system call the signal lands in (a Gloo socket read, say)
-// resumes instead of failing (SA_RESTART).
+// Installs the handlers for SIGINT and SIGTERM. The first signal is recorded; a second
+// kills the process at once by the default action, for when the step in progress is
+// itself stuck, after removing the temporary file of a save that it cuts short
+// (files::remove_temp_files_in_progress). A system call the signal lands in (a Gloo
+// socket read, say) resumes instead of failing (SA_RESTART). SIGXFSZ is ignored, so that
+// a file over `ulimit -f` is an error of the write that the writer cleans up after.
 void install_stop_handlers();
 
 // The signal that stops the run, or 0 to go on. The ranks of a --distributed run agree on

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <minigrad/core/error.h>
+#include <minigrad/core/files.h>
 
 namespace mg::samples {
 
@@ -190,7 +191,7 @@ std::string training_plot_svg(const std::vector<EpochMetrics>& history, const st
 
 void write_training_plot(const std::string& path, const std::vector<EpochMetrics>& history,
                          const std::string& title) {
-  write_file_atomically(path, training_plot_svg(history, title));
+  files::write_atomically("write_training_plot", path, training_plot_svg(history, title));
 }
 
 }  // namespace mg::samples

@@ -13,7 +13,7 @@ namespace mg::samples {
 // The SVG document for `history` (at least one epoch), under `title`.
 std::string training_plot_svg(const std::vector<EpochMetrics>& history, const std::string& title);
 
-// training_plot_svg written to `path` (atomically).
+// training_plot_svg written to `path` with files::write_atomically (minigrad/core/files.h).
 void write_training_plot(const std::string& path, const std::vector<EpochMetrics>& history,
                          const std::string& title);
 

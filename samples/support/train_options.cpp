@@ -52,19 +52,48 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
                  "cpu, all (every GPU), or GPU ids such as 0 or 0,1; several devices (0,1, or "
                  "cpu,cpu for replicas on the CPU) train with DataParallel")
       ->capture_default_str();
+  app.add_option("--pipeline", options.pipeline,
+                 "Train as a pipeline of this many stages (parallel::Pipe), stage s on the s-th "
+                 "of --devices (one device given: all stages on it)")
+      ->check(positive_integer());
+  app.add_option("--chunks", options.chunks, "With --pipeline: micro-batches per batch")
+      ->check(positive_integer())
+      ->capture_default_str();
+  app.add_option("--schedule", options.schedule, "With --pipeline: gpipe or 1f1b")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}))
+      ->capture_default_str();
   app.add_option("--data-dir", options.data_dir,
                  "Directory with the Fashion-MNIST IDX files (raw or .gz)")
       ->capture_default_str();
   app.add_flag("--no-normalize", options.no_normalize,
                "Scale pixels to [0, 1] only (default: also normalise with mean 0.2860, std 0.3530)");
-  app.add_option("--save", options.save, "Write a checkpoint (safetensors) here after every epoch");
-  app.add_option("--resume", options.resume, "Continue from a checkpoint written by --save");
+  app.add_option("--save", options.save,
+                 "Write a checkpoint (safetensors) here after every epoch, replacing the file "
+                 "atomically; a symbolic link is followed and the file it points to replaced; "
+                 "anything else that is not a regular file is refused");
+  app.add_option("--resume", options.resume,
+                 "Continue from a checkpoint written by --save (a regular file; one holding NaN "
+                 "or infinite values is refused)");
   app.add_option("--metrics", options.metrics,
-                 "Write per-epoch metrics to this CSV (epoch,train_loss,test_loss,test_accuracy,seconds)");
-  app.add_option("--plot", options.plot, "Draw the loss and accuracy curves into this SVG");
+                 "Write per-epoch metrics to this CSV (epoch,train_loss,test_loss,test_accuracy,"
+                 "seconds), replaced as --save is");
+  app.add_option("--plot", options.plot,
+                 "Draw the loss and accuracy curves into this SVG, replaced as --save is");
   app.add_flag("--distributed", options.distributed,
                "One process per device with DistributedDataParallel; start with minigrad-run "
                "(--batch-size stays the global batch)");
+  app.add_option("--zero", options.zero,
+                 "With --distributed: 0 (DistributedDataParallel), or shard over the ranks the "
+                 "optimizer state (1), the gradients too (2), the parameters too (3, "
+                 "FullyShardedDataParallel)")
+      ->check(CLI::IsMember({0, 1, 2, 3}));
+  app.add_option("--tensor-parallel", options.tensor_parallel,
+                 "Split each pair of Linear layers over this many ranks (Megatron's column and "
+                 "row parallel layers): in one process over as many --devices (cpu,cpu for 2), "
+                 "or with --distributed over neighbouring ranks, data parallel across them "
+                 "(--nproc-per-node 4 --tensor-parallel 2: 2 x 2); checkpoints are not written")
+      ->check(positive_integer())
+      ->capture_default_str();
   app.add_option("--dist-timeout", options.dist_timeout,
                  "With --distributed: seconds a rank waits for the others before failing")
       ->check(non_negative_number())
@@ -87,12 +116,49 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
       return report_error(program, OptionError("--momentum is SGD's; AdamW keeps running "
                                                "averages with betas (0.9, 0.999) instead"));
   }
+  if (options.zero != 0 && !options.distributed)
+    return report_error(program, OptionError(fmt::format(
+                                     "--zero {} shards the training over the ranks of a "
+                                     "--distributed run; add --distributed (under minigrad-run)",
+                                     options.zero)));
   try {
     options.device_list = parse_devices(options.devices);
+    if (options.pipeline > 0) {
+      MG_CHECK(!options.distributed, "--pipeline and --distributed do not go together (the "
+               "pipeline runs in one process)");
+      const auto stages = static_cast<size_t>(options.pipeline);
+      if (options.device_list.size() == 1)
+        options.device_list.assign(stages, options.device_list.front());
+      MG_CHECK(options.device_list.size() == stages,
+               "--pipeline {}: --devices {} names {} devices; give one per stage, or one for all",
+               options.pipeline, options.devices, options.device_list.size());
+    }
+    check_tensor_parallel(options);
   } catch (const Error& e) {
     return report_error(program, OptionError(e.what()));
   }
   return std::nullopt;
+}
+
+void check_tensor_parallel(const TrainOptions& options) {
+  const int tp = options.tensor_parallel;
+  if (tp == 1) return;
+  MG_CHECK(options.pipeline == 0,
+           "--tensor-parallel {} and --pipeline {} do not go together: choose one split of the "
+           "model", tp, options.pipeline);
+  MG_CHECK(options.zero == 0,
+           "--tensor-parallel {} and --zero {} do not go together (the tensor-parallel layers "
+           "are not sharded further); use --zero 0", tp, options.zero);
+  MG_CHECK(options.save.empty() && options.resume.empty(),
+           "--tensor-parallel {}: --save and --resume are not supported with tensor parallelism "
+           "(each rank holds only its shards of the model)",
+           tp);
+  MG_CHECK(options.distributed || static_cast<int>(options.device_list.size()) == tp,
+           "--tensor-parallel {} in one process takes one device per rank, but --devices {} "
+           "names {}; pass {} devices (e.g. --devices {}), or use --distributed for data "
+           "parallelism as well",
+           tp, options.devices, options.device_list.size(), tp,
+           fmt::join(std::vector<std::string>(static_cast<size_t>(tp), "cpu"), ","));
 }
 
 std::string optimizer_str(const TrainOptions& options) {

@@ -40,7 +40,12 @@ struct TrainOptions {
   std::string data_dir = data::FashionMNIST::kDefaultRoot;
   bool no_normalize = false;
   std::string save, resume, metrics, plot;  // file paths; empty: not written / not read
+  int pipeline = 0;              // stages of an in-process pipeline over --devices; 0: none
+  int64_t chunks = 8;            // --pipeline: micro-batches per batch
+  std::string schedule = "gpipe";  // --pipeline: gpipe or 1f1b
   bool distributed = false;     // one process per device, started by minigrad-run
+  int zero = 0;                 // --distributed: 0 DDP; ZeRO stage 1, 2 or 3 (FSDP)
+  int tensor_parallel = 1;      // ranks each pair of Linear layers is split over (1: none)
   double dist_timeout = 300.0;  // seconds a rank waits for the others before failing
   bool detect_anomaly = false;  // check every gradient of every backward (slow)
   TraceOptions trace;           // --trace FILE.json and its --trace-* flags
@@ -51,6 +56,10 @@ struct TrainOptions {
 // program should stop here (--help: 0; a bad flag: kExitBadOption, reported on stderr as
 // "train_fashion_mnist: error: ..."), std::nullopt when it should train.
 std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& options);
+
+// --tensor-parallel against the other flags: one device per rank in one process, no
+// checkpoints (an mg::Error saying so otherwise).
+void check_tensor_parallel(const TrainOptions& options);
 
 // "SGD lr 0.05 (cosine) momentum 0.9" or "AdamW lr 0.001 (cosine) weight_decay 0.01":
 // the optimizer as the setup line and the plot's title name it.

@@ -1,18 +1,42 @@
 #include "training_checkpoint.h"
 
+#include <charconv>
+#include <limits>
+#include <utility>
+
 #include <minigrad/core/error.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/nn/serialize.h>
 
 namespace mg::samples {
 
-void save_training_checkpoint(const std::string& path, const nn::Module& model,
-                              const optim::Optimizer& optimizer, const TrainOptions& options,
+namespace {
+
+// A metadata value as a non-negative integer of type T, or an mg::Error naming the key
+// and the file: all of the text must be the number (std::stoi would take "3abc" as 3,
+// and says only "stoi" when it fails).
+template <typename T>
+T metadata_number(const std::string& path, const std::string& key, const std::string& text) {
+  T value{};
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, value);
+  if (error == std::errc::result_out_of_range && stop == end)
+    MG_FAIL("--resume {}: metadata '{}' is '{}', larger than {}", path, key, text,
+            std::numeric_limits<T>::max());
+  MG_CHECK(error == std::errc() && stop == end && !text.empty() && value >= T{0},
+           "--resume {}: metadata '{}' is '{}', not a non-negative integer", path, key, text);
+  return value;
+}
+
+}  // namespace
+
+void save_training_checkpoint(const std::string& path, const nn::TensorDict& model_state,
+                              const nn::TensorDict& optimizer_state, const TrainOptions& options,
                               const RunPosition& position,
                               const std::vector<EpochMetrics>& history) {
   nn::Checkpoint ck;
-  ck.put("model.", nn::state_dict(model));
-  ck.put("optim.", optimizer.state_dict());
+  ck.put("model.", model_state);
+  ck.put("optim.", optimizer_state);
   if (position.batches > 0) ck.tensors.emplace("progress.loss_sum", position.loss_sum);
   const Generator::State rng = default_generator().state();
   ck.metadata = {{"format", "pt"},
@@ -30,8 +54,8 @@ void save_training_checkpoint(const std::string& path, const nn::Module& model,
   nn::save_tensors(ck, path);
 }
 
-RunPosition load_training_checkpoint(const std::string& path, nn::Module& model,
-                                     optim::Optimizer& optimizer, const TrainOptions& options,
+RunPosition load_training_checkpoint(const std::string& path, TrainingState& state,
+                                     const TrainOptions& options,
                                      std::vector<EpochMetrics>& history) {
   const nn::Checkpoint ck = nn::load_tensors(path);
   auto meta = [&](const char* key) {
@@ -53,12 +77,16 @@ RunPosition load_training_checkpoint(const std::string& path, nn::Module& model,
            "--resume {}: the checkpoint holds the state of --optimizer {}, but --optimizer is {}; "
            "pass --optimizer {}",
            path, saved_optimizer, options.optimizer, saved_optimizer);
+  const auto number = [&](const char* key, auto type) {
+    return metadata_number<decltype(type)>(path, key, meta(key));
+  };
   RunPosition position;
-  position.epochs_done = std::stoi(meta("epoch"));
+  position.epochs_done = number("epoch", int{});
   // Written at an interrupt, the checkpoint stands in the middle of an epoch (checkpoints
   // from before interrupts existed have no "epoch_batches": they never do).
-  const auto batches = ck.metadata.find("epoch_batches");
-  if (batches != ck.metadata.end() && std::stoll(batches->second) > 0) {
+  const int64_t batches =
+      ck.metadata.count("epoch_batches") ? number("epoch_batches", int64_t{}) : 0;
+  if (batches > 0) {
     MG_CHECK(meta("batch_size") == std::to_string(options.batch_size),
              "--resume {}: the checkpoint stopped in the middle of an epoch with --batch-size "
              "{}, but --batch-size is {}; pass --batch-size {}",
@@ -69,18 +97,17 @@ RunPosition load_training_checkpoint(const std::string& path, nn::Module& model,
              "--resume {}: the checkpoint stopped in the middle of an epoch but has no float32 "
              "scalar 'progress.loss_sum'",
              path);
-    position.batches = std::stoll(batches->second);
-    position.seen = std::stoll(meta("epoch_seen"));
+    position.batches = batches;
+    position.seen = number("epoch_seen", int64_t{});
     position.loss_sum = loss_sum->second.reshape({});
   }
-  const nn::TensorDict model_state = ck.get("model."), optim_state = ck.get("optim.");
-  nn::check_state_dict(model, model_state, path);
-  optimizer.check_state_dict(optim_state, path);
-  nn::load_state_dict(model, model_state, path);
-  optimizer.load_state_dict(optim_state, path);
-  history = parse_metrics_csv(meta("metrics"), path + " (metrics)");
-  default_generator().set_state(
-      {std::stoull(meta("generator_seed")), std::stoull(meta("generator_offset"))});
+  // Everything is read and checked before the model, the optimizer or the generator change.
+  const Generator::State generator{number("generator_seed", uint64_t{}),
+                                   number("generator_offset", uint64_t{})};
+  std::vector<EpochMetrics> epochs = parse_metrics_csv(meta("metrics"), path + " (metrics)");
+  state.load(ck.get("model."), ck.get("optim."), path);  // checks both before loading either
+  history = std::move(epochs);
+  default_generator().set_state(generator);
   return position;
 }
 

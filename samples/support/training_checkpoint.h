@@ -21,6 +21,7 @@
 
 #include "metrics.h"
 #include "train_options.h"
+#include "training_state.h"
 
 namespace mg::samples {
 
@@ -41,17 +42,19 @@ struct RunPosition {
   }
 };
 
-void save_training_checkpoint(const std::string& path, const nn::Module& model,
-                              const optim::Optimizer& optimizer, const TrainOptions& options,
+// Writes the model's and the optimizer's state (TrainingState::model_state() and
+// optimizer_state(), which under --zero every rank computes together and rank 0 writes).
+void save_training_checkpoint(const std::string& path, const nn::TensorDict& model_state,
+                              const nn::TensorDict& optimizer_state, const TrainOptions& options,
                               const RunPosition& position,
                               const std::vector<EpochMetrics>& history);
 
-// Loads a checkpoint written by save_training_checkpoint into `model` and `optimizer`
-// (both checked before either changes) and the default generator; returns where the run
-// stood when it was written, and fills `history`. mg::Error naming the file and the flag
-// to pass when the checkpoint does not fit the options (--hidden, --batch-size).
-RunPosition load_training_checkpoint(const std::string& path, nn::Module& model,
-                                     optim::Optimizer& optimizer, const TrainOptions& options,
+// Loads a checkpoint written by save_training_checkpoint into the model and the optimizer
+// of `state` (both checked before either changes) and the default generator; returns where
+// the run stood when it was written, and fills `history`. mg::Error naming the file and the
+// flag to pass when the checkpoint does not fit the options (--hidden, --batch-size).
+RunPosition load_training_checkpoint(const std::string& path, TrainingState& state,
+                                     const TrainOptions& options,
                                      std::vector<EpochMetrics>& history);
 
 }  // namespace mg::samples

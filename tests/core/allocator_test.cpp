@@ -46,3 +46,21 @@ TEST_CASE("cpu allocator: tensors made from reused blocks hold what is written i
     CHECK(v.back() == static_cast<float>(round));
   }
 }
+
+TEST_CASE("cpu allocator: counts the bytes of live storages and their peak") {
+  const std::size_t before = cpu_memory_allocated();
+  cpu_reset_peak_memory_stats();
+  {
+    Tensor a = empty({1000}, DType::Float32);
+    CHECK(cpu_memory_allocated() == before + 4000);
+    {
+      Tensor b = empty({250}, DType::Float32);
+      CHECK(cpu_memory_allocated() == before + 5000);
+    }
+    CHECK(cpu_memory_allocated() == before + 4000);
+  }
+  CHECK(cpu_memory_allocated() == before);
+  CHECK(cpu_max_memory_allocated() == before + 5000);
+  cpu_reset_peak_memory_stats();
+  CHECK(cpu_max_memory_allocated() == before);
+}

@@ -126,3 +126,10 @@ TEST_CASE("cuda::is_built tells a build without CUDA from a machine without a GP
   CHECK(!message.empty());
   CHECK((message.find("minigrad was built without CUDA") != std::string::npos) == !cuda::is_built());
 }
+
+TEST_CASE("memory_info: the host reports its free and total memory") {
+  const mg::MemoryInfo info = mg::backend(mg::Device::cpu()).memory_info(0);
+  REQUIRE(info.known);  // Linux: /proc/meminfo
+  REQUIRE(info.total_bytes > 0);
+  REQUIRE(info.free_bytes <= info.total_bytes);
+}

@@ -291,3 +291,26 @@ TEST_CASE("addmm_relu and linear_relu match the CPU, through the fused epilogue 
   }
 }
 #endif  // MINIGRAD_WITH_CUDA
+
+#if MINIGRAD_WITH_CUDA
+TEST_CASE("addmm_relu and linear_relu keep NaN as the CPU and PyTorch do, fused or not") {
+  // cuBLASLt's RELU epilogue is max(x, 0), which would turn these NaNs into 0; the CUDA
+  // backend runs the BIAS epilogue and its own ReLU kernel instead (cuda/blas_lt.cpp).
+  const std::vector<std::array<int64_t, 3>> shapes = {{30, 5, 2}, {33, 17, 65}, {7, 1, 9}};
+  uint64_t seed = 400;
+  for (const auto& [m, k, n] : shapes) {
+    CAPTURE(m, k, n);
+    std::vector<float> wv = random_cpu({n, k}, ++seed).to_vector<float>();
+    wv[0] = NAN;  // output feature 0 of every row
+    const Tensor x = random_cpu({m, k}, ++seed), w = from_vector(wv, {n, k});
+    const Tensor b = random_cpu({n}, ++seed);
+    const Tensor yg = ops::addmm_relu(b.to(gpu()), x.to(gpu()), w.to(gpu()).t());
+    const Tensor y = ops::addmm_relu(b, x, w.t());
+    require_addmm_close(yg, y, k);
+    const auto values = yg.to_vector<float>();
+    for (int64_t i = 0; i < m; ++i) CHECK(std::isnan(values[static_cast<size_t>(i * n)]));
+    require_addmm_close(linear_relu(x.to(gpu()), w.to(gpu()), b.to(gpu())),
+                        relu(linear(x, w, b)), k);
+  }
+}
+#endif  // MINIGRAD_WITH_CUDA

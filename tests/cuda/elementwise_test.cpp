@@ -1,6 +1,8 @@
 // Elementwise ops on CUDA against the CPU backend: contiguous, broadcast (stride-0),
 // transposed and narrowed inputs, float32 and int64, out of place and in place; the
 // vectorized path at its size boundaries and on misaligned views.
+#include <limits>
+
 #include "gpu_compare.h"
 
 using namespace mg;
@@ -253,4 +255,37 @@ TEST_CASE("in-place add_ with alpha (the SGD step) and mul_ on whole tensors") {
     pg.mul_(0.9);
     require_equal(pg, p);
   }
+}
+
+TEST_CASE("relu and its backward treat NaN as the CPU and PyTorch do") {
+  for (int64_t n : cuda_test::sizes()) {
+    CAPTURE(n);
+    std::vector<float> v = random_cpu({n, 3}, 71).to_vector<float>();
+    for (size_t i = 0; i < v.size(); i += 5) v[i] = NAN;
+    const Tensor x = from_vector(v, {n, 3});
+    const Tensor g = random_cpu({n, 3}, 72);
+    require_equal(relu(x.to(gpu())), relu(x));
+    require_equal(relu(x.to(gpu()).t()), relu(x.t()));
+    const Tensor y = relu(x);
+    require_equal(ops::relu_backward(g.to(gpu()), y.to(gpu())), ops::relu_backward(g, y));
+    const auto out = relu(x.to(gpu())).to_vector<float>();
+    CHECK(std::isnan(out[0]));
+  }
+}
+
+TEST_CASE("int64 division by zero and INT64_MIN / -1 are errors on CUDA too") {
+  const Tensor a = from_vector(std::vector<int64_t>{7, std::numeric_limits<int64_t>::min()}, {2},
+                               gpu());
+  const Tensor zero = from_vector(std::vector<int64_t>{1, 0}, {2}, gpu());
+  const Tensor minus_one = from_vector(std::vector<int64_t>{1, -1}, {2}, gpu());
+  REQUIRE_THROWS_WITH(a / zero, MG_CONTAINS("ZeroDivisionError") && MG_CONTAINS("cuda:0"));
+  REQUIRE_THROWS_WITH(a / minus_one, MG_CONTAINS("integer overflow"));
+  REQUIRE_THROWS_WITH(a / 0.0, MG_CONTAINS("ZeroDivisionError"));
+  REQUIRE_THROWS_WITH(ops::binary_scalar(BinaryOp::Div, a, -1.0), MG_CONTAINS("integer overflow"));
+  require_equal(a / from_vector(std::vector<int64_t>{2, 2}, {2}, gpu()),
+                a.to(Device::cpu()) / from_vector(std::vector<int64_t>{2, 2}, {2}));
+  // int64 sums and products wrap around as on the CPU.
+  const Tensor top = from_vector(std::vector<int64_t>{std::numeric_limits<int64_t>::max(), 3}, {2});
+  require_equal(top.to(gpu()) * 2.0, top * 2.0);
+  require_equal(top.to(gpu()) + top.to(gpu()), top + top);
 }

@@ -115,7 +115,7 @@ TEST_CASE("argmax ties and NaNs across the lanes of a warp match the CPU") {
     for (int64_t v : randint(0, 3, {64, cols}).to_vector<int64_t>()) small.push_back(float(v));
     const Tensor ties = from_vector(small, {64, cols});
     require_equal(ties.to(gpu()).argmax(-1), ties.argmax(-1));
-    // NaN: the CPU keeps column 0 when it is NaN and otherwise never picks a NaN.
+    // NaN is the maximum, as in PyTorch: the first NaN of a row wins.
     std::vector<float> values = random_cpu({4, cols}, 36).to_vector<float>();
     const auto c = static_cast<size_t>(cols);
     values[0 * c + 0] = NAN;                                            // row 0: NaN first
@@ -125,6 +125,8 @@ TEST_CASE("argmax ties and NaNs across the lanes of a warp match the CPU") {
     values[3 * c + c - 1] = NAN;                                        // row 3: NaN last
     const Tensor with_nans = from_vector(values, {4, cols});
     require_equal(with_nans.to(gpu()).argmax(-1), with_nans.argmax(-1));
+    CHECK(with_nans.to(gpu()).argmax(-1).to_vector<int64_t>() ==
+          std::vector<int64_t>{0, 1, 1, cols - 1});
   }
 }
 

@@ -97,3 +97,44 @@ TEST_CASE("an invalid cross_entropy target is reported at the next read") {
   REQUIRE_THROWS_WITH(cuda::synchronize(0), MG_CONTAINS("target -1 at row 1"));
   cuda::synchronize(0);  // the flag is clear again
 }
+
+TEST_CASE("cross_entropy options (ignore_index, label_smoothing, reduction) match the CPU") {
+  const std::vector<CrossEntropyOptions> options = {
+      CrossEntropyOptions(),
+      CrossEntropyOptions().label_smoothing(0.1),
+      CrossEntropyOptions().ignore_index(3).label_smoothing(0.25).reduction(Reduction::Sum),
+      CrossEntropyOptions().label_smoothing(0.2).reduction(Reduction::None),
+  };
+  for (int64_t rows : cuda_test::sizes()) {
+    for (int64_t classes : {int64_t{10}, int64_t{1000}, int64_t{4097}}) {
+      if (rows * classes > (1 << 22)) continue;
+      for (const CrossEntropyOptions& o : options) {
+        CAPTURE(rows, classes, o.ignore_index(), o.label_smoothing(), reduction_name(o.reduction()));
+        const Tensor x = random_cpu({rows, classes}, 61);
+        std::vector<int64_t> t = random_targets(rows, classes, 62).to_vector<int64_t>();
+        for (size_t i = 1; i < t.size(); i += 3) t[i] = o.ignore_index();  // every third row
+        const Tensor targets = from_vector(t, {rows});
+        Tensor xc = x.detach().set_requires_grad(true);
+        Tensor xg = x.to(gpu()).detach().set_requires_grad(true);
+        const Tensor loss_cpu = cross_entropy(xc, targets, o);
+        const Tensor loss_gpu = cross_entropy(xg, targets.to(gpu()), o);
+        require_close(loss_gpu, loss_cpu, 1e-5, 1e-5);
+        const Tensor seed = o.reduction() == Reduction::None ? random_cpu({rows}, 63) : Tensor();
+        loss_cpu.backward(seed);
+        loss_gpu.backward(seed.defined() ? seed.to(gpu()) : Tensor());
+        require_close(xg.grad(), xc.grad(), 1e-4, 1e-7);
+      }
+    }
+  }
+  // Every row ignored: a NaN mean and a zero gradient, as on the CPU.
+  Tensor xg = random_cpu({5, 10}, 64).to(gpu()).detach().set_requires_grad(true);
+  const Tensor none_kept = full({5}, -100.0, DType::Int64, gpu());
+  const Tensor loss = cross_entropy(xg, none_kept);
+  REQUIRE(std::isnan(loss.item<float>()));
+  loss.backward();
+  require_close(xg.grad(), zeros({5, 10}));
+  // A target that is neither a class nor ignore_index is still reported.
+  const Tensor bad = from_vector(std::vector<int64_t>{-100, 10, 0, -100, 1}, {5}, gpu());
+  const Tensor bad_loss = cross_entropy(xg, bad);
+  REQUIRE_THROWS_WITH(bad_loss.item<float>(), MG_CONTAINS("target 10 at row 1"));
+}

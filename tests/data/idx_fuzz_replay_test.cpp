@@ -25,3 +25,17 @@ TEST_CASE("fuzz replay: the gzipped label seed reads as the raw one") {
   CHECK(gz.dims == raw.dims);
   CHECK(gz.values == raw.values);
 }
+
+TEST_CASE("fuzz replay: the gzip bomb and the lying header seeds are refused as they should be") {
+  // Guards the seeds of the checks that stop a reader at what the header declares.
+  const std::string dir = std::string(MINIGRAD_SOURCE_DIR) + "/tests/fuzz/corpus/idx/";
+  REQUIRE_THROWS_WITH(mg::data::read_idx_ubyte(dir + "bomb-labels-idx1-ubyte.gz", 1),
+                      MG_CONTAINS("the gzip data inflates past the 11 bytes that its header "
+                                  "declares"));
+  REQUIRE_THROWS_WITH(mg::data::read_idx_ubyte(dir + "liar-idx3-ubyte.gz", 3),
+                      MG_CONTAINS("truncated: the header describes 4294967295 x 65535 x 65535"));
+  REQUIRE_THROWS_WITH(mg::data::read_maybe_gzipped(dir + "bomb-labels-idx1-ubyte.gz", 4096),
+                      MG_CONTAINS("the data is longer than the limit of 4096 bytes "
+                                  "(decompressed); stopped reading there"));
+  CHECK(mg::data::read_maybe_gzipped(dir + "labels-idx1-ubyte.gz", 14).size() == 14);
+}

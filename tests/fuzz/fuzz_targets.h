@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -60,7 +61,9 @@ class MemoryFile {
 };
 
 // data/idx.h: the in-memory parser with the label (1-D) and image (3-D) layouts, then
-// the file reader, which also gunzips.
+// the file reader, which also gunzips: it reads the header first and then no more than
+// the values the header declares (a gzip bomb stops there), and read_maybe_gzipped with
+// a limit below the fuzzer's -max_len, so that the limit is crossed as often as not.
 inline void idx_one_input(const uint8_t* data, std::size_t size) {
   for (int ndims : {1, 3}) {
     try {
@@ -73,19 +76,39 @@ inline void idx_one_input(const uint8_t* data, std::size_t size) {
     }
   }
   const MemoryFile file(data, size);
+  for (int ndims : {1, 3}) {
+    try {
+      const data::IdxArray array = data::read_idx_ubyte(file.path(), ndims);
+      MG_FUZZ_ASSERT(array.dims.size() == static_cast<std::size_t>(ndims));
+      std::size_t count = 1;
+      for (int64_t d : array.dims) count *= static_cast<std::size_t>(d);
+      MG_FUZZ_ASSERT(count == array.values.size());
+    } catch (const mg::Error&) {
+    }
+  }
   try {
-    const data::IdxArray array = data::read_idx_ubyte(file.path(), 3);
-    MG_FUZZ_ASSERT(array.dims.size() == 3);
+    constexpr std::size_t kLimit = 4096;
+    MG_FUZZ_ASSERT(data::read_maybe_gzipped(file.path(), kLimit).size() <= kLimit);
   } catch (const mg::Error&) {
   }
 }
 
-// nn/serialize.h: load_tensors (any tensors), then nn::load into a Linear(2, 3), which
-// goes on to match names, shapes and dtypes against the module and copy the values.
+// nn/serialize.h: load_tensors (any tensors), with and without the refusal of non-finite
+// values, then nn::load into a Linear(2, 3), which goes on to match names, shapes and
+// dtypes against the module and copy the values.
 inline void safetensors_one_input(const uint8_t* data, std::size_t size) {
   const MemoryFile file(data, size);
   try {
     const nn::Checkpoint checkpoint = nn::load_tensors(file.path());
+    for (const auto& [name, tensor] : checkpoint.tensors)
+      if (tensor.dtype() == DType::Float32)
+        for (float v : tensor.to_vector<float>()) MG_FUZZ_ASSERT(std::isfinite(v));
+  } catch (const mg::Error&) {
+  }
+  try {
+    nn::LoadOptions options;
+    options.allow_non_finite = true;
+    const nn::Checkpoint checkpoint = nn::load_tensors(file.path(), options);
     for (const auto& [name, tensor] : checkpoint.tensors) {
       MG_FUZZ_ASSERT(tensor.defined() && tensor.device().is_cpu() && tensor.is_contiguous());
       MG_FUZZ_ASSERT(!name.empty());

@@ -108,3 +108,17 @@ write("store", "argument-past-end", b"\x04" + struct.pack("<BII", SET, 2, 12) + 
 write("store", "trailing-bytes", b"\x05" + struct.pack("<BII", GET, 1, 9) + struct.pack("<I", 3) + b"key" +
       b"xx")
 write("store", "http", b"\x06GET / HTTP/1.1\r\nHost: store\r\n\r\n")
+# ---- what a reader must refuse without reading or inflating past its header ----
+# A gzip bomb in small: 3 labels declared, then 1 MiB of zeros (about 1 KiB compressed);
+# the reader stops inflating after the declared 11 bytes.
+write("idx", "bomb-labels-idx1-ubyte.gz", gz(idx([3], [1, 2, 3]) + bytes(1 << 20)))
+# A header that declares nearly 2^64 bytes over 100 bytes of data: no buffer of the
+# declared size may be made.
+write("idx", "liar-idx3-ubyte.gz", gz(idx([0xFFFFFFFF, 0xFFFF, 0xFFFF], []) + bytes(100)))
+# The weights of a run that diverged: refused unless LoadOptions::allow_non_finite.
+write("safetensors", "non-finite.safetensors", safetensors(
+    [("bias", "F32", [3], f32([0.1, float("nan"), 0.3])),
+     ("weight", "F32", [3, 2], f32([1, 2, float("inf"), 4, 5, -float("inf")]))],
+    {"format": "pt"}))
+# A header length far past the end of the file: refused before anything is allocated.
+write("safetensors", "header-length-past-end.safetensors", struct.pack("<Q", 1 << 40) + b'{"a":1}')

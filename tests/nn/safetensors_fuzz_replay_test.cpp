@@ -36,3 +36,15 @@ TEST_CASE("fuzz regressions: the safetensors faults the fuzzer found are named e
       mg::nn::load_tensors(dir + "shape-0-then-2e62x2e62-overflowed-int64-strides.safetensors"),
       MG_CONTAINS("tensor 't' has an impossibly large shape [0,4611686018427387904,4611686018427387904]"));
 }
+
+TEST_CASE("fuzz replay: the non-finite and the header-length seeds are refused as they should be") {
+  const std::string dir = std::string(MINIGRAD_SOURCE_DIR) + "/tests/fuzz/corpus/safetensors/";
+  REQUIRE_THROWS_WITH(mg::nn::load_tensors(dir + "non-finite.safetensors"),
+                      MG_CONTAINS("holds non-finite values (NaN or infinity) in 2 tensors"));
+  mg::nn::LoadOptions options;
+  options.allow_non_finite = true;
+  CHECK(mg::nn::load_tensors(dir + "non-finite.safetensors", options).tensors.size() == 2);
+  REQUIRE_THROWS_WITH(mg::nn::load_tensors(dir + "header-length-past-end.safetensors"),
+                      MG_CONTAINS("the header length 1099511627776 is larger than the 7 bytes "
+                                  "that follow it"));
+}

@@ -121,3 +121,33 @@ TEST_CASE("device lists parse as the command line writes them") {
                       MG_CONTAINS("device list 'gpu0': Device: cannot parse 'gpu0'"));
   REQUIRE_THROWS_WITH(parse_device_list(""), MG_CONTAINS("device list '': empty entry"));
 }
+
+TEST_CASE("HostCommunicator all_reduce and all_gather: one tensor per rank, every rank's result") {
+  mg::parallel::HostCommunicator host(cpus(3));
+  const std::vector<Tensor> inputs{mg::full({2}, 1.0), mg::full({2}, 2.0), mg::full({2}, 4.0)};
+  const auto sums = host.all_reduce(inputs);
+  REQUIRE(sums.size() == 3);
+  for (size_t r = 0; r < 3; ++r) {
+    REQUIRE(sums[r].to_vector<float>() == std::vector<float>{7, 7});
+    for (const Tensor& in : inputs) REQUIRE_FALSE(sums[r].storage().is_alias_of(in.storage()));
+  }
+  REQUIRE_FALSE(sums[0].storage().is_alias_of(sums[1].storage()));  // each rank owns its copy
+  REQUIRE(inputs[0].to_vector<float>() == std::vector<float>{1, 1});
+
+  const auto stacked = host.all_gather({mg::full({1, 2}, 1.0), mg::full({1, 2}, 2.0), mg::full({1, 2}, 3.0)});
+  REQUIRE(stacked.size() == 3);
+  for (const Tensor& t : stacked) {
+    REQUIRE(t.shape() == Shape{3, 1, 2});
+    REQUIRE(t.to_vector<float>() == std::vector<float>{1, 1, 2, 2, 3, 3});
+  }
+  // A group of one returns a copy, not the input.
+  mg::parallel::HostCommunicator one(cpus(1));
+  REQUIRE_FALSE(one.all_reduce({inputs[0]})[0].storage().is_alias_of(inputs[0].storage()));
+
+  REQUIRE_THROWS_WITH(host.all_reduce({inputs[0], inputs[1]}),
+                      MG_CONTAINS("host all_reduce: got tensors for 2 ranks, but the communicator "
+                                  "has 3 ([cpu, cpu, cpu])"));
+  REQUIRE_THROWS_WITH(host.all_gather({inputs[0], mg::zeros({3}), inputs[2]}),
+                      MG_CONTAINS("host all_gather: rank 1 has a float32 tensor of shape [3], but "
+                                  "rank 0 has float32 [2]"));
+}

@@ -120,7 +120,7 @@ TEST_CASE("trace: a DataParallel step over 3 CPU replicas runs 3 replica forward
     REQUIRE(f.category == "forward");
     REQUIRE(f.args["replica"] == i);
     REQUIRE(f.args["device"] == "cpu");
-    REQUIRE(trace.thread_of(f) == fmt::format("replica worker {}", i));
+    REQUIRE(trace.thread_of(f) == fmt::format("worker {}", i));
     threads.insert(f.tid);
     forwards.push_back(f);
   }

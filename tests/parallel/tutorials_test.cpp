@@ -108,3 +108,32 @@ TEST_CASE("model_parallel --wrap-data-parallel says what DataParallel does with 
   // needs two devices; tests/cuda checks that message).
   REQUIRE(count(r.output, "DataParallel accepted it: both layers are on cpu") == 1);
 }
+
+TEST_CASE("model_parallel --pipeline --chunks 8 trains as the naive split does and prints how busy each stage was") {
+  const std::string binary = program("model_parallel");
+  if (!exists(binary)) return;
+  const Run naive = run(binary + " --devices cpu,cpu");
+  const Run piped = run(binary + " --devices cpu,cpu --pipeline --chunks 8");
+  INFO(naive.output);
+  INFO(piped.output);
+  REQUIRE(naive.status == 0);
+  REQUIRE(piped.status == 0);
+  REQUIRE(count(piped.output, "Pipe over [cpu, cpu]: 8 micro-batches of a batch of 64, schedule gpipe\n") == 1);
+  // The same weights, batch and losses, epoch by epoch (printed to four decimals).
+  for (int epoch = 1; epoch <= 10; ++epoch) {
+    const std::string prefix = fmt::format("Epoch {}, Loss: ", epoch);
+    const size_t a = naive.output.find(prefix), b = piped.output.find(prefix);
+    REQUIRE(a != std::string::npos);
+    REQUIRE(b != std::string::npos);
+    REQUIRE(naive.output.substr(a, prefix.size() + 6) == piped.output.substr(b, prefix.size() + 6));
+  }
+  REQUIRE(count(piped.output, "naive split (1 micro-batch): step ") == 1);
+  REQUIRE(count(piped.output, "pipeline (8 micro-batches): step ") == 1);
+  REQUIRE(count(piped.output, ", stage 0 (cpu) busy ") == 2);
+  REQUIRE(count(piped.output, ", stage 1 (cpu) busy ") == 2);
+  REQUIRE(count(piped.output, "(ideal for equal stages: (p-1)/(m+p-1) = 11%)") == 1);
+  const Run ofob = run(binary + " --devices cpu,cpu --pipeline --chunks 4 --schedule 1f1b");
+  INFO(ofob.output);
+  REQUIRE(ofob.status == 0);
+  REQUIRE(count(ofob.output, "Epoch 10, Loss: ") == 1);
+}

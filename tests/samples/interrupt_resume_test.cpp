@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include <minigrad/nn/serialize.h>
 
 #include "data/synthetic_fashion_mnist.h"
@@ -253,5 +255,68 @@ TEST_CASE("train_fashion_mnist --distributed: two ranks interrupted and resumed 
   require_same_tensors(straight, resumed);
   CHECK(metrics_without_seconds(dir / "straight.csv") ==
         metrics_without_seconds(dir / "resumed.csv"));
+}
+#endif
+
+#if MINIGRAD_WITH_GLOO
+TEST_CASE("train_fashion_mnist --distributed --zero: every stage trains as DDP does, and their "
+          "checkpoints resume one another bit-identical") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, false);
+  const std::string flags = mg::testing::program_path("minigrad-run") + " --nproc-per-node 2 " +
+                            small_run(dir.path()) + " --distributed --epochs 2";
+  const std::string straight = dir / "straight.safetensors";
+  const auto reference = run_program(flags + " --zero 0 --save " + straight + " --metrics " +
+                                     (dir / "zero0.csv"));
+  INFO(reference.output);
+  REQUIRE(reference.exit_code == 0);
+
+  // On two ranks a reduce-scatter adds the same two numbers as the all-reduce does, so every
+  // stage takes DDP's steps bit for bit: the same metrics, and checkpoints (gathered in full
+  // on rank 0) of the same tensors.
+  for (int zero : {1, 2, 3}) {  // a loop, not sections: the runs around it run once
+    INFO("--zero " << zero);
+    const std::string csv = dir / fmt::format("zero{}.csv", zero);
+    const std::string ck = dir / fmt::format("zero{}.safetensors", zero);
+    const auto run =
+        run_program(flags + fmt::format(" --zero {} --save {} --metrics {}", zero, ck, csv));
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    REQUIRE_THAT(run.output,
+                 MG_CONTAINS(fmt::format("[rank 0] sharded over the ranks: ZeRO-{}", zero)));
+    CHECK(metrics_without_seconds(csv) == metrics_without_seconds(dir / "zero0.csv"));
+    require_same_tensors(straight, ck);
+  }
+
+  // AdamW too (its step count and two moments sharded, gathered into the checkpoint).
+  const auto adamw0 = run_program(flags + " --zero 0 --optimizer adamw --metrics " +
+                                  (dir / "adamw0.csv") + " --save " + (dir / "adamw0.safetensors"));
+  INFO(adamw0.output);
+  REQUIRE(adamw0.exit_code == 0);
+  REQUIRE_THAT(adamw0.output, MG_CONTAINS("AdamW lr 0.001 (cosine) weight_decay 0.01"));
+  const auto adamw3 = run_program(flags + " --zero 3 --optimizer adamw --metrics " +
+                                  (dir / "adamw3.csv") + " --save " + (dir / "adamw3.safetensors"));
+  INFO(adamw3.output);
+  REQUIRE(adamw3.exit_code == 0);
+  CHECK(metrics_without_seconds(dir / "adamw0.csv") == metrics_without_seconds(dir / "adamw3.csv"));
+  require_same_tensors(dir / "adamw0.safetensors", dir / "adamw3.safetensors",
+                       {"optim.exp_avg.0", "optim.exp_avg_sq.0", "optim.step.0"});
+
+  // Interrupted under ZeRO-3 in mid-epoch, resumed under ZeRO-2: DDP's end, bit for bit.
+  const std::string resumed = dir / "resumed.safetensors";
+  const auto stopped = run_program(flags + " --zero 3 --save " + resumed + " --stop-after-steps 4");
+  INFO(stopped.output);
+  REQUIRE(stopped.exit_code == 130);
+  const auto rest = run_program(flags + " --zero 2 --resume " + resumed + " --save " + resumed);
+  INFO(rest.output);
+  REQUIRE(rest.exit_code == 0);
+  require_same_tensors(straight, resumed);
+}
+
+TEST_CASE("train_fashion_mnist: --zero without --distributed is a usage error") {
+  const auto run = run_program(kProgram + " --zero 2 --epochs 1");
+  REQUIRE(run.exit_code != 0);
+  REQUIRE_THAT(run.output, MG_CONTAINS("--zero 2 shards the training over the ranks of a "
+                                       "--distributed run"));
 }
 #endif

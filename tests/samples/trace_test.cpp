@@ -61,7 +61,7 @@ TEST_CASE("train_fashion_mnist --devices cpu,cpu --trace: a trace of 3 steps aft
                            "replica 0 backward", "replica 1 backward"})
     REQUIRE(trace.named(name).size() >= 3);
   REQUIRE(trace.thread_of(trace.named("step 2")[0]) == "main");
-  REQUIRE(trace.thread_of(trace.named("replica 1 forward")[0]) == "replica worker 1");
+  REQUIRE(trace.thread_of(trace.named("replica 1 forward")[0]) == "worker 1");
   // No autograd node at the default detail level.
   REQUIRE(trace.named("LinearBackward").empty());
 }

@@ -247,3 +247,132 @@ TEST_CASE("train_fashion_mnist: --devices cpu,cpu,cpu trains with DataParallel t
   // (a different summation order) may differ.
   for (size_t i = 0; i < rows[0].size(); ++i) REQUIRE(rows[1][i] == Approx(rows[0][i]).margin(1e-4));
 }
+
+TEST_CASE("train_fashion_mnist: --pipeline 2 and 3 train to the numbers of one device, either schedule") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, true);
+  std::vector<std::vector<double>> rows;
+  // Batches of 50 in 3 chunks: micro-batches of 17, 17 and 16 rows.
+  for (const std::string flags :
+       {"--devices cpu", "--pipeline 2 --chunks 3 --devices cpu,cpu",
+        "--pipeline 3 --chunks 3 --schedule 1f1b --devices cpu"}) {
+    const auto run = run_program(small_run(dir.path()) + " --epochs 2 " + flags + " --metrics " +
+                                 (dir / "m.csv"));
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    if (flags.find("--pipeline 2") != std::string::npos)
+      REQUIRE_THAT(run.output, MG_CONTAINS("pipeline: 2 stages of [2, 1] layers, 3 micro-batches "
+                                           "per batch, schedule gpipe"));
+    if (flags.find("--pipeline 3") != std::string::npos)
+      REQUIRE_THAT(run.output, MG_CONTAINS("pipeline: 3 stages of [1, 1, 1] layers, 3 "
+                                           "micro-batches per batch, schedule 1f1b"));
+    const auto csv = lines(read_text(dir / "m.csv"));
+    REQUIRE(csv.size() == 3);
+    std::vector<double> values;
+    for (size_t i = 1; i < csv.size(); ++i) {
+      double train_loss = 0, test_loss = 0, accuracy = 0;
+      REQUIRE(std::sscanf(csv[i].c_str(), "%*d,%lf,%lf,%lf", &train_loss, &test_loss, &accuracy) == 3);
+      values.insert(values.end(), {train_loss, test_loss, accuracy});
+    }
+    rows.push_back(values);
+  }
+  // The pipeline's micro-batch gradients add up to the batch's: float rounding only.
+  for (size_t r = 1; r < rows.size(); ++r)
+    for (size_t i = 0; i < rows[0].size(); ++i) REQUIRE(rows[r][i] == Approx(rows[0][i]).margin(1e-4));
+
+  const auto both = run_program(small_run(dir.path()) + " --pipeline 2 --distributed");
+  REQUIRE(both.exit_code != 0);
+  REQUIRE_THAT(both.output, MG_CONTAINS("--pipeline and --distributed do not go together"));
+  const auto three = run_program(small_run(dir.path()) + " --pipeline 2 --devices cpu,cpu,cpu");
+  REQUIRE(three.exit_code != 0);
+  REQUIRE_THAT(three.output,
+               MG_CONTAINS("--pipeline 2: --devices cpu,cpu,cpu names 3 devices; give one per stage"));
+}
+namespace {
+
+// Every number of a metrics CSV but the seconds.
+std::vector<double> metrics_values(const std::string& path) {
+  std::vector<double> values;
+  const auto csv = lines(read_text(path));
+  for (size_t i = 1; i < csv.size(); ++i) {
+    double train_loss = 0, test_loss = 0, accuracy = 0;
+    if (std::sscanf(csv[i].c_str(), "%*d,%lf,%lf,%lf", &train_loss, &test_loss, &accuracy) == 3)
+      values.insert(values.end(), {train_loss, test_loss, accuracy});
+  }
+  return values;
+}
+
+void require_same_metrics(const std::vector<double>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  REQUIRE(!got.empty());
+  // Tensor parallelism changes where the sums run, never the numbers, up to rounding.
+  for (size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == Approx(want[i]).margin(1e-4));
+}
+
+}  // namespace
+
+TEST_CASE("train_fashion_mnist: --tensor-parallel 2 in one process trains to the plain run's numbers") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, true);
+  const std::string flags = small_run(dir.path()) + " --epochs 2 --metrics ";
+  const auto plain = run_program(flags + (dir / "plain.csv"));
+  INFO(plain.output);
+  REQUIRE(plain.exit_code == 0);
+  const auto tp = run_program(flags + (dir / "tp.csv") + " --devices cpu,cpu --tensor-parallel 2");
+  INFO(tp.output);
+  REQUIRE(tp.exit_code == 0);
+  REQUIRE_THAT(tp.output, MG_CONTAINS("tensor parallel: the Linear layers in column/row pairs over "
+                                      "2 ranks in one process (devices=[cpu, cpu], "
+                                      "communicator=host); 12730 parameters per rank (of 25450)"));
+  require_same_metrics(metrics_values(dir / "tp.csv"), metrics_values(dir / "plain.csv"));
+}
+
+TEST_CASE("train_fashion_mnist: --tensor-parallel refuses what it cannot do") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 20, 10, false);
+  const std::string flags = small_run(dir.path()) + " --epochs 1 --tensor-parallel 2";
+  const auto one_device = run_program(flags);
+  REQUIRE(one_device.exit_code == 2);
+  REQUIRE_THAT(one_device.output,
+               MG_CONTAINS("train_fashion_mnist: error: --tensor-parallel 2 in one process takes "
+                           "one device per rank, but --devices cpu names 1; pass 2 devices (e.g. "
+                           "--devices cpu,cpu), or use --distributed for data parallelism as well"));
+  const auto save = run_program(flags + " --devices cpu,cpu --save " + (dir / "ck.safetensors"));
+  REQUIRE(save.exit_code == 2);
+  REQUIRE_THAT(save.output, MG_CONTAINS("--tensor-parallel 2: --save and --resume are not "
+                                        "supported with tensor parallelism"));
+  const auto odd = run_program(kProgram + " --data-dir " + dir.path() +
+                               " --hidden 33 --epochs 1 --devices cpu,cpu --tensor-parallel 2");
+  REQUIRE(odd.exit_code == 1);
+  REQUIRE_THAT(odd.output, MG_CONTAINS("ColumnParallelLinear: out_features = 33 is not divisible "
+                                       "by the tensor-parallel size 2"));
+}
+
+#if MINIGRAD_WITH_GLOO
+TEST_CASE("train_fashion_mnist --distributed --tensor-parallel 2 on 4 ranks (2 x 2) trains to the "
+          "numbers of data parallelism on 2") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, true);
+  const std::string run = mg::testing::program_path("minigrad-run");
+  const std::string flags = small_run(dir.path()) + " --distributed --epochs 2 --metrics ";
+  // The same two data-parallel ranks, the same shards of every epoch: only the split of
+  // each layer over the tensor-parallel pairs differs.
+  const auto ddp = run_program(run + " --nproc-per-node 2 " + flags + (dir / "ddp.csv"));
+  INFO(ddp.output);
+  REQUIRE(ddp.exit_code == 0);
+  const auto mesh = run_program(run + " --nproc-per-node 4 " + flags + (dir / "mesh.csv") +
+                                " --tensor-parallel 2");
+  INFO(mesh.output);
+  REQUIRE(mesh.exit_code == 0);
+  REQUIRE_THAT(mesh.output, MG_CONTAINS("[rank 3] distributed: rank 3 of 4 (gloo), global batch "
+                                        "50 = 2 x 25 per data-parallel rank"));
+  REQUIRE_THAT(mesh.output, MG_CONTAINS("[rank 0] tensor parallel: the Linear layers in column/row "
+                                        "pairs over 2 ranks, data parallel over 2; 12730 "
+                                        "parameters per rank (of 25450)"));
+  require_same_metrics(metrics_values(dir / "mesh.csv"), metrics_values(dir / "ddp.csv"));
+  const auto uneven = run_program(run + " --nproc-per-node 3 " + flags + (dir / "x.csv") +
+                                  " --tensor-parallel 2");
+  REQUIRE(uneven.exit_code != 0);
+  REQUIRE_THAT(uneven.output, MG_CONTAINS("--tensor-parallel 2 does not divide the 3 ranks of the job"));
+}
+#endif

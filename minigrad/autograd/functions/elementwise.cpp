@@ -2,6 +2,7 @@
 // A broadcast input's gradient is summed back to that input's shape (ops::sum_to).
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
+#include <minigrad/autograd/saved_tensor.h>
 #include <minigrad/core/ops.h>
 
 namespace mg {
@@ -27,24 +28,32 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = ops::binary(BinaryOp::Mul, a, b);
-  record_function("MulBackward", {a, b}, {out}, [a = a.detach(), b = b.detach()](const BackwardArgs& g) {
-    Tensor ga = g.needs(0) ? sum_to(ops::binary(BinaryOp::Mul, g.grad(), b), a.shape()) : Tensor();
-    Tensor gb = g.needs(1) ? sum_to(ops::binary(BinaryOp::Mul, g.grad(), a), b.shape()) : Tensor();
-    return std::vector<Tensor>{ga, gb};
-  });
+  record_function("MulBackward", {a, b}, {out},
+                  [a = SavedTensor(a), b = SavedTensor(b), sa = a.shape(), sb = b.shape()](
+                      const BackwardArgs& g) {
+                    // Each factor's gradient needs the other factor only.
+                    Tensor ga = g.needs(0) ? sum_to(ops::binary(BinaryOp::Mul, g.grad(), b.unpack(g)), sa)
+                                           : Tensor();
+                    Tensor gb = g.needs(1) ? sum_to(ops::binary(BinaryOp::Mul, g.grad(), a.unpack(g)), sb)
+                                           : Tensor();
+                    return std::vector<Tensor>{ga, gb};
+                  });
   return out;
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = ops::binary(BinaryOp::Div, a, b);
-  record_function("DivBackward", {a, b}, {out}, [a = a.detach(), b = b.detach()](const BackwardArgs& g) {
+  record_function("DivBackward", {a, b}, {out},
+                  [a = SavedTensor(a), b = SavedTensor(b), sa = a.shape(), sb = b.shape()](
+                      const BackwardArgs& g) {
     // d(a/b)/da = 1/b ; d(a/b)/db = -a/b^2
-    Tensor ga = g.needs(0) ? sum_to(ops::binary(BinaryOp::Div, g.grad(), b), a.shape()) : Tensor();
+    const Tensor& vb = b.unpack(g);
+    Tensor ga = g.needs(0) ? sum_to(ops::binary(BinaryOp::Div, g.grad(), vb), sa) : Tensor();
     Tensor gb;
     if (g.needs(1)) {
-      Tensor b2 = ops::binary(BinaryOp::Mul, b, b);
-      Tensor t = ops::binary(BinaryOp::Div, ops::binary(BinaryOp::Mul, g.grad(), a), b2);
-      gb = sum_to(ops::unary(UnaryOp::Neg, t), b.shape());
+      Tensor b2 = ops::binary(BinaryOp::Mul, vb, vb);
+      Tensor t = ops::binary(BinaryOp::Div, ops::binary(BinaryOp::Mul, g.grad(), a.unpack(g)), b2);
+      gb = sum_to(ops::unary(UnaryOp::Neg, t), sb);
     }
     return std::vector<Tensor>{ga, gb};
   });
@@ -76,26 +85,27 @@ Tensor neg(const Tensor& x) {
 
 Tensor exp(const Tensor& x) {
   Tensor out = ops::unary(UnaryOp::Exp, x);
-  // d exp(x) = exp(x): save the output, detached so the node does not own itself.
-  record_function("ExpBackward", {x}, {out}, [y = out.detach()](const BackwardArgs& g) {
-    return std::vector<Tensor>{ops::binary(BinaryOp::Mul, g.grad(), y)};
+  // d exp(x) = exp(x): save the output (SavedTensor detaches it: the node must not own itself).
+  record_function("ExpBackward", {x}, {out}, [y = SavedTensor(out)](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::binary(BinaryOp::Mul, g.grad(), y.unpack(g))};
   });
   return out;
 }
 
 Tensor log(const Tensor& x) {
   Tensor out = ops::unary(UnaryOp::Log, x);
-  record_function("LogBackward", {x}, {out}, [x = x.detach()](const BackwardArgs& g) {
-    return std::vector<Tensor>{ops::binary(BinaryOp::Div, g.grad(), x)};
+  record_function("LogBackward", {x}, {out}, [x = SavedTensor(x)](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::binary(BinaryOp::Div, g.grad(), x.unpack(g))};
   });
   return out;
 }
 
 Tensor relu(const Tensor& x) {
   Tensor out = ops::unary(UnaryOp::Relu, x);
-  // relu(x) > 0 exactly where x > 0, so the output serves as the mask.
-  record_function("ReluBackward", {x}, {out}, [y = out.detach()](const BackwardArgs& g) {
-    return std::vector<Tensor>{ops::relu_backward(g.grad(), y)};
+  // relu(x) > 0 exactly where x > 0 (and relu(NaN) is NaN), so the output serves as the
+  // mask, as PyTorch's threshold_backward(grad, result, 0).
+  record_function("ReluBackward", {x}, {out}, [y = SavedTensor(out)](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::relu_backward(g.grad(), y.unpack(g))};
   });
   return out;
 }
@@ -111,6 +121,12 @@ Tensor operator-(const Tensor& a, double b) { return add(a, -b); }
 Tensor operator-(double a, const Tensor& b) { return add(neg(b), a); }
 Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
 Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
-Tensor operator/(const Tensor& a, double b) { return mul(a, 1.0 / b); }
+// a * (1 / b): an int64 tensor takes only the b whose inverse is whole (the result
+// keeps its dtype, and a fraction is refused, not truncated). An int64 tensor divided by
+// 0 is PyTorch's ZeroDivisionError, not a product with infinity.
+Tensor operator/(const Tensor& a, double b) {
+  if (a.dtype() == DType::Int64 && b == 0.0) return ops::binary_scalar(BinaryOp::Div, a, b);
+  return mul(a, 1.0 / b);
+}
 
 }  // namespace mg

@@ -2,17 +2,21 @@
 // are views, which the backends hand to their GEMM as flags rather than copies.
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
+#include <minigrad/autograd/saved_tensor.h>
 #include <minigrad/core/ops.h>
 
 namespace mg {
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor out = ops::matmul(a, b);
-  record_function("MatmulBackward", {a, b}, {out}, [a = a.detach(), b = b.detach()](const BackwardArgs& g) {
-    Tensor ga = g.needs(0) ? ops::matmul(g.grad(), ops::transpose(b, 0, 1)) : Tensor();
-    Tensor gb = g.needs(1) ? ops::matmul(ops::transpose(a, 0, 1), g.grad()) : Tensor();
-    return std::vector<Tensor>{ga, gb};
-  });
+  record_function("MatmulBackward", {a, b}, {out},
+                  [a = SavedTensor(a), b = SavedTensor(b)](const BackwardArgs& g) {
+                    Tensor ga = g.needs(0) ? ops::matmul(g.grad(), ops::transpose(b.unpack(g), 0, 1))
+                                           : Tensor();
+                    Tensor gb = g.needs(1) ? ops::matmul(ops::transpose(a.unpack(g), 0, 1), g.grad())
+                                           : Tensor();
+                    return std::vector<Tensor>{ga, gb};
+                  });
   return out;
 }
 
@@ -36,11 +40,11 @@ void check_linear(const char* op, const Tensor& x, const Tensor& w, const Tensor
 // dw = dy^T @ x (a contiguous [out, in], not the transpose of x^T @ dy that a composed
 // matmul would give and AccumulateGrad would then have to copy), db = dy summed over
 // the batch.
-std::vector<Tensor> linear_grads(const BackwardArgs& g, const Tensor& dy, const Tensor& x,
-                                 const Tensor& w, bool has_bias) {
+std::vector<Tensor> linear_grads(const BackwardArgs& g, const Tensor& dy, const SavedTensor& x,
+                                 const SavedTensor& w, bool has_bias) {
   std::vector<Tensor> grads;
-  grads.push_back(g.needs(0) ? ops::matmul(dy, w) : Tensor());
-  grads.push_back(g.needs(1) ? ops::matmul(ops::transpose(dy, 0, 1), x) : Tensor());
+  grads.push_back(g.needs(0) ? ops::matmul(dy, w.unpack(g)) : Tensor());
+  grads.push_back(g.needs(1) ? ops::matmul(ops::transpose(dy, 0, 1), x.unpack(g)) : Tensor());
   if (has_bias) grads.push_back(g.needs(2) ? ops::sum(dy, {0}, false) : Tensor());
   return grads;
 }
@@ -54,7 +58,7 @@ void record_linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tens
   std::vector<Tensor> inputs{x, w};
   if (b.defined()) inputs.push_back(b);
   record_function("LinearBackward", inputs, {y},
-                  [x = x.detach(), w = w.detach(), has_bias = b.defined()](const BackwardArgs& g) {
+                  [x = SavedTensor(x), w = SavedTensor(w), has_bias = b.defined()](const BackwardArgs& g) {
                     return linear_grads(g, g.grad(), x, w, has_bias);
                   });
 }
@@ -87,8 +91,8 @@ Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (!needs_graph({x, w, b})) return y;
   const Tensor pre = y.detach();
   record_linear(x, w, b, pre);
-  record_function("ReluBackward", {pre}, {y}, [y = y.detach()](const BackwardArgs& g) {
-    return std::vector<Tensor>{ops::relu_backward(g.grad(), y)};
+  record_function("ReluBackward", {pre}, {y}, [y = SavedTensor(y)](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::relu_backward(g.grad(), y.unpack(g))};
   });
   return y;
 }

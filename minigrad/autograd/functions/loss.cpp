@@ -1,25 +1,30 @@
 // log_softmax and cross-entropy. cross_entropy is fused (one kernel forward, one
-// backward: softmax minus one-hot), which is both faster and stabler than composing
-// log_softmax with a gather.
+// backward: softmax minus the smoothed one-hot target), which is both faster and stabler
+// than composing log_softmax with a gather; ignore_index, label smoothing and the
+// reduction are options of the same kernels (core/cross_entropy_options.h).
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
+#include <minigrad/autograd/saved_tensor.h>
 #include <minigrad/core/ops.h>
 
 namespace mg {
 
 Tensor log_softmax(const Tensor& x, int64_t dim) {
   Tensor out = ops::log_softmax(x, dim);
-  record_function("LogSoftmaxBackward", {x}, {out}, [y = out.detach(), dim](const BackwardArgs& g) {
-    return std::vector<Tensor>{ops::log_softmax_backward(g.grad(), y, dim)};
+  record_function("LogSoftmaxBackward", {x}, {out}, [y = SavedTensor(out), dim](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::log_softmax_backward(g.grad(), y.unpack(g), dim)};
   });
   return out;
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
-  Tensor loss = ops::cross_entropy(logits, targets);
+Tensor CrossEntropyFunction::operator()(const Tensor& logits, const Tensor& targets,
+                                        const CrossEntropyOptions& options) const {
+  Tensor loss = ops::cross_entropy(logits, targets, options);
   record_function("CrossEntropyBackward", {logits}, {loss},
-                  [logits = logits.detach(), targets = targets.detach()](const BackwardArgs& g) {
-                    return std::vector<Tensor>{ops::cross_entropy_backward(g.grad(), logits, targets)};
+                  [logits = SavedTensor(logits), targets = SavedTensor(targets),
+                   options](const BackwardArgs& g) {
+                    return std::vector<Tensor>{ops::cross_entropy_backward(
+                        g.grad(), logits.unpack(g), targets.unpack(g), options)};
                   });
   return loss;
 }

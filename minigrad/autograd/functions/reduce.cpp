@@ -39,10 +39,12 @@ Tensor sum(const Tensor& x) { return sum(x, {}, false); }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   ops::check_float("mean", x);
+  // The sum first: it refuses a dimension named twice, which count_reduced would count twice.
+  const Tensor total = ops::sum(x, dims, keepdim);
   const int64_t n = count_reduced(x.shape(), dims);
   MG_CHECK(n > 0, "mean: cannot take the mean of an empty tensor of shape {}", x.shape());
   const double scale = 1.0 / static_cast<double>(n);
-  Tensor out = ops::binary_scalar(BinaryOp::Mul, ops::sum(x, dims, keepdim), scale);
+  Tensor out = ops::binary_scalar(BinaryOp::Mul, total, scale);
   record_function("MeanBackward", {x}, {out},
                   [shape = x.shape(), dims, keepdim, scale](const BackwardArgs& g) {
                     Tensor scaled = ops::binary_scalar(BinaryOp::Mul, g.grad(), scale);

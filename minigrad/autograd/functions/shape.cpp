@@ -3,7 +3,10 @@
 // device, which is what makes model parallelism (layers on different devices) train.
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
+#include <minigrad/core/checked_math.h>
 #include <minigrad/core/ops.h>
+
+#include <fmt/ranges.h>
 
 namespace mg {
 namespace {
@@ -88,7 +91,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
                "cat: sizes must match except in dimension {}, but tensor {} has shape {} and "
                "tensor 0 has shape {}",
                dim, i, t.shape(), first.shape());
-    total += t.size(dim);
+    total = checked_add(total, t.size(dim), "cat");  // sizes of expanded views can be huge
   }
   sizes[static_cast<size_t>(dim)] = total;
   Tensor out = empty(Shape(sizes), first.dtype(), first.device());
@@ -116,7 +119,10 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
            "zero-dimensional tensor (shape [])");
   dim = wrap_dim(dim, x.dim(), "split");
   int64_t total = 0;
-  for (int64_t s : sizes) total += s;
+  for (int64_t s : sizes) {
+    MG_CHECK(s >= 0, "split: split sizes must be >= 0, got {} in [{}]", s, fmt::join(sizes, ", "));
+    total = checked_add(total, s, "split");
+  }
   MG_CHECK(total == x.size(dim),
            "split: sizes adding up to {} cannot split dimension {} of size {} (shape {})", total,
            dim, x.size(dim), x.shape());
@@ -135,9 +141,12 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
            "zero-dimensional tensor (shape [])");
   dim = wrap_dim(dim, x.dim(), "chunk");
   const int64_t size = x.size(dim);
-  const int64_t piece = (size + chunks - 1) / chunks;
+  const int64_t piece = ceil_div(size, chunks);
   std::vector<int64_t> sizes;
-  for (int64_t start = 0; start < size; start += piece) sizes.push_back(std::min(piece, size - start));
+  // Each step ends at most at size: start + piece could overflow for a size near INT64_MAX
+  // (an expanded view), start + min(piece, size - start) cannot.
+  for (int64_t start = 0; start < size; start += std::min(piece, size - start))
+    sizes.push_back(std::min(piece, size - start));
   if (sizes.empty()) sizes.push_back(0);
   return split(x, sizes, dim);
 }

@@ -26,8 +26,9 @@ class CpuBackend final : public Backend {
   void event_record(void*, const Stream&) override {}
   void event_block(void*, const Stream&) override {}
   void event_synchronize(void*) override {}
-  // The host allocator's live bytes (cpu_memory_allocated), for the profiler's counters.
-  int64_t memory_allocated(int) override { return static_cast<int64_t>(cpu_memory_allocated()); }
+  // memory.cpp
+  MemoryInfo memory_info(int index) override;
+  std::size_t memory_allocated(int) override { return cpu_memory_allocated(); }
 
   // data.cpp
   void copy(const Tensor& dst, const Tensor& src) override;
@@ -54,9 +55,11 @@ class CpuBackend final : public Backend {
   void log_softmax(const Tensor& out, const Tensor& in) override;
   void log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
                             const Tensor& output) override;
-  void cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets) override;
+  void cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& options) override;
   void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
-                              const Tensor& logits, const Tensor& targets) override;
+                              const Tensor& logits, const Tensor& targets,
+                              const CrossEntropyOptions& options) override;
   // optim.cpp
   void sgd_step(const SgdStep& step) override;
   void adam_step(const AdamStep& step) override;

@@ -3,6 +3,7 @@
 // [B, N]); anything else (bias rows, transposes, other views) goes through
 // for_each_element, whose inner loop the compiler vectorises when its strides are 1.
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 #include <minigrad/core/cpu/cpu_backend.h>
@@ -70,6 +71,34 @@ void map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
                            [&](const std::array<int64_t, 3>& k) { o[k[0]] = f(x[k[1]], y[k[2]]); });
 }
 
+// int64 sums and products wrap around in two's complement, as PyTorch's do; computed
+// in uint64, since signed overflow is undefined behaviour in C++. (Division is checked
+// by ops::binary before it gets here: a zero divisor or INT64_MIN / -1 would trap.)
+template <typename T>
+T add(T x, T y) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(static_cast<uint64_t>(x) + static_cast<uint64_t>(y));
+  } else {
+    return x + y;
+  }
+}
+template <typename T>
+T mul(T x, T y) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(static_cast<uint64_t>(x) * static_cast<uint64_t>(y));
+  } else {
+    return x * y;
+  }
+}
+template <typename T>
+T sub(T x, T y) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(static_cast<uint64_t>(x) - static_cast<uint64_t>(y));
+  } else {
+    return x - y;
+  }
+}
+
 // torch.maximum: NaN if either operand is NaN.
 template <typename T>
 T maximum(T x, T y) {
@@ -83,9 +112,9 @@ T maximum(T x, T y) {
 template <typename T>
 void binary_typed(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, T alpha) {
   switch (op) {
-    case BinaryOp::Add: map2<T>(out, a, b, [alpha](T x, T y) { return x + alpha * y; }); break;
-    case BinaryOp::Sub: map2<T>(out, a, b, [alpha](T x, T y) { return x - alpha * y; }); break;
-    case BinaryOp::Mul: map2<T>(out, a, b, [](T x, T y) { return x * y; }); break;
+    case BinaryOp::Add: map2<T>(out, a, b, [alpha](T x, T y) { return add(x, mul(alpha, y)); }); break;
+    case BinaryOp::Sub: map2<T>(out, a, b, [alpha](T x, T y) { return sub(x, mul(alpha, y)); }); break;
+    case BinaryOp::Mul: map2<T>(out, a, b, [](T x, T y) { return mul(x, y); }); break;
     case BinaryOp::Div: map2<T>(out, a, b, [](T x, T y) { return x / y; }); break;
     case BinaryOp::Maximum: map2<T>(out, a, b, [](T x, T y) { return maximum(x, y); }); break;
   }
@@ -94,9 +123,9 @@ void binary_typed(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor&
 template <typename T>
 void binary_scalar_typed(BinaryOp op, const Tensor& out, const Tensor& in, T s) {
   switch (op) {
-    case BinaryOp::Add: map1<T>(out, in, [s](T x) { return x + s; }); break;
-    case BinaryOp::Sub: map1<T>(out, in, [s](T x) { return x - s; }); break;
-    case BinaryOp::Mul: map1<T>(out, in, [s](T x) { return x * s; }); break;
+    case BinaryOp::Add: map1<T>(out, in, [s](T x) { return add(x, s); }); break;
+    case BinaryOp::Sub: map1<T>(out, in, [s](T x) { return sub(x, s); }); break;
+    case BinaryOp::Mul: map1<T>(out, in, [s](T x) { return mul(x, s); }); break;
     case BinaryOp::Div: map1<T>(out, in, [s](T x) { return x / s; }); break;
     case BinaryOp::Maximum: map1<T>(out, in, [s](T x) { return maximum(x, s); }); break;
   }
@@ -109,7 +138,9 @@ void CpuBackend::unary(UnaryOp op, const Tensor& out, const Tensor& in) {
     case UnaryOp::Neg: map1<float>(out, in, [](float x) { return -x; }); break;
     case UnaryOp::Exp: map1<float>(out, in, [](float x) { return std::exp(x); }); break;
     case UnaryOp::Log: map1<float>(out, in, [](float x) { return std::log(x); }); break;
-    case UnaryOp::Relu: map1<float>(out, in, [](float x) { return x > 0.0f ? x : 0.0f; }); break;
+    // x <= 0 is false for NaN, so relu(NaN) is NaN, as PyTorch's (x > 0 ? x : 0 would
+    // turn it into 0 and hide the NaN from everything downstream).
+    case UnaryOp::Relu: map1<float>(out, in, [](float x) { return x <= 0.0f ? 0.0f : x; }); break;
     // IEEE square root: correctly rounded, as the GPU's __fsqrt_rn.
     case UnaryOp::Sqrt: map1<float>(out, in, [](float x) { return std::sqrt(x); }); break;
     case UnaryOp::Abs: map1<float>(out, in, [](float x) { return std::fabs(x); }); break;
@@ -135,7 +166,9 @@ void CpuBackend::binary_scalar(BinaryOp op, const Tensor& out, const Tensor& in,
 
 void CpuBackend::relu_backward(const Tensor& grad_in, const Tensor& grad_out,
                                const Tensor& input) {
-  map2<float>(grad_in, grad_out, input, [](float g, float x) { return x > 0.0f ? g : 0.0f; });
+  // PyTorch's threshold_backward: the gradient passes where the output is not <= 0,
+  // a NaN output included.
+  map2<float>(grad_in, grad_out, input, [](float g, float x) { return x <= 0.0f ? 0.0f : g; });
 }
 
 }  // namespace mg

@@ -1,5 +1,6 @@
 // Sums, argmax and the largest magnitude on the host.
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 #include <minigrad/core/cpu/cpu_backend.h>
@@ -7,6 +8,16 @@
 
 namespace mg {
 namespace {
+
+// int64 sums wrap around, as PyTorch's (computed in uint64: signed overflow is undefined).
+template <typename T>
+T add(T x, T y) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(static_cast<uint64_t>(x) + static_cast<uint64_t>(y));
+  } else {
+    return x + y;
+  }
+}
 
 template <typename T>
 void sum_typed(const Tensor& out, const Tensor& in) {
@@ -19,7 +30,7 @@ void sum_typed(const Tensor& out, const Tensor& in) {
     using Acc = std::conditional_t<std::is_floating_point_v<T>, double, T>;
     Acc total = 0;
     cpu::for_each_element<1>(shape, {&in.strides()},
-                             [&](const std::array<int64_t, 1>& k) { total += static_cast<Acc>(x[k[0]]); });
+                             [&](const std::array<int64_t, 1>& k) { total = add(total, static_cast<Acc>(x[k[0]])); });
     o[0] = static_cast<T>(total);
     return;
   }
@@ -29,7 +40,7 @@ void sum_typed(const Tensor& out, const Tensor& in) {
     for (int64_t j = 0; j < cols; ++j) o[j] = T(0);
     for (int64_t i = 0; i < rows; ++i) {
       const T* row = x + i * cols;
-      for (int64_t j = 0; j < cols; ++j) o[j] += row[j];
+      for (int64_t j = 0; j < cols; ++j) o[j] = add(o[j], row[j]);
     }
     return;
   }
@@ -40,7 +51,7 @@ void sum_typed(const Tensor& out, const Tensor& in) {
   const int64_t n = out.numel();
   for (int64_t i = 0; i < n; ++i) o[i] = T(0);
   cpu::for_each_element<2>(shape, {&out_strides, &in.strides()},
-                           [&](const std::array<int64_t, 2>& k) { o[k[0]] += x[k[1]]; });
+                           [&](const std::array<int64_t, 2>& k) { o[k[0]] = add(o[k[0]], x[k[1]]); });
 }
 
 }  // namespace
@@ -58,10 +69,18 @@ void CpuBackend::argmax(const Tensor& out, const Tensor& in) {
   const int64_t rs = in.stride(0), cs = in.stride(1);
   const auto* x = static_cast<const float*>(in.data_ptr());
   auto* o = static_cast<int64_t*>(out.data_ptr());
+  // NaN is the maximum, as in PyTorch: the first NaN of a row wins; otherwise the first
+  // of the largest values.
   for (int64_t i = 0; i < rows; ++i) {
     int64_t best = 0;
-    for (int64_t j = 1; j < cols; ++j)
-      if (x[i * rs + j * cs] > x[i * rs + best * cs]) best = j;
+    float best_value = x[i * rs];
+    for (int64_t j = 1; j < cols && !std::isnan(best_value); ++j) {
+      const float v = x[i * rs + j * cs];
+      if (std::isnan(v) || v > best_value) {
+        best = j;
+        best_value = v;
+      }
+    }
     o[i] = best;
   }
 }

@@ -1,5 +1,6 @@
 // log_softmax and fused cross-entropy over the last dimension of [rows, classes].
 // Both subtract the row maximum before exponentiating, so logits of 1000 stay finite.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -54,35 +55,85 @@ void CpuBackend::log_softmax_backward(const Tensor& grad_in, const Tensor& grad_
   }
 }
 
-void CpuBackend::cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets) {
+namespace {
+
+// The class index of row i, or -1 for a row to ignore; an mg::Error for any other value
+// outside [0, cols).
+int64_t row_target(const int64_t* t, int64_t ts, int64_t i, int64_t cols, int64_t ignore_index) {
+  const int64_t target = t[i * ts];
+  if (target == ignore_index) return -1;
+  MG_CHECK(target >= 0 && target < cols,
+           "cross_entropy: target {} at row {} is out of range for {} classes (expected [0, {}) "
+           "or ignore_index {})",
+           target, i, cols, cols, ignore_index);
+  return target;
+}
+
+}  // namespace
+
+void CpuBackend::cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets,
+                               const CrossEntropyOptions& options) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
   const Rows x = rows_of(logits);
   const auto* t = static_cast<const int64_t*>(targets.data_ptr());
   const int64_t ts = targets.stride(0);
+  const double eps = options.label_smoothing();
+  auto* out = static_cast<float*>(loss.data_ptr());
   double total = 0.0;
+  int64_t counted = 0;
   for (int64_t i = 0; i < rows; ++i) {
-    const int64_t target = t[i * ts];
-    MG_CHECK(target >= 0 && target < cols,
-             "cross_entropy: target {} at row {} is out of range for {} classes (expected [0, {}))",
-             target, i, cols, cols);
-    total += log_sum_exp(x, i, cols) - static_cast<double>(x.at(i, target));
+    const int64_t target = row_target(t, ts, i, cols, options.ignore_index());
+    double row_loss = 0.0;
+    if (target >= 0) {
+      const double lse = log_sum_exp(x, i, cols);
+      // (1 - eps) * (lse - x[t]) + eps * (lse - mean_j x[j])
+      row_loss = lse - static_cast<double>(x.at(i, target));
+      if (eps != 0.0) {
+        double sum = 0.0;
+        for (int64_t j = 0; j < cols; ++j) sum += static_cast<double>(x.at(i, j));
+        row_loss = (1.0 - eps) * row_loss + eps * (lse - sum / static_cast<double>(cols));
+      }
+      ++counted;
+    }
+    if (options.reduction() == Reduction::None) out[i] = static_cast<float>(row_loss);
+    total += row_loss;
   }
-  *static_cast<float*>(loss.data_ptr()) = static_cast<float>(total / static_cast<double>(rows));
+  if (options.reduction() == Reduction::Sum) *out = static_cast<float>(total);
+  // Every row ignored: 0 / 0, a NaN, as PyTorch's mean.
+  if (options.reduction() == Reduction::Mean)
+    *out = static_cast<float>(total / static_cast<double>(counted));
 }
 
 void CpuBackend::cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
-                                        const Tensor& logits, const Tensor& targets) {
+                                        const Tensor& logits, const Tensor& targets,
+                                        const CrossEntropyOptions& options) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
   const Rows x = rows_of(logits);
   const auto* t = static_cast<const int64_t*>(targets.data_ptr());
   const int64_t ts = targets.stride(0);
-  const double scale = static_cast<double>(*static_cast<const float*>(grad_loss.data_ptr())) /
-                       static_cast<double>(rows);
+  const auto* gl = static_cast<const float*>(grad_loss.data_ptr());
+  const double eps = options.label_smoothing();
+  const double spread = eps / static_cast<double>(cols);
+  double scale = static_cast<double>(gl[0]);  // Sum
+  if (options.reduction() == Reduction::Mean) {
+    int64_t counted = 0;
+    for (int64_t i = 0; i < rows; ++i)
+      if (row_target(t, ts, i, cols, options.ignore_index()) >= 0) ++counted;
+    scale /= static_cast<double>(counted);
+  }
+  const int64_t grad_stride = options.reduction() == Reduction::None ? grad_loss.stride(0) : 0;
   auto* g = static_cast<float*>(grad_logits.data_ptr());
   for (int64_t i = 0; i < rows; ++i) {
+    float* row = g + i * cols;
+    const int64_t target = row_target(t, ts, i, cols, options.ignore_index());
+    if (target < 0) {  // an ignored row has no gradient
+      std::fill_n(row, cols, 0.0f);
+      continue;
+    }
+    const double row_scale =
+        options.reduction() == Reduction::None ? static_cast<double>(gl[i * grad_stride]) : scale;
     // softmax = exp(x - max) / sum: one exp per element (exp dominates this op on small
     // batches), each kept in the output row until the sum is known.
-    float* row = g + i * cols;
     float max = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < cols; ++j) max = std::max(max, x.at(i, j));
     double total = 0.0;
@@ -91,9 +142,11 @@ void CpuBackend::cross_entropy_backward(const Tensor& grad_logits, const Tensor&
       row[j] = static_cast<float>(e);
       total += e;
     }
-    const int64_t target = t[i * ts];
-    for (int64_t j = 0; j < cols; ++j)
-      row[j] = static_cast<float>((row[j] / total - (j == target ? 1.0 : 0.0)) * scale);
+    // d loss_i / d x[i, j] = softmax[j] - q[j], with q = (1 - eps) onehot(t) + eps / C.
+    for (int64_t j = 0; j < cols; ++j) {
+      const double q = (j == target ? 1.0 - eps : 0.0) + spread;
+      row[j] = static_cast<float>((row[j] / total - q) * row_scale);
+    }
   }
 }
 

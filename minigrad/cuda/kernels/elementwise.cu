@@ -16,15 +16,35 @@ namespace {
 __device__ __forceinline__ float add_scaled(float a, float alpha, float b) {
   return __fadd_rn(a, __fmul_rn(alpha, b));
 }
+// int64 arithmetic wraps around (two's complement, as on the CPU and in PyTorch), done in
+// uint64 where overflow is defined.
+__device__ __forceinline__ int64_t wrap_add(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+__device__ __forceinline__ int64_t wrap_sub(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b));
+}
+__device__ __forceinline__ int64_t wrap_mul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+}
+__device__ __forceinline__ float wrap_add(float a, float b) { return a + b; }
+__device__ __forceinline__ float wrap_sub(float a, float b) { return a - b; }
+__device__ __forceinline__ float wrap_mul(float a, float b) { return a * b; }
 __device__ __forceinline__ int64_t add_scaled(int64_t a, int64_t alpha, int64_t b) {
-  return a + alpha * b;
+  return wrap_add(a, wrap_mul(alpha, b));
 }
 
 // ---- value functions ----
 
 template <typename T>
 struct NegValue {
-  __device__ T operator()(T x) const { return -x; }
+  __device__ T operator()(T x) const {
+    if constexpr (std::is_integral_v<T>) {
+      return wrap_sub(T(0), x);  // -INT64_MIN wraps to itself
+    } else {
+      return -x;  // not 0 - x, which would turn -0.0 into +0.0
+    }
+  }
 };
 struct ExpValue {
   __device__ float operator()(float x) const { return expf(x); }
@@ -39,9 +59,10 @@ struct SqrtValue {
 struct AbsValue {
   __device__ float operator()(float x) const { return fabsf(x); }
 };
+// x <= 0 is false for NaN: relu(NaN) is NaN, as on the CPU and in PyTorch.
 template <typename T>
 struct ReluValue {
-  __device__ T operator()(T x) const { return x > T(0) ? x : T(0); }
+  __device__ T operator()(T x) const { return x <= T(0) ? T(0) : x; }
 };
 
 // Add and Sub (a - alpha * b is a + (-alpha) * b, also on the CPU).
@@ -52,7 +73,7 @@ struct AddScaledValue {
 };
 template <typename T>
 struct MulValue {
-  __device__ T operator()(T a, T b) const { return a * b; }
+  __device__ T operator()(T a, T b) const { return wrap_mul(a, b); }
 };
 template <typename T>
 struct DivValue {
@@ -78,12 +99,12 @@ struct ScalarValue {
   T scalar;
   __device__ T operator()(T x) const {
     if constexpr (Kind == BinaryKind::Add) {
-      return x + scalar;
+      return wrap_add(x, scalar);
     } else if constexpr (Kind == BinaryKind::Sub) {
-      return x - scalar;
+      return wrap_sub(x, scalar);
     } else if constexpr (Kind == BinaryKind::Mul) {
-      return x * scalar;
-    } else if constexpr (Kind == BinaryKind::Div) {
+      return wrap_mul(x, scalar);
+    } else if constexpr (Kind == BinaryKind::Div) {  // int64 divisors: ops::binary_scalar checked them
       return x / scalar;
     } else {
       return maximum(x, scalar);
@@ -91,10 +112,11 @@ struct ScalarValue {
   }
 };
 
-// grad_in = input > 0 ? grad_out : 0, taking (grad_out, input).
+// grad_in = input <= 0 ? 0 : grad_out, taking (grad_out, input): a NaN input passes the
+// gradient, as PyTorch's threshold_backward.
 struct ReluBackwardValue {
   __device__ float operator()(float grad_out, float input) const {
-    return input > 0.0f ? grad_out : 0.0f;
+    return input <= 0.0f ? 0.0f : grad_out;
   }
 };
 

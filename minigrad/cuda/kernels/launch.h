@@ -101,17 +101,29 @@ void log_softmax(float* out, MatrixView in, int64_t rows, int64_t cols, cudaStre
 // grad_in (contiguous) = grad_out - exp(output) * rowsum(grad_out).
 void log_softmax_backward(float* grad_in, MatrixView grad_out, MatrixView output, int64_t rows,
                           int64_t cols, cudaStream_t stream);
-// loss (one float) = mean_i (logsumexp(logits[i]) - logits[i, targets[i]]). A row with an
-// invalid target contributes NaN and is reported through `error`. `row_losses` is a
-// device buffer of `rows` floats.
+// The options of core/cross_entropy_options.h, as the kernels take them.
+enum class LossReduction { None, Mean, Sum };
+struct CrossEntropyParams {
+  int64_t ignore_index;
+  float label_smoothing;  // eps
+  LossReduction reduction;
+};
+// row_losses[i] (a device buffer of `rows` floats) = (1 - eps) * (logsumexp(logits[i]) -
+// logits[i, t_i]) + eps * (logsumexp(logits[i]) - mean_j logits[i, j]), 0 for a row whose
+// target is ignore_index; then, for Mean and Sum, loss (one float) = their sum, divided
+// for Mean by the number of rows not ignored (NaN when there are none). `loss` is unused
+// for None. A row with an invalid target contributes NaN and is reported through `error`.
 void cross_entropy(float* loss, MatrixView logits, const int64_t* targets,
-                   int64_t target_stride, int64_t rows, int64_t cols, float* row_losses,
-                   TargetErrorSink error, cudaStream_t stream);
-// grad (contiguous) = (softmax(logits) - onehot(targets)) * grad_loss[0] / rows. A row with
-// an invalid target gets NaN and is reported through `error`.
-void cross_entropy_backward(float* grad, const float* grad_loss, MatrixView logits,
-                            const int64_t* targets, int64_t target_stride, int64_t rows,
-                            int64_t cols, TargetErrorSink error, cudaStream_t stream);
+                   int64_t target_stride, int64_t rows, int64_t cols, CrossEntropyParams params,
+                   float* row_losses, TargetErrorSink error, cudaStream_t stream);
+// grad (contiguous) = (softmax(logits) - q) * s_i with q = (1 - eps) onehot(t_i) + eps / cols
+// and s_i = grad_loss[0] (Sum), grad_loss[0] / rows not ignored (Mean, computed into the
+// one float of `scale_scratch`) or grad_loss[i * grad_loss_stride] (None); 0 for an
+// ignored row. A row with an invalid target gets NaN and is reported through `error`.
+void cross_entropy_backward(float* grad, const float* grad_loss, int64_t grad_loss_stride,
+                            MatrixView logits, const int64_t* targets, int64_t target_stride,
+                            int64_t rows, int64_t cols, CrossEntropyParams params,
+                            float* scale_scratch, TargetErrorSink error, cudaStream_t stream);
 
 // ---- optim.cu ----
 // One tensor of an SGD step (core/backend.h's SgdTensor as device pointers).

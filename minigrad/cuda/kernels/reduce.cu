@@ -260,10 +260,17 @@ void sum_typed(T* out, const T* in, const SumPlan& plan, void* scratch, cudaStre
 
 // ---- argmax ----
 
+// Whether (value, index) beats (best, best_index) in PyTorch's order: NaN is larger than
+// every number, and among equal values (or NaNs) the smaller index wins.
+__device__ __forceinline__ bool argmax_beats(float value, int64_t index, float best,
+                                             int64_t best_index) {
+  if (isnan(best)) return isnan(value) && index < best_index;
+  if (isnan(value)) return true;
+  return value > best || (value == best && index < best_index);
+}
+
 // One warp per row: each lane keeps the first maximum of the columns it visits, then
-// the lanes combine, preferring the larger value and, on ties, the smaller column.
-// NaN as on the CPU (which keeps column 0 until a value compares greater): a NaN in
-// column 0 is never beaten, and a NaN anywhere else never wins.
+// the lanes combine by argmax_beats, as the CPU's first-maximum scan (NaN included).
 __global__ void __launch_bounds__(kThreads)
     argmax_rows_kernel(int64_t* out, const float* in, int64_t rows, int64_t cols,
                        int64_t row_stride, int64_t col_stride) {
@@ -275,8 +282,7 @@ __global__ void __launch_bounds__(kThreads)
   int64_t best_index = -1;
   for (int64_t j = lane; j < cols; j += 32) {
     const float v = x[j * col_stride];
-    if (j != 0 && isnan(v)) continue;
-    if (best_index < 0 || v > best) {
+    if (best_index < 0 || argmax_beats(v, j, best, best_index)) {
       best = v;
       best_index = j;
     }
@@ -285,7 +291,7 @@ __global__ void __launch_bounds__(kThreads)
     const float other = __shfl_down_sync(0xffffffffu, best, delta);
     const int64_t other_index = __shfl_down_sync(0xffffffffu, best_index, delta);
     const bool take = other_index >= 0 &&
-                      (best_index < 0 || other > best || (other == best && other_index < best_index));
+                      (best_index < 0 || argmax_beats(other, other_index, best, best_index));
     if (take) {
       best = other;
       best_index = other_index;

@@ -116,48 +116,110 @@ __device__ void report_invalid_target(const TargetErrorSink& sink, int64_t row, 
   }
 }
 
+// The sum of row i's logits, when label smoothing needs it (every thread of the row's
+// warp or block calls this, as row_reduce requires; `needed` is the same for all).
+template <int ThreadsPerRow>
+__device__ __forceinline__ float row_logit_sum(const float* x, int64_t col_stride, int64_t cols,
+                                               bool active, int lane, bool needed) {
+  if (!needed) return 0.0f;
+  float s = 0.0f;
+  if (active)
+    for (int64_t j = lane; j < cols; j += ThreadsPerRow) s += x[j * col_stride];
+  return row_reduce<ThreadsPerRow>(s, SumOp{});
+}
+
 template <int ThreadsPerRow>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_rows_kernel(float* row_losses, MatrixView logits, const int64_t* targets,
                               int64_t target_stride, int64_t rows, int64_t cols,
-                              TargetErrorSink error) {
+                              CrossEntropyParams params, TargetErrorSink error) {
   const RowSlot<ThreadsPerRow> slot;
   const bool active = slot.row < rows;
   const float* x = logits.data + (active ? slot.row * logits.row_stride : 0);
   float max, sum;
   row_max_and_sum<ThreadsPerRow>(x, logits.col_stride, cols, active, slot.lane, max, sum);
+  const float eps = params.label_smoothing;
+  const float logit_sum =
+      row_logit_sum<ThreadsPerRow>(x, logits.col_stride, cols, active, slot.lane, eps != 0.0f);
   if (!active || slot.lane != 0) return;
   const int64_t target = targets[slot.row * target_stride];
+  if (target == params.ignore_index) {
+    row_losses[slot.row] = 0.0f;
+    return;
+  }
   if (target < 0 || target >= cols) {
     report_invalid_target(error, slot.row, target, cols);
     row_losses[slot.row] = NAN;
     return;
   }
   // logsumexp - x[t] = (max - x[t]) + log(sum)
-  row_losses[slot.row] = (max - x[target * logits.col_stride]) + logf(sum);
+  const float log_sum = logf(sum);
+  float loss = (max - x[target * logits.col_stride]) + log_sum;
+  if (eps != 0.0f) {
+    const float smooth = (max - logit_sum / static_cast<float>(cols)) + log_sum;
+    loss = __fadd_rn(__fmul_rn(1.0f - eps, loss), __fmul_rn(eps, smooth));
+  }
+  row_losses[slot.row] = loss;
 }
 
-// loss = mean of the row losses, added in a fixed order (one block, double accumulator).
-__global__ void __launch_bounds__(kThreads)
-    mean_kernel(float* loss, const float* row_losses, int64_t rows) {
-  double total = 0.0;
-  for (int64_t i = threadIdx.x; i < rows; i += kThreads) total += row_losses[i];
-  for (int delta = 16; delta > 0; delta >>= 1) total += __shfl_down_sync(0xffffffffu, total, delta);
+// Sums a double and a count over the block (thread 0 gets the totals).
+__device__ __forceinline__ void block_sum(double& total, long long& count) {
+  for (int delta = 16; delta > 0; delta >>= 1) {
+    total += __shfl_down_sync(0xffffffffu, total, delta);
+    count += __shfl_down_sync(0xffffffffu, count, delta);
+  }
   __shared__ double warp_totals[kThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_totals[threadIdx.x / 32] = total;
+  __shared__ long long warp_counts[kThreads / 32];
+  if (threadIdx.x % 32 == 0) {
+    warp_totals[threadIdx.x / 32] = total;
+    warp_counts[threadIdx.x / 32] = count;
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
-    double sum = 0.0;
-    for (int w = 0; w < kThreads / 32; ++w) sum += warp_totals[w];
-    *loss = static_cast<float>(sum / static_cast<double>(rows));
+    total = 0.0;
+    count = 0;
+    for (int w = 0; w < kThreads / 32; ++w) {
+      total += warp_totals[w];
+      count += warp_counts[w];
+    }
   }
+}
+
+// loss = the sum of the row losses (Sum), or that sum over the number of rows not
+// ignored (Mean), added in a fixed order (one block, double accumulator).
+__global__ void __launch_bounds__(kThreads)
+    reduce_losses_kernel(float* loss, const float* row_losses, const int64_t* targets,
+                         int64_t target_stride, int64_t rows, int64_t ignore_index, bool mean) {
+  double total = 0.0;
+  long long counted = 0;
+  for (int64_t i = threadIdx.x; i < rows; i += kThreads) {
+    total += row_losses[i];
+    counted += targets[i * target_stride] != ignore_index ? 1 : 0;
+  }
+  block_sum(total, counted);
+  // Every row ignored: 0 / 0, a NaN, as PyTorch's mean.
+  if (threadIdx.x == 0)
+    *loss = static_cast<float>(mean ? total / static_cast<double>(counted) : total);
+}
+
+// scale = grad_loss / (rows not ignored): the factor of every row of a Mean's gradient.
+__global__ void __launch_bounds__(kThreads)
+    mean_scale_kernel(float* scale, const float* grad_loss, const int64_t* targets,
+                      int64_t target_stride, int64_t rows, int64_t ignore_index) {
+  double unused = 0.0;
+  long long counted = 0;
+  for (int64_t i = threadIdx.x; i < rows; i += kThreads)
+    counted += targets[i * target_stride] != ignore_index ? 1 : 0;
+  block_sum(unused, counted);
+  if (threadIdx.x == 0) *scale = *grad_loss / static_cast<float>(counted);
 }
 
 template <int ThreadsPerRow>
 __global__ void __launch_bounds__(kThreads)
-    cross_entropy_backward_kernel(float* grad, const float* grad_loss, MatrixView logits,
-                                  const int64_t* targets, int64_t target_stride, int64_t rows,
-                                  int64_t cols, TargetErrorSink error) {
+    cross_entropy_backward_kernel(float* grad, const float* scales, int64_t scale_stride,
+                                  MatrixView logits, const int64_t* targets,
+                                  int64_t target_stride, int64_t rows, int64_t cols,
+                                  CrossEntropyParams params, TargetErrorSink error) {
   const RowSlot<ThreadsPerRow> slot;
   const bool active = slot.row < rows;
   const float* x = logits.data + (active ? slot.row * logits.row_stride : 0);
@@ -166,16 +228,23 @@ __global__ void __launch_bounds__(kThreads)
   if (!active) return;
   const int64_t target = targets[slot.row * target_stride];
   float* g = grad + slot.row * cols;
+  if (target == params.ignore_index) {  // an ignored row has no gradient
+    for (int64_t j = slot.lane; j < cols; j += ThreadsPerRow) g[j] = 0.0f;
+    return;
+  }
   if (target < 0 || target >= cols) {
     if (slot.lane == 0) report_invalid_target(error, slot.row, target, cols);
     for (int64_t j = slot.lane; j < cols; j += ThreadsPerRow) g[j] = NAN;
     return;
   }
-  const float scale = *grad_loss / static_cast<float>(rows);
+  const float scale = scales[slot.row * scale_stride];
+  const float eps = params.label_smoothing;
+  const float spread = eps / static_cast<float>(cols);
   const float inverse_sum = 1.0f / sum;
   for (int64_t j = slot.lane; j < cols; j += ThreadsPerRow) {
     const float p = expf(x[j * logits.col_stride] - max) * inverse_sum;
-    g[j] = (p - (j == target ? 1.0f : 0.0f)) * scale;
+    const float q = (j == target ? 1.0f - eps : 0.0f) + spread;
+    g[j] = (p - q) * scale;
   }
 }
 
@@ -213,31 +282,43 @@ void log_softmax_backward(float* grad_in, MatrixView grad_out, MatrixView output
 }
 
 void cross_entropy(float* loss, MatrixView logits, const int64_t* targets,
-                   int64_t target_stride, int64_t rows, int64_t cols, float* row_losses,
-                   TargetErrorSink error, cudaStream_t stream) {
+                   int64_t target_stride, int64_t rows, int64_t cols, CrossEntropyParams params,
+                   float* row_losses, TargetErrorSink error, cudaStream_t stream) {
   if (rows == 0) return;
   if (warp_per_row(cols)) {
     cross_entropy_rows_kernel<32><<<row_blocks(rows, 32), kThreads, 0, stream>>>(
-        row_losses, logits, targets, target_stride, rows, cols, error);
+        row_losses, logits, targets, target_stride, rows, cols, params, error);
   } else {
     cross_entropy_rows_kernel<kThreads><<<row_blocks(rows, kThreads), kThreads, 0, stream>>>(
-        row_losses, logits, targets, target_stride, rows, cols, error);
+        row_losses, logits, targets, target_stride, rows, cols, params, error);
   }
   MG_CUDA_CHECK_LAUNCH();
-  mean_kernel<<<1, kThreads, 0, stream>>>(loss, row_losses, rows);
+  if (params.reduction == LossReduction::None) return;
+  reduce_losses_kernel<<<1, kThreads, 0, stream>>>(loss, row_losses, targets, target_stride, rows,
+                                                   params.ignore_index,
+                                                   params.reduction == LossReduction::Mean);
   MG_CUDA_CHECK_LAUNCH();
 }
 
-void cross_entropy_backward(float* grad, const float* grad_loss, MatrixView logits,
-                            const int64_t* targets, int64_t target_stride, int64_t rows,
-                            int64_t cols, TargetErrorSink error, cudaStream_t stream) {
+void cross_entropy_backward(float* grad, const float* grad_loss, int64_t grad_loss_stride,
+                            MatrixView logits, const int64_t* targets, int64_t target_stride,
+                            int64_t rows, int64_t cols, CrossEntropyParams params,
+                            float* scale_scratch, TargetErrorSink error, cudaStream_t stream) {
   if (rows == 0) return;
+  const float* scales = grad_loss;
+  int64_t scale_stride = params.reduction == LossReduction::None ? grad_loss_stride : 0;
+  if (params.reduction == LossReduction::Mean) {
+    mean_scale_kernel<<<1, kThreads, 0, stream>>>(scale_scratch, grad_loss, targets,
+                                                  target_stride, rows, params.ignore_index);
+    MG_CUDA_CHECK_LAUNCH();
+    scales = scale_scratch;
+  }
   if (warp_per_row(cols)) {
     cross_entropy_backward_kernel<32><<<row_blocks(rows, 32), kThreads, 0, stream>>>(
-        grad, grad_loss, logits, targets, target_stride, rows, cols, error);
+        grad, scales, scale_stride, logits, targets, target_stride, rows, cols, params, error);
   } else {
     cross_entropy_backward_kernel<kThreads><<<row_blocks(rows, kThreads), kThreads, 0, stream>>>(
-        grad, grad_loss, logits, targets, target_stride, rows, cols, error);
+        grad, scales, scale_stride, logits, targets, target_stride, rows, cols, params, error);
   }
   MG_CUDA_CHECK_LAUNCH();
 }

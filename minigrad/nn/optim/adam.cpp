@@ -121,6 +121,11 @@ void AdamBase::step() {
 
   for (DeviceStep& s : steps) {
     backend(s.device).adam_step(s.step);
+    // The fused step wrote the parameters and moments through the backend: count it as
+    // the in-place update it is (core/tensor.h: bump_version), as SGD::step does.
+    for (const AdamTensor& t : s.step.tensors)
+      for (const Tensor* written : {&t.param, &t.exp_avg, &t.exp_avg_sq, &t.max_exp_avg_sq})
+        if (written->defined()) bump_version(*written, "Adam::step");
     for (Pending& pending : s.pending) {
       ParamState& st = state_[pending.index];
       if (!st.step.defined()) {
@@ -128,6 +133,7 @@ void AdamBase::step() {
         st.step = zeros(Shape{}, DType::Int64);
       }
       *st.step.data<int64_t>() = pending.step;
+      bump_version(st.step, "Adam::step");
       if (pending.param_copy.defined()) ops::copy_(params[pending.index], pending.param_copy);
     }
   }

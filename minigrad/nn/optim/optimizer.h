@@ -43,8 +43,9 @@ class Optimizer {
   // One update of every parameter that has a gradient; parameters without one are
   // skipped (their state left as it is), as in PyTorch.
   virtual void step() = 0;
-  // Clears the parameters' gradients (set_to_none) or fills them with zeros.
-  void zero_grad(bool set_to_none = true);
+  // Clears the parameters' gradients (set_to_none) or fills them with zeros. Virtual for
+  // wrappers that hold more gradients than their parameters' (ZeRO-1's full gradients).
+  virtual void zero_grad(bool set_to_none = true);
 
   const std::vector<Tensor>& parameters() const { return params_; }
   // "SGD", "Adam", "AdamW": the name in every message.

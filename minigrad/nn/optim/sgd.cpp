@@ -108,6 +108,12 @@ void SGD::step() {
 
   for (DeviceStep& s : steps) {
     backend(s.device).sgd_step(s.step);
+    // The fused step wrote the parameters and buffers through the backend: count it as
+    // the in-place update it is, as add_ and mul_ would have.
+    for (const SgdTensor& t : s.step.tensors) {
+      bump_version(t.param, "SGD::step");
+      if (t.momentum_buffer.defined()) bump_version(t.momentum_buffer, "SGD::step");
+    }
     // Buffers become state only once written, so a failed step leaves none half made.
     size_t next = 0;
     for (const SgdTensor& t : s.step.tensors)

@@ -88,9 +88,6 @@ class DistributedDataParallel : public nn::Module {
   nn::ModulePtr copy_node() const override;
 
  private:
-  void check_same_shapes_across_ranks(const std::vector<nn::NamedTensor>& tensors);
-  void broadcast_from_rank0(const std::vector<Tensor>& tensors);
-
   nn::ModulePtr module_;
   std::shared_ptr<ProcessGroup> process_group_;
   DDPOptions options_;

@@ -245,7 +245,7 @@ std::shared_ptr<Work> ProcessGroupGloo::send(std::vector<Tensor> tensors, int ds
   if (!failure.empty()) return refused(*impl, description, failure);
   // Coalesced now: the caller may reuse a list's tensors at once (not a single one, which
   // is sent from where it lies).
-  m->buffer = std::make_shared<CoalescedBuffer>(std::move(tensors));
+  m->buffer = std::make_shared<CoalescedBuffer>(std::move(tensors), /*writes_as=*/nullptr);
   m->deadline = Clock::now() + impl->options.timeout;
   try {
     ScopedSigpipeBlock no_sigpipe;  // posting may write to the socket on this thread
@@ -280,7 +280,7 @@ std::shared_ptr<Work> ProcessGroupGloo::recv(std::vector<Tensor> tensors, int sr
       "recv", fmt::format("from rank {}, tag {}: {}", src, tag, detail::describe(m->expected)));
   const std::string failure = impl->failure();
   if (!failure.empty()) return refused(*impl, description, failure);
-  m->buffer = std::make_shared<CoalescedBuffer>(std::move(tensors));
+  m->buffer = std::make_shared<CoalescedBuffer>(std::move(tensors), "recv");
   m->deadline = Clock::now() + impl->options.timeout;
   try {
     ScopedSigpipeBlock no_sigpipe;

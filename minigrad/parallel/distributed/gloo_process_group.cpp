@@ -89,11 +89,17 @@ void GlooWork::finish(std::exception_ptr error, double duration) {
   std::function<void()> done_with;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    done_with = std::move(run_);
+    run_ = nullptr;
+  }
+  // The buffers it held go outside the lock, but before anyone can see the work done: a
+  // caller back from wait() finds them released (the memory it counts is its own).
+  done_with = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
     error_ = std::move(error);
     duration_ = duration;
     done_ = true;
-    done_with = std::move(run_);  // drops the buffers it held, outside the lock
-    run_ = nullptr;
   }
   cv_.notify_all();
 }
@@ -359,7 +365,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(std::vector<Tensor> tensors, R
   // A group of one has nothing to exchange: the sum and the mean are the tensors as they are.
   if (size() == 1) return std::make_shared<CompletedWork>();
   // Coalesced on the caller's thread: the caller may reuse its gradients at once.
-  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors));
+  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors), "allreduce");
   const std::string detail = fmt::format("{} of {} bytes", reduce_op_name(op), buffer->nbytes());
   Impl* impl = impl_.get();
   return impl->enqueue("allreduce", detail, [impl, buffer, op](uint32_t tag) {
@@ -383,7 +389,7 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(std::vector<Tensor> tensors, i
   MG_CHECK(root >= 0 && root < size(), "broadcast (gloo): root {} is outside [0, {}) (rank {})",
            root, size(), rank());
   if (size() == 1) return std::make_shared<CompletedWork>();
-  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors));
+  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors), "broadcast");
   const std::string detail = fmt::format("{} bytes from rank {}", buffer->nbytes(), root);
   Impl* impl = impl_.get();
   return impl->enqueue("broadcast", detail, [impl, buffer, root](uint32_t tag) {
@@ -406,6 +412,7 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(Tensor output, Tensor inp
     return std::make_shared<CompletedWork>();
   }
   if (output.numel() == 0) return std::make_shared<CompletedWork>();
+  bump_version(output, "reduce_scatter");  // rewritten in place (core/tensor.h)
   const std::string detail = fmt::format("{} of {} {} elements into {}", reduce_op_name(op),
                                          input.numel(), dtype_name(input.dtype()), output.numel());
   Impl* impl = impl_.get();
@@ -437,6 +444,7 @@ std::shared_ptr<Work> ProcessGroupGloo::all_gather(Tensor output, Tensor input) 
     return std::make_shared<CompletedWork>();
   }
   if (input.numel() == 0) return std::make_shared<CompletedWork>();
+  bump_version(output, "all_gather");  // rewritten in place (core/tensor.h)
   const std::string detail = fmt::format("{} x {} {} elements", size(), input.numel(),
                                          dtype_name(input.dtype()));
   Impl* impl = impl_.get();

@@ -700,7 +700,8 @@ std::shared_ptr<Work> NcclPointToPoint::send(std::vector<Tensor> tensors, int ds
   const Device device = Device::cuda(config_.device_index);
   DeviceGuard guard(device);
   const MessageHeader header = message_header(tensors, tag);
-  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors));  // on the caller's stream
+  // On the caller's stream; a send only reads the tensors (their versions stay).
+  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors), /*writes_as=*/nullptr);
   auto lane = this->lane(dst, true);
   auto work = std::make_shared<MessageWork>(lane, std::move(description), device, buffer, header,
                                             false, config_.timeout);
@@ -717,7 +718,7 @@ std::shared_ptr<Work> NcclPointToPoint::recv(std::vector<Tensor> tensors, int sr
   const Device device = Device::cuda(config_.device_index);
   DeviceGuard guard(device);
   const MessageHeader expected = message_header(tensors, tag);
-  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors));
+  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors), "recv");
   auto lane = this->lane(src, false);
   auto work = std::make_shared<MessageWork>(lane, std::move(description), device, buffer, expected,
                                             true, config_.timeout);

@@ -334,7 +334,7 @@ std::shared_ptr<Work> ProcessGroupNccl::allreduce(std::vector<Tensor> tensors, R
   impl_->throw_if_failed("allreduce");
   DeviceGuard guard(impl_->device());
   // Flattened on the caller's stream; the collective waits for it there.
-  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors));
+  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors), "allreduce");
   auto work = std::make_shared<NcclWork>(
       impl_,
       fmt::format("allreduce #{} ({} of {} bytes)", impl_->sequence++, reduce_op_name(op),
@@ -357,7 +357,7 @@ std::shared_ptr<Work> ProcessGroupNccl::broadcast(std::vector<Tensor> tensors, i
            root, size(), rank());
   impl_->throw_if_failed("broadcast");
   DeviceGuard guard(impl_->device());
-  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors));
+  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors), "broadcast");
   auto work = std::make_shared<NcclWork>(
       impl_,
       fmt::format("broadcast #{} ({} bytes from rank {})", impl_->sequence++, buffer->nbytes(),
@@ -376,6 +376,7 @@ std::shared_ptr<Work> ProcessGroupNccl::reduce_scatter(Tensor output, Tensor inp
   check_flat_pair("reduce_scatter", input, "input", output, "output", op == ReduceOp::Average);
   impl_->throw_if_failed("reduce_scatter");
   if (output.numel() == 0) return std::make_shared<CompletedWork>();
+  bump_version(output, "reduce_scatter");  // rewritten in place (core/tensor.h)
   DeviceGuard guard(impl_->device());
   auto work = std::make_shared<NcclWork>(
       impl_,
@@ -397,6 +398,7 @@ std::shared_ptr<Work> ProcessGroupNccl::all_gather(Tensor output, Tensor input) 
   check_flat_pair("all_gather", output, "output", input, "input", false);
   impl_->throw_if_failed("all_gather");
   if (input.numel() == 0) return std::make_shared<CompletedWork>();
+  bump_version(output, "all_gather");  // rewritten in place (core/tensor.h)
   DeviceGuard guard(impl_->device());
   auto work = std::make_shared<NcclWork>(
       impl_,
@@ -444,7 +446,7 @@ std::shared_ptr<Work> ProcessGroupNccl::barrier() {
   impl_->throw_if_failed("barrier");
   DeviceGuard guard(impl_->device());
   auto buffer = std::make_shared<CoalescedBuffer>(
-      std::vector<Tensor>{zeros(Shape{1}, DType::Float32, impl_->device())});
+      std::vector<Tensor>{zeros(Shape{1}, DType::Float32, impl_->device())}, "barrier");
   auto work = std::make_shared<NcclWork>(
       impl_, fmt::format("barrier #{}", impl_->sequence++), buffer);
   const Tensor flat = buffer->flat();

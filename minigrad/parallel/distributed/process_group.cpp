@@ -158,7 +158,10 @@ bool ProcessGroup::check_flat_pair(const char* collective, const Tensor& whole,
   return false;
 }
 
-CoalescedBuffer::CoalescedBuffer(std::vector<Tensor> tensors) : tensors_(std::move(tensors)) {
+CoalescedBuffer::CoalescedBuffer(std::vector<Tensor> tensors, const char* writes_as)
+    : tensors_(std::move(tensors)) {
+  if (writes_as != nullptr)
+    for (const Tensor& t : tensors_) bump_version(t, writes_as);
   flat_ = flatten_dense_tensors(tensors_);
   aliased_ = tensors_.size() == 1 && flat_.storage().is_alias_of(tensors_[0].storage());
 }

@@ -106,7 +106,9 @@ class ProcessGroup {
   // In place: the smaller tensor may be exactly this rank's slice of the larger one
   // (output = input.narrow(0, rank() * n, n) for reduce_scatter); otherwise the two must
   // not overlap. Uneven data is the caller's business: pad to a multiple of size(), as
-  // ZeRO and FSDP do. Neither tensor may be touched until wait().
+  // ZeRO and FSDP do. Neither tensor may be touched until wait(). The output's version
+  // counter is bumped (it is rewritten in place): a graph that saved it for backward
+  // refuses it, unless the caller re-gathers under autograd::UnsafePreserveVersionCounter.
   virtual std::shared_ptr<Work> reduce_scatter(Tensor output, Tensor input,
                                                ReduceOp op = ReduceOp::Sum) = 0;
   virtual std::shared_ptr<Work> all_gather(Tensor output, Tensor input) = 0;
@@ -168,10 +170,15 @@ class ProcessGroup {
 };
 
 // The tensors of a collective as one contiguous buffer, and the copy back afterwards.
-// A single contiguous tensor is used as it is (no copy at all).
+// A single contiguous tensor is used as it is (no copy at all). For a collective that
+// rewrites the tensors in place (allreduce, broadcast, recv), `writes_as` is its name and
+// making the buffer bumps every tensor's version counter under it (core/tensor.h:
+// bump_version), so a graph that saved one of them for backward refuses it instead of
+// using the new values; a collective that only reads them (send) passes nullptr and
+// leaves their versions alone (a pipeline stage sends activations its graph still needs).
 class CoalescedBuffer {
  public:
-  explicit CoalescedBuffer(std::vector<Tensor> tensors);
+  CoalescedBuffer(std::vector<Tensor> tensors, const char* writes_as);
   const Tensor& flat() const { return flat_; }
   // Copies the reduced values back into the tensors (nothing when flat() is theirs).
   void copy_back() const;

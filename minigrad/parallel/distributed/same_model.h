@@ -1,0 +1,24 @@
+// What every data-parallel wrapper (DistributedDataParallel, ZeroRedundancyOptimizer,
+// FullyShardedDataParallel) does first: check that all ranks built the same model, then
+// start them from rank 0's values.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <minigrad/nn/module.h>
+#include <minigrad/parallel/distributed/process_group.h>
+
+namespace mg::parallel {
+
+// Every rank runs the same three collectives whatever it finds, so a mismatch makes all
+// ranks fail together (mg::Error starting with `who`, naming the first tensor that differs
+// on that rank), instead of leaving some waiting in the next collective.
+void check_same_shapes_across_ranks(ProcessGroup& group,
+                                    const std::vector<nn::NamedTensor>& tensors,
+                                    const std::string& who);
+
+// In place: every rank's tensors become rank 0's (one coalesced broadcast per dtype).
+void broadcast_from_rank0(ProcessGroup& group, const std::vector<Tensor>& tensors);
+
+}  // namespace mg::parallel

@@ -1,0 +1,78 @@
+// PipelineStage: pipeline parallelism across processes (torch.distributed.pipelining).
+// Rank r of a process group holds stage r of the model, on the group's device; the ranks
+// hand activations forward and gradients back with ProcessGroup::send / recv, in the
+// order the same schedules as the in-process Pipe say (schedule.h), and each stage's
+// forward and backward are the same StageRunner's (stage_runner.h).
+//
+//   auto group = parallel::init_process_group("gloo");       // started by minigrad-run
+//   manual_seed(0);                                          // the same model on every rank
+//   auto model = make_model();
+//   const auto balance = parallel::even_balance(model->size(), group->size());
+//   parallel::PipelineStage stage(parallel::split_stage(model, balance, group->rank()),
+//                                 group, options);
+//   optim::SGD sgd(stage.module()->parameters(), optim::SGDOptions(0.1));
+//   sgd.zero_grad();
+//   Tensor loss = stage.train_step(x, y, cross_entropy);  // x on rank 0, y on the last
+//   sgd.step();                                           // each rank its own layers
+//
+// What travels, per micro-batch j, between neighbours s and s + 1:
+//   s -> s+1  a header (int64: micro-batches, rows, dtype, rank, sizes), tag 3j: the
+//             receiver learns the activation's shape, and stage s > 0 learns the step's
+//             micro-batch count from micro-batch 0's header;
+//   s -> s+1  the activation, tag 3j + 1;
+//   s+1 -> s  its gradient, tag 3j + 2 (of the shape s sent, which s knows).
+// Sends are asynchronous and kept until the end of the step; receives wait. Because
+// every rank follows its list in order and every list is deadlock-free against the
+// others (tests/parallel/pipe_schedule_test.cpp plays them against each other), a step
+// cannot hang; a rank that fails makes its neighbours' receives time out (the group's
+// timeout), and its own error names its stage, pass and micro-batch.
+#pragma once
+
+#include <memory>
+
+#include <minigrad/nn/module.h>
+#include <minigrad/parallel/distributed/process_group.h>
+#include <minigrad/parallel/pipeline/schedule.h>
+#include <minigrad/parallel/pipeline/stage_runner.h>
+#include <minigrad/parallel/pipeline/timeline.h>
+
+namespace mg::parallel {
+
+struct PipelineStageOptions {
+  int64_t chunks = 1;  // every rank must give the same
+  Schedule schedule = Schedule::GPipe;
+  Checkpoint checkpoint = Checkpoint::Never;
+};
+
+class PipelineStage {
+ public:
+  // `module`: this rank's layers (split_stage), moved to the group's device.
+  PipelineStage(nn::ModulePtr module, std::shared_ptr<ProcessGroup> group,
+                PipelineStageOptions options = {});
+
+  // One training step of the whole pipeline; every rank calls it. `input` (the batch) is
+  // rank 0's, `target` the last rank's; the others pass undefined tensors. The
+  // parameters' gradients accumulate on each rank. Returns the batch's loss on the last
+  // rank (the micro-batches' losses weighted by their rows), undefined elsewhere.
+  Tensor train_step(const Tensor& input, const Tensor& target, const PipeLoss& loss_fn);
+
+  int stage() const { return group_->rank(); }
+  int num_stages() const { return group_->size(); }
+  const nn::ModulePtr& module() const { return module_; }
+  // This rank's spans of the last step (the other stages' are theirs).
+  PipeTimeline last_timeline() const;
+  int64_t last_max_stashed() const { return last_max_stashed_; }
+
+ private:
+  struct Header;
+  Header receive_header(int64_t micro_batch);
+  void run_action(const Action& action);
+
+  nn::ModulePtr module_;
+  std::shared_ptr<ProcessGroup> group_;
+  PipelineStageOptions options_;
+  std::shared_ptr<TimelineRecorder> recorder_;
+  int64_t last_max_stashed_ = 0;
+};
+
+}  // namespace mg::parallel

@@ -1,0 +1,99 @@
+#include <minigrad/parallel/tensor_parallel/group.h>
+
+#include <minigrad/core/ops.h>
+#include <minigrad/core/profiler.h>
+#include <minigrad/parallel/distributed/process_group.h>
+
+namespace mg::parallel {
+
+void TensorParallelGroup::check(const char* collective, const Tensor& tensor) const {
+  MG_CHECK(tensor.defined(), "tensor-parallel {} ({}): the tensor is undefined", collective,
+           describe());
+  MG_CHECK(tensor.device() == device(),
+           "tensor-parallel {} ({}): the tensor of shape {} is on {}, but this rank works on {}",
+           collective, describe(), tensor.shape(), tensor.device(), device());
+}
+
+Tensor TensorParallelGroup::all_reduce(const Tensor& tensor) {
+  check("all_reduce", tensor);
+  all_reduces_ += 1;
+  all_reduce_bytes_ += static_cast<int64_t>(tensor.nbytes());
+  profiler::Span span(tensor.device(), "tp all_reduce");
+  span.category("comm").arg("bytes", tensor.nbytes());
+  return all_reduce_impl(tensor);
+}
+
+Tensor TensorParallelGroup::all_gather(const Tensor& tensor) {
+  check("all_gather", tensor);
+  all_gathers_ += 1;
+  all_gather_bytes_ += static_cast<int64_t>(tensor.nbytes());
+  profiler::Span span(tensor.device(), "tp all_gather");
+  span.category("comm").arg("bytes", tensor.nbytes());
+  return all_gather_impl(tensor);
+}
+
+TensorParallelStats TensorParallelGroup::stats() const {
+  return {all_reduces_.load(), all_gathers_.load(), all_reduce_bytes_.load(),
+          all_gather_bytes_.load()};
+}
+
+void TensorParallelGroup::reset_stats() {
+  all_reduces_ = 0;
+  all_gathers_ = 0;
+  all_reduce_bytes_ = 0;
+  all_gather_bytes_ = 0;
+}
+
+int64_t shard_size(int64_t size, int parts, const char* what) {
+  MG_CHECK(parts >= 1, "{}: the tensor-parallel size must be at least 1, got {}", what, parts);
+  MG_CHECK(size % parts == 0,
+           "{} = {} is not divisible by the tensor-parallel size {}: every rank holds an equal "
+           "shard (no padding), so choose a width that is a multiple of {}",
+           what, size, parts, parts);
+  return size / parts;
+}
+
+namespace {
+
+// One process per rank: the process group's collectives, waited for at once.
+class ProcessGroupTensorParallel final : public TensorParallelGroup {
+ public:
+  explicit ProcessGroupTensorParallel(std::shared_ptr<ProcessGroup> group)
+      : group_(std::move(group)) {}
+
+  int rank() const override { return group_->rank(); }
+  int size() const override { return group_->size(); }
+  Device device() const override { return group_->device(); }
+  std::string describe() const override {
+    return fmt::format("{} rank {} of {}", group_->backend_name(), rank(), size());
+  }
+
+ protected:
+  Tensor all_reduce_impl(const Tensor& tensor) override {
+    Tensor out = ops::clone(tensor);  // allreduce works in place; the input stays as it was
+    group_->allreduce(out)->wait();
+    return out;
+  }
+
+  Tensor all_gather_impl(const Tensor& tensor) override {
+    std::vector<int64_t> sizes{size()};
+    for (int64_t s : tensor.shape().sizes()) sizes.push_back(s);
+    Tensor out = empty(Shape(sizes), tensor.dtype(), device());
+    group_->all_gather(out, ops::contiguous(tensor))->wait();
+    return out;
+  }
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+};
+
+}  // namespace
+
+TensorParallelGroupPtr tensor_parallel_group(std::shared_ptr<ProcessGroup> process_group) {
+  MG_CHECK(process_group != nullptr,
+           "tensor_parallel_group: the process group is null (is this rank outside the group "
+           "that new_group made?)");
+  return std::make_shared<ProcessGroupTensorParallel>(std::move(process_group));
+}
+
+}  // namespace mg::parallel

@@ -1,0 +1,162 @@
+#include <minigrad/parallel/tensor_parallel/layers.h>
+
+#include <typeinfo>
+
+#include <minigrad/autograd/functions.h>
+#include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/ops.h>
+#include <minigrad/parallel/tensor_parallel/functions.h>
+
+namespace mg::nn {
+namespace {
+
+const parallel::TensorParallelGroupPtr& checked(const parallel::TensorParallelGroupPtr& group,
+                                                const char* layer) {
+  MG_CHECK(group != nullptr, "{}: the tensor-parallel group is null", layer);
+  return group;
+}
+
+// rows [start, start + length) of dimension `dim` of `full`, as a new leaf on `device`.
+Tensor shard_of(const Tensor& full, int64_t dim, int64_t start, int64_t length, Device device) {
+  NoGradGuard no_grad;
+  Tensor shard = ops::clone(ops::narrow(full, dim, start, length));
+  return shard.device() == device ? shard : ops::copy_to(shard, device);
+}
+
+Tensor whole_on(const Tensor& full, Device device) {
+  return shard_of(full, 0, 0, full.size(0), device);
+}
+
+const char* python_bool(bool b) { return b ? "True" : "False"; }
+
+}  // namespace
+
+// ---- ColumnParallelLinear: y_r = x W_r^T + b_r, W_r the rows r*out/n .. of W ----
+
+ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features,
+                                           parallel::TensorParallelGroupPtr group,
+                                           bool gather_output, bool bias)
+    : ColumnParallelLinear(Linear(in_features, out_features, bias),
+                           checked(group, "ColumnParallelLinear"), gather_output) {}
+
+ColumnParallelLinear::ColumnParallelLinear(const Linear& full,
+                                           parallel::TensorParallelGroupPtr group,
+                                           bool gather_output)
+    : Cloneable<ColumnParallelLinear>("ColumnParallelLinear"),
+      in_features_(full.in_features()),
+      out_features_(full.out_features()),
+      has_bias_(full.has_bias()),
+      gather_output_(gather_output),
+      group_(checked(group, "ColumnParallelLinear")) {
+  const int64_t part =
+      parallel::shard_size(out_features_, group_->size(), "ColumnParallelLinear: out_features");
+  const int64_t start = group_->rank() * part;
+  register_parameter("weight", shard_of(full.parameter("weight"), 0, start, part, group_->device()));
+  if (has_bias_)
+    register_parameter("bias", shard_of(full.parameter("bias"), 0, start, part, group_->device()));
+}
+
+Tensor ColumnParallelLinear::forward(const Tensor& input) {
+  MG_CHECK(input.defined() && input.dim() >= 1 && input.size(-1) == in_features_,
+           "ColumnParallelLinear({}, {}): expected an input of shape [..., {}], got {} ({})",
+           in_features_, out_features_, in_features_,
+           input.defined() ? input.shape().str() : "undefined", group_->describe());
+  // f: the whole input on every rank; its gradient is the sum of the ranks' parts.
+  const Tensor x = parallel::copy_to_parallel(input, group_);
+  const Tensor y = linear(x, weight(), has_bias_ ? bias() : Tensor());  // [.., out/n]
+  return gather_output_ ? parallel::gather_from_parallel(y, group_) : y;
+}
+
+std::string ColumnParallelLinear::extra_repr() const {
+  return fmt::format("in_features={}, out_features={} ({} per rank), bias={}, "
+                     "gather_output={}, rank {} of {}",
+                     in_features_, out_features_, out_features_ / group_->size(),
+                     python_bool(has_bias_), python_bool(gather_output_), group_->rank(),
+                     group_->size());
+}
+
+// ---- RowParallelLinear: y = sum_r x_r W_r^T + b, W_r the columns r*in/n .. of W ----
+
+RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features,
+                                     parallel::TensorParallelGroupPtr group,
+                                     bool input_is_parallel, bool bias)
+    : RowParallelLinear(Linear(in_features, out_features, bias),
+                        checked(group, "RowParallelLinear"), input_is_parallel) {}
+
+RowParallelLinear::RowParallelLinear(const Linear& full, parallel::TensorParallelGroupPtr group,
+                                     bool input_is_parallel)
+    : Cloneable<RowParallelLinear>("RowParallelLinear"),
+      in_features_(full.in_features()),
+      out_features_(full.out_features()),
+      has_bias_(full.has_bias()),
+      input_is_parallel_(input_is_parallel),
+      group_(checked(group, "RowParallelLinear")) {
+  const int64_t part =
+      parallel::shard_size(in_features_, group_->size(), "RowParallelLinear: in_features");
+  register_parameter("weight", shard_of(full.parameter("weight"), 1, group_->rank() * part, part,
+                                        group_->device()));
+  if (has_bias_) register_parameter("bias", whole_on(full.parameter("bias"), group_->device()));
+}
+
+Tensor RowParallelLinear::forward(const Tensor& input) {
+  const int64_t expected = input_is_parallel_ ? in_features_per_rank() : in_features_;
+  MG_CHECK(input.defined() && input.dim() >= 1 && input.size(-1) == expected,
+           "RowParallelLinear({}, {}): expected an input of shape [..., {}] ({}), got {} ({})",
+           in_features_, out_features_, expected,
+           input_is_parallel_ ? "this rank's slice of the input features" : "the whole input",
+           input.defined() ? input.shape().str() : "undefined", group_->describe());
+  const Tensor x = input_is_parallel_ ? input : parallel::scatter_to_parallel(input, group_);
+  // g: each rank's product is a partial sum over its input features; one all-reduce adds
+  // them. The bias is added once, after the sum, so it is not counted n times.
+  const Tensor y = parallel::reduce_from_parallel(linear(x, weight()), group_);
+  return has_bias_ ? y + bias() : y;
+}
+
+std::string RowParallelLinear::extra_repr() const {
+  return fmt::format("in_features={} ({} per rank), out_features={}, bias={}, "
+                     "input_is_parallel={}, rank {} of {}",
+                     in_features_, in_features_ / group_->size(), out_features_,
+                     python_bool(has_bias_), python_bool(input_is_parallel_), group_->rank(),
+                     group_->size());
+}
+
+}  // namespace mg::nn
+
+namespace mg::parallel {
+
+std::shared_ptr<nn::Sequential> parallelize_mlp(const nn::Sequential& mlp,
+                                                const TensorParallelGroupPtr& group) {
+  MG_CHECK(group != nullptr, "parallelize_mlp: the tensor-parallel group is null");
+  const auto& children = mlp.named_children();
+  size_t linears = 0;
+  for (const auto& [name, child] : children) {
+    const nn::Module& m = *child;
+    MG_CHECK(typeid(m) == typeid(nn::Linear) || typeid(m) == typeid(nn::ReLU),
+             "parallelize_mlp: layer '{}' is a {}; only a Sequential of Linear and ReLU layers "
+             "can be split into column/row pairs",
+             name, m.type_name());
+    if (typeid(m) == typeid(nn::Linear)) ++linears;
+  }
+  const size_t paired = linears - linears % 2;  // the Linear layers that get a partner
+
+  auto out = std::make_shared<nn::Sequential>();
+  size_t index = 0;  // among the Linear layers
+  for (const auto& [name, child] : children) {
+    if (typeid(*child) == typeid(nn::ReLU)) {
+      out->push_back(std::make_shared<nn::ReLU>());
+      continue;
+    }
+    const auto& linear = static_cast<const nn::Linear&>(*child);
+    if (index >= paired) {
+      out->push_back(child->clone(group->device()));  // whole on every rank
+    } else if (index % 2 == 0) {
+      out->push_back(std::make_shared<nn::ColumnParallelLinear>(linear, group, false));
+    } else {
+      out->push_back(std::make_shared<nn::RowParallelLinear>(linear, group, true));
+    }
+    ++index;
+  }
+  return out;
+}
+
+}  // namespace mg::parallel

@@ -1,0 +1,185 @@
+// The pipeline schedules (the lists each stage follows), what they keep alive, counted
+// by the schedule and by the allocator, and the timeline a step records.
+#include "catch_compat.h"
+
+#include <algorithm>
+
+#include "core/host_backed_cuda.h"
+#include "parallel/pipe_check.h"
+
+using mg::Device;
+using mg::Tensor;
+using mg::parallel::Action;
+using mg::parallel::actions_str;
+using mg::parallel::Pass;
+using mg::parallel::Schedule;
+using mg::parallel::stage_actions;
+
+TEST_CASE("schedules: GPipe fills and drains, 1F1B alternates after p - 1 - s forwards") {
+  REQUIRE(actions_str(stage_actions(Schedule::GPipe, 0, 2, 4)) == "F0 F1 F2 F3 B3 B2 B1 B0");
+  REQUIRE(actions_str(stage_actions(Schedule::OneFOneB, 0, 2, 4)) == "F0 F1 B0 F2 B1 F3 B2 B3");
+  REQUIRE(actions_str(stage_actions(Schedule::OneFOneB, 1, 2, 4)) == "F0 B0 F1 B1 F2 B2 F3 B3");
+  REQUIRE(actions_str(stage_actions(Schedule::OneFOneB, 0, 4, 6)) ==
+          "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5");
+  // Fewer micro-batches than stages: the warm-up is cut short.
+  REQUIRE(actions_str(stage_actions(Schedule::OneFOneB, 0, 4, 2)) == "F0 F1 B0 B1");
+  REQUIRE(mg::parallel::ideal_bubble_fraction(2, 8) == Approx(1.0 / 9));
+  REQUIRE(mg::parallel::ideal_bubble_fraction(4, 16) == Approx(3.0 / 19));
+}
+
+// Plays every stage's list against the others, as the Pipe's threads do: a forward
+// waits for the previous stage's forward of that micro-batch, a backward for the next
+// stage's backward. Every list must run to its end (no deadlock), the micro-batches
+// must reach each stage in the order they left the one before (the hand-offs are
+// queues), and a stage must never hold more than max_in_flight micro-batches.
+TEST_CASE("schedules: every stage's list runs to its end, in queue order, within its in-flight bound") {
+  for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB})
+    for (int p = 1; p <= 5; ++p)
+      for (int64_t m = 1; m <= 9; ++m) {
+        INFO(fmt::format("{} p={} m={}", mg::parallel::schedule_name(schedule), p, m));
+        std::vector<std::vector<Action>> lists;
+        for (int s = 0; s < p; ++s) lists.push_back(stage_actions(schedule, s, p, m));
+        std::vector<size_t> next(static_cast<size_t>(p), 0);
+        std::vector<std::vector<bool>> forward_done(p, std::vector<bool>(m, false)),
+            backward_done(p, std::vector<bool>(m, false));
+        std::vector<std::vector<int64_t>> forward_order(p), backward_order(p);
+        std::vector<int64_t> alive(static_cast<size_t>(p), 0), most(static_cast<size_t>(p), 0);
+        for (bool progress = true; progress;) {
+          progress = false;
+          for (int s = 0; s < p; ++s) {
+            if (next[s] == lists[s].size()) continue;
+            const Action a = lists[s][next[s]];
+            const auto j = static_cast<size_t>(a.micro_batch);
+            if (a.pass == Pass::Forward) {
+              if (s > 0 && !forward_done[s - 1][j]) continue;
+              forward_done[s][j] = true;
+              forward_order[s].push_back(a.micro_batch);
+              most[s] = std::max(most[s], ++alive[s]);
+            } else {
+              if (!forward_done[s][j] || (s + 1 < p && !backward_done[s + 1][j])) continue;
+              backward_done[s][j] = true;
+              backward_order[s].push_back(a.micro_batch);
+              --alive[s];
+            }
+            ++next[s];
+            progress = true;
+          }
+        }
+        for (int s = 0; s < p; ++s) {
+          REQUIRE(next[s] == lists[s].size());
+          REQUIRE(static_cast<int64_t>(lists[s].size()) == 2 * m);
+          REQUIRE(forward_order[s] == forward_order[0]);
+          REQUIRE(backward_order[s] == backward_order[0]);
+          REQUIRE(most[s] == mg::parallel::max_in_flight(schedule, s, p, m));
+        }
+      }
+}
+
+TEST_CASE("Pipe: 1F1B keeps at most p - s micro-batches alive per stage, GPipe all of them") {
+  mg::manual_seed(41);
+  for (int p : {2, 3, 4}) {
+    for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
+      mg::parallel::PipeOptions options;
+      options.chunks = 8;
+      options.schedule = schedule;
+      options.checkpoint = mg::parallel::Checkpoint::Never;
+      mg::parallel::Pipe pipe(mg::testing::make_mlp({4, 6, 6, 6, 3}), mg::testing::cpus(p),
+                              options);
+      pipe.train_step(mg::randn({16, 4}), mg::randint(0, 3, {16}), mg::cross_entropy);
+      for (int s = 0; s < p; ++s)
+        CHECK(pipe.last_max_stashed()[static_cast<size_t>(s)] ==
+              (schedule == Schedule::GPipe ? 8 : p - s));
+    }
+  }
+}
+
+// The same bound, counted in bytes by each device's allocator: two stand-in GPUs (host
+// memory, counted per device), one stage on each.
+TEST_CASE("Pipe: the allocator sees 1F1B's activations bounded by p - s micro-batches, GPipe's grow with m") {
+  mg::testing::ScopedHostBackedCuda stand_in;
+  mg::manual_seed(42);
+  const std::vector<Device> devices{Device::cuda(0), Device::cuda(1)};
+  constexpr int64_t kRows = 64;  // per micro-batch
+  auto run = [&](Schedule schedule, int64_t chunks) {
+    mg::parallel::PipeOptions options;
+    options.chunks = chunks;
+    options.schedule = schedule;
+    options.checkpoint = mg::parallel::Checkpoint::Never;
+    options.check_memory = false;  // the dry run would count too
+    mg::manual_seed(43);
+    mg::parallel::Pipe pipe(mg::testing::make_mlp({32, 48, 48, 48, 48, 48, 48, 10}), devices,
+                            options);
+    const Tensor x = mg::randn({kRows * chunks, 32}).to(devices[0]);
+    const Tensor y = mg::randint(0, 10, {kRows * chunks}).to(devices[1]);
+    pipe.train_step(x, y, mg::cross_entropy);  // makes the gradients, kept from here on
+    std::vector<std::size_t> peak;
+    std::vector<std::size_t> start;
+    for (int d = 0; d < 2; ++d) {
+      mg::testing::host_backed_memory(d).reset_peak();
+      start.push_back(mg::testing::host_backed_memory(d).current_bytes());
+    }
+    pipe.zero_grad(/*set_to_none=*/false);
+    pipe.train_step(x, y, mg::cross_entropy);
+    for (int d = 0; d < 2; ++d) peak.push_back(mg::testing::host_backed_memory(d).peak_bytes() - start[d]);
+    return peak;
+  };
+  // One micro-batch: its activations and whatever its backward needs on top.
+  const std::vector<std::size_t> one = run(Schedule::GPipe, 1);
+  const std::vector<std::size_t> gpipe = run(Schedule::GPipe, 8);
+  const std::vector<std::size_t> ofob = run(Schedule::OneFOneB, 8);
+  // The last stage also keeps every micro-batch's output (64 x 10 floats) for the step's
+  // gathered output, 7 more than the single micro-batch run; and the gradients it hands
+  // back wait on its device until stage 0 takes them (1F1B lets it run at most two
+  // ahead: it needs stage 0's next forward, which follows stage 0's next backward).
+  const std::size_t outputs = 7 * kRows * 10 * sizeof(float);
+  const std::size_t handoffs = 2 * kRows * 48 * sizeof(float);
+  for (int s = 0; s < 2; ++s) {
+    INFO(fmt::format("stage {}: one micro-batch {} B, GPipe m=8 {} B, 1F1B m=8 {} B", s, one[s],
+                     gpipe[s], ofob[s]));
+    CHECK(ofob[s] <= static_cast<std::size_t>(2 - s) * one[s] + (s == 1 ? outputs + handoffs : 0));
+    CHECK(gpipe[s] > 2 * one[s]);
+    CHECK(gpipe[s] > ofob[s]);
+  }
+}
+
+TEST_CASE("Pipe: the timeline has a span per stage, micro-batch and pass, inside the step") {
+  mg::manual_seed(44);
+  mg::parallel::PipeOptions options;
+  options.chunks = 5;
+  options.schedule = Schedule::OneFOneB;
+  mg::parallel::Pipe pipe(mg::testing::make_mlp({4, 8, 8, 3}), mg::testing::cpus(3), options);
+  pipe.train_step(mg::randn({10, 4}), mg::randint(0, 3, {10}), mg::cross_entropy);
+  const mg::parallel::PipeTimeline t = pipe.last_timeline();
+  REQUIRE(t.stages == 3);
+  REQUIRE(t.spans.size() == 3 * 5 * 2);
+  REQUIRE(t.windows.size() == 1);
+  for (int s = 0; s < 3; ++s) {
+    std::vector<std::string> order;
+    for (const auto& span : t.spans) {
+      if (span.stage != s) continue;
+      order.push_back(fmt::format("{}{}", span.pass == Pass::Forward ? 'F' : 'B', span.micro_batch));
+      REQUIRE(span.start >= t.windows[0].first);
+      REQUIRE(span.end <= t.windows[0].second);
+      REQUIRE(span.end >= span.start);
+    }
+    // Each stage's spans are its schedule, in order.
+    REQUIRE(fmt::format("{}", fmt::join(order, " ")) ==
+            actions_str(stage_actions(Schedule::OneFOneB, s, 3, 5)));
+    REQUIRE(t.busy_fraction(s) > 0.0);
+    REQUIRE(t.busy_fraction(s) <= 1.0);
+  }
+  const std::string svg = mg::parallel::timeline_svg(t, "three stages");
+  REQUIRE(svg.find("<svg") == 0);
+  REQUIRE(svg.find("three stages") != std::string::npos);
+  REQUIRE(std::count(svg.begin(), svg.end(), '\n') > 30);
+
+  // forward() and its backward: two windows, the backward spans in the second.
+  options.schedule = Schedule::GPipe;
+  mg::parallel::Pipe gpipe(mg::testing::make_mlp({4, 8, 3}), mg::testing::cpus(2), options);
+  mg::cross_entropy(gpipe.forward(mg::randn({10, 4})), mg::randint(0, 3, {10})).backward();
+  const mg::parallel::PipeTimeline g = gpipe.last_timeline();
+  REQUIRE(g.windows.size() == 2);
+  REQUIRE(g.spans.size() == 2 * 5 * 2);
+  for (const auto& span : g.spans)
+    if (span.pass == Pass::Backward) REQUIRE(span.start >= g.windows[1].first);
+}
