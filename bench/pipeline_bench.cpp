@@ -122,7 +122,7 @@ void run_pipeline_bench(const PipelineRun& run, nlohmann::json& record) {
   auto step = [&] {
     sgd.zero_grad(/*set_to_none=*/true);
     if (pipe) {
-      loss = pipe->train_step(x, y, cross_entropy).loss;
+      loss = pipe->train_step(x, y, parallel::cross_entropy_loss).loss;
     } else {
       loss = cross_entropy(naive->forward(x), y);
       loss.backward();

@@ -167,7 +167,7 @@ int run_pipeline(const Options& options, Device first, Device second) {
   for (int epoch = 1; epoch <= options.epochs; ++epoch) {
     tracer.begin_step(epoch);
     sgd.zero_grad();
-    const parallel::PipeStep step = pipe->train_step(inputs, labels, cross_entropy);
+    const parallel::PipeStep step = pipe->train_step(inputs, labels, parallel::cross_entropy_loss);
     sgd.step();
     tracer.end_step();
     fmt::print("Epoch {}, Loss: {:.4f}\n", epoch, step.loss.item<float>());
@@ -189,7 +189,7 @@ int run_pipeline(const Options& options, Device first, Device second) {
   parallel::PipeOptions one_chunk = pipe_options;
   one_chunk.chunks = 1;
   parallel::Pipe naive(naive_copy, devices, one_chunk);
-  for (int i = 0; i < 2; ++i) naive.train_step(inputs, labels, cross_entropy);  // warm, then time
+  for (int i = 0; i < 2; ++i) naive.train_step(inputs, labels, parallel::cross_entropy_loss);  // warm, then time
   const parallel::PipeTimeline alone = naive.last_timeline();
   fmt::print("\n");
   print_busy(alone, devices, "naive split (1 micro-batch)");

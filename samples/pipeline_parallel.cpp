@@ -79,7 +79,7 @@ int run(const Options& options) {
   for (int step = 1; step <= options.steps; ++step) {
     sgd.zero_grad();
     const Tensor loss = stage.train_step(first ? x.to(device) : Tensor(),
-                                         last ? y.to(device) : Tensor(), cross_entropy);
+                                         last ? y.to(device) : Tensor(), parallel::cross_entropy_loss);
     sgd.step();
     if (last) fmt::print("step {}, loss {:.6f}\n", step, loss.item<float>());
   }

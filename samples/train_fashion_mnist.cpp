@@ -292,7 +292,7 @@ int stop_run(Run& run, int signo, const RunPosition& position, int64_t global_st
 Tensor pipeline_step(Run& run, parallel::Pipe& pipe, const data::Batch& batch,
                      int64_t global_step) {
   run.optimizer->zero_grad();
-  const Tensor loss = pipe.train_step(batch.data, batch.target, cross_entropy).loss;
+  const Tensor loss = pipe.train_step(batch.data, batch.target, parallel::cross_entropy_loss).loss;
   const float value = loss.item<float>();
   MG_CHECK(std::isfinite(value),
            "step {}: the loss is {}; stopping before this step's update. Lower the learning "

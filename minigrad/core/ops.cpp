@@ -55,6 +55,12 @@ Tensor as_strided(const Tensor& t, const Shape& shape, std::vector<int64_t> stri
     if (size == 0) empty_view = true;
     if (size > 1) last = checked_add(last, checked_mul(size - 1, strides[d], "as_strided"), "as_strided");
   }
+  MG_CHECK(empty_view || !t.storage().is_freed(),
+           "as_strided: {} of a tensor whose memory has been freed (Storage::resize_(0)). "
+           "FullyShardedDataParallel frees a unit's full parameters outside its forward and "
+           "backward; read them through full_state_dict(), or train the shards its "
+           "parameters() returns",
+           describe());
   const auto capacity =
       static_cast<int64_t>(t.storage().nbytes() / element_size(t.dtype()));  // elements
   // An empty view reads nothing; its offset may sit at the end of the storage (narrow

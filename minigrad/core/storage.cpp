@@ -21,9 +21,11 @@ void Storage::resize_(std::size_t nbytes) {
     block_->allocator->deallocate(block_->data, block_->nbytes);
     block_->data = nullptr;
     block_->nbytes = 0;
+    block_->freed = true;
   } else {
     block_->data = block_->allocator->allocate(nbytes);
     block_->nbytes = nbytes;
+    block_->freed = false;
   }
 }
 

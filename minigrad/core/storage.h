@@ -61,6 +61,8 @@ class Storage {
   // memory holds whatever the allocator hands out until it is written. A tensor whose
   // storage is freed fails with an mg::Error when its data is reached (Tensor::data_ptr).
   void resize_(std::size_t nbytes);
+  // True between a resize_(0) and the next re-allocation (not for a storage made empty).
+  bool is_freed() const { return block_ && block_->freed; }
 
  private:
   struct Block {
@@ -70,6 +72,7 @@ class Storage {
     Allocator* allocator;
     std::atomic<uint64_t> version{0};
     std::atomic<const char*> last_writer{nullptr};
+    bool freed = false;  // by resize_(0)
     Block(void* d, std::size_t n, Device dev, Allocator* a)
         : data(d), nbytes(n), device(dev), allocator(a) {}
     Block(const Block&) = delete;

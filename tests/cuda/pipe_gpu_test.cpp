@@ -70,7 +70,7 @@ TEST_CASE("Pipe: stages sharing a GPU run on streams of their own [gpu]") {
   const Device gpu = Device::cuda(0);
   mg::parallel::Pipe pipe(model, {gpu, gpu}, options);
   const Tensor x = mg::randn({4, 4}, gpu);
-  pipe.train_step(x, mg::randint(0, 4, {4}, gpu), mg::cross_entropy);
+  pipe.train_step(x, mg::randint(0, 4, {4}, gpu), mg::parallel::cross_entropy_loss);
   REQUIRE(first->seen == mg::compute_stream(gpu));  // the caller's current stream
   REQUIRE(second->seen == mg::stream_from_pool(gpu, 0));
   REQUIRE_FALSE(second->seen == first->seen);
@@ -87,7 +87,7 @@ TEST_CASE("Pipe over distinct GPUs, and from host input, matches the plain modul
     mg::parallel::Pipe pipe(copy, {Device::cuda(0), Device::cuda(1)}, options);
     const Tensor x = mg::randn({33, 13});
     const Tensor y = mg::randint(0, 10, {33});
-    const Tensor loss = pipe.train_step(x, y, mg::cross_entropy).loss;
+    const Tensor loss = pipe.train_step(x, y, mg::parallel::cross_entropy_loss).loss;
     REQUIRE(loss.device() == Device::cuda(1));
     const Tensor plain_loss = mg::cross_entropy(plain->forward(x), y);
     plain_loss.backward();
@@ -104,7 +104,7 @@ TEST_CASE("Pipe over distinct GPUs, and from host input, matches the plain modul
   mg::parallel::Pipe pipe(plain->clone(), {Device::cuda(0), Device::cuda(0)}, options);
   const Tensor x = mg::randn({10, 13});
   const Tensor y = mg::randint(0, 10, {10});
-  const Tensor loss = pipe.train_step(x, y, mg::cross_entropy).loss;
+  const Tensor loss = pipe.train_step(x, y, mg::parallel::cross_entropy_loss).loss;
   mg::testing::require_close(loss, mg::cross_entropy(plain->forward(x.to(Device::cuda(0))),
                                                      y.to(Device::cuda(0))),
                              "loss", 1e-4, 1e-5);

@@ -77,7 +77,7 @@ TEST_CASE("worker process of an NCCL pipeline job", "[.][nccl-pipeline-worker]")
       const Tensor y = randint(0, 6, {17}, gpu);
       stage.module()->zero_grad();
       plain->zero_grad();
-      const Tensor loss = stage.train_step(first ? x : Tensor(), last ? y : Tensor(), cross_entropy);
+      const Tensor loss = stage.train_step(first ? x : Tensor(), last ? y : Tensor(), mg::parallel::cross_entropy_loss);
       const Tensor plain_loss = cross_entropy(plain->forward(x), y);
       plain_loss.backward();
       if (last) MG_CHECK(max_diff(loss, plain_loss) < 1e-4f, "loss differs at step {}", step);

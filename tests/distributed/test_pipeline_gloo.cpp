@@ -61,7 +61,7 @@ void sgd_step(const std::vector<nn::NamedTensor>& params) {
 // Every rank: its stage of the model, kSteps steps; reports its parameters' gradients
 // after each step, its parameters at the end and (the last rank) the losses.
 std::vector<RankResult> run_pipeline(int world, PipelineStageOptions options,
-                                     const PipeLoss& loss_fn = cross_entropy) {
+                                     const PipeLoss& loss_fn = cross_entropy_loss) {
   return run_ranks(world, [&](RankContext& ctx) {
     auto model = make_model();
     const auto balance = even_balance(static_cast<int64_t>(model->size()), ctx.world_size);
@@ -173,7 +173,7 @@ TEST_CASE("PipelineStage: ranks that disagree, or miss their tensors, say so") {
     PipelineStage stage(split_stage(model, {4, 3}, ctx.rank), ctx.gloo(std::chrono::seconds(3)),
                         options);
     const Batch b = make_batch(0);
-    stage.train_step(ctx.rank == 0 ? b.x : Tensor(), ctx.rank == 1 ? b.y : Tensor(), cross_entropy);
+    stage.train_step(ctx.rank == 0 ? b.x : Tensor(), ctx.rank == 1 ? b.y : Tensor(), mg::parallel::cross_entropy_loss);
   });
   REQUIRE_FALSE(results[1].ok());
   REQUIRE_THAT(results[1].error,
@@ -183,7 +183,7 @@ TEST_CASE("PipelineStage: ranks that disagree, or miss their tensors, say so") {
 
   const auto missing = run_ranks(1, [](RankContext& ctx) {
     PipelineStage stage(make_model(), ctx.gloo(), {});
-    stage.train_step(make_batch(0).x, Tensor(), cross_entropy);
+    stage.train_step(make_batch(0).x, Tensor(), mg::parallel::cross_entropy_loss);
   });
   REQUIRE_THAT(missing[0].error,
                MG_CONTAINS("PipelineStage: the last stage (rank 0) needs the targets; got an "

@@ -61,7 +61,7 @@ struct PipeCase {
 // loss (the right one is cross_entropy). Returns the first difference in the loss, a
 // gradient, or a parameter after the steps.
 inline std::optional<std::string> compare_pipe_with_plain(
-    const PipeCase& c, const parallel::PipeLoss& pipe_loss = cross_entropy) {
+    const PipeCase& c, const parallel::PipeLoss& pipe_loss = parallel::cross_entropy_loss) {
   nn::ModulePtr plain = make_mlp(c.widths);
   plain->to(c.device);
   nn::ModulePtr copy = plain->clone(c.device);

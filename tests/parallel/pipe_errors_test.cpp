@@ -57,18 +57,18 @@ TEST_CASE("Pipe: a stage that throws is named with its micro-batch and pass, and
   {
     // The Thrower is in stage 1; its third call is micro-batch 2's forward.
     Pipe pipe(with_thrower(2), mg::testing::cpus(2), options_of(4));
-    REQUIRE_THROWS_WITH(pipe.train_step(x, y, mg::cross_entropy),
+    REQUIRE_THROWS_WITH(pipe.train_step(x, y, mg::parallel::cross_entropy_loss),
                         MG_CONTAINS("Pipe: stage 1 (on cpu) failed in the forward of "
                                     "micro-batch 2: boom on call 2"));
     // A failed step leaves nothing behind: the next one runs.
-    const auto step = pipe.train_step(x, y, mg::cross_entropy);
+    const auto step = pipe.train_step(x, y, mg::parallel::cross_entropy_loss);
     REQUIRE(step.loss.defined());
   }
   {
     // Checkpointed, the forward runs again in backward: call 4 is the first backward,
     // micro-batch 3's (GPipe's backwards go last-first).
     Pipe pipe(with_thrower(4), mg::testing::cpus(2), options_of(4, Checkpoint::Always));
-    REQUIRE_THROWS_WITH(pipe.train_step(x, y, mg::cross_entropy),
+    REQUIRE_THROWS_WITH(pipe.train_step(x, y, mg::parallel::cross_entropy_loss),
                         MG_CONTAINS("Pipe: stage 1 (on cpu) failed in the backward of "
                                     "micro-batch 3: boom on call 4"));
   }
@@ -134,18 +134,18 @@ TEST_CASE("Pipe: errors in its arguments name what is wrong") {
 
   o.chunks = 8;
   Pipe pipe(mlp(), cpus, o);
-  REQUIRE_THROWS_WITH(pipe.train_step(mg::randn({5, 4}), mg::randint(0, 3, {5}), mg::cross_entropy),
+  REQUIRE_THROWS_WITH(pipe.train_step(mg::randn({5, 4}), mg::randint(0, 3, {5}), mg::parallel::cross_entropy_loss),
                       MG_CONTAINS("Pipe: chunks (8) is more than the batch's 5 rows"));
   REQUIRE_THROWS_WITH(pipe.forward(mg::randn({5, 4})),
                       MG_CONTAINS("Pipe: chunks (8) is more than the batch's 5 rows"));
-  REQUIRE_THROWS_WITH(pipe.train_step(mg::randn({9, 4}), mg::randint(0, 3, {8}), mg::cross_entropy),
+  REQUIRE_THROWS_WITH(pipe.train_step(mg::randn({9, 4}), mg::randint(0, 3, {8}), mg::parallel::cross_entropy_loss),
                       MG_CONTAINS("Pipe::train_step: the input (shape [9, 4]) and the target "
                                   "(shape [8]) must have the same number of rows"));
   REQUIRE_THROWS_WITH(pipe.forward(mg::scalar_tensor(1.0)),
                       MG_CONTAINS("Pipe: the input is a scalar"));
   {
     mg::NoGradGuard no_grad;
-    REQUIRE_THROWS_WITH(pipe.train_step(mg::randn({9, 4}), mg::randint(0, 3, {9}), mg::cross_entropy),
+    REQUIRE_THROWS_WITH(pipe.train_step(mg::randn({9, 4}), mg::randint(0, 3, {9}), mg::parallel::cross_entropy_loss),
                         MG_CONTAINS("Pipe::train_step runs backward, but grad mode is off"));
   }
   o.schedule = Schedule::OneFOneB;
@@ -185,14 +185,14 @@ TEST_CASE("Pipe: a plan that does not fit a device's free memory is refused, wit
   REQUIRE(plan[0].planned_bytes() == plan[0].gradient_bytes + 4 * plan[0].activation_bytes);
 
   // Free memory unknown: not checked. 1 MiB free: stage 0 alone needs more.
-  pipe.train_step(x, y, mg::cross_entropy);
+  pipe.train_step(x, y, mg::parallel::cross_entropy_loss);
   stand_in.stand_in().set_free_bytes(std::size_t{1} << 20);
   Pipe small(mg::testing::make_mlp({64, 2048, 10}), devices, o);
-  REQUIRE_THROWS_WITH(small.train_step(x, y, mg::cross_entropy),
+  REQUIRE_THROWS_WITH(small.train_step(x, y, mg::parallel::cross_entropy_loss),
                       MG_CONTAINS("Pipe: the plan does not fit on cuda:0: stage 0 needs"));
-  REQUIRE_THROWS_WITH(small.train_step(x, y, mg::cross_entropy),
+  REQUIRE_THROWS_WITH(small.train_step(x, y, mg::parallel::cross_entropy_loss),
                       MG_CONTAINS("but cuda:0 has 1.00 MiB free (of 1.00 GiB)"));
-  REQUIRE_THROWS_WITH(small.train_step(x, y, mg::cross_entropy),
+  REQUIRE_THROWS_WITH(small.train_step(x, y, mg::parallel::cross_entropy_loss),
                       MG_CONTAINS("stage 0 on cuda:0: 2 layers, parameters 520.00 KiB, gradients "
                                   "520.00 KiB, activations"));
   // Stages that share a device are summed.
@@ -201,7 +201,7 @@ TEST_CASE("Pipe: a plan that does not fit a device's free memory is refused, wit
                       MG_CONTAINS("Pipe: the plan does not fit on cuda:0: stages 0, 1 need"));
   // Enough memory: it runs.
   stand_in.stand_in().set_free_bytes(std::size_t{1} << 30);
-  REQUIRE(small.train_step(x, y, mg::cross_entropy).loss.defined());
+  REQUIRE(small.train_step(x, y, mg::parallel::cross_entropy_loss).loss.defined());
 }
 
 TEST_CASE("Pipe: a layer in two stages on two devices is refused before it moves") {

@@ -85,7 +85,7 @@ TEST_CASE("Pipe: 1F1B keeps at most p - s micro-batches alive per stage, GPipe a
       options.checkpoint = mg::parallel::Checkpoint::Never;
       mg::parallel::Pipe pipe(mg::testing::make_mlp({4, 6, 6, 6, 3}), mg::testing::cpus(p),
                               options);
-      pipe.train_step(mg::randn({16, 4}), mg::randint(0, 3, {16}), mg::cross_entropy);
+      pipe.train_step(mg::randn({16, 4}), mg::randint(0, 3, {16}), mg::parallel::cross_entropy_loss);
       for (int s = 0; s < p; ++s)
         CHECK(pipe.last_max_stashed()[static_cast<size_t>(s)] ==
               (schedule == Schedule::GPipe ? 8 : p - s));
@@ -111,7 +111,7 @@ TEST_CASE("Pipe: the allocator sees 1F1B's activations bounded by p - s micro-ba
                             options);
     const Tensor x = mg::randn({kRows * chunks, 32}).to(devices[0]);
     const Tensor y = mg::randint(0, 10, {kRows * chunks}).to(devices[1]);
-    pipe.train_step(x, y, mg::cross_entropy);  // makes the gradients, kept from here on
+    pipe.train_step(x, y, mg::parallel::cross_entropy_loss);  // makes the gradients, kept from here on
     std::vector<std::size_t> peak;
     std::vector<std::size_t> start;
     for (int d = 0; d < 2; ++d) {
@@ -119,7 +119,7 @@ TEST_CASE("Pipe: the allocator sees 1F1B's activations bounded by p - s micro-ba
       start.push_back(mg::testing::host_backed_memory(d).current_bytes());
     }
     pipe.zero_grad(/*set_to_none=*/false);
-    pipe.train_step(x, y, mg::cross_entropy);
+    pipe.train_step(x, y, mg::parallel::cross_entropy_loss);
     for (int d = 0; d < 2; ++d) peak.push_back(mg::testing::host_backed_memory(d).peak_bytes() - start[d]);
     return peak;
   };
@@ -148,7 +148,7 @@ TEST_CASE("Pipe: the timeline has a span per stage, micro-batch and pass, inside
   options.chunks = 5;
   options.schedule = Schedule::OneFOneB;
   mg::parallel::Pipe pipe(mg::testing::make_mlp({4, 8, 8, 3}), mg::testing::cpus(3), options);
-  pipe.train_step(mg::randn({10, 4}), mg::randint(0, 3, {10}), mg::cross_entropy);
+  pipe.train_step(mg::randn({10, 4}), mg::randint(0, 3, {10}), mg::parallel::cross_entropy_loss);
   const mg::parallel::PipeTimeline t = pipe.last_timeline();
   REQUIRE(t.stages == 3);
   REQUIRE(t.spans.size() == 3 * 5 * 2);

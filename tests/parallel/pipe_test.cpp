@@ -138,7 +138,7 @@ TEST_CASE("Pipe: an input that requires grad gets the plain module's input gradi
   mg::cross_entropy(plain->forward(x_plain), y).backward();
 
   const Tensor x_step = x.detach().set_requires_grad(true);
-  pipe.train_step(x_step, y, mg::cross_entropy);
+  pipe.train_step(x_step, y, mg::parallel::cross_entropy_loss);
   mg::testing::require_close(x_step.grad(), x_plain.grad(), "input grad (train_step)", 1e-5, 1e-6);
 
   const Tensor x_forward = x.detach().set_requires_grad(true);

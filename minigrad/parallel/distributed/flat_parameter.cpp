@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <minigrad/autograd/grad_mode.h>
+#include <minigrad/autograd/version_counter.h>
 #include <minigrad/core/ops.h>
 
 namespace mg::parallel {
@@ -92,6 +93,11 @@ void FlatParameter::free_full() {
 std::shared_ptr<Work> FlatParameter::all_gather(ProcessGroup& group) const {
   MG_CHECK(full_is_allocated(), "FlatParameter::all_gather: the flat buffer is freed; "
                                 "allocate_full() first");
+  // The gather rewrites the parameters' memory in place, which bumps its version; but
+  // what it writes is what the shards hold, and between a unit's forward and its
+  // backward the shards do not change, so the parameters autograd saved in forward get
+  // back exactly the values it saw (PyTorch's FSDP does the same).
+  autograd::UnsafePreserveVersionCounter same_values(full_);
   return group.all_gather(full_, shard_.detach());
 }
 

@@ -11,7 +11,7 @@
 //   auto pipe = std::make_shared<parallel::Pipe>(model, devices, options);
 //   optim::SGD sgd(pipe->parameters(), optim::SGDOptions(0.1));
 //   sgd.zero_grad();
-//   parallel::PipeStep step = pipe->train_step(x, y, cross_entropy);  // forward + backward
+//   parallel::PipeStep step = pipe->train_step(x, y, parallel::cross_entropy_loss);  // forward + backward
 //   sgd.step();
 //
 // or, as with any module (GPipe only: the loss comes after the whole forward):
@@ -70,7 +70,7 @@ class Pipe : public nn::Module {
   Tensor forward(const Tensor& input) override;
   // One training step under the chosen schedule: forward and backward interleaved as
   // the schedule says, the parameters' gradients accumulated (call SGD::step after).
-  // loss_fn(output, target) is a mean over its micro-batch's rows (cross_entropy).
+  // loss_fn(output, target) is a mean over its micro-batch's rows (parallel::cross_entropy_loss).
   PipeStep train_step(const Tensor& input, const Tensor& target, const PipeLoss& loss_fn);
 
   // The memory plan for `batch`, from a dry run of one micro-batch per stage.

@@ -12,7 +12,7 @@
 //                                 group, options);
 //   optim::SGD sgd(stage.module()->parameters(), optim::SGDOptions(0.1));
 //   sgd.zero_grad();
-//   Tensor loss = stage.train_step(x, y, cross_entropy);  // x on rank 0, y on the last
+//   Tensor loss = stage.train_step(x, y, parallel::cross_entropy_loss);  // x on rank 0, y on the last
 //   sgd.step();                                           // each rank its own layers
 //
 // What travels, per micro-batch j, between neighbours s and s + 1:

@@ -7,6 +7,10 @@
 
 namespace mg::parallel {
 
+Tensor cross_entropy_loss(const Tensor& output, const Tensor& target) {
+  return cross_entropy(output, target);
+}
+
 const char* checkpoint_name(Checkpoint checkpoint) {
   switch (checkpoint) {
     case Checkpoint::Never: return "never";

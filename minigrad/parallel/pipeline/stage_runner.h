@@ -33,6 +33,11 @@ Checkpoint parse_checkpoint(std::string_view name);
 // cross_entropy). The pipeline weights it by the micro-batch's share of the rows.
 using PipeLoss = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
+// The usual PipeLoss: cross_entropy with its default options (mean over the rows).
+// cross_entropy itself takes a third, defaulted parameter, which a two-argument
+// std::function cannot see, so it is not a PipeLoss by itself.
+Tensor cross_entropy_loss(const Tensor& output, const Tensor& target);
+
 // A batch of `rows` rows cut with chunk's rule into at most `chunks` micro-batches.
 struct MicroBatches {
   MicroBatches(int64_t rows, int64_t chunks, const char* what);
