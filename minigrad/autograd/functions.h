@@ -56,13 +56,8 @@ Tensor log_softmax(const Tensor& x, int64_t dim = -1);
 // smoothing and the reduction (mean, sum, none) are options
 // (core/cross_entropy_options.h), e.g.
 //   cross_entropy(x, y, CrossEntropyOptions().ignore_index(-1).label_smoothing(0.1))
-// A function object, so that `cross_entropy` itself can be passed where a loss of
-// (output, target) is expected (a pipeline's train_step), its options defaulted.
-struct CrossEntropyFunction {
-  Tensor operator()(const Tensor& logits, const Tensor& targets,
-                    const CrossEntropyOptions& options = {}) const;
-};
-inline constexpr CrossEntropyFunction cross_entropy{};
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& options = {});
 
 // ---- shape and placement (functions/shape.cpp) ----
 Tensor reshape(const Tensor& x, const Shape& shape);

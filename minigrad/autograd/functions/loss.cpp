@@ -17,8 +17,8 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
   return out;
 }
 
-Tensor CrossEntropyFunction::operator()(const Tensor& logits, const Tensor& targets,
-                                        const CrossEntropyOptions& options) const {
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& options) {
   Tensor loss = ops::cross_entropy(logits, targets, options);
   record_function("CrossEntropyBackward", {logits}, {loss},
                   [logits = SavedTensor(logits), targets = SavedTensor(targets),
