@@ -4,6 +4,8 @@
 //   build/bin/ddp-bench                                        # overhead of DDP, 1 rank
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/ddp-bench --bucket-cap-mb 1
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/ddp-bench --zero 3 --optimizer adamw
+//   build/bin/minigrad-run --nproc-per-node 2 build/bin/ddp-bench --bucket-cap-mb 1
+//       --trace ddp.json      # a trace of 3 DDP steps: bench/ddp_overlap.py reads it
 //
 // For one MLP and one per-rank batch it times, after --warmup untimed rounds, --steps
 // rounds of these, one after the other (medians, host clock):
@@ -52,6 +54,8 @@
 #include <minigrad/parallel/distributed/fully_sharded_data_parallel.h>
 #include <minigrad/parallel/distributed/rendezvous.h>
 #include <minigrad/parallel/distributed/zero_redundancy_optimizer.h>
+
+#include "samples/support/trace.h"
 
 namespace {
 
@@ -303,6 +307,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"sgd", "sgd-momentum", "adamw"}));
   bool json = false;
   app.add_flag("--json", json, "rank 0 prints one JSON line instead of the tables");
+  mg::samples::TraceOptions trace;
+  mg::samples::add_trace_options(app, trace, "DDP step");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -332,6 +338,8 @@ int main(int argc, char** argv) {
       buffers.push_back(full(Shape{static_cast<int64_t>(bytes / 4)}, 1.0));
 
     std::vector<double> plain_ms, ddp_ms, zero_ms, allreduce_ms, comm_ms, wait_ms, hidden;
+    // --trace: the DDP steps only (after its own warm-up); the others run untraced.
+    mg::samples::StepTracer tracer(trace, pg);
     std::vector<double> ddp_cpu_ms, zero_cpu_ms;
     auto ms_since = [](Clock::time_point t0) {
       return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -345,7 +353,9 @@ int main(int argc, char** argv) {
       pg->barrier()->wait();  // the ranks start together: waits measure overlap, not skew
       t0 = Clock::now();
       double cpu0 = process_cpu_ms();
+      tracer.begin_step(s + 1);
       train_step(ddp, x, y);
+      tracer.end_step();
       const double step_ms = ms_since(t0);
       if (timed) ddp_cpu_ms.push_back(process_cpu_ms() - cpu0);
       const parallel::ReductionStats st = ddp.ddp->last_reduction_stats();
@@ -377,6 +387,7 @@ int main(int argc, char** argv) {
       for (auto& w : works) w->wait();
       if (timed) allreduce_ms.push_back(ms_since(t0));
     }
+    tracer.finish();  // fewer steps than --trace-warmup + --trace-steps: what ran
 
     if (pg->rank() == 0 && json) {
       const std::vector<float> values = gathered.to_vector<float>();

@@ -8,6 +8,10 @@
 //   minigrad-bench --work tutorial --device cuda --mode dataparallel --device-ids 0,1
 //   minigrad-bench --work pipe_mlp --mode pipeline --devices cpu,cpu --chunks 8
 //   minigrad-bench --work pipe_mlp --mode model_parallel --devices cpu,cpu
+//   minigrad-bench --work mnist_mlp --trace t.json    # the same, every timed step traced
+//
+// The cost of tracing: the median with --trace (and --trace-detail nodes) against the
+// one without; the trace is written after the timing.
 //
 // What is measured: after --warmup untimed steps, --steps steps are timed one by one
 // (host clock on the CPU; CUDA events on the stream, with no host synchronisation
@@ -30,6 +34,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <minigrad/core/profiler.h>
 #include <minigrad/minigrad.h>
 #include <minigrad/cuda/cuda.h>
 #include <minigrad/nn/optim/sgd.h>
@@ -228,6 +233,8 @@ struct Options {
   std::string schedule = "gpipe";
   std::string checkpoint = "never";
   std::string timeline;
+  std::string trace;                  // eager and dataparallel: every timed step
+  std::string trace_detail = "steps";  // or nodes
 };
 
 json base_record(const Options& opt, const Work& work, int64_t batch) {
@@ -371,6 +378,12 @@ json run(const Options& opt) {
     record["final_loss"] = static_loss.item<float>();
 #endif
   } else {
+    if (!opt.trace.empty()) {
+      mg::profiler::ProfilerOptions profiler_options;
+      profiler_options.autograd_nodes = opt.trace_detail == "nodes";
+      mg::profiler::set_thread_name("main");
+      mg::profiler::start(profiler_options);
+    }
 #if MINIGRAD_WITH_CUDA
     if (on_gpu) {
       ms = time_on_stream(step, opt.steps, device_index, host_ms);
@@ -380,6 +393,12 @@ json run(const Options& opt) {
 #else
     ms = time_on_host(step, opt.steps, cpu_ms);
 #endif
+    if (!opt.trace.empty()) {
+      mg::profiler::stop();
+      mg::profiler::export_chrome_trace(opt.trace);
+      record["trace"] = opt.trace;
+      record["trace_detail"] = opt.trace_detail;
+    }
     record["final_loss"] = loss.item<float>();
   }
 
@@ -429,7 +448,17 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", opt.checkpoint, "pipeline: never | except_last | always")
       ->check(CLI::IsMember({"never", "except_last", "always"}));
   app.add_option("--timeline", opt.timeline, "pipeline: write the last step's timeline (SVG) here");
+  app.add_option("--trace", opt.trace,
+                 "eager and dataparallel: trace every timed step into this Chrome "
+                 "trace JSON (the cost of tracing: compare the median with and without)");
+  app.add_option("--trace-detail", opt.trace_detail, "steps | nodes (every autograd node)")
+      ->check(CLI::IsMember({"steps", "nodes"}));
   CLI11_PARSE(app, argc, argv);
+  if (!opt.trace.empty() && opt.mode != "eager" && opt.mode != "dataparallel") {
+    std::fprintf(stderr, "minigrad-bench: --trace traces --mode eager and dataparallel, not %s\n",
+                 opt.mode.c_str());
+    return 2;
+  }
 
   std::stringstream list(ids.empty() ? "0" : ids);
   for (std::string item; std::getline(list, item, ',');) {

@@ -4,6 +4,7 @@
 //   build/bin/data_parallel_tutorial --replicas 2        # 2 replicas on the CPU
 //   build/bin/data_parallel_tutorial --device-ids 1,2,3  # those GPUs (or cpu,cpu / 0,0)
 //   CUDA_VISIBLE_DEVICES=2,3 build/bin/data_parallel_tutorial   # physical GPUs 2 and 3
+//   build/bin/data_parallel_tutorial --replicas 2 --trace t.json   # 3 batches for Perfetto
 //
 // A RandomDataset of 100 examples with 5 features, batches of 30, and a model that is a
 // single Linear(5, 2) whose forward prints the size of the piece of the batch it got.
@@ -37,6 +38,7 @@
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/device_list.h>
 #include "support/command_line.h"
+#include "support/trace.h"
 
 namespace {
 
@@ -68,6 +70,7 @@ struct Options {
   int64_t data_size = 100;
   int replicas = 0;  // 0: not given
   std::string device_ids;
+  samples::TraceOptions trace;  // --trace FILE.json
 };
 
 // Where the replicas go, and a line saying why.
@@ -114,11 +117,16 @@ int run(const Options& options) {
   model->to(devices[0]);
   if (devices.size() > 1) model = std::make_shared<parallel::DataParallel>(model, devices);
 
+  samples::StepTracer tracer(options.trace);
+  int64_t step = 0;
   for (const data::Batch& batch : loader) {
+    tracer.begin_step(++step);
     const Tensor input = batch.data.to(devices[0]);
     const Tensor output = model->forward(input);
+    tracer.end_step();
     fmt::print("Outside: input size {} output_size {}\n", input.shape(), output.shape());
   }
+  tracer.finish();
   return 0;
 }
 
@@ -140,6 +148,7 @@ int main(int argc, char** argv) {
   app.add_option("--data-size", options.data_size, "Examples in the random dataset")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  samples::add_trace_options(app, options.trace, "batch");
   if (const std::optional<int> exit_code = samples::parse_command_line(app, "data_parallel_tutorial", argc, argv))
     return *exit_code;
   try {

@@ -5,6 +5,7 @@
 //   build/bin/model_parallel --devices cpu,cuda:0   # any two devices
 //   build/bin/model_parallel --wrap-data-parallel   # what DataParallel says about it
 //   build/bin/model_parallel --pipeline --chunks 8  # the same training, both stages busy
+//   build/bin/model_parallel --devices cpu,cpu --pipeline --trace t.json  # for Perfetto
 //
 // layer1 = Linear(10, 5) lives on the first device and layer2 = Linear(5, 2) on the
 // second; forward moves the activations between them with Tensor::to, whose backward
@@ -36,6 +37,7 @@
 #include <minigrad/parallel/device_list.h>
 #include <minigrad/parallel/pipeline/pipe.h>
 #include "support/command_line.h"
+#include "support/trace.h"
 
 namespace {
 
@@ -70,6 +72,7 @@ struct Options {
   int64_t chunks = 8;
   std::string schedule = "gpipe";
   std::string timeline;  // SVG of the last step (--pipeline)
+  samples::TraceOptions trace;  // --trace FILE.json: a few epochs' steps
 };
 
 // Two devices: the two given, or the first two GPUs, or what this machine has.
@@ -160,12 +163,16 @@ int run_pipeline(const Options& options, Device first, Device second) {
   optim::SGD sgd(pipe->parameters(), optim::SGDOptions(0.01));
   const Tensor inputs = randn({options.batch, 10});
   const Tensor labels = randint(0, 2, {options.batch}, second);
+  samples::StepTracer tracer(options.trace);
   for (int epoch = 1; epoch <= options.epochs; ++epoch) {
+    tracer.begin_step(epoch);
     sgd.zero_grad();
     const parallel::PipeStep step = pipe->train_step(inputs, labels, parallel::cross_entropy_loss);
     sgd.step();
+    tracer.end_step();
     fmt::print("Epoch {}, Loss: {:.4f}\n", epoch, step.loss.item<float>());
   }
+  tracer.finish();
   fmt::print("\nThe memory the Pipe planned before its first step (a dry run of one micro-batch):\n{}",
              parallel::plan_str(pipe->last_plan()));
   const parallel::PipeTimeline pipelined = pipe->last_timeline();
@@ -210,14 +217,18 @@ int run(const Options& options) {
   const Tensor inputs = randn({options.batch, 10});
   // The labels live where the outputs come out: on the second device.
   const Tensor labels = randint(0, 2, {options.batch}, second);
+  samples::StepTracer tracer(options.trace);
   for (int epoch = 1; epoch <= options.epochs; ++epoch) {
+    tracer.begin_step(epoch);
     sgd.zero_grad();
     const Tensor outputs = model->forward(inputs);
     const Tensor loss = cross_entropy(outputs, labels);
     loss.backward();
     sgd.step();
+    tracer.end_step();
     fmt::print("Epoch {}, Loss: {:.4f}\n", epoch, loss.item<float>());
   }
+  tracer.finish();
   return 0;
 }
 
@@ -250,6 +261,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--timeline", options.timeline,
                  "--pipeline: write the last step's timeline (an SVG) here");
+  samples::add_trace_options(app, options.trace, "epoch");
   if (const std::optional<int> exit_code = samples::parse_command_line(app, "model_parallel", argc, argv))
     return *exit_code;
   try {

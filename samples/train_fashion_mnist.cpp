@@ -6,6 +6,7 @@
 //   build/bin/train_fashion_mnist --optimizer adamw     # AdamW (lr 1e-3, weight decay 1e-2)
 //   build/bin/train_fashion_mnist --pipeline 2 --chunks 4 --devices cpu,cpu   # a pipeline
 //   build/bin/train_fashion_mnist --save ck.safetensors ...; ... --resume ck.safetensors
+//   build/bin/train_fashion_mnist --devices cpu,cpu --trace t.json  # 3 steps for Perfetto
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_fashion_mnist --distributed
 //       --zero 3 --optimizer adamw           # sharded (docs/sharded-data-parallel.md)
@@ -27,6 +28,7 @@
 //   running_loss         the epoch's training loss, kept on the device
 //   evaluate             the test loss and accuracy
 //   training_reports     --metrics (CSV) and --plot (SVG); progress: the bar
+//   trace                --trace: a few steps as a Chrome trace (Perfetto), per rank
 //
 // A run stopped by a signal leaves a checkpoint of exactly where it stands, mid-epoch
 // included; --resume continues from it to the same parameters, bit for bit on the CPU, as
@@ -51,6 +53,7 @@
 #include <minigrad/autograd/functions.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/core/profiler.h>
 #include <minigrad/core/tensor.h>
 #include <minigrad/data/dataloader.h>
 #include <minigrad/data/distributed_sampler.h>
@@ -73,6 +76,7 @@
 #include "support/run_files.h"
 #include "support/running_loss.h"
 #include "support/stop_signal.h"
+#include "support/trace.h"
 #include "support/train_options.h"
 #include "support/training_checkpoint.h"
 #include "support/training_reports.h"
@@ -208,6 +212,7 @@ struct Run {
   std::unique_ptr<optim::Optimizer> optimizer;  // of net's parameters (or their shards)
   data::DataLoader train_loader, test_loader;
   std::vector<samples::EpochMetrics> history;   // every finished epoch, resumed ones too
+  std::unique_ptr<samples::StepTracer> tracer;  // --trace
   int64_t total_steps() const { return train_loader.size() * options.epochs; }
   // The model's and the optimizer's state, however --zero spreads them over the ranks.
   samples::TrainingState state() { return {*model, *net, *optimizer}; }
@@ -253,6 +258,7 @@ int stop_run(Run& run, int signo, const RunPosition& position, int64_t global_st
   const std::string path = run.options.save.empty()
                                ? "train_fashion_mnist.interrupted.safetensors"
                                : run.options.save;
+  run.tracer->finish();
   if (run.options.tensor_parallel > 1) {  // the shards are not checkpointed
     if (run.dist.writes_files())
       fmt::print("train_fashion_mnist: interrupted by {} after step {}; no checkpoint "
@@ -301,7 +307,12 @@ Tensor train_step(Run& run, const data::Batch& batch, int64_t global_step) {
   run.optimizer->set_lr(samples::learning_rate(run.options, global_step - 1, run.total_steps()));
   if (auto* pipe = dynamic_cast<parallel::Pipe*>(run.net.get()))
     return pipeline_step(run, *pipe, batch, global_step);
-  const Tensor loss = cross_entropy(run.net->forward(batch.data), batch.target);
+  Tensor loss;
+  {
+    profiler::Span span("forward");  // in a --trace; backward and the step name themselves
+    span.category("forward");
+    loss = cross_entropy(run.net->forward(batch.data), batch.target);
+  }
   Tensor checked = run.dist.active() ? ops::clone(loss.detach()) : loss;
   samples::sum_over_ranks(run.dist, {checked});
   const float value = checked.item<float>();
@@ -354,7 +365,9 @@ int train_epoch(Run& run, const RunPosition& start) {
   for (const data::Batch& host_batch : loader) {
     const data::Batch batch = host_batch.to(run.device);
     const int64_t global_step = (epoch - 1) * loader.size() + step + 1;
+    run.tracer->begin_step(global_step);
     running.add(train_step(run, batch, global_step), batch.size());
+    run.tracer->end_step();
     ++step;
     if (global_step == run.options.stop_after_steps) std::raise(SIGINT);  // tests: a real signal
     if (const int signo = samples::agreed_stop_signal(run.dist, run.device)) {
@@ -463,7 +476,8 @@ int run(const TrainOptions& options) {
           nullptr,
           make_train_loader(options, train_set, dist),
           data::DataLoader(test_set, test_options),
-          {}};
+          {},
+          std::make_unique<samples::StepTracer>(options.trace, dist.group)};
   run.optimizer = make_optimizer(options, *run.net, *model, dist);
   print_setup(run, devices, *train_set, *test_set);
   const RunPosition resumed = resume(run);
@@ -483,6 +497,7 @@ int run(const TrainOptions& options) {
       if (const int signo = samples::agreed_stop_signal(run.dist, run.device))
         return stop_run(run, signo, RunPosition::after_epoch(epoch), epoch * run.train_loader.size());
   }
+  run.tracer->finish();
   if (run.history.empty()) {
     fmt::print("nothing to do: the checkpoint is already at epoch {} of {}\n",
                resumed.epochs_done, options.epochs);

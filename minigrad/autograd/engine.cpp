@@ -7,8 +7,12 @@
 // for NaN and infinity before it is passed on.
 // Nodes run on the calling thread; on a GPU their kernels queue on each device's current
 // stream, so the replicas of DataParallel still run concurrently on their devices.
+// While the profiler records, backward is a span, and so is each run of consecutive nodes
+// that one DataParallel replica's forward made ("replica 1 backward"); with
+// ProfilerOptions::autograd_nodes each node is a span of its own, named by its op.
 #include <minigrad/autograd/engine.h>
 
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
@@ -17,6 +21,7 @@
 #include <minigrad/autograd/node.h>
 #include <minigrad/core/backend.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/core/profiler.h>
 #include <minigrad/core/stream.h>
 
 namespace mg {
@@ -48,11 +53,31 @@ struct NodeTask {
   InputBuffer buffer;
 };
 
+// The spans of the replicas' backwards: one per run of consecutive nodes of one replica,
+// in the order the engine runs them (on one thread, the replicas' nodes may alternate).
+class ReplicaRuns {
+ public:
+  void enter(const Node& node, Device device) {
+    if (node.replica() == replica_) return;
+    span_.reset();
+    replica_ = node.replica();
+    if (replica_ < 0) return;
+    span_.emplace(device, "replica {} backward", replica_);
+    span_->category("backward").arg("replica", replica_);
+  }
+
+ private:
+  int replica_ = -1;
+  std::optional<profiler::Span> span_;
+};
+
 }  // namespace
 
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
                   bool retain_graph) {
   NoGradGuard no_grad;  // backward computes plain tensors; it records no graph of its own
+  profiler::Span backward_span("backward");
+  backward_span.category("backward");
 
   // Step 1: dependency counts.
   std::unordered_map<Node*, NodeTask> tasks;
@@ -105,6 +130,9 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     }
   }
 
+  const bool tracing = backward_span.active();
+  const bool trace_nodes = tracing && profiler::records_autograd_nodes();
+  ReplicaRuns replica_runs;
   while (!ready.empty()) {
     Node* node = ready.top();
     ready.pop();
@@ -120,7 +148,13 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     std::vector<Tensor> grad_inputs;
     {
       const Device device = node->outputs().empty() ? Device::cpu() : node->outputs()[0].device;
+      if (tracing) replica_runs.enter(*node, device);
       DeviceGuard guard(device);
+      std::optional<profiler::Span> node_span;
+      if (trace_nodes) {
+        node_span.emplace(device, "{}", node->name());
+        node_span->category("autograd");
+      }
       grad_inputs = node->apply(std::move(grad_outputs));
     }
     // Nodes run in dependency order, so the first non-finite gradient seen is the one

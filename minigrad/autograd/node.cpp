@@ -2,18 +2,26 @@
 
 #include <atomic>
 #include <mutex>
+#include <utility>
 
 #include <minigrad/autograd/anomaly_mode.h>
 #include <minigrad/autograd/grad_mode.h>
+#include <minigrad/autograd/replica_scope.h>
 #include <minigrad/core/ops.h>
 
 namespace mg {
 
 namespace {
 std::atomic<uint64_t> next_sequence_nr{0};
+thread_local int this_thread_replica = -1;
 }  // namespace
 
-Node::Node(std::string name) : name_(std::move(name)), sequence_nr_(next_sequence_nr++) {}
+int current_replica() { return this_thread_replica; }
+ReplicaScope::ReplicaScope(int replica) : previous_(std::exchange(this_thread_replica, replica)) {}
+ReplicaScope::~ReplicaScope() { this_thread_replica = previous_; }
+
+Node::Node(std::string name)
+    : name_(std::move(name)), sequence_nr_(next_sequence_nr++), replica_(this_thread_replica) {}
 
 std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grad_outputs) {
   MG_CHECK(backward_ != nullptr,

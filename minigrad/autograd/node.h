@@ -55,6 +55,7 @@ class Node {
   // (anomaly_mode.h); empty otherwise. Anomaly errors quote it.
   const std::string& creation_context() const { return creation_context_; }
   void set_creation_context(std::string context) { creation_context_ = std::move(context); }
+  int replica() const { return replica_; }  // whose forward made it, or -1 (replica_scope.h)
 
  private:
   std::string name_;
@@ -62,6 +63,7 @@ class Node {
   std::vector<Edge> next_edges_;
   std::vector<OutputMeta> outputs_;
   uint64_t sequence_nr_;
+  int replica_;
 };
 
 // What a backward function receives: the output gradients (zeros where an output got

@@ -60,6 +60,11 @@ class MissingCudaBackend final : public Backend {
 
 }  // namespace
 
+double Backend::event_elapsed_ms(void*, void*) {
+  MG_FAIL("event_elapsed_ms: the {} backend records no timing events",
+          type() == DeviceType::CPU ? "CPU" : "CUDA");
+}
+
 void Backend::addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) {
   matmul(out, a, b);
   binary(BinaryOp::Add, out, out, ops::expand(bias, out.shape()), 1.0);  // out may alias a

@@ -162,6 +162,14 @@ class Backend {
   // not count, is 0.
   virtual std::size_t memory_allocated(int index) { (void)index; return 0; }
 
+  // ---- the profiler's device spans and memory counters (core/profiler.h) ----
+  // A new event that can be timed, recorded on `stream` (destroy it with event_destroy),
+  // or null where the backend times nothing on streams: the CPU, whose work runs on the
+  // calling thread and is timed there, or a stream being captured into a CUDA graph.
+  virtual void* timing_event_record(const Stream& stream) { (void)stream; return nullptr; }
+  // Milliseconds from `start` to `end`, two timing events of one device, waiting for both.
+  virtual double event_elapsed_ms(void* start, void* end);
+
   // ---- data ----
   // dst = src; same shape and dtype; any strides. For copies between device types the
   // backend of the non-CPU side is called, with one of dst/src on the host.

@@ -158,4 +158,33 @@ void CudaBackend::event_synchronize(void* event) {
   MG_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
 }
 
+// ---- the profiler's device spans ----
+// With timing, unlike the events above: a span's two ends on the stream it ran on. None
+// inside a graph capture, where a recorded event becomes a node of the graph and cannot
+// be timed.
+
+void* CudaBackend::timing_event_record(const Stream& stream) {
+  ScopedDevice device(stream.device.index());
+  const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MG_CUDA_CHECK(cudaStreamIsCapturing(cuda_stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return nullptr;
+  cudaEvent_t event = nullptr;
+  MG_CUDA_CHECK(cudaEventCreate(&event));
+  const cudaError_t status = cudaEventRecord(event, cuda_stream);
+  if (status != cudaSuccess) {
+    (void)cudaEventDestroy(event);
+    MG_CUDA_CHECK(status);
+  }
+  return event;
+}
+
+double CudaBackend::event_elapsed_ms(void* start, void* end) {
+  MG_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(end)));
+  float ms = 0.0f;
+  MG_CUDA_CHECK(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+  return ms;
+}
+
 }  // namespace mg::cuda

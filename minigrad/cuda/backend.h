@@ -41,6 +41,9 @@ class CudaBackend final : public Backend {
   Stream pool_stream(int index, int slot) override;
   MemoryInfo memory_info(int index) override;
   std::size_t memory_allocated(int index) override;
+  // The profiler's device spans (core/profiler.h): events that time a stream's work.
+  void* timing_event_record(const Stream& stream) override;
+  double event_elapsed_ms(void* start, void* end) override;
 
   // backend_copy.cpp
   void copy(const Tensor& dst, const Tensor& src) override;

@@ -1,7 +1,10 @@
 #include <minigrad/parallel/comm.h>
 
+#include <fmt/ranges.h>
+
 #include <minigrad/core/checked_math.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/core/profiler.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/parallel/coalesce.h>
 #include <minigrad/parallel/communicator.h>
@@ -33,6 +36,9 @@ std::vector<Tensor> scatter(const Tensor& tensor, const std::vector<Device>& dev
   MG_CHECK(total == tensor.size(dim),
            "scatter: chunk sizes add up to {}, but dimension {} of the tensor (shape {}) has {}",
            total, dim, tensor.shape(), tensor.size(dim));
+  profiler::Span span("scatter");
+  if (span.active())
+    span.category("data_parallel").arg("rows", fmt::format("{}", fmt::join(sizes, ", ")));
   std::vector<Tensor> pieces;
   pieces.reserve(sizes.size());
   int64_t start = 0;
@@ -46,6 +52,8 @@ std::vector<Tensor> scatter(const Tensor& tensor, const std::vector<Device>& dev
 
 Tensor gather(const std::vector<Tensor>& tensors, Device destination, int64_t dim) {
   MG_CHECK(!tensors.empty(), "gather: expected at least one tensor");
+  profiler::Span span("gather");
+  span.category("data_parallel").arg("pieces", tensors.size()).arg("to", destination);
   const Tensor& first = tensors[0];
   dim = wrap_dim(dim, first.dim(), "gather");
   std::vector<int64_t> sizes = first.shape().sizes();
@@ -87,6 +95,8 @@ std::vector<std::vector<Tensor>> broadcast_coalesced(const std::vector<Tensor>& 
              "broadcast_coalesced: tensor {} is on {}, but the source device (devices[0]) is {}",
              k, tensors[k].device(), devices[0]);
 
+  profiler::Span span("broadcast");
+  span.category("data_parallel").arg("devices", devices.size());
   const std::shared_ptr<Communicator> communicator = communicator_for(devices);
   for (const std::vector<size_t>& group : group_by_dtype(tensors)) {
     std::vector<Tensor> members;
@@ -118,6 +128,8 @@ std::vector<Tensor> reduce_add_coalesced(const std::vector<std::vector<Tensor>>&
   const std::vector<Tensor>& reference = per_device[root];
   if (devices.size() == 1) return reference;
 
+  profiler::Span span("reduce_add");
+  span.category("data_parallel").arg("devices", devices.size()).arg("to", devices[root]);
   const std::shared_ptr<Communicator> communicator = communicator_for(devices);
   std::vector<Tensor> out(reference.size());
   for (const std::vector<size_t>& group : group_by_dtype(reference)) {

@@ -4,6 +4,8 @@
 #include <functional>
 
 #include <minigrad/autograd/grad_mode.h>
+#include <minigrad/autograd/replica_scope.h>
+#include <minigrad/core/profiler.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/parallel/worker_pool.h>
 
@@ -36,6 +38,9 @@ std::vector<Tensor> parallel_apply(const std::vector<nn::ModulePtr>& replicas,
       DeviceGuard device_guard(devices[i]);
       StreamGuard stream_guard(streams[i]);
       AutoGradMode grad_mode(grad_enabled);
+      ReplicaScope replica(static_cast<int>(i));  // its nodes: "replica i backward" in a trace
+      profiler::Span span(devices[i], "replica {} forward", i);
+      span.category("forward").arg("replica", i);
       outputs[i] = replicas[i]->forward(inputs[i]);
     } catch (...) {
       errors[i] = std::current_exception();

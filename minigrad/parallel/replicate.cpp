@@ -1,6 +1,7 @@
 #include <minigrad/parallel/replicate.h>
 
 #include <minigrad/autograd/node.h>
+#include <minigrad/core/profiler.h>
 #include <minigrad/parallel/comm.h>
 #include <minigrad/parallel/communicator.h>
 
@@ -35,6 +36,8 @@ std::vector<nn::ModulePtr> replicate(const nn::ModulePtr& module,
                                      const std::vector<Device>& devices) {
   MG_CHECK(module != nullptr, "replicate: the module is null");
   MG_CHECK(!devices.empty(), "replicate: expected at least one device");
+  profiler::Span span("replicate");
+  span.category("data_parallel").arg("replicas", devices.size());
   const std::vector<nn::NamedTensor> params = module->named_parameters();
   const std::vector<nn::NamedTensor> buffers = module->named_buffers();
   for (const auto& [name, p] : params)

@@ -3,12 +3,20 @@
 #include <condition_variable>
 #include <thread>
 
+#include <fmt/format.h>
+
+#include <minigrad/core/profiler.h>
+
 namespace mg::parallel {
 
 // One long-lived thread that runs one task at a time.
 class WorkerPool::Worker {
  public:
-  Worker() : thread_([this] { loop(); }) {}
+  explicit Worker(size_t index)
+      : thread_([this, index] {
+          profiler::set_thread_name(fmt::format("worker {}", index));
+          loop();
+        }) {}
   ~Worker() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -61,7 +69,11 @@ thread_local bool on_pool_thread = false;
 void run_on_fresh_threads(std::vector<std::function<void()>>& tasks) {
   std::vector<std::thread> threads;
   threads.reserve(tasks.size());
-  for (auto& task : tasks) threads.emplace_back(task);
+  for (size_t i = 0; i < tasks.size(); ++i)
+    threads.emplace_back([&task = tasks[i], i] {
+      profiler::set_thread_name(fmt::format("worker thread {}", i));
+      task();
+    });
   for (auto& t : threads) t.join();
 }
 
@@ -81,7 +93,8 @@ void WorkerPool::run_all(std::vector<std::function<void()>>& tasks) {
     run_on_fresh_threads(tasks);
     return;
   }
-  while (workers_.size() < tasks.size()) workers_.push_back(std::make_unique<Worker>());
+  while (workers_.size() < tasks.size())
+    workers_.push_back(std::make_unique<Worker>(workers_.size()));
 
   std::mutex done_mutex;
   std::condition_variable all_done;

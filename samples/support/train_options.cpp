@@ -101,6 +101,7 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
   app.add_flag("--detect-anomaly", options.detect_anomaly,
                "Check every gradient of every backward for NaN and infinity, and name the op "
                "whose backward produced the first one (slow; as torch.autograd.detect_anomaly)");
+  add_trace_options(app, options.trace, "training step");
   // For tests: raise a real SIGINT after this global step, so that the interrupt and
   // resume path runs deterministically. Hidden from --help (an empty group).
   app.add_option("--stop-after-steps", options.stop_after_steps)->group("");

@@ -13,6 +13,8 @@
 #include <minigrad/core/device.h>
 #include <minigrad/data/fashion_mnist.h>
 
+#include "trace.h"
+
 namespace mg::samples {
 
 // SGD's learning rate is the one this MLP has always trained with; AdamW's learning rate
@@ -46,6 +48,7 @@ struct TrainOptions {
   int tensor_parallel = 1;      // ranks each pair of Linear layers is split over (1: none)
   double dist_timeout = 300.0;  // seconds a rank waits for the others before failing
   bool detect_anomaly = false;  // check every gradient of every backward (slow)
+  TraceOptions trace;           // --trace FILE.json and its --trace-* flags
   int64_t stop_after_steps = 0;  // hidden, for tests: raise SIGINT after this global step
 };
 

@@ -6,6 +6,7 @@
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/backend.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/core/profiler.h>
 
 namespace mg::optim {
 
@@ -47,6 +48,9 @@ Tensor zeros_for(const Tensor& p) { return zeros(p.shape(), DType::Float32, p.de
 
 void AdamBase::step() {
   NoGradGuard no_grad;
+  profiler::Span span(parameters().empty() ? Device::cpu() : parameters()[0].device(),
+                      "{}.step", name());
+  span.category("optimizer");
   const Hyper h = hyper();
 
   // One fused update per device. A parameter's first state (zeros) and its new step

@@ -6,6 +6,7 @@
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/backend.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/core/profiler.h>
 
 namespace mg::optim {
 
@@ -62,6 +63,9 @@ bool fits_fused_step(const Tensor& p, const Tensor& grad, const Tensor& buf) {
 
 void SGD::step() {
   NoGradGuard no_grad;
+  profiler::Span span(parameters().empty() ? Device::cpu() : parameters()[0].device(),
+                      "{}.step", name());
+  span.category("optimizer");
   const bool use_momentum = options_.momentum() != 0.0;
 
   // One fused update per device, over every parameter there that fits it.

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include <minigrad/core/profiler.h>
 #include <minigrad/parallel/distributed/process_group_gloo.h>
 
 namespace gloo::rendezvous {
@@ -72,11 +73,13 @@ class GlooWork : public Work {
 
   const std::string& description() const { return description_; }
   // Runs the operation (on the thread that owns it), and finishes it when that returns.
+  // In a trace it is a span named by the operation ("allreduce", "send").
   void run();
   void finish(std::exception_ptr error, double duration);
 
  private:
   std::string description_;
+  std::string label_ = profiler::collective_label();  // the caller's, at construction
   std::function<void()> run_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;

@@ -56,6 +56,7 @@ void WaiterThreads::stop() {
 
 void WaiterThreads::loop() {
   block_sigpipe_in_this_thread(nullptr);  // waiters post payload recvs (see gloo_internal.h)
+  profiler::set_thread_name("gloo message waiter");
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });

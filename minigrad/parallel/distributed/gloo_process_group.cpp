@@ -74,7 +74,14 @@ double GlooWork::duration_seconds() const {
 
 void GlooWork::run() {
   const auto start = std::chrono::steady_clock::now();
-  run_();
+  {
+    // The span ends before finish() wakes the waiter, so a trace stopped right after
+    // wait() still has it.
+    profiler::Span span("{}", std::string_view(description_).substr(0, description_.find(" #")));
+    span.category("comm").arg("collective", description_);
+    if (!label_.empty()) span.arg("for", label_);
+    run_();
+  }
   finish(nullptr, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
@@ -196,6 +203,8 @@ std::shared_ptr<Work> ProcessGroupGloo::Impl::enqueue(const char* op, const std:
 
 void ProcessGroupGloo::Impl::run_worker() {
   block_sigpipe_in_this_thread(nullptr);  // for good: see ScopedSigpipeBlock
+  profiler::set_thread_name(
+      fmt::format("gloo comm thread ({})", std::string_view(prefix).substr(0, prefix.size() - 1)));
   for (;;) {
     std::shared_ptr<GlooWork> work;
     {

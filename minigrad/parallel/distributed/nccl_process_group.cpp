@@ -14,6 +14,7 @@
 #include <thread>
 
 #include <minigrad/core/backend.h>
+#include <minigrad/core/profiler.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/cuda/check.h>
 #include <minigrad/parallel/distributed/nccl_point_to_point.h>
@@ -138,7 +139,9 @@ class NcclWork : public Work {
     if (end_) (void)cudaEventDestroy(end_);
   }
 
-  // Runs `enqueue` on the communication stream, after the caller's queued work.
+  // Runs `enqueue` on the communication stream, after the caller's queued work. In a
+  // trace the collective is a span named by its operation on the caller's thread (the
+  // launch) and on the communication stream's track (the collective itself).
   template <typename F>
   void launch(F&& enqueue) {
     DeviceGuard guard(group_->device());
@@ -149,6 +152,12 @@ class NcclWork : public Work {
     MG_CUDA_CHECK(cudaEventRecord(ready, stream_handle(current_stream(group_->device()))));
     MG_CUDA_CHECK(cudaStreamWaitEvent(group_->comm_stream, ready, 0));
     MG_CUDA_CHECK(cudaEventDestroy(ready));  // released once recorded work completes
+    // The span's device part starts here, once the stream has waited for the caller.
+    StreamGuard on_comm_stream(Stream{group_->device(), group_->comm_stream});
+    profiler::Span span(group_->device(), "{}",
+                        std::string_view(description_).substr(0, description_.find(" #")));
+    span.category("comm").arg("collective", description_);
+    if (!profiler::collective_label().empty()) span.arg("for", profiler::collective_label());
     MG_CUDA_CHECK(cudaEventRecord(start_, group_->comm_stream));
     enqueue(group_->comm, group_->comm_stream);
     group_->settle(description_.c_str(), start, start + group_->options.timeout);
@@ -269,6 +278,8 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<TCPStore> store, std::string 
   impl_->settle(fmt::format("ncclCommInitRankConfig (world size {}, cuda:{})", size, index).c_str(),
                 start, deadline);
   MG_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->comm_stream, cudaStreamNonBlocking));
+  profiler::set_stream_name(Stream{impl_->device(), impl_->comm_stream},
+                            fmt::format("nccl stream ({})", impl_->prefix));
   detail::NcclLaneConfig lanes;
   lanes.store = impl_->store;
   lanes.prefix = impl_->prefix;

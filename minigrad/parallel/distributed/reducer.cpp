@@ -5,6 +5,7 @@
 
 #include <minigrad/autograd/node.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/core/profiler.h>
 
 namespace mg::parallel {
 
@@ -217,7 +218,15 @@ void Reducer::launch_ready_buckets() {
   if (next_bucket_ == buckets_.size() && state_ == State::Armed) finalize();
 }
 
+// In a trace: "bucket <b> ready" spans the copy into the bucket and the launch, and the
+// collective's span on the communication thread names the bucket ("for": "DDP bucket b").
 void Reducer::launch(Bucket& bucket) {
+  const auto index = static_cast<size_t>(&bucket - buckets_.data());
+  profiler::Span span("bucket {} ready", index);
+  span.category("ddp")
+      .arg("bucket", index)
+      .arg("parameters", bucket.params.size())
+      .arg("bytes", bucket.flat.nbytes());
   for (size_t k = 0; k < bucket.params.size(); ++k) {
     Tensor& slot = bucket.views[k];
     const Tensor grad = params_[bucket.params[k]].grad();
@@ -228,6 +237,7 @@ void Reducer::launch(Bucket& bucket) {
     }
   }
   try {
+    profiler::CollectiveLabel label("DDP bucket {}", index);
     bucket.work = process_group_->allreduce(bucket.flat, ReduceOp::Average);
   } catch (const std::exception& e) {
     state_ = State::Failed;
@@ -240,6 +250,8 @@ void Reducer::launch(Bucket& bucket) {
 void Reducer::finalize() {
   const auto start = Clock::now();
   try {
+    profiler::Span span("wait for all-reduce");
+    span.category("ddp").arg("buckets", buckets_.size());
     for (Bucket& bucket : buckets_) bucket.work->wait();
   } catch (const std::exception& e) {
     state_ = State::Failed;

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <minigrad/core/profiler.h>
+
 namespace mg::parallel {
 
 double PipeTimeline::running_seconds() const {
@@ -44,6 +46,20 @@ double TimelineRecorder::now() const {
 void TimelineRecorder::record(int stage, int64_t micro_batch, Pass pass, double start,
                               double end) {
   per_stage_[static_cast<size_t>(stage)].push_back({stage, micro_batch, pass, start, end});
+  // The same span in a trace (core/profiler.h), on the stage's thread: one mechanism
+  // times the pipeline, the trace shows it beside everything else.
+  if (profiler::is_enabled()) {
+    const bool forward = pass == Pass::Forward;
+    auto at = [&](double seconds) {
+      return epoch_ + std::chrono::duration_cast<Clock::duration>(
+                          std::chrono::duration<double>(seconds));
+    };
+    profiler::record_span(
+        fmt::format("stage {} {} {}", stage, forward ? "forward" : "backward", micro_batch),
+        forward ? "forward" : "backward", at(start), at(end),
+        {profiler::Arg{"stage", profiler::Arg::Kind::Int, stage, 0.0, {}},
+         profiler::Arg{"micro_batch", profiler::Arg::Kind::Int, micro_batch, 0.0, {}}});
+  }
 }
 
 void TimelineRecorder::add_window(double start, double end) { windows_.emplace_back(start, end); }

@@ -1,6 +1,7 @@
 #include <minigrad/parallel/tensor_parallel/group.h>
 
 #include <minigrad/core/ops.h>
+#include <minigrad/core/profiler.h>
 #include <minigrad/parallel/distributed/process_group.h>
 
 namespace mg::parallel {
@@ -17,6 +18,8 @@ Tensor TensorParallelGroup::all_reduce(const Tensor& tensor) {
   check("all_reduce", tensor);
   all_reduces_ += 1;
   all_reduce_bytes_ += static_cast<int64_t>(tensor.nbytes());
+  profiler::Span span(tensor.device(), "tp all_reduce");
+  span.category("comm").arg("bytes", tensor.nbytes());
   return all_reduce_impl(tensor);
 }
 
@@ -24,6 +27,8 @@ Tensor TensorParallelGroup::all_gather(const Tensor& tensor) {
   check("all_gather", tensor);
   all_gathers_ += 1;
   all_gather_bytes_ += static_cast<int64_t>(tensor.nbytes());
+  profiler::Span span(tensor.device(), "tp all_gather");
+  span.category("comm").arg("bytes", tensor.nbytes());
   return all_gather_impl(tensor);
 }
 
