@@ -4,6 +4,7 @@
 #   docs/trace-data-parallel.svg   DataParallel over 2 CPU replicas (train_fashion_mnist)
 #   docs/trace-ddp.svg             DDP over 2 Gloo ranks, 1 MB buckets (ddp-bench)
 #   docs/trace-pipeline.svg        a 2-stage 1F1B pipeline of 4 micro-batches on CPU devices
+#   docs/trace-zero3.svg           FSDP (ZeRO-3) over 2 Gloo ranks (train_fashion_mnist --zero 3)
 #
 #   bench/timelines.sh                 # with the programs of build/
 #   bench/timelines.sh --build build-cpu
@@ -47,4 +48,9 @@ draw "$work/ddp.json" --step 3 -o "$root/docs/trace-ddp.svg" \
 draw "$work/pipe.json" --step 3 -o "$root/docs/trace-pipeline.svg" \
   --title "A 2-stage 1F1B pipeline of 4 micro-batches on CPU devices: one step of train_fashion_mnist"
 
-echo "timelines.sh: wrote docs/trace-data-parallel.svg, trace-ddp.svg and trace-pipeline.svg"
+(cd "$work" && "$bin/minigrad-run" --nproc-per-node 2 "$bin/train_fashion_mnist" --distributed \
+  --devices cpu --zero 3 --optimizer adamw --epochs 1 --trace "$work/zero3.json" $traced >/dev/null)
+draw "$work/zero3.json" --step 3 -o "$root/docs/trace-zero3.svg" \
+  --title "FSDP (ZeRO-3) over 2 Gloo ranks: one step of train_fashion_mnist --zero 3 (AdamW)"
+
+echo "timelines.sh: wrote docs/trace-data-parallel.svg, trace-ddp.svg, trace-pipeline.svg and trace-zero3.svg"
