@@ -341,6 +341,13 @@ TEST_CASE("train_fashion_mnist: --tensor-parallel refuses what it cannot do") {
   REQUIRE(save.exit_code == 2);
   REQUIRE_THAT(save.output, MG_CONTAINS("--tensor-parallel 2: --save and --resume are not "
                                         "supported with tensor parallelism"));
+  const auto with_pipeline = run_program(flags + " --devices cpu,cpu --pipeline 2");
+  REQUIRE(with_pipeline.exit_code == 2);
+  REQUIRE_THAT(with_pipeline.output, MG_CONTAINS("--tensor-parallel 2 and --pipeline 2 do not go "
+                                                 "together: choose one split of the model"));
+  const auto with_zero = run_program(flags + " --distributed --zero 1");
+  REQUIRE(with_zero.exit_code == 2);
+  REQUIRE_THAT(with_zero.output, MG_CONTAINS("--tensor-parallel 2 and --zero 1 do not go together"));
   const auto odd = run_program(kProgram + " --data-dir " + dir.path() +
                                " --hidden 33 --epochs 1 --devices cpu,cpu --tensor-parallel 2");
   REQUIRE(odd.exit_code == 1);
