@@ -14,6 +14,7 @@
 # bench/compare.sh (both frameworks, the table of ratios); bench/profile_kernels.sh (a
 # wide_mlp step's kernels under Nsight Compute, both frameworks); bench/sweep.sh (mnist_mlp
 # batch 32..16384, the SVG chart); a short training run; the NCCL checks; ddp-bench;
+# bench/pipeline.sh and tp-bench on {0,0} and a traced DataParallel step on {0,0};
 # compute-sanitizer memcheck and racecheck with what time remains.
 #
 # A GPU machine without network access reaches no package registry: run
@@ -248,6 +249,32 @@ elif [[ -z "${SKIP_BENCH:-}" && -x "$ddp_bench" && -x "$launcher" ]]; then
     done
   } > "$logs/ddp-bench.md" 2> "$logs/ddp-bench.log" || fail "ddp-bench (see ddp-bench.log)"
   say "ddp-bench: $(wc -l < "$logs/ddp-bench.md") rows in ddp-bench.md"
+fi
+
+# ---- the other forms of parallelism on this one GPU, and a trace ----
+# A pipeline of two stages on {0,0} (two streams of one GPU) beside the naive split,
+# tensor parallelism over {0,0} against the unsharded model, and a DataParallel step on
+# {0,0} traced (CUDA tracks per stream) and drawn. Their correctness ran in ctest above.
+if [[ -n "${SKIP_PARALLEL_BENCH:-}${SKIP_BENCH:-}" ]]; then
+  say "pipeline/tensor-parallel benchmarks and the GPU trace: skipped (SKIP_PARALLEL_BENCH or SKIP_BENCH set)"
+elif [[ -x "$bench" && $(time_left) -lt 150 ]]; then
+  say "pipeline/tensor-parallel benchmarks and the GPU trace: skipped, $(time_left) s of the budget left"
+elif [[ -x "$bench" ]]; then
+  timeout 60 bench/pipeline.sh --build "$build" --devices 0,0 --device cuda --steps 10 \
+    > "$logs/pipeline-gpu.md" 2>&1 || say "bench/pipeline.sh on 0,0 failed (see pipeline-gpu.md)"
+  timeout 30 "$build/bin/tp-bench" --devices 0,0 > "$logs/tp-gpu.md" 2>&1 \
+    || say "tp-bench on 0,0 failed (see tp-gpu.md)"
+  if [[ -x "$train" && -d "$dataset" ]]; then
+    if timeout 60 "$train" --devices 0,0 --epochs 1 --data-dir "$dataset" \
+         --trace "$logs/trace-gpu.json" > "$logs/trace-gpu.log" 2>&1 &&
+       python3 bench/timeline.py "$logs/trace-gpu.json" --step 3 -o "$logs/trace-gpu.svg" \
+         >> "$logs/trace-gpu.log" 2>&1; then
+      say "trace of DataParallel on 0,0: trace-gpu.json, trace-gpu.svg"
+    else
+      fail "a traced DataParallel run on 0,0 (see trace-gpu.log)"
+    fi
+  fi
+  say "pipeline on 0,0: $(grep -E '^\| pipeline \| 1f1b \| 8' "$logs/pipeline-gpu.md" | head -1)"
 fi
 
 # ---- compute-sanitizer: the GPU tests under memcheck and racecheck ----

@@ -6,6 +6,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include <minigrad/core/error.h>
 
 namespace mg {
@@ -104,5 +106,16 @@ Allocator& cpu_allocator() { return the_cpu_allocator(); }
 std::size_t cpu_memory_allocated() { return the_cpu_allocator().allocated(); }
 std::size_t cpu_max_memory_allocated() { return the_cpu_allocator().peak(); }
 void cpu_reset_peak_memory_stats() { the_cpu_allocator().reset_peak(); }
+
+std::string format_bytes(std::size_t bytes) {
+  constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.2f} {}", value, units[unit]);
+}
 
 }  // namespace mg

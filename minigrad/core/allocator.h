@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include <minigrad/core/device.h>
 
@@ -26,5 +27,9 @@ Allocator& cpu_allocator();
 std::size_t cpu_memory_allocated();
 std::size_t cpu_max_memory_allocated();
 void cpu_reset_peak_memory_stats();
+
+// A byte count for people: "512 B", "1.50 MiB" (binary units), as the out-of-memory
+// errors and the pipeline's memory plan print it.
+std::string format_bytes(std::size_t bytes);
 
 }  // namespace mg

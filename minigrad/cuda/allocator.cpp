@@ -14,17 +14,6 @@
 namespace mg::cuda {
 namespace {
 
-std::string human_bytes(std::size_t bytes) {
-  constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024.0 && unit < 4) {
-    value /= 1024.0;
-    ++unit;
-  }
-  return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.2f} {}", value, units[unit]);
-}
-
 // The capture state of `stream`: 0 when it is not being captured, else the id of the
 // capture in progress.
 unsigned long long capture_id_of(cudaStream_t stream) {
@@ -112,11 +101,11 @@ void CudaAllocator::throw_out_of_memory(std::size_t nbytes, cudaStream_t stream)
   }
   MG_FAIL("CUDA out of memory on cuda:{}: tried to allocate {} ({} bytes); {}; minigrad "
           "tensors hold {} and the pool reserves {}",
-          device_, human_bytes(nbytes), nbytes,
-          have_info ? fmt::format("{} free of {} total", human_bytes(free_bytes),
-                                  human_bytes(total_bytes))
+          device_, format_bytes(nbytes), nbytes,
+          have_info ? fmt::format("{} free of {} total", format_bytes(free_bytes),
+                                  format_bytes(total_bytes))
                     : std::string("free memory unknown"),
-          human_bytes(allocated), human_bytes(reserved_bytes()));
+          format_bytes(allocated), format_bytes(reserved_bytes()));
 }
 
 void CudaAllocator::deallocate(void* ptr, std::size_t nbytes) {

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <minigrad/core/allocator.h>
 
 namespace mg::parallel {
 
@@ -22,17 +23,6 @@ std::size_t StagePlan::planned_bytes() const {
       break;
   }
   return gradient_bytes + activations;
-}
-
-std::string format_bytes(std::size_t bytes) {
-  constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024.0 && unit < 4) {
-    value /= 1024.0;
-    ++unit;
-  }
-  return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.2f} {}", value, units[unit]);
 }
 
 std::string plan_str(const std::vector<StagePlan>& plan) {

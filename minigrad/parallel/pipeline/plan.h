@@ -43,9 +43,6 @@ std::string plan_str(const std::vector<StagePlan>& plan);
 // that device's free memory. Devices whose free memory is unknown are not checked.
 void check_plan_fits(const std::vector<StagePlan>& plan);
 
-// "1.50 MiB"
-std::string format_bytes(std::size_t bytes);
-
 // Device-neutral memory counters (the backend's): bytes held by live tensors on `device`
 // now (the host allocator's count on the CPU, cuda::memory_allocated on a GPU), and its
 // free memory.
