@@ -36,6 +36,8 @@ for stage in "$@"; do
     /^[0-9]+\/[0-9]+ Test: / { current = $0; sub(/^[0-9]+\/[0-9]+ Test: /, "", current); state = 0; next }
     /^Output:$/ { state = 1; next }
     state == 1 { state = 2; next }  # the rule under "Output:"
+    # Catch2 prints a "Filters: <test name>" line (and a blank one) before the test output.
+    state == 2 && ($0 ~ /^Filters: / || $0 == "") { next }
     state == 2 {
       if ((current in skipped) && !(current in reason) && $0 != "<end of output>") reason[current] = $0
       state = 0
