@@ -7,6 +7,7 @@
 #include <memory>
 
 #include <minigrad/core/allocator.h>
+#include <minigrad/core/files.h>
 #include <minigrad/cuda/cuda.h>
 #include <minigrad/minigrad.h>
 
@@ -206,10 +207,8 @@ void run_pipeline_bench(const PipelineRun& run, nlohmann::json& record) {
           "pipe_mlp on {}: {}; step {:.0f} ms, bubble {:.0f}% (ideal {:.0f}%)", run.devices,
           split, median_ms, 100.0 * median(bubbles),
           100.0 * parallel::ideal_bubble_fraction(static_cast<int>(devices.size()), m));
-      std::FILE* file = std::fopen(run.timeline.c_str(), "w");
-      MG_CHECK(file != nullptr, "minigrad-bench: --timeline {}: cannot write it", run.timeline);
-      std::fputs(parallel::timeline_svg(pipe->last_timeline(), title).c_str(), file);
-      std::fclose(file);
+      files::write_atomically("minigrad-bench: --timeline", run.timeline,
+                              parallel::timeline_svg(pipe->last_timeline(), title));
       record["timeline"] = run.timeline;
     }
   }

@@ -29,6 +29,7 @@
 #include <fmt/format.h>
 
 #include <minigrad/autograd/functions.h>
+#include <minigrad/core/files.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/optim/sgd.h>
@@ -180,10 +181,7 @@ int run_pipeline(const Options& options, Device first, Device second) {
     const std::string svg = parallel::timeline_svg(
         pipelined, fmt::format("model_parallel --pipeline: {} micro-batches, {}", options.chunks,
                                options.schedule));
-    std::FILE* file = std::fopen(options.timeline.c_str(), "w");
-    MG_CHECK(file != nullptr, "--timeline {}: cannot write the file", options.timeline);
-    std::fputs(svg.c_str(), file);
-    std::fclose(file);
+    files::write_atomically("--timeline", options.timeline, svg);
   }
 
   parallel::PipeOptions one_chunk = pipe_options;

@@ -18,14 +18,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <iterator>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include <minigrad/core/backend.h>
+#include <minigrad/core/files.h>
 
 namespace mg::profiler {
 
@@ -145,14 +144,6 @@ int64_t origin_of(const json& trace, const std::string& path) {
   return (*other)["minigrad"]["origin_ns"].get<int64_t>();
 }
 
-void write_text(const char* op, const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  MG_CHECK(out.good(), "{}: cannot open '{}' for writing", op, path);
-  out << text;
-  out.close();
-  MG_CHECK(!out.fail(), "{}: writing '{}' failed", op, path);
-}
-
 }  // namespace
 
 std::vector<TraceEvent> collect(const TraceInfo& info) {
@@ -266,7 +257,7 @@ std::string chrome_trace_json(const TraceInfo& info) {
 }
 
 void export_chrome_trace(const std::string& path, const TraceInfo& info) {
-  write_text("export_chrome_trace", path, chrome_trace_json(info));
+  files::write_atomically("export_chrome_trace", path, chrome_trace_json(info));
 }
 
 void merge_chrome_traces(const std::vector<std::string>& inputs, const std::string& output) {
@@ -274,11 +265,10 @@ void merge_chrome_traces(const std::vector<std::string>& inputs, const std::stri
   std::vector<json> traces;
   std::vector<int64_t> origins;
   for (const std::string& path : inputs) {
-    std::ifstream in(path, std::ios::binary);
-    MG_CHECK(in.good(), "merge_chrome_traces: cannot open '{}'", path);
-    std::stringstream text;
-    text << in.rdbuf();
-    json trace = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+    const files::OpenedFile file = files::open_for_reading("merge_chrome_traces", path);
+    std::string text(static_cast<std::size_t>(file.size), '\0');
+    files::read_exactly("merge_chrome_traces", path, file.fd.get(), 0, text.data(), text.size());
+    json trace = json::parse(text, nullptr, /*allow_exceptions=*/false);
     MG_CHECK(!trace.is_discarded() && trace.is_object() && trace.contains("traceEvents") &&
                  trace["traceEvents"].is_array(),
              "merge_chrome_traces: {} is not a Chrome trace (a JSON object with a "
@@ -314,7 +304,7 @@ void merge_chrome_traces(const std::vector<std::string>& inputs, const std::stri
   merged["otherData"]["minigrad"] = {{"clock", "CLOCK_MONOTONIC"},
                                      {"origin_ns", origin},
                                      {"merged_from", inputs}};
-  write_text("merge_chrome_traces", output, merged.dump() + "\n");
+  files::write_atomically("merge_chrome_traces", output, merged.dump() + "\n");
 }
 
 }  // namespace mg::profiler

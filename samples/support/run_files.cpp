@@ -56,7 +56,10 @@ void check_file_flags(const std::string& program, const std::vector<FileFlag>& o
 
 void check_run_files(const TrainOptions& options, const DistributedRun& dist, Device device) {
   const std::vector<FileFlag> outputs{
-      {"--save", options.save}, {"--metrics", options.metrics}, {"--plot", options.plot}};
+      {"--save", options.save},
+      {"--metrics", options.metrics},
+      {"--plot", options.plot},
+      {"--trace", options.trace.path}};
   const std::vector<FileFlag> inputs{{"--resume", options.resume}};
   const char* program = "train_fashion_mnist";
   if (!dist.active()) return check_file_flags(program, outputs, inputs);

@@ -102,6 +102,11 @@ TEST_CASE("train_fashion_mnist: the --trace flags refuse what they cannot take")
   REQUIRE_THAT(run.output, MG_CONTAINS("--trace-detail"));
   run = run_program(kProgram + " --data-dir /nonexistent --trace /nonexistent/dir/t.json");
   REQUIRE(run.exit_code != 0);
+  // Checked before the data loads, as --save is, and never written over a device.
+  run = run_program(kProgram + " --data-dir /nonexistent --trace /dev/null");
+  REQUIRE(run.exit_code == 2);
+  REQUIRE_THAT(run.output, MG_CONTAINS("--trace: cannot write '/dev/null': it is a character "
+                                       "device, not a regular file"));
 }
 
 #if MINIGRAD_WITH_GLOO

@@ -25,9 +25,11 @@ Optimizer::Optimizer(std::vector<Tensor> params, std::string name)
   }
 }
 
-void Optimizer::zero_grad(bool set_to_none) {
+void Optimizer::zero_grad(bool set_to_none) { zero_grads(params_, set_to_none); }
+
+void Optimizer::zero_grads(const std::vector<Tensor>& tensors, bool set_to_none) {
   NoGradGuard no_grad;
-  for (Tensor& p : params_) {
+  for (const Tensor& p : tensors) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
     if (set_to_none) {

@@ -84,6 +84,9 @@ class Optimizer {
   // Checks the parameters: defined, leaves, float32, no tensor twice.
   Optimizer(std::vector<Tensor> params, std::string name);
 
+  // What zero_grad does, over any tensors (a wrapper's own gradients too).
+  static void zero_grads(const std::vector<Tensor>& tensors, bool set_to_none);
+
   // Appends to `problems` what is wrong with `state` as parameter `index`'s state (names
   // without the ".<i>"; not empty). `key(name)` spells an entry's key for messages.
   virtual void check_param_state(size_t index, const TensorDict& state,

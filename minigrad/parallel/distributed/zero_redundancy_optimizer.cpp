@@ -151,16 +151,7 @@ void ZeroRedundancyOptimizer::step() {
 
 void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
   optim::Optimizer::zero_grad(set_to_none);  // the shards'
-  NoGradGuard no_grad;
-  for (const Tensor& p : full_params_) {  // stage 1's full gradients (stage 2 frees them)
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    if (set_to_none) {
-      p.set_grad(Tensor());
-    } else {
-      g.zero_();
-    }
-  }
+  zero_grads(full_params_, set_to_none);     // stage 1's full gradients (stage 2 frees them)
 }
 
 Tensor ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm, double norm_type) {
