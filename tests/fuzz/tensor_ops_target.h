@@ -230,6 +230,7 @@ class Program {
   void keep(const Tensor& t) {
     check_result(t);
     touch(t);
+    note_graph(t);
     if (pool_.size() < kPool) {
       pool_.push_back(t);
     } else {
@@ -238,7 +239,20 @@ class Program {
   }
 
   bool has_any() const { return !pool_.empty(); }
-  Tensor& pick() { return pool_[in_.byte() % pool_.size()]; }
+  Tensor& pick() {
+    Tensor& t = pool_[in_.byte() % pool_.size()];
+    note_graph(t);
+    return t;
+  }
+
+  // backward allocates a gradient for every tensor in the graph behind the loss, not
+  // only for the loss: narrow(expand(leaf, [12, 2^50, 3])).sum().backward() asks for a
+  // gradient of the expanded shape (an allocation of petabytes, which ASan reports as a
+  // crash rather than returning null). Every tensor an op takes or returns passes here;
+  // once one in a graph is not small, this program runs no more backward passes.
+  void note_graph(const Tensor& t) {
+    if (t.requires_grad() && !small(t)) big_graph_ = true;
+  }
 
   void run_op(Op op) {
     if (op == kCreate) return create();
@@ -403,7 +417,7 @@ class Program {
       case kBackward: {
         const Tensor& t = pick();
         const bool retain = in_.flag();
-        if (!small(t) || !t.requires_grad()) return;
+        if (!small(t) || !t.requires_grad() || big_graph_) return;
         const Tensor loss = t.sum();
         loss.backward(Tensor(), retain);
         for (const Tensor& leaf : pool_) {
@@ -527,6 +541,7 @@ class Program {
   Reader in_;
   std::vector<Tensor> pool_;
   size_t next_slot_ = 0;
+  bool big_graph_ = false;  // see note_graph
 };
 
 }  // namespace tensor_ops

@@ -29,14 +29,17 @@ void for_each_row(const Shape& shape, const std::array<const std::vector<int64_t
   std::vector<int64_t> counter(static_cast<size_t>(ndim), 0);
   while (true) {
     f(offsets, inner);
-    // Advance the odometer over the outer dimensions.
+    // Advance the odometer over the outer dimensions. Only offsets of elements that
+    // exist are ever formed: a view may have any stride along a dimension of size 1
+    // (as_strided allows INT64_MAX there), so one step past the last index may overflow.
     int64_t d = ndim - 2;
     for (; d >= 0; --d) {
       const auto du = static_cast<size_t>(d);
-      ++counter[du];
-      for (std::size_t t = 0; t < N; ++t) offsets[t] += (*strides[t])[du];
-      if (counter[du] < shape[d]) break;
-      for (std::size_t t = 0; t < N; ++t) offsets[t] -= (*strides[t])[du] * shape[d];
+      if (++counter[du] < shape[d]) {
+        for (std::size_t t = 0; t < N; ++t) offsets[t] += (*strides[t])[du];
+        break;
+      }
+      for (std::size_t t = 0; t < N; ++t) offsets[t] -= (*strides[t])[du] * (shape[d] - 1);
       counter[du] = 0;
     }
     if (d < 0) return;
@@ -51,8 +54,9 @@ void for_each_element(const Shape& shape, const std::array<const std::vector<int
   if (shape.dim() > 0)
     for (std::size_t t = 0; t < N; ++t) inner_stride[t] = strides[t]->back();
   for_each_row<N>(shape, strides, [&](std::array<int64_t, N> o, int64_t length) {
-    for (int64_t i = 0; i < length; ++i) {
+    for (int64_t i = 0;;) {
       f(static_cast<const std::array<int64_t, N>&>(o));
+      if (++i == length) break;  // no step past the row's end (see for_each_row)
       for (std::size_t t = 0; t < N; ++t) o[t] += inner_stride[t];
     }
   });
