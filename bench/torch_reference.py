@@ -24,6 +24,7 @@ WORKS = {
     "tutorial": ([5, 2], 30),
     "mnist_mlp": ([784, 512, 512, 10], 256),
     "wide_mlp": ([4096, 8192, 8192, 10], 8192),
+    "pipe_mlp": ([256] * 9, 4096),  # eight equal layers, 256 classes (bench/pipeline.sh)
 }
 
 
