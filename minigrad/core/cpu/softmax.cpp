@@ -100,8 +100,10 @@ void CpuBackend::log_softmax_backward(const Tensor& grad_in, const Tensor& grad_
   for (int64_t i = 0; i < rows; ++i) {
     const float* g_row = g[i];
     const float total = static_cast<float>(row_sum(g_row, cols));
+    // softmax = exp(log_softmax), written first into grad_in's row: a tensor of its own
+    // (ops::log_softmax_backward allocates it), so grad_out's row is still there to read.
     float* out_row = gi + i * cols;
-    cpu::exp_row(out_row, y[i], 0.0f, cols);  // softmax = exp(log_softmax)
+    cpu::exp_row(out_row, y[i], 0.0f, cols);
     for (int64_t j = 0; j < cols; ++j) out_row[j] = g_row[j] - out_row[j] * total;
   }
 }
