@@ -8,9 +8,14 @@
 
 #include <minigrad/core/cpu/cpu_backend.h>
 #include <minigrad/core/cpu/strided_loop.h>
+#include <minigrad/core/cpu/wrapping_math.h>
 
 namespace mg {
 namespace {
+
+using cpu::add;
+using cpu::mul;
+using cpu::sub;
 
 bool all_contiguous(std::initializer_list<const Tensor*> tensors) {
   for (const Tensor* t : tensors)
@@ -69,34 +74,6 @@ void map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
   }
   cpu::for_each_element<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()},
                            [&](const std::array<int64_t, 3>& k) { o[k[0]] = f(x[k[1]], y[k[2]]); });
-}
-
-// int64 sums and products wrap around in two's complement, as PyTorch's do; computed
-// in uint64, since signed overflow is undefined behaviour in C++. (Division is checked
-// by ops::binary before it gets here: a zero divisor or INT64_MIN / -1 would trap.)
-template <typename T>
-T add(T x, T y) {
-  if constexpr (std::is_integral_v<T>) {
-    return static_cast<T>(static_cast<uint64_t>(x) + static_cast<uint64_t>(y));
-  } else {
-    return x + y;
-  }
-}
-template <typename T>
-T mul(T x, T y) {
-  if constexpr (std::is_integral_v<T>) {
-    return static_cast<T>(static_cast<uint64_t>(x) * static_cast<uint64_t>(y));
-  } else {
-    return x * y;
-  }
-}
-template <typename T>
-T sub(T x, T y) {
-  if constexpr (std::is_integral_v<T>) {
-    return static_cast<T>(static_cast<uint64_t>(x) - static_cast<uint64_t>(y));
-  } else {
-    return x - y;
-  }
 }
 
 // torch.maximum: NaN if either operand is NaN.

@@ -5,19 +5,12 @@
 
 #include <minigrad/core/cpu/cpu_backend.h>
 #include <minigrad/core/cpu/strided_loop.h>
+#include <minigrad/core/cpu/wrapping_math.h>
 
 namespace mg {
 namespace {
 
-// int64 sums wrap around, as PyTorch's (computed in uint64: signed overflow is undefined).
-template <typename T>
-T add(T x, T y) {
-  if constexpr (std::is_integral_v<T>) {
-    return static_cast<T>(static_cast<uint64_t>(x) + static_cast<uint64_t>(y));
-  } else {
-    return x + y;
-  }
-}
+using cpu::add;  // int64 sums wrap around, as PyTorch's
 
 template <typename T>
 void sum_typed(const Tensor& out, const Tensor& in) {
