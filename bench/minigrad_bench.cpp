@@ -39,6 +39,7 @@
 #include <minigrad/cuda/cuda.h>
 #include <minigrad/nn/optim/sgd.h>
 
+#include "bench_common.h"
 #include "pipeline_bench.h"
 
 #if __has_include(<minigrad/parallel/data_parallel.h>)
@@ -51,6 +52,11 @@
 #endif
 
 namespace {
+
+using minigrad_bench::median;
+using minigrad_bench::mlp_flops_per_step;
+using minigrad_bench::percentile;
+using minigrad_bench::process_cpu_ms;
 
 using json = nlohmann::json;
 
@@ -75,25 +81,6 @@ const std::vector<Work>& works() {
       {"pipe_mlp", {256, 256, 256, 256, 256, 256, 256, 256, 256}, 4096},
   };
   return list;
-}
-
-// Linear layers with ReLU between them (none after the last): widths {5, 2} is one Linear.
-std::shared_ptr<mg::nn::Sequential> make_model(const Work& work) {
-  auto model = std::make_shared<mg::nn::Sequential>();
-  for (size_t i = 0; i + 1 < work.widths.size(); ++i) {
-    if (i > 0) model->push_back(std::make_shared<mg::nn::ReLU>());
-    model->push_back(std::make_shared<mg::nn::Linear>(work.widths[i], work.widths[i + 1]));
-  }
-  return model;
-}
-
-// 2 * B * in * out for each of the three GEMMs of each layer.
-double flops_per_step(const Work& work, int64_t batch) {
-  double flops = 0.0;
-  for (size_t i = 0; i + 1 < work.widths.size(); ++i)
-    flops += 6.0 * static_cast<double>(batch) * static_cast<double>(work.widths[i]) *
-             static_cast<double>(work.widths[i + 1]);
-  return flops;
 }
 
 // ------------------------------------------------------------------ host facts
@@ -140,28 +127,11 @@ bool reset_peak_rss() {
   return static_cast<bool>(clear_refs);
 }
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
-double percentile(std::vector<double> values, double p) {
-  std::sort(values.begin(), values.end());
-  const auto index = static_cast<size_t>(p * static_cast<double>(values.size() - 1) + 0.5);
-  return values[std::min(index, values.size() - 1)];
-}
-
 // ------------------------------------------------------------------ timing
 
 // Times a step function: returns milliseconds per step for `steps` steps.
 using StepFn = std::function<void()>;
 
-double process_cpu_ms() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) * 1e-6;
-}
 
 // Wall-clock milliseconds per step; also the process CPU time per step in `cpu_ms`,
 // which a machine shared with other work disturbs less than the wall clock.
@@ -312,7 +282,7 @@ json run(const Options& opt) {
 
   // Model, data and optimizer; everything the step touches lives on `device`.
   mg::manual_seed(opt.seed);
-  auto model = make_model(work);
+  auto model = minigrad_bench::make_mlp(work.widths);
   model->to(device);
   // Standard normal inputs: never all zero; targets uniform over the classes.
   const mg::Tensor x = mg::randn(mg::Shape{batch, work.widths.front()}, device);
@@ -408,7 +378,7 @@ json run(const Options& opt) {
   record["p90_ms"] = percentile(ms, 0.90);
   if (!cpu_ms.empty()) record["median_cpu_ms"] = median(cpu_ms);
   if (!host_ms.empty()) record["median_host_ms"] = median(host_ms);
-  record["tflops"] = flops_per_step(work, batch) / (median_ms * 1e-3) / 1e12;
+  record["tflops"] = mlp_flops_per_step(work.widths, batch) / (median_ms * 1e-3) / 1e12;
   record["first_loss"] = first_loss;
   if (on_gpu) {
     record["peak_mem_bytes"] = mg::cuda::max_memory_allocated(device_index);

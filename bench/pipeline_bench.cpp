@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <chrono>
-#include <ctime>
 #include <memory>
 
 #include <minigrad/core/allocator.h>
@@ -11,32 +10,12 @@
 #include <minigrad/cuda/cuda.h>
 #include <minigrad/minigrad.h>
 
+#include "bench_common.h"
+
 namespace minigrad_bench {
 namespace {
 
 using namespace mg;
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
-double process_cpu_ms() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) * 1e-6;
-}
-
-// Linear layers with ReLU between them, as minigrad-bench's make_model.
-std::shared_ptr<nn::Sequential> make_mlp(const std::vector<int64_t>& widths) {
-  auto model = std::make_shared<nn::Sequential>();
-  for (size_t i = 0; i + 1 < widths.size(); ++i) {
-    if (i > 0) model->push_back(std::make_shared<nn::ReLU>());
-    model->push_back(std::make_shared<nn::Linear>(widths[i], widths[i + 1]));
-  }
-  return model;
-}
 
 // Equal shares of the Linear layers per stage, each Linear with the ReLU after it.
 std::vector<int64_t> halves(const nn::Sequential& model, size_t stages) {
@@ -175,15 +154,10 @@ void run_pipeline_bench(const PipelineRun& run, nlohmann::json& record) {
 
   const double median_ms = median(ms);
   record["median_ms"] = median_ms;
-  std::sort(ms.begin(), ms.end());
-  record["p10_ms"] = ms[static_cast<size_t>(0.1 * static_cast<double>(ms.size() - 1) + 0.5)];
-  record["p90_ms"] = ms[static_cast<size_t>(0.9 * static_cast<double>(ms.size() - 1) + 0.5)];
+  record["p10_ms"] = percentile(ms, 0.10);
+  record["p90_ms"] = percentile(ms, 0.90);
   record["median_cpu_ms"] = median(cpu_ms);
-  double flops = 0.0;
-  for (size_t i = 0; i + 1 < run.widths.size(); ++i)
-    flops += 6.0 * static_cast<double>(run.batch) * static_cast<double>(run.widths[i]) *
-             static_cast<double>(run.widths[i + 1]);
-  record["tflops"] = flops / (median_ms * 1e-3) / 1e12;
+  record["tflops"] = mlp_flops_per_step(run.widths, run.batch) / (median_ms * 1e-3) / 1e12;
   record["first_loss"] = first_loss;
   record["final_loss"] = loss.item<float>();
   record["peak_mem_bytes"] = peak > resting ? peak - resting : 0;

@@ -19,20 +19,13 @@ import socket
 import statistics
 import time
 
+from torch_reference import make_model  # the same MLP as minigrad-bench's works
+
 
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def make_model(torch, widths):
-    layers = []
-    for i in range(len(widths) - 1):
-        if i > 0:
-            layers.append(torch.nn.ReLU())
-        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
-    return torch.nn.Sequential(*layers)
 
 
 def make_optimizer(torch, args):
