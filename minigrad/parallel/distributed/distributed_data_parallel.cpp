@@ -1,22 +1,11 @@
 #include <minigrad/parallel/distributed/distributed_data_parallel.h>
 
-#include <cmath>
 #include <unordered_set>
 
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/parallel/distributed/same_model.h>
 
 namespace mg::parallel {
-
-namespace {
-
-size_t mib_to_bytes(double mib, const char* what) {
-  MG_CHECK(std::isfinite(mib) && mib > 0.0, "DistributedDataParallel: {} must be positive, got {}",
-           what, mib);
-  return std::max<size_t>(1, static_cast<size_t>(mib * 1024.0 * 1024.0));
-}
-
-}  // namespace
 
 DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module,
                                                  std::shared_ptr<ProcessGroup> process_group,
@@ -52,9 +41,10 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module,
   for (const auto& [name, t] : state) values.push_back(t);
   broadcast_from_rank0(*process_group_, values);
 
+  const char* who = "DistributedDataParallel";
   reducer_ = Reducer::create(std::move(params), std::move(names), process_group_,
-                             mib_to_bytes(options_.first_bucket_mb, "first_bucket_mb"),
-                             mib_to_bytes(options_.bucket_cap_mb, "bucket_cap_mb"),
+                             bucket_bytes_from_mib(options_.first_bucket_mb, who, "first_bucket_mb"),
+                             bucket_bytes_from_mib(options_.bucket_cap_mb, who, "bucket_cap_mb"),
                              options_.find_unused_parameters, options_.gradient_as_bucket_view);
 }
 

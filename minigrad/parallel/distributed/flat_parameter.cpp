@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include <minigrad/autograd/grad_mode.h>
-#include <minigrad/autograd/version_counter.h>
+#include <minigrad/core/checked_math.h>
 #include <minigrad/core/ops.h>
 
 namespace mg::parallel {
@@ -17,11 +17,11 @@ ShardLayout make_shard_layout(const std::vector<int64_t>& numels, int world_size
   for (size_t i = 0; i < numels.size(); ++i) {
     MG_CHECK(numels[i] >= 0, "make_shard_layout: parameter {} has {} elements", i, numels[i]);
     layout.offsets.push_back(layout.numel);
-    MG_CHECK(!__builtin_add_overflow(layout.numel, numels[i], &layout.numel),
+    MG_CHECK(!add_overflows(layout.numel, numels[i]),
              "make_shard_layout: {} parameters hold more than 2^63 elements", numels.size());
+    layout.numel += numels[i];
   }
-  // ceil(Ψ / N) without overflowing Ψ + N - 1.
-  layout.shard_numel = layout.numel / world_size + (layout.numel % world_size != 0 ? 1 : 0);
+  layout.shard_numel = ceil_div(layout.numel, world_size);  // ceil(Ψ / N)
   return layout;
 }
 
@@ -93,11 +93,6 @@ void FlatParameter::free_full() {
 std::shared_ptr<Work> FlatParameter::all_gather(ProcessGroup& group) const {
   MG_CHECK(full_is_allocated(), "FlatParameter::all_gather: the flat buffer is freed; "
                                 "allocate_full() first");
-  // The gather rewrites the parameters' memory in place, which bumps its version; but
-  // what it writes is what the shards hold, and between a unit's forward and its
-  // backward the shards do not change, so the parameters autograd saved in forward get
-  // back exactly the values it saw (PyTorch's FSDP does the same).
-  autograd::UnsafePreserveVersionCounter same_values(full_);
   return group.all_gather(full_, shard_.detach());
 }
 

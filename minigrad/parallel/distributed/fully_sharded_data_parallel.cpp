@@ -6,6 +6,7 @@
 
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/autograd/node.h>
+#include <minigrad/autograd/version_counter.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/nn/fusion.h>
 #include <minigrad/nn/layers.h>
@@ -45,6 +46,11 @@ struct FullyShardedDataParallel::Units {
     stats.peak_gathered_bytes = std::max(stats.peak_gathered_bytes, stats.gathered_bytes);
     stats.all_gather_bytes += unit.flat->full().nbytes();
     ++stats.all_gathers;
+    // The gather rewrites the parameters' memory in place, which bumps its version; but
+    // what it writes is what the shards hold, and between a unit's forward and its
+    // backward the shards do not change, so the parameters autograd saved in forward get
+    // back exactly the values it saw (PyTorch's FSDP does the same).
+    autograd::UnsafePreserveVersionCounter same_values(unit.flat->full());
     unit.gathering = unit.flat->all_gather(*group);
   }
 

@@ -1,6 +1,7 @@
 #include <minigrad/parallel/distributed/reducer.h>
 
 #include <algorithm>
+#include <cmath>
 #include <unordered_set>
 
 #include <minigrad/autograd/node.h>
@@ -45,10 +46,8 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names,
   ready_.assign(params_.size(), false);
 }
 
-// PyTorch's compute_bucket_assignment_by_size: walk the parameters from last to first,
-// one open bucket per dtype, close a bucket once it holds at least its limit. The first
-// bucket closed gets the small limit: it is the first gradient set backward produces.
-void Reducer::assign_buckets(size_t first_bucket_bytes, size_t bucket_bytes) {
+std::vector<std::vector<size_t>> compute_bucket_assignment_by_size(
+    const std::vector<Tensor>& params, size_t first_bucket_bytes, size_t bucket_bytes) {
   struct Open {
     DType dtype;
     std::vector<size_t> params;
@@ -61,8 +60,8 @@ void Reducer::assign_buckets(size_t first_bucket_bytes, size_t bucket_bytes) {
     o.params.clear();
     o.bytes = 0;
   };
-  for (size_t k = params_.size(); k-- > 0;) {
-    const Tensor& p = params_[k];
+  for (size_t k = params.size(); k-- > 0;) {
+    const Tensor& p = params[k];
     auto it = std::find_if(open.begin(), open.end(), [&](const Open& o) { return o.dtype == p.dtype(); });
     if (it == open.end()) {
       open.push_back(Open{p.dtype(), {}, 0});
@@ -75,7 +74,17 @@ void Reducer::assign_buckets(size_t first_bucket_bytes, size_t bucket_bytes) {
   }
   for (Open& o : open)
     if (!o.params.empty()) close(o);
+  return closed;
+}
 
+size_t bucket_bytes_from_mib(double mib, const char* who, const char* option) {
+  MG_CHECK(std::isfinite(mib) && mib > 0.0, "{}: {} must be positive, got {}", who, option, mib);
+  return std::max<size_t>(1, static_cast<size_t>(mib * 1024.0 * 1024.0));
+}
+
+void Reducer::assign_buckets(size_t first_bucket_bytes, size_t bucket_bytes) {
+  const std::vector<std::vector<size_t>> closed =
+      compute_bucket_assignment_by_size(params_, first_bucket_bytes, bucket_bytes);
   bucket_of_.assign(params_.size(), 0);
   for (size_t b = 0; b < closed.size(); ++b) {
     Bucket bucket;
@@ -127,16 +136,19 @@ void Reducer::reset_iteration() {
   next_bucket_ = 0;
 }
 
-std::string Reducer::unready_names() const {
+std::string quoted_names(const std::vector<std::string>& names) {
   std::string out;
-  size_t count = 0;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (ready_[i]) continue;
-    if (count < 10) out += (out.empty() ? "'" : ", '") + names_[i] + "'";
-    ++count;
-  }
-  if (count > 10) out += fmt::format(" and {} more", count - 10);
+  for (size_t i = 0; i < names.size() && i < 10; ++i)
+    out += (out.empty() ? "'" : ", '") + names[i] + "'";
+  if (names.size() > 10) out += fmt::format(" and {} more", names.size() - 10);
   return out;
+}
+
+std::string Reducer::unready_names() const {
+  std::vector<std::string> unready;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!ready_[i]) unready.push_back(names_[i]);
+  return quoted_names(unready);
 }
 
 void Reducer::prepare_for_forward() {

@@ -5,6 +5,7 @@
 
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/parallel/distributed/reducer.h>
 
 namespace mg::parallel {
 
@@ -70,17 +71,11 @@ void ShardedGradReducer::reset_iteration() {
 }
 
 std::string ShardedGradReducer::unready_names() const {
-  std::string out;
-  size_t count = 0;
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    for (size_t k = 0; k < ready_[g].size(); ++k) {
-      if (ready_[g][k]) continue;
-      if (count < 10) out += (out.empty() ? "'" : ", '") + names_[g][k] + "'";
-      ++count;
-    }
-  }
-  if (count > 10) out += fmt::format(" and {} more", count - 10);
-  return out;
+  std::vector<std::string> unready;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (size_t k = 0; k < ready_[g].size(); ++k)
+      if (!ready_[g][k]) unready.push_back(names_[g][k]);
+  return quoted_names(unready);
 }
 
 void ShardedGradReducer::check(const char* when) const {

@@ -1,11 +1,11 @@
 #include <minigrad/parallel/distributed/zero_redundancy_optimizer.h>
 
-#include <cmath>
 #include <unordered_set>
 
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/nn/utils/clip_grad.h>
+#include <minigrad/parallel/distributed/reducer.h>
 #include <minigrad/parallel/distributed/same_model.h>
 #include <minigrad/parallel/distributed/sharded_grad_norm.h>
 #include <minigrad/parallel/distributed/sharded_state.h>
@@ -33,9 +33,8 @@ struct ZeroRedundancyOptimizer::Buckets {
              "ZeroRedundancyOptimizer: stage must be 1 or 2, got {} (stage 3 is "
              "FullyShardedDataParallel)",
              options.stage);
-    MG_CHECK(std::isfinite(options.bucket_cap_mb) && options.bucket_cap_mb > 0.0,
-             "ZeroRedundancyOptimizer: bucket_cap_mb must be positive, got {}",
-             options.bucket_cap_mb);
+    const size_t cap =
+        bucket_bytes_from_mib(options.bucket_cap_mb, "ZeroRedundancyOptimizer", "bucket_cap_mb");
     MG_CHECK(!params.empty(), "ZeroRedundancyOptimizer: no parameters to optimize");
     std::vector<nn::NamedTensor> named;
     std::unordered_set<const TensorImpl*> seen;
@@ -56,20 +55,9 @@ struct ZeroRedundancyOptimizer::Buckets {
     check_same_shapes_across_ranks(group, named, "ZeroRedundancyOptimizer");
     broadcast_from_rank0(group, params);
 
-    // As DDP's buckets: from the last parameter (whose gradient backward produces first)
-    // to the first, closing a bucket once it holds bucket_cap_mb.
-    const auto cap = static_cast<size_t>(std::max(1.0, options.bucket_cap_mb * 1024.0 * 1024.0));
-    std::vector<std::vector<size_t>> members(1);
-    size_t bytes = 0;
-    for (size_t i = params.size(); i-- > 0;) {
-      members.back().push_back(i);
-      bytes += params[i].nbytes();
-      if (bytes >= cap && i > 0) {
-        members.emplace_back();
-        bytes = 0;
-      }
-    }
-    for (const std::vector<size_t>& indices : members) {
+    // As DDP's buckets (all float32, every one up to bucket_cap_mb): from the last
+    // parameter, whose gradient backward produces first, to the first.
+    for (const std::vector<size_t>& indices : compute_bucket_assignment_by_size(params, cap, cap)) {
       std::vector<Tensor> tensors;
       names.emplace_back();
       for (size_t i : indices) {
