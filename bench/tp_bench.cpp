@@ -29,7 +29,8 @@
 #include <fmt/format.h>
 
 #include <minigrad/minigrad.h>
-#include <minigrad/parallel/distributed/rendezvous.h>
+#include <minigrad/parallel/c10d/rendezvous.h>
+#include <minigrad/parallel/devices/device_list.h>
 
 namespace {
 

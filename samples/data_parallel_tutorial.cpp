@@ -34,9 +34,9 @@
 #include <minigrad/data/dataloader.h>
 #include <minigrad/data/dataset.h>
 #include <minigrad/nn/layers.h>
-#include <minigrad/parallel/communicator.h>
 #include <minigrad/parallel/data_parallel.h>
-#include <minigrad/parallel/device_list.h>
+#include <minigrad/parallel/devices/communicator.h>
+#include <minigrad/parallel/devices/device_list.h>
 #include "support/command_line.h"
 #include "support/trace.h"
 

@@ -38,8 +38,8 @@
 
 #include <fmt/format.h>
 
-#include <minigrad/parallel/distributed/socket.h>
-#include <minigrad/parallel/distributed/tcp_store.h>
+#include <minigrad/parallel/c10d/store/socket.h>
+#include <minigrad/parallel/c10d/store/tcp_store.h>
 
 namespace {
 

@@ -33,9 +33,9 @@
 #include <minigrad/core/generator.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/optim/sgd.h>
-#include <minigrad/parallel/communicator.h>
 #include <minigrad/parallel/data_parallel.h>
-#include <minigrad/parallel/device_list.h>
+#include <minigrad/parallel/devices/communicator.h>
+#include <minigrad/parallel/devices/device_list.h>
 #include <minigrad/parallel/pipeline/pipe.h>
 #include "support/command_line.h"
 #include "support/trace.h"

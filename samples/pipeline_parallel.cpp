@@ -23,7 +23,7 @@
 #include <minigrad/core/generator.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/optim/sgd.h>
-#include <minigrad/parallel/distributed/rendezvous.h>
+#include <minigrad/parallel/c10d/rendezvous.h>
 #include <minigrad/parallel/pipeline/balance.h>
 #include <minigrad/parallel/pipeline/pipeline_stage.h>
 

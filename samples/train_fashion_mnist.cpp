@@ -62,10 +62,10 @@
 #include <minigrad/nn/optim/adam.h>
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/parallel/data_parallel.h>
-#include <minigrad/parallel/distributed/distributed_data_parallel.h>
-#include <minigrad/parallel/distributed/fully_sharded_data_parallel.h>
-#include <minigrad/parallel/distributed/zero_redundancy_optimizer.h>
+#include <minigrad/parallel/ddp/distributed_data_parallel.h>
 #include <minigrad/parallel/pipeline/pipe.h>
+#include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
+#include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
 #include <minigrad/parallel/tensor_parallel/layers.h>
 #include <minigrad/parallel/tensor_parallel/tensor_parallel.h>
 #include "support/command_line.h"

@@ -129,5 +129,9 @@ void connect_node(const std::shared_ptr<Node>& node, const std::vector<Tensor>& 
                   const std::vector<Tensor>& outputs);
 // True when recording is on and at least one of `inputs` requires grad.
 bool needs_graph(const std::vector<Tensor>& inputs);
+// A tensor of its own over x's memory (same values, shape, strides and version counter)
+// with no history: the output of a node that is the identity in forward (FSDP's gather
+// before backward, tensor parallelism's f), which connect_node then makes its grad_fn.
+Tensor alias_for_node(const Tensor& x);
 
 }  // namespace mg

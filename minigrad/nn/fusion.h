@@ -41,7 +41,8 @@ class FusionGuard {
 // Sequential's question before it runs `module`, followed by `next` (null at the end):
 // the Linear to run as Linear::forward_relu, taking the ReLU with it, or null to run
 // `module` alone. Fused only with fusion enabled, for exactly these two types (a subclass
-// may override forward, and must run as written), and a Linear with a bias.
+// may override forward, and must run as written), a Linear with a bias, and a ReLU
+// without forward hooks (the Linear's hooks run around the fused op).
 Linear* fusable_linear_relu(Module& module, const Module* next);
 
 }  // namespace mg::nn

@@ -67,10 +67,10 @@ Tensor Sequential::forward(const Tensor& input) {
     Module& module = *children[i].second;
     const Module* next = i + 1 < children.size() ? children[i + 1].second.get() : nullptr;
     if (Linear* linear = fusable_linear_relu(module, next)) {  // nn/fusion.h decides
-      x = linear->forward_relu(x);
+      x = linear->call_with_hooks(x, [linear](const Tensor& in) { return linear->forward_relu(in); });
       ++i;  // the ReLU ran inside
     } else {
-      x = module.forward(x);
+      x = module(x);
     }
   }
   return x;

@@ -1,5 +1,8 @@
 #include <minigrad/nn/module.h>
 
+#include <algorithm>
+#include <atomic>
+
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/ops.h>
 
@@ -12,7 +15,53 @@ NamedTensor* find(std::vector<NamedTensor>& entries, const std::string& name) {
   return nullptr;
 }
 
+uint64_t next_hook_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 }  // namespace
+
+Tensor Module::operator()(const Tensor& input) {
+  if (!has_forward_hooks()) return forward(input);
+  return call_with_hooks(input, [this](const Tensor& x) { return forward(x); });
+}
+
+Tensor Module::call_with_hooks(const Tensor& input,
+                               const std::function<Tensor(const Tensor&)>& body) {
+  Tensor x = input;
+  for (const auto& [id, hook] : pre_hooks_) {
+    Tensor replaced = hook(*this, x);
+    if (replaced.defined()) x = std::move(replaced);
+  }
+  Tensor y = body(x);
+  for (const auto& [id, hook] : post_hooks_) {
+    Tensor replaced = hook(*this, x, y);
+    if (replaced.defined()) y = std::move(replaced);
+  }
+  return y;
+}
+
+Module::HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
+  MG_CHECK(hook != nullptr, "register_forward_pre_hook: the hook of {} is empty", type_name_);
+  const uint64_t id = next_hook_id();
+  pre_hooks_.emplace_back(id, std::move(hook));
+  return HookHandle{id};
+}
+
+Module::HookHandle Module::register_forward_hook(ForwardHook hook) {
+  MG_CHECK(hook != nullptr, "register_forward_hook: the hook of {} is empty", type_name_);
+  const uint64_t id = next_hook_id();
+  post_hooks_.emplace_back(id, std::move(hook));
+  return HookHandle{id};
+}
+
+void Module::remove_hook(HookHandle handle) {
+  auto same = [&](const auto& entry) { return entry.first == handle.id; };
+  pre_hooks_.erase(std::remove_if(pre_hooks_.begin(), pre_hooks_.end(), same), pre_hooks_.end());
+  post_hooks_.erase(std::remove_if(post_hooks_.begin(), post_hooks_.end(), same),
+                    post_hooks_.end());
+}
 
 Tensor& Module::register_parameter(const std::string& name, Tensor tensor, bool requires_grad) {
   MG_CHECK(!name.empty() && name.find('.') == std::string::npos,

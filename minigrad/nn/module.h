@@ -6,6 +6,8 @@
 // in other tensors without the subclass knowing.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -28,7 +30,31 @@ class Module {
 
   // The one-input interface every module implements.
   virtual Tensor forward(const Tensor& input) = 0;
-  Tensor operator()(const Tensor& input) { return forward(input); }
+  // forward between this module's hooks, as calling a module in PyTorch. Containers
+  // (Sequential, DataParallel, the distributed wrappers) call their children this way.
+  Tensor operator()(const Tensor& input);
+
+  // ---- forward hooks (PyTorch's register_forward_pre_hook / register_forward_hook) ----
+  // A pre-hook runs before forward and may replace its input; a hook runs after and may
+  // replace its output: returning an undefined Tensor keeps what it was given. Hooks run
+  // in registration order; each registration returns a handle for remove_hook.
+  // (FullyShardedDataParallel gathers a unit's parameters in one and frees them in the
+  // other.) Copies of a module (clone, shallow_clone) keep its hooks, as PyTorch's do.
+  using ForwardPreHook = std::function<Tensor(Module& module, const Tensor& input)>;
+  using ForwardHook =
+      std::function<Tensor(Module& module, const Tensor& input, const Tensor& output)>;
+  struct HookHandle {
+    uint64_t id = 0;
+  };
+  HookHandle register_forward_pre_hook(ForwardPreHook hook);
+  HookHandle register_forward_hook(ForwardHook hook);
+  // Removes a hook of this module; a handle already removed (or of another module) is
+  // ignored, as PyTorch's RemovableHandle.remove().
+  void remove_hook(HookHandle handle);
+  bool has_forward_hooks() const { return !pre_hooks_.empty() || !post_hooks_.empty(); }
+  // `body` in forward's place between the hooks: for a caller that runs this module's
+  // forward fused with what follows (Sequential's Linear+ReLU, nn/fusion.h).
+  Tensor call_with_hooks(const Tensor& input, const std::function<Tensor(const Tensor&)>& body);
 
   // ---- registration ----
   Tensor& register_parameter(const std::string& name, Tensor tensor, bool requires_grad = true);
@@ -99,6 +125,8 @@ class Module {
   std::vector<NamedTensor> parameters_;
   std::vector<NamedTensor> buffers_;
   std::vector<NamedModule> children_;
+  std::vector<std::pair<uint64_t, ForwardPreHook>> pre_hooks_;
+  std::vector<std::pair<uint64_t, ForwardHook>> post_hooks_;
   bool training_ = true;
 };
 

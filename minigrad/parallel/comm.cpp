@@ -7,8 +7,9 @@
 #include <minigrad/core/profiler.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/parallel/coalesce.h>
-#include <minigrad/parallel/communicator.h>
-#include <minigrad/parallel/transfer.h>
+#include <minigrad/parallel/devices/communicator.h>
+#include <minigrad/parallel/devices/device_list.h>
+#include <minigrad/parallel/devices/transfer.h>
 
 namespace mg::parallel::comm {
 

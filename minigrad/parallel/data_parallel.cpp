@@ -2,8 +2,8 @@
 
 #include <minigrad/core/backend.h>
 #include <minigrad/core/stream.h>
-#include <minigrad/parallel/communicator.h>
-#include <minigrad/parallel/device_list.h>
+#include <minigrad/parallel/devices/communicator.h>
+#include <minigrad/parallel/devices/device_list.h>
 #include <minigrad/parallel/gather.h>
 #include <minigrad/parallel/parallel_apply.h>
 #include <minigrad/parallel/replicate.h>
@@ -61,7 +61,7 @@ Tensor run_data_parallel(const nn::ModulePtr& module, const Tensor& input,
     Tensor out;
     {
       DeviceGuard guard(device);
-      out = module->forward(x);
+      out = (*module)(x);
     }
     return out.device() == output_device ? out : out.to(output_device);
   }
@@ -103,7 +103,7 @@ DataParallel::DataParallel(nn::ModulePtr module, std::vector<Device> device_ids,
 
 Tensor DataParallel::forward(const Tensor& input) {
   const nn::ModulePtr wrapped = module();
-  if (device_ids_.empty()) return wrapped->forward(input);
+  if (device_ids_.empty()) return (*wrapped)(input);
   return run_data_parallel(wrapped, input, device_ids_, *output_device_, dim_);
 }
 
@@ -116,7 +116,7 @@ std::string DataParallel::extra_repr() const {
 Tensor data_parallel(const nn::ModulePtr& module, const Tensor& input) {
   MG_CHECK(module != nullptr, "data_parallel: the module is null");
   const std::vector<Device> gpus = visible_gpus();
-  if (gpus.empty()) return module->forward(input);
+  if (gpus.empty()) return (*module)(input);
   return data_parallel(module, input, gpus);
 }
 

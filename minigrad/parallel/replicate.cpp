@@ -3,7 +3,7 @@
 #include <minigrad/autograd/node.h>
 #include <minigrad/core/profiler.h>
 #include <minigrad/parallel/comm.h>
-#include <minigrad/parallel/communicator.h>
+#include <minigrad/parallel/devices/communicator.h>
 
 namespace mg::parallel {
 namespace {

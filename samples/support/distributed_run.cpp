@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
-#include <minigrad/parallel/distributed/device_mesh.h>
-#include <minigrad/parallel/distributed/rendezvous.h>
+#include <minigrad/parallel/c10d/device_mesh.h>
+#include <minigrad/parallel/c10d/rendezvous.h>
 
 #include "command_line.h"
 

@@ -18,7 +18,7 @@
 
 #include <minigrad/core/device.h>
 #include <minigrad/core/tensor.h>
-#include <minigrad/parallel/distributed/process_group.h>
+#include <minigrad/parallel/c10d/process_group.h>
 
 namespace mg::samples {
 

@@ -20,7 +20,7 @@
 #include <string>
 
 #include <minigrad/core/profiler.h>
-#include <minigrad/parallel/distributed/process_group.h>
+#include <minigrad/parallel/c10d/process_group.h>
 
 namespace CLI {
 class App;

@@ -1,8 +1,8 @@
 #include "training_state.h"
 
-#include <minigrad/parallel/distributed/fully_sharded_data_parallel.h>
-#include <minigrad/parallel/distributed/sharded_state.h>
-#include <minigrad/parallel/distributed/zero_redundancy_optimizer.h>
+#include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
+#include <minigrad/parallel/sharded/sharded_state.h>
+#include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
 
 namespace mg::samples {
 

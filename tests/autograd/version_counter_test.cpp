@@ -21,7 +21,7 @@
 #include <minigrad/core/tensor.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/optim/sgd.h>
-#include <minigrad/parallel/distributed/process_group.h>
+#include <minigrad/parallel/c10d/process_group.h>
 
 using namespace mg;
 

@@ -19,8 +19,8 @@
 #include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/nn/layers.h>
-#include <minigrad/parallel/distributed/distributed_data_parallel.h>
-#include <minigrad/parallel/distributed/rendezvous.h>
+#include <minigrad/parallel/c10d/rendezvous.h>
+#include <minigrad/parallel/ddp/distributed_data_parallel.h>
 
 using namespace mg;
 using namespace mg::parallel;

@@ -15,7 +15,7 @@
 #include <minigrad/core/backend.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/nn/layers.h>
-#include <minigrad/parallel/distributed/rendezvous.h>
+#include <minigrad/parallel/c10d/rendezvous.h>
 #include <minigrad/parallel/pipeline/balance.h>
 #include <minigrad/parallel/pipeline/pipeline_stage.h>
 

@@ -19,10 +19,10 @@
 #include <minigrad/core/generator.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/optim/sgd.h>
-#include <minigrad/parallel/distributed/distributed_data_parallel.h>
-#include <minigrad/parallel/distributed/fully_sharded_data_parallel.h>
-#include <minigrad/parallel/distributed/rendezvous.h>
-#include <minigrad/parallel/distributed/zero_redundancy_optimizer.h>
+#include <minigrad/parallel/c10d/rendezvous.h>
+#include <minigrad/parallel/ddp/distributed_data_parallel.h>
+#include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
+#include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
 
 using namespace mg;
 using namespace mg::parallel;

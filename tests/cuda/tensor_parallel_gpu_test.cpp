@@ -13,9 +13,10 @@
 
 #include <minigrad/core/backend.h>
 #include <minigrad/core/ops.h>
-#include <minigrad/parallel/distributed/device_mesh.h>
-#include <minigrad/parallel/distributed/distributed_data_parallel.h>
-#include <minigrad/parallel/distributed/rendezvous.h>
+#include <minigrad/parallel/c10d/device_mesh.h>
+#include <minigrad/parallel/c10d/rendezvous.h>
+#include <minigrad/parallel/ddp/distributed_data_parallel.h>
+#include <minigrad/parallel/devices/device_list.h>
 
 using namespace mg;
 

@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 
 #include <minigrad/core/error.h>
-#include <minigrad/parallel/distributed/process_group_gloo.h>
+#include <minigrad/parallel/c10d/gloo/process_group_gloo.h>
 
 namespace mg::test {
 

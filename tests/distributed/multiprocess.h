@@ -13,8 +13,8 @@
 #include <vector>
 
 #include <minigrad/core/tensor.h>
-#include <minigrad/parallel/distributed/process_group.h>
-#include <minigrad/parallel/distributed/tcp_store.h>
+#include <minigrad/parallel/c10d/process_group.h>
+#include <minigrad/parallel/c10d/store/tcp_store.h>
 
 namespace mg::test {
 

@@ -17,8 +17,8 @@
 #include <minigrad/nn/optim/adam.h>
 #include <minigrad/nn/optim/optimizer.h>
 #include <minigrad/nn/optim/sgd.h>
-#include <minigrad/parallel/distributed/flat_parameter.h>
-#include <minigrad/parallel/distributed/process_group_gloo.h>
+#include <minigrad/parallel/c10d/gloo/process_group_gloo.h>
+#include <minigrad/parallel/sharded/flat_parameter.h>
 
 namespace mg::test {
 

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include <minigrad/core/error.h>
-#include <minigrad/parallel/distributed/socket.h>
-#include <minigrad/parallel/distributed/store_protocol.h>
+#include <minigrad/parallel/c10d/store/socket.h>
+#include <minigrad/parallel/c10d/store/store_protocol.h>
 
 namespace mg::test {
 

@@ -14,8 +14,8 @@
 #include <minigrad/core/generator.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/optim/sgd.h>
-#include <minigrad/parallel/distributed/distributed_data_parallel.h>
-#include <minigrad/parallel/distributed/process_group_gloo.h>
+#include <minigrad/parallel/c10d/gloo/process_group_gloo.h>
+#include <minigrad/parallel/ddp/distributed_data_parallel.h>
 
 using namespace mg;
 using namespace mg::parallel;

@@ -19,7 +19,7 @@
 #include <minigrad/core/profiler.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/optim/sgd.h>
-#include <minigrad/parallel/distributed/distributed_data_parallel.h>
+#include <minigrad/parallel/ddp/distributed_data_parallel.h>
 
 using namespace mg;
 using namespace mg::parallel;

@@ -10,7 +10,7 @@
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
-#include <minigrad/parallel/distributed/flat_parameter.h>
+#include <minigrad/parallel/sharded/flat_parameter.h>
 
 using namespace mg;
 using namespace mg::parallel;

@@ -10,11 +10,11 @@
 
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/nn/serialize.h>
-#include <minigrad/parallel/distributed/distributed_data_parallel.h>
-#include <minigrad/parallel/distributed/fully_sharded_data_parallel.h>
-#include <minigrad/parallel/distributed/process_group_gloo.h>
-#include <minigrad/parallel/distributed/sharded_grad_norm.h>
-#include <minigrad/parallel/distributed/sharded_state.h>
+#include <minigrad/parallel/c10d/gloo/process_group_gloo.h>
+#include <minigrad/parallel/ddp/distributed_data_parallel.h>
+#include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
+#include <minigrad/parallel/sharded/sharded_grad_norm.h>
+#include <minigrad/parallel/sharded/sharded_state.h>
 
 using namespace mg;
 using namespace mg::parallel;

@@ -9,13 +9,13 @@
 #include "shell_run.h"
 
 #include <minigrad/core/error.h>
-#include <minigrad/parallel/distributed/socket.h>
+#include <minigrad/parallel/c10d/store/socket.h>
 
 #ifdef MINIGRAD_WITH_GLOO
 #include <minigrad/core/generator.h>
 #include <minigrad/nn/layers.h>
-#include <minigrad/parallel/distributed/distributed_data_parallel.h>
-#include <minigrad/parallel/distributed/rendezvous.h>
+#include <minigrad/parallel/c10d/rendezvous.h>
+#include <minigrad/parallel/ddp/distributed_data_parallel.h>
 #endif
 
 namespace {

@@ -12,7 +12,7 @@
 #include "multiprocess.h"
 
 #include <minigrad/core/ops.h>
-#include <minigrad/parallel/distributed/process_group_gloo.h>
+#include <minigrad/parallel/c10d/gloo/process_group_gloo.h>
 
 using namespace mg;
 using namespace mg::parallel;

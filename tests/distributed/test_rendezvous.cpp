@@ -3,7 +3,7 @@
 
 #include "catch_compat.h"
 
-#include <minigrad/parallel/distributed/rendezvous.h>
+#include <minigrad/parallel/c10d/rendezvous.h>
 
 using namespace mg;
 using namespace mg::parallel;

@@ -20,9 +20,9 @@
 #include "sharding_helpers.h"
 
 #include <minigrad/core/allocator.h>
-#include <minigrad/parallel/distributed/distributed_data_parallel.h>
-#include <minigrad/parallel/distributed/fully_sharded_data_parallel.h>
-#include <minigrad/parallel/distributed/zero_redundancy_optimizer.h>
+#include <minigrad/parallel/ddp/distributed_data_parallel.h>
+#include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
+#include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
 
 using namespace mg;
 using namespace mg::parallel;

@@ -6,7 +6,7 @@
 #include "catch_compat.h"
 #include "multiprocess.h"
 
-#include <minigrad/parallel/distributed/process_group_gloo.h>
+#include <minigrad/parallel/c10d/gloo/process_group_gloo.h>
 
 using namespace mg;
 using namespace mg::parallel;

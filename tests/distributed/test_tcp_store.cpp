@@ -6,8 +6,8 @@
 #include "catch_compat.h"
 
 #include <minigrad/core/error.h>
-#include <minigrad/parallel/distributed/socket.h>
-#include <minigrad/parallel/distributed/tcp_store.h>
+#include <minigrad/parallel/c10d/store/socket.h>
+#include <minigrad/parallel/c10d/store/tcp_store.h>
 
 using namespace mg;
 using namespace mg::parallel;

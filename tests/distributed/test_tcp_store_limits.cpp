@@ -16,7 +16,7 @@
 #include "store_test_util.h"
 
 #include <minigrad/core/ops.h>
-#include <minigrad/parallel/distributed/tcp_store.h>
+#include <minigrad/parallel/c10d/store/tcp_store.h>
 
 using namespace mg;
 using namespace mg::parallel;

@@ -10,9 +10,9 @@
 #include "parallel/tp_check.h"
 
 #include <minigrad/core/ops.h>
-#include <minigrad/parallel/distributed/device_mesh.h>
-#include <minigrad/parallel/distributed/distributed_data_parallel.h>
-#include <minigrad/parallel/distributed/process_group_gloo.h>
+#include <minigrad/parallel/c10d/device_mesh.h>
+#include <minigrad/parallel/c10d/gloo/process_group_gloo.h>
+#include <minigrad/parallel/ddp/distributed_data_parallel.h>
 #include <minigrad/parallel/tensor_parallel/group.h>
 
 using namespace mg;

@@ -10,8 +10,8 @@
 #include "temp_dir.h"
 
 #include <minigrad/nn/serialize.h>
-#include <minigrad/parallel/distributed/distributed_data_parallel.h>
-#include <minigrad/parallel/distributed/zero_redundancy_optimizer.h>
+#include <minigrad/parallel/ddp/distributed_data_parallel.h>
+#include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
 
 using namespace mg;
 using namespace mg::parallel;

@@ -25,7 +25,7 @@
 #include <minigrad/data/idx.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/serialize.h>
-#include <minigrad/parallel/distributed/store_protocol.h>
+#include <minigrad/parallel/c10d/store/store_protocol.h>
 
 namespace mg::fuzz {
 
@@ -127,7 +127,7 @@ inline void safetensors_one_input(const uint8_t* data, std::size_t size) {
   }
 }
 
-// parallel/distributed/store_protocol.h: the TCPStore's message parser, on what a client
+// parallel/c10d/store/store_protocol.h: the TCPStore's message parser, on what a client
 // may send. The first byte seeds how the rest, a byte stream, is cut into reads (1 to 256
 // bytes each, as recv might return them); the limits are small so that inputs reach them.
 //   - parse_message over the whole stream, message after message: each complete one has

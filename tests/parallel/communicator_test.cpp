@@ -6,7 +6,7 @@
 
 #include <minigrad/minigrad.h>
 #include <minigrad/parallel/coalesce.h>
-#include <minigrad/parallel/host_communicator.h>
+#include <minigrad/parallel/devices/host_communicator.h>
 
 using mg::Device;
 using mg::Shape;

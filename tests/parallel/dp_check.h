@@ -16,6 +16,7 @@
 
 #include <minigrad/autograd/node.h>
 #include <minigrad/minigrad.h>
+#include <minigrad/parallel/devices/device_list.h>
 
 namespace mg::testing {
 

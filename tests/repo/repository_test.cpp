@@ -127,6 +127,32 @@ bool has_word(const std::string& line, const std::string& word) {
   return false;
 }
 
+// Where `name` is first named in the definition that holds line `number` (1-based): the
+// definition opens at the nearest line above that starts at column 0 (a function's or a
+// class's first line; namespaces are not indented here) and comments do not count, so a
+// link to a use of `step` deep inside ZeroRedundancyOptimizer::step is sent to the line
+// that defines it. Returns `number` when no earlier line of the definition names it.
+int first_naming_in_definition(const std::vector<std::string>& lines, int number,
+                               const std::string& name) {
+  int first = number;
+  const auto starts_definition = [](const std::string& l) {
+    return !l.empty() && !std::isspace(static_cast<unsigned char>(l[0]));
+  };
+  const auto is_comment_or_blank = [](const std::string& l) {
+    const size_t at = l.find_first_not_of(" \t");
+    return at == std::string::npos || l.compare(at, 2, "//") == 0 || l.compare(at, 1, "#") == 0 ||
+           l.compare(at, 2, "/*") == 0 || l.compare(at, 1, "*") == 0;
+  };
+  if (starts_definition(lines[static_cast<size_t>(number - 1)])) return number;
+  for (int n = number - 1; n >= 1; --n) {
+    const std::string& l = lines[static_cast<size_t>(n - 1)];
+    if (is_comment_or_blank(l)) continue;
+    if (has_word(l, name)) first = n;
+    if (starts_definition(l)) break;
+  }
+  return first;
+}
+
 // Problems of one link of `page` (a path relative to the root); empty when it is fine.
 std::string check_link(const std::string& page, const Link& link) {
   const std::string& target = link.target;
@@ -152,6 +178,11 @@ std::string check_link(const std::string& page, const Link& link) {
   if (!has_word(lines[static_cast<size_t>(number - 1)], name))
     return where + "line " + std::to_string(number) + " of " + resolved.string() +
            " does not name '" + name + "': " + lines[static_cast<size_t>(number - 1)];
+  const int first = first_naming_in_definition(lines, number, name);
+  if (first != number)
+    return where + "line " + std::to_string(number) + " of " + resolved.string() +
+           " is not where '" + name + "' is defined or first named in its function: line " +
+           std::to_string(first) + " is: " + lines[static_cast<size_t>(first - 1)];
   return {};
 }
 
@@ -218,6 +249,24 @@ TEST_CASE("repository: the link checker's rule on a code line") {
   CHECK_THAT(check_link("README.md", {"x", "docs/no-such-page.md", 1}),
              MG_CONTAINS("docs/no-such-page.md does not exist"));
   CHECK(check_link("README.md", {"design", "docs/design.md", 1}).empty());
+
+  // A use of `step` inside the function that defines it is sent to the definition; the
+  // first use inside another function, or a definition at column 0, is where it is named.
+  const std::vector<std::string> code{
+      "// step: what it does",             // 1: a comment does not count
+      "void Optimizer::step() {",          // 2: defines it
+      "  if (done) return;",               // 3
+      "  local_->step();",                 // 4: a use after the definition
+      "}",                                 // 5
+      "void Trainer::run() {",             // 6
+      "  // calls step once",              // 7
+      "  opt.step();",                     // 8: the first naming in run()
+      "  opt.step();",                     // 9: not the first
+      "}"};
+  CHECK(first_naming_in_definition(code, 2, "step") == 2);
+  CHECK(first_naming_in_definition(code, 4, "step") == 2);
+  CHECK(first_naming_in_definition(code, 8, "step") == 8);
+  CHECK(first_naming_in_definition(code, 9, "step") == 8);
 }
 
 // Each row "| n | [`path`](../path) | lines | ... |" of the reading order: the file's
@@ -294,13 +343,58 @@ TEST_CASE("repository: the library's includes point down the layers") {
       }
       if (target.rfind("minigrad/", 0) != 0) continue;  // the standard library, fmt, BLAS ...
       const std::string to = target.substr(9, target.find('/', 9) - 9);
-      const bool nccl_file = path.filename().string().rfind("nccl_", 0) == 0;
+      const bool nccl_file = file.rfind("minigrad/parallel/c10d/nccl/", 0) == 0 ||
+                             file == "minigrad/parallel/devices/nccl_communicator.cpp";
       if (rule->second.count(to) == 0 && !(layer == "parallel" && to == "cuda" && nccl_file))
         problems.push_back(where + " (" + layer + " may not include " + to + ")");
     }
   }
   INFO(checked << " includes checked" << join(problems));
   CHECK(checked > 300);
+  CHECK(problems.empty());
+}
+
+// Inside parallel/, the algorithms include the machinery and never the reverse: the
+// process groups and the store (c10d/) know nothing of DDP, sharding, pipelines or tensor
+// parallelism; the store knows nothing but itself; the one-process plumbing (devices/)
+// knows no process group; DDP and sharding do not include each other.
+TEST_CASE("repository: inside parallel/, includes point from the algorithms to the machinery") {
+  const std::vector<std::string> algorithms{"ddp/", "sharded/", "pipeline/", "tensor_parallel/"};
+  // folder -> the folders of parallel/ it may not include
+  const std::vector<std::pair<std::string, std::vector<std::string>>> rules{
+      {"c10d/store/", {"c10d/process_group", "c10d/rendezvous", "c10d/device_mesh",
+                       "c10d/gloo/", "c10d/nccl/", "devices/", "ddp/", "sharded/", "pipeline/",
+                       "tensor_parallel/"}},
+      {"c10d/", algorithms},
+      {"devices/", {"c10d/", "ddp/", "sharded/", "pipeline/", "tensor_parallel/"}},
+      {"ddp/", {"sharded/", "pipeline/", "tensor_parallel/"}},
+      {"sharded/", {"ddp/", "pipeline/", "tensor_parallel/"}},
+  };
+  static const std::regex include(R"(^\s*#\s*include\s*<minigrad/parallel/([^>]+)>)");
+  const std::string prefix = "minigrad/parallel/";
+  std::vector<std::string> problems;
+  size_t checked = 0;
+  for (const std::string& file : tracked_files()) {
+    if (file.rfind(prefix, 0) != 0) continue;
+    const std::string folder = file.substr(prefix.size());
+    const auto rule = std::find_if(rules.begin(), rules.end(), [&](const auto& r) {
+      return folder.rfind(r.first, 0) == 0;
+    });
+    if (rule == rules.end()) continue;
+    const std::vector<std::string> lines = lines_of(read_file(kRoot / file));
+    for (size_t i = 0; i < lines.size(); ++i) {
+      std::smatch m;
+      if (!std::regex_search(lines[i], m, include)) continue;
+      ++checked;
+      const std::string target = m[1];
+      for (const std::string& forbidden : rule->second)
+        if (target.rfind(forbidden, 0) == 0)
+          problems.push_back(file + ":" + std::to_string(i + 1) + ": includes parallel/" +
+                             target + " (" + rule->first + " may not include " + forbidden + ")");
+    }
+  }
+  INFO(checked << " includes checked" << join(problems));
+  CHECK(checked > 50);
   CHECK(problems.empty());
 }
 

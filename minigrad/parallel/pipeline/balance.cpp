@@ -9,8 +9,8 @@
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/nn/layers.h>
+#include <minigrad/parallel/devices/transfer.h>
 #include <minigrad/parallel/pipeline/plan.h>
-#include <minigrad/parallel/transfer.h>
 
 namespace mg::parallel {
 namespace {

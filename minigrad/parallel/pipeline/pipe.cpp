@@ -11,11 +11,12 @@
 #include <minigrad/autograd/node.h>
 #include <minigrad/core/backend.h>
 #include <minigrad/core/stream.h>
-#include <minigrad/parallel/communicator.h>
+#include <minigrad/parallel/devices/communicator.h>
+#include <minigrad/parallel/devices/device_list.h>
+#include <minigrad/parallel/devices/run_per_device.h>
+#include <minigrad/parallel/devices/transfer.h>
 #include <minigrad/parallel/pipeline/balance.h>
 #include <minigrad/parallel/pipeline/channel.h>
-#include <minigrad/parallel/transfer.h>
-#include <minigrad/parallel/worker_pool.h>
 
 namespace mg::parallel {
 namespace {
@@ -81,28 +82,24 @@ struct Pipe::Run {
     const double start = recorder->now();
     std::vector<Event> ready(devices.size()), done(devices.size());
     for (size_t s = 0; s < devices.size(); ++s) ready[s].record(current_stream(devices[s]));
-    auto run_stage = [&](int s) {
+    // Stage s on the parallel layer's worker thread s, on its device and stream
+    // (run_per_device.h). A stage reports its own failure (fail), naming the action.
+    run_per_device(devices, streams, "Pipe: stage", [&](size_t stage) {
+      const int s = static_cast<int>(stage);
       std::optional<Action> action;
       try {
-        DeviceGuard device_guard(devices[s]);
-        StreamGuard stream_guard(streams[s]);
-        ready[s].block(streams[s]);
+        ready[stage].block(streams[stage]);
         for (const Action& a : actions_of(s)) {
           action = a;
           run_action(s, a);
         }
-        done[s].record(streams[s]);
+        done[stage].record(streams[stage]);
       } catch (const PipeAborted&) {
         // Another stage failed first; its error is the one to report.
       } catch (const std::exception& e) {
         fail(s, action, e.what());
       }
-    };
-    // Stage s on the parallel layer's worker thread s (worker_pool.h): long-lived
-    // threads, so a stage's per-thread state is set up once.
-    std::vector<std::function<void()>> tasks;
-    for (int s = 0; s < stages(); ++s) tasks.emplace_back([&run_stage, s] { run_stage(s); });
-    WorkerPool::instance().run_all(tasks);
+    });
     for (size_t s = 0; s < devices.size(); ++s) done[s].block(current_stream(devices[s]));
     recorder->add_window(start, recorder->now());
     if (!error.empty()) MG_FAIL("{}", error);

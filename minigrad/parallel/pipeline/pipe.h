@@ -100,7 +100,6 @@ class Pipe : public nn::Module {
   struct Run;
   class Backward;
   std::shared_ptr<Run> start_run(const Tensor& input, bool training);
-  void execute(Run& run, Pass only, bool interleaved);
   void plan_if_needed(const Tensor& input);
 
   std::vector<Device> devices_;

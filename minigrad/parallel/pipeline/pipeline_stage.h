@@ -31,7 +31,7 @@
 #include <memory>
 
 #include <minigrad/nn/module.h>
-#include <minigrad/parallel/distributed/process_group.h>
+#include <minigrad/parallel/c10d/process_group.h>
 #include <minigrad/parallel/pipeline/schedule.h>
 #include <minigrad/parallel/pipeline/stage_runner.h>
 #include <minigrad/parallel/pipeline/timeline.h>

@@ -64,7 +64,7 @@ bool StageRunner::checkpointed(int64_t j) const {
 }
 
 Tensor StageRunner::run_forward(int64_t j, const Tensor& input, Tensor& output) {
-  output = module_->forward(input);
+  output = (*module_)(input);
   if (!options_.last || !loss_fn_) return output;
   const Tensor loss = loss_fn_(output, targets_[static_cast<size_t>(j)]);
   MG_CHECK(loss.defined() && loss.numel() == 1,

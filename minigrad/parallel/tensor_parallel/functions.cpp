@@ -43,7 +43,7 @@ Tensor gather_last(const Tensor& x, TensorParallelGroup& group, const char* op) 
 Tensor copy_to_parallel(const Tensor& x, const TensorParallelGroupPtr& group) {
   check_group(group, x, "copy_to_parallel");
   if (group->size() == 1) return x;
-  Tensor out = x.detach();  // the same values, a tensor of its own to carry the node
+  Tensor out = alias_for_node(x);
   record_function("CopyToParallelBackward", {x}, {out}, [group](const BackwardArgs& g) {
     return std::vector<Tensor>{group->all_reduce(g.grad())};
   });

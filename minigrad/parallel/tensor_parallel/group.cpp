@@ -2,7 +2,7 @@
 
 #include <minigrad/core/ops.h>
 #include <minigrad/core/profiler.h>
-#include <minigrad/parallel/distributed/process_group.h>
+#include <minigrad/parallel/c10d/process_group.h>
 
 namespace mg::parallel {
 

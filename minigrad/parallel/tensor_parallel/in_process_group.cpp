@@ -7,7 +7,8 @@
 #include <fmt/ranges.h>
 
 #include <minigrad/core/stream.h>
-#include <minigrad/parallel/communicator.h>
+#include <minigrad/parallel/devices/communicator.h>
+#include <minigrad/parallel/devices/device_list.h>
 
 namespace mg::parallel {
 namespace {

@@ -10,10 +10,11 @@
 #include <minigrad/core/ops.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/parallel/comm.h>
-#include <minigrad/parallel/communicator.h>
+#include <minigrad/parallel/devices/communicator.h>
+#include <minigrad/parallel/devices/device_list.h>
+#include <minigrad/parallel/devices/run_per_device.h>
+#include <minigrad/parallel/devices/transfer.h>
 #include <minigrad/parallel/tensor_parallel/layers.h>
-#include <minigrad/parallel/transfer.h>
-#include <minigrad/parallel/worker_pool.h>
 
 namespace mg::parallel {
 namespace {
@@ -22,44 +23,19 @@ namespace {
 // and the caller's stream there current and the caller's grad mode. The first rank to
 // fail aborts the group, so that the others leave their collectives, and its error is
 // the one re-thrown.
-void run_ranks(InProcessGroup& group, const std::function<void(int)>& body) {
-  const int n = group.size();
-  const bool grad_enabled = GradMode::is_enabled();
+void run_ranks(InProcessGroup& group, const std::function<void(size_t)>& body) {
   std::vector<Stream> streams;
   for (const Device& d : group.devices()) streams.push_back(current_stream(d));
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-  std::atomic<int> first_failure{-1};
-  auto rank_main = [&](int r) {
-    try {
-      DeviceGuard device_guard(group.devices()[static_cast<size_t>(r)]);
-      StreamGuard stream_guard(streams[static_cast<size_t>(r)]);
-      AutoGradMode grad_mode(grad_enabled);
-      body(r);
-    } catch (const std::exception& e) {
-      errors[static_cast<size_t>(r)] = std::current_exception();
-      int none = -1;
-      first_failure.compare_exchange_strong(none, r);
-      group.abort(fmt::format(
-          "rank {} on {} failed: {}", r, group.devices()[static_cast<size_t>(r)], e.what()));
-    }
-  };
-  if (n == 1) {
-    rank_main(0);
-  } else {
-    // parallel_apply's pool: a long-lived thread per rank, all running at once (a rank
-    // waits in each collective for all the others, so none may wait for a free thread).
-    std::vector<std::function<void()>> tasks;
-    for (int r = 0; r < n; ++r) tasks.emplace_back([&rank_main, r] { rank_main(r); });
-    WorkerPool::instance().run_all(tasks);
-  }
-  const int failed = first_failure.load();
-  if (failed < 0) return;
-  group.clear_abort();
   try {
-    std::rethrow_exception(errors[static_cast<size_t>(failed)]);
-  } catch (const std::exception& e) {
-    MG_FAIL("TensorParallel: rank {} on {} failed: {}", failed,
-            group.devices()[static_cast<size_t>(failed)], e.what());
+    run_per_device(
+        group.devices(), streams, "TensorParallel: rank",
+        body,
+        [&](size_t r, const std::string& what) {
+          group.abort(fmt::format("rank {} on {} failed: {}", r, group.devices()[r], what));
+        });
+  } catch (...) {
+    group.clear_abort();
+    throw;
   }
 }
 
@@ -109,27 +85,27 @@ class TensorParallelBackward final : public Node {
              "TensorParallel: backward through the region a second time (its graph was freed "
              "by the first backward); pass retain_graph=true to the first backward()");
     const Tensor& grad = grad_outputs[0];
-    const int n = group_->size();
+    const size_t n = group_->devices().size();
     // Each rank's gradient: the whole of it (Replicate) or its slice (Shard).
-    std::vector<Tensor> rank_grads(static_cast<size_t>(n));
+    std::vector<Tensor> rank_grads(n);
     int64_t offset = 0;
-    for (int r = 0; r < n; ++r) {
-      const RankState& s = ranks_[static_cast<size_t>(r)];
-      const Device device = group_->devices()[static_cast<size_t>(r)];
+    for (size_t r = 0; r < n; ++r) {
+      const RankState& s = ranks_[r];
+      const Device device = group_->devices()[r];
       Tensor piece = grad;
       if (output_placement_ == Placement::Shard) {
         const int64_t width = s.output.size(-1);
         piece = ops::narrow(grad, grad.dim() - 1, offset, width);
         offset += width;
       }
-      rank_grads[static_cast<size_t>(r)] = copy_to_device(piece, device);
+      rank_grads[r] = copy_to_device(piece, device);
     }
     // Retained: a later backward with retain_graph (the caller's) may come through again;
     // release_saved() frees the ranks' graphs otherwise.
-    run_ranks(*group_, [&](int r) {
-      const RankState& s = ranks_[static_cast<size_t>(r)];
+    run_ranks(*group_, [&](size_t r) {
+      const RankState& s = ranks_[r];
       if (s.output.requires_grad())
-        run_backward({s.output}, {rank_grads[static_cast<size_t>(r)]}, /*retain_graph=*/true);
+        run_backward({s.output}, {rank_grads[r]}, /*retain_graph=*/true);
     });
 
     std::vector<Tensor> grads;
@@ -175,16 +151,16 @@ Tensor tensor_parallel_apply(const std::vector<nn::ModulePtr>& shards,
                              Placement input_placement, Placement output_placement,
                              std::optional<Device> output_device) {
   MG_CHECK(group != nullptr, "tensor_parallel_apply: the group is null");
-  const int n = group->size();
-  MG_CHECK(static_cast<int>(shards.size()) == n,
+  const size_t n = group->devices().size();
+  MG_CHECK(shards.size() == n,
            "tensor_parallel_apply: got {} shards for a group of {} ranks ({}); expected one per "
            "rank",
            shards.size(), n, device_list_str(group->devices()));
   MG_CHECK(input.defined(), "tensor_parallel_apply: the input is undefined");
-  for (int r = 0; r < n; ++r) {
-    MG_CHECK(shards[static_cast<size_t>(r)] != nullptr, "tensor_parallel_apply: shard {} is null", r);
-    const Device device = group->devices()[static_cast<size_t>(r)];
-    for (const auto& [name, p] : shards[static_cast<size_t>(r)]->named_parameters())
+  for (size_t r = 0; r < n; ++r) {
+    MG_CHECK(shards[r] != nullptr, "tensor_parallel_apply: shard {} is null", r);
+    const Device device = group->devices()[r];
+    for (const auto& [name, p] : shards[r]->named_parameters())
       MG_CHECK(p.device() == device,
                "tensor_parallel_apply: parameter '{}' of rank {} is on {}, but rank {} runs on {}",
                name, r, p.device(), r, device);
@@ -202,39 +178,39 @@ Tensor tensor_parallel_apply(const std::vector<nn::ModulePtr>& shards,
   // Each rank's input is a copy on its device, and in a recorded region each rank's
   // module runs on aliases of its parameters: leaves of the rank's own graph, whose
   // gradients the node hands on (as replicate's replicas do).
-  std::vector<RankState> ranks(static_cast<size_t>(n));
+  std::vector<RankState> ranks(n);
   std::vector<nn::ModulePtr> modules = shards;
-  for (int r = 0; r < n; ++r) {
-    RankState& s = ranks[static_cast<size_t>(r)];
-    const Device device = group->devices()[static_cast<size_t>(r)];
+  for (size_t r = 0; r < n; ++r) {
+    RankState& s = ranks[r];
+    const Device device = group->devices()[r];
     {
       NoGradGuard no_grad;
-      s.input = copy_to_device(piece_of(input, input_placement, r, n), device);
+      s.input = copy_to_device(piece_of(input, input_placement, static_cast<int>(r), static_cast<int>(n)), device);
     }
     if (record && input.requires_grad()) s.input.set_requires_grad(true);
     if (!record) continue;
-    nn::ModulePtr replica = shards[static_cast<size_t>(r)]->shallow_clone();
-    for (const auto& [name, p] : shards[static_cast<size_t>(r)]->named_parameters()) {
+    nn::ModulePtr replica = shards[r]->shallow_clone();
+    for (const auto& [name, p] : shards[r]->named_parameters()) {
       if (!p.requires_grad()) continue;
       Tensor alias = p.detach();
       alias.set_requires_grad(true);
       replica->set_parameter(name, alias);
       s.aliases.push_back(alias);
     }
-    modules[static_cast<size_t>(r)] = replica;
+    modules[r] = replica;
   }
 
-  run_ranks(*group, [&](int r) {
-    RankState& s = ranks[static_cast<size_t>(r)];
-    s.output = modules[static_cast<size_t>(r)]->forward(s.input);
+  run_ranks(*group, [&](size_t r) {
+    RankState& s = ranks[r];
+    s.output = (*modules[r])(s.input);
   });
 
   std::vector<Tensor> outputs;
   for (const RankState& s : ranks) outputs.push_back(s.output);
-  for (int r = 1; r < n; ++r)
-    MG_CHECK(outputs[static_cast<size_t>(r)].dim() == outputs[0].dim(),
+  for (size_t r = 1; r < n; ++r)
+    MG_CHECK(outputs[r].dim() == outputs[0].dim(),
              "tensor_parallel_apply: rank {} returned shape {}, rank 0 returned {}", r,
-             outputs[static_cast<size_t>(r)].shape(), outputs[0].shape());
+             outputs[r].shape(), outputs[0].shape());
   Tensor out;
   {
     NoGradGuard no_grad;

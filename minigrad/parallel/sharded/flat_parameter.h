@@ -1,0 +1,124 @@
+// FlatParameter: a group of parameters laid end to end in one flat buffer, split into
+// world_size equal shards, one per rank. Every ZeRO stage and FSDP build on it.
+//
+//   parameters   w0 [2, 3]        b0 [2]   w1 [1, 2]            Ψ = 10 elements
+//   flat buffer  |0 1 2 3 4 5    |6 7     |8 9     |pad pad|     padded to 12 = 4 x 3
+//   4 ranks      |rank 0 |rank 1 |rank 2  |rank 3  |             shard = ceil(10 / 4) = 3
+//                 w0[0:3] w0[3:6] b0, w1[0] w1[1], 2 padding
+//
+// Shards are equal so that reduce_scatter and all_gather move equal blocks; the padding
+// at the end (zeros, with zero gradients) makes up the difference. A shard boundary can
+// fall inside a tensor (w0 above), and with few elements a rank's shard can be all
+// padding (Ψ = 5 on 4 ranks: shards of 2, rank 3 holds only padding).
+//
+// The parameters themselves are made views of the flat buffer (Tensor::set_data), so the
+// module keeps reading them as before, and one collective fills them all:
+//   all_gather(full, shard): every rank's shard lands in its slot of every rank's full;
+//   reduce_scatter(shard_grad, flat_grads): rank r gets the average over the ranks of
+//     elements [r*S, (r+1)*S) of the flattened gradients: its shard of the gradient.
+//
+// Two ways to hold the shard:
+//   ShardStorage::ViewOfFull (ZeRO-1/2): every rank keeps the whole flat buffer; the
+//     shard is a view of its own slot, so an optimizer stepping the shard updates the
+//     parameters' slot in place, and the all-gather fills in the others' slots.
+//   ShardStorage::Separate (FSDP): the shard has memory of its own; the flat buffer is
+//     allocated only while a unit runs (allocate_full + all_gather) and freed after
+//     (free_full), keeping its storage block so that the parameter views (and what
+//     autograd saved of them) stay valid across the gap.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <minigrad/core/tensor.h>
+#include <minigrad/parallel/c10d/process_group.h>
+
+namespace mg::parallel {
+
+// Where each parameter sits in the flat buffer and which part of it each rank holds:
+// plain arithmetic, checked for overflow.
+struct ShardLayout {
+  int world_size = 1;
+  std::vector<int64_t> numels;   // each parameter's elements
+  std::vector<int64_t> offsets;  // where each parameter starts in the flat buffer
+  int64_t numel = 0;             // Ψ: the parameters' elements, without padding
+  int64_t shard_numel = 0;       // ceil(Ψ / world_size): every rank's shard, padding included
+
+  int64_t padded_numel() const { return shard_numel * world_size; }
+  int64_t shard_begin(int rank) const { return shard_numel * rank; }
+  // How many elements of rank's shard are parameters (the rest is padding).
+  int64_t real_numel(int rank) const;
+
+  // A contiguous piece of one parameter inside one rank's shard.
+  struct Piece {
+    size_t param;          // index into numels
+    int64_t param_offset;  // first element, counted in the flattened parameter
+    int64_t shard_offset;  // where it sits in the shard
+    int64_t numel;
+  };
+  // The pieces of rank's shard, in flat order (none for a shard of padding alone).
+  std::vector<Piece> pieces(int rank) const;
+};
+
+// mg::Error for a world size below 1 or a negative size; sums are overflow-checked.
+ShardLayout make_shard_layout(const std::vector<int64_t>& numels, int world_size);
+
+enum class ShardStorage { ViewOfFull, Separate };
+
+class FlatParameter {
+ public:
+  // Moves `params` (float32 leaves on one device) into a new flat buffer, copying their
+  // values, and makes each a view of its slot. `indices` are the parameters' positions
+  // among the trainable parameters of the whole model (for state dicts: optimizer state
+  // "<name>.<index>"). With ShardStorage::Separate the flat buffer is freed once the
+  // shard has been copied out of it.
+  FlatParameter(std::vector<Tensor> params, std::vector<size_t> indices, int rank,
+                int world_size, ShardStorage storage);
+  FlatParameter(const FlatParameter&) = delete;
+  FlatParameter& operator=(const FlatParameter&) = delete;
+
+  const ShardLayout& layout() const { return layout_; }
+  const std::vector<Tensor>& params() const { return params_; }
+  const std::vector<size_t>& indices() const { return indices_; }
+  int rank() const { return rank_; }
+
+  // The whole flat buffer (layout().padded_numel() elements); the parameters are views
+  // of it. With ShardStorage::Separate its memory exists only between allocate_full()
+  // and free_full().
+  const Tensor& full() const { return full_; }
+  // This rank's shard ([shard_numel]): a leaf that requires grad, the tensor an
+  // optimizer steps. Its .grad is this rank's shard of the averaged gradient.
+  const Tensor& shard() const { return shard_; }
+
+  // ---- ShardStorage::Separate: the flat buffer's memory ----
+  bool full_is_allocated() const { return full_.storage().nbytes() > 0; }
+  void allocate_full();  // fresh memory, contents undefined until gathered
+  void free_full();
+
+  // Starts filling full() with every rank's shard (this rank's included).
+  std::shared_ptr<Work> all_gather(ProcessGroup& group) const;
+
+  // Parameter k's slot in `flat`, any tensor laid out as full() is, shaped like the
+  // parameter: where its gradient goes in the flat gradients, its state in a flat state.
+  Tensor slot(const Tensor& flat, size_t k) const;
+  // An uninitialised tensor laid out as full(), with its padding zeroed: to be filled
+  // slot by slot (the gradients before their reduce_scatter).
+  Tensor new_flat() const;
+  // This rank's shard of the parameters' gradients (as flatten_grads() sliced, without
+  // building the whole of it): ZeRO-1, where every rank holds the averaged gradients.
+  Tensor shard_of_grads() const;
+  // Copies this rank's slice of `flat` (a full-sized flat tensor) into the shard.
+  void load_shard_from_full(const Tensor& flat);
+
+ private:
+  std::vector<Tensor> params_;
+  std::vector<size_t> indices_;
+  int rank_;
+  ShardLayout layout_;
+  Tensor full_;
+  Tensor shard_;
+};
+
+}  // namespace mg::parallel
