@@ -12,6 +12,7 @@
 #include <minigrad/core/dtype.h>
 #include <minigrad/core/error.h>
 #include <minigrad/core/generator.h>
+#include <minigrad/core/profiler.h>
 #include <minigrad/core/shape.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/core/tensor.h>
@@ -32,17 +33,24 @@
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/nn/serialize.h>
 #include <minigrad/nn/utils/clip_grad.h>
+#include <minigrad/parallel/c10d/launch_environment.h>
+#include <minigrad/parallel/c10d/store/store.h>
+#include <minigrad/parallel/c10d/store/torch_store_client.h>
 #include <minigrad/parallel/comm.h>
 #include <minigrad/parallel/communicator.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/device_list.h>
 #include <minigrad/parallel/distributed/device_mesh.h>
 #include <minigrad/parallel/distributed/distributed_data_parallel.h>
+#include <minigrad/parallel/distributed/fully_sharded_data_parallel.h>
 #include <minigrad/parallel/distributed/process_group.h>
 #include <minigrad/parallel/distributed/process_group_gloo.h>
 #include <minigrad/parallel/distributed/process_group_nccl.h>
 #include <minigrad/parallel/distributed/rendezvous.h>
+#include <minigrad/parallel/distributed/sharded_grad_norm.h>
+#include <minigrad/parallel/distributed/sharded_state.h>
 #include <minigrad/parallel/distributed/tcp_store.h>
+#include <minigrad/parallel/distributed/zero_redundancy_optimizer.h>
 #include <minigrad/parallel/gather.h>
 #include <minigrad/parallel/parallel_apply.h>
 #include <minigrad/parallel/pipeline/balance.h>
@@ -50,9 +58,9 @@
 #include <minigrad/parallel/pipeline/pipeline_stage.h>
 #include <minigrad/parallel/replicate.h>
 #include <minigrad/parallel/scatter.h>
+#include <minigrad/parallel/tensor_parallel/clip_grad.h>
 #include <minigrad/parallel/tensor_parallel/functions.h>
 #include <minigrad/parallel/tensor_parallel/group.h>
 #include <minigrad/parallel/tensor_parallel/in_process_group.h>
 #include <minigrad/parallel/tensor_parallel/layers.h>
 #include <minigrad/parallel/tensor_parallel/tensor_parallel.h>
-// The whole user API of minigrad in one include.

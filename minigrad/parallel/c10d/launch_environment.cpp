@@ -51,19 +51,19 @@ bool read_bool(const Getenv& getenv, const char* name) {
 }
 
 // Rank and size as each launcher would have them; they must agree where both are set.
-struct Placement {
+struct LauncherRanks {
   const char* rank_var;
   const char* size_var;
   Launcher launcher;
 };
-constexpr Placement kOpenMPI{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", Launcher::OpenMPI};
-constexpr Placement kSlurm{"SLURM_PROCID", "SLURM_NTASKS", Launcher::Slurm};
+constexpr LauncherRanks kOpenMPI{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", Launcher::OpenMPI};
+constexpr LauncherRanks kSlurm{"SLURM_PROCID", "SLURM_NTASKS", Launcher::Slurm};
 
 // RANK/WORLD_SIZE beside another launcher's rank and size. A launcher per node (torchrun
 // or minigrad-run under srun) gives a different world size: that nests, fine. The same
 // size with another rank is a contradiction (`mpirun -x RANK=0` hands every rank RANK=0).
 void check_agrees(const Getenv& getenv, const LaunchEnvironment& env, const char* rank_var,
-                  const char* size_var, const Placement& other) {
+                  const char* size_var, const LauncherRanks& other) {
   if (!is_set(getenv, other.rank_var) || !is_set(getenv, other.size_var)) return;
   const int other_rank = read_int(getenv, other.rank_var, nullptr, 0, kMaxInt);
   const int other_size = read_int(getenv, other.size_var, nullptr, 1, kMaxInt);

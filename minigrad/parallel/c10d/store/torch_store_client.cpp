@@ -104,6 +104,12 @@ std::string TorchStoreClient::where() const {
                      options_.run_id, host_, port_, protocol_name(options_.protocol));
 }
 
+// PyTorch's client puts "/" before every key (TCPStore's keyPrefix_); so do we, so that
+// a key set here is the key a PyTorch client names.
+std::string TorchStoreClient::wire_key(const std::string& key) const {
+  return "/" + options_.key_prefix + key;
+}
+
 uint8_t TorchStoreClient::code(uint8_t legacy) const {
   return options_.protocol == TorchStoreProtocol::Validated ? static_cast<uint8_t>(legacy + 1)
                                                             : legacy;
@@ -179,7 +185,7 @@ void TorchStoreClient::set(const std::string& key, const std::string& value) {
   std::lock_guard<std::mutex> lock(mutex_);
   check_usable("set");
   Request r(code(kSet));
-  r.str(options_.key_prefix + key).str(value);
+  r.str(wire_key(key)).str(value);
   send(r, "set", quoted_keys({key}));
 }
 
@@ -188,7 +194,7 @@ void TorchStoreClient::wait_locked(const std::vector<std::string>& keys,
                                    const std::string& what) {
   Request r(code(kWait));
   r.u64(keys.size());
-  for (const std::string& key : keys) r.str(options_.key_prefix + key);
+  for (const std::string& key : keys) r.str(wire_key(key));
   send(r, op, what);
   uint8_t reply = 0xff;
   receive(&reply, 1, deadline_after(timeout), timeout, op, what);
@@ -204,7 +210,7 @@ std::string TorchStoreClient::get(const std::string& key, std::chrono::milliseco
   // A GET of a missing key makes the server drop the connection: wait for it first.
   wait_locked({key}, timeout, "get", what);
   Request r(code(kGet));
-  r.str(options_.key_prefix + key);
+  r.str(wire_key(key));
   send(r, "get", what);
   const auto deadline = deadline_after(options_.timeout);
   unsigned char header[8];
@@ -224,7 +230,7 @@ int64_t TorchStoreClient::add(const std::string& key, int64_t delta) {
   check_usable("add");
   const std::string what = quoted_keys({key});
   Request r(code(kAdd));
-  r.str(options_.key_prefix + key).u64(static_cast<uint64_t>(delta));
+  r.str(wire_key(key)).u64(static_cast<uint64_t>(delta));
   send(r, "add", what);
   unsigned char reply[8];
   receive(reply, sizeof(reply), deadline_after(options_.timeout), options_.timeout, "add", what);
@@ -237,7 +243,7 @@ bool TorchStoreClient::check(const std::vector<std::string>& keys) {
   const std::string what = quoted_keys(keys);
   Request r(code(kCheck));
   r.u64(keys.size());
-  for (const std::string& key : keys) r.str(options_.key_prefix + key);
+  for (const std::string& key : keys) r.str(wire_key(key));
   send(r, "check", what);
   uint8_t reply = 0xff;
   receive(&reply, 1, deadline_after(options_.timeout), options_.timeout, "check", what);

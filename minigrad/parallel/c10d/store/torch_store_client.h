@@ -19,7 +19,9 @@
 // the key first, as PyTorch's client does. Every read is bounded (a value longer than
 // max_value_bytes is refused before it is read) and timed; after a timeout or a
 // malformed reply the connection is out of step, so it is closed and later calls fail
-// naming the first failure. Keys are put under key_prefix, apart from the agent's own.
+// naming the first failure. Keys are put under key_prefix, apart from the agent's own,
+// and, as PyTorch's client does, under "/": key "k" with prefix "p/" is "/p/k" on the
+// wire, which a PyTorch client names "p/k".
 #pragma once
 
 #include <chrono>
@@ -91,6 +93,7 @@ class TorchStoreClient : public Store {
   void wait_locked(const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
                    const char* op, const std::string& what);
   uint8_t code(uint8_t legacy) const;
+  std::string wire_key(const std::string& key) const;
   void check_usable(const char* op) const;
   [[noreturn]] void fail(const std::string& text);
   std::string where() const;
