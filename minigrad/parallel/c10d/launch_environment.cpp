@@ -227,6 +227,14 @@ LaunchEnvironment LaunchEnvironment::from_environment() {
   return from([](const char* name) { return std::getenv(name); });
 }
 
+bool in_launched_job() {
+  for (const char* name : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && *value != '\0') return true;
+  }
+  return false;
+}
+
 std::string first_host_of_nodelist(const std::string& nodelist) {
   MG_CHECK(!nodelist.empty() && nodelist.size() <= 65536,
            "node list of {} characters: expected 1 to 65536", nodelist.size());

@@ -58,6 +58,11 @@ struct LaunchEnvironment {
   static LaunchEnvironment from(const std::function<const char*(const char*)>& getenv);
 };
 
+// Whether a launcher started this process as a rank of a job: RANK (torchrun,
+// minigrad-run), OMPI_COMM_WORLD_RANK (mpirun) or SLURM_PROCID (srun) is set. Programs
+// that also run alone ask this before init_process_group.
+bool in_launched_job();
+
 // The first host of a Slurm node list in its compressed form: "node[01-04],gpu7" ->
 // "node01", "rack[2-3]-n[5,7]" -> "rack2-n5". A malformed list is an mg::Error naming it.
 std::string first_host_of_nodelist(const std::string& nodelist);
