@@ -355,6 +355,45 @@ TEST_CASE("TorchStoreClient: a value longer than the limit is refused from its l
                                                         "earlier failure (rank 3"));
 }
 
+TEST_CASE("TorchStoreClient: bad arguments, a silent server and a closing one are clear errors") {
+  TorchStoreClientOptions options;
+  options.timeout = std::chrono::milliseconds(300);
+  options.rank = 2;
+  REQUIRE_THROWS_WITH(TorchStoreClient("", 29500, options), MG_CONTAINS("empty host name (rank 2)"));
+  REQUIRE_THROWS_WITH(TorchStoreClient("127.0.0.1", 0, options),
+                      MG_CONTAINS("port 0 is outside [1, 65535] (rank 2)"));
+  options.max_value_bytes = 10;
+  REQUIRE_THROWS_WITH(TorchStoreClient("127.0.0.1", 1, options),
+                      MG_CONTAINS("max_value_bytes 10 is below 1024"));
+  options.max_value_bytes = 1 << 20;
+  {
+    // Accepts, reads the first request and never answers: not a PyTorch store.
+    FakeServer silent(1, [&](int fd, int) {
+      read_bytes(fd, 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    });
+    REQUIRE_THROWS_WITH(TorchStoreClient("127.0.0.1", silent.port(), options),
+                        MG_CONTAINS(fmt::format("TorchStoreClient (rank 2): the store at "
+                                                "127.0.0.1:{} did not answer within 0.3 s; is "
+                                                "MASTER_PORT a PyTorch TCPStore",
+                                                silent.port())));
+  }
+  {
+    // Answers the probe, then goes away while the client waits.
+    FakeServer leaving(1, [&](int fd, int) {
+      read_bytes(fd, 1);
+      write_bytes(fd, u64(0));
+      read_bytes(fd, 1);
+    });
+    options.timeout = std::chrono::seconds(10);
+    TorchStoreClient client("127.0.0.1", leaving.port(), options);
+    REQUIRE_THROWS_WITH(client.wait({"k"}),
+                        MG_CONTAINS("TorchStoreClient::wait of key 'k': the store closed the "
+                                    "connection (rank 2, job 'default', PyTorch store at "
+                                    "127.0.0.1:"));
+  }
+}
+
 // ---- against PyTorch's own TCPStore server ----
 
 namespace {

@@ -75,3 +75,11 @@ TEST_CASE("tensor-parallel clip_grad_norm_ in one process: the plain model's nor
     }
   }
 }
+
+TEST_CASE("tensor-parallel clip_grad_norm_: a null group and a negative max_norm are errors") {
+  Twins t = backward_both(2);
+  REQUIRE_THROWS_WITH(parallel::clip_grad_norm_(*t.tp->shard(0), nullptr, 1.0),
+                      MG_CONTAINS("tensor-parallel clip_grad_norm_: the group is null"));
+  REQUIRE_THROWS_WITH(parallel::clip_grad_norm_(*t.tp, -1.0),
+                      MG_CONTAINS("clip_grad_norm_: max_norm must be >= 0, got -1"));
+}

@@ -21,7 +21,7 @@ constexpr uint8_t kSet = 0, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5, kGetNumKe
 constexpr uint8_t kValidate = 0;
 constexpr uint32_t kValidationMagic = 0x3C85F7CE;
 constexpr uint8_t kReady = 0, kNotReady = 1, kStopWaiting = 0;
-// How long Auto waits for a legacy answer before deciding the server does not speak it.
+// How long connecting waits for the answer to its first request (at most the timeout).
 constexpr std::chrono::milliseconds kProbeTimeout{10000};
 
 Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
@@ -93,7 +93,8 @@ TorchStoreClient::TorchStoreClient(std::string host, int port, TorchStoreClientO
   std::lock_guard<std::mutex> lock(mutex_);
   send(Request(code(kGetNumKeys)), "connect", "the number of keys");
   unsigned char reply[8];
-  receive(reply, sizeof(reply), deadline_after(kProbeTimeout), kProbeTimeout, "connect",
+  const auto probe = std::min(options_.timeout, kProbeTimeout);
+  receive(reply, sizeof(reply), deadline_after(probe), probe, "connect",
           "the answer to a validated handshake");
 }
 
@@ -133,14 +134,15 @@ bool TorchStoreClient::probe_legacy() {
   std::lock_guard<std::mutex> lock(mutex_);
   send(Request(kGetNumKeys), "connect", "the number of keys");
   unsigned char reply[8];
+  const auto probe = std::min(options_.timeout, kProbeTimeout);
   const net::RecvStatus status = net::recv_exact(socket_->fd(), reply, sizeof(reply),
-                                                 deadline_after(kProbeTimeout), "TorchStoreClient");
+                                                 deadline_after(probe), "TorchStoreClient");
   if (status == net::RecvStatus::Ok) return true;
   socket_->close();
   MG_CHECK(status == net::RecvStatus::Closed,
            "TorchStoreClient (rank {}): the store at {}:{} did not answer within {:.1f} s; is "
            "MASTER_PORT a PyTorch TCPStore (torchrun's agent)?",
-           options_.rank, host_, port_, seconds(kProbeTimeout));
+           options_.rank, host_, port_, seconds(probe));
   return false;
 }
 
