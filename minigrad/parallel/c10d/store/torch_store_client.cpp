@@ -43,7 +43,7 @@ std::string quoted_keys(const std::vector<std::string>& keys) {
 
 const char* protocol_name(TorchStoreProtocol p) {
   switch (p) {
-    case TorchStoreProtocol::Legacy: return "PyTorch 1.x-2.1";
+    case TorchStoreProtocol::Legacy: return "PyTorch 1.x protocol";
     case TorchStoreProtocol::Validated: return "PyTorch 2.x, validated";
     case TorchStoreProtocol::Auto: break;
   }

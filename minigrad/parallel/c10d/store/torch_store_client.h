@@ -6,11 +6,11 @@
 // query type then its arguments; a string or byte vector is a u64 length then the bytes;
 // integers are native (little-endian) u64/i64; replies are the bare values. Two
 // generations are spoken:
-//   Legacy     PyTorch 1.x up to 2.1 (Debian's 1.13 among them): no handshake;
-//              SET=0 COMPARE_SET=1 GET=2 ADD=3 CHECK=4 WAIT=5 GETNUMKEYS=6
+//   Legacy     PyTorch 1.x and the first 2.x releases (Debian's 1.13 among them): no
+//              handshake; SET=0 COMPARE_SET=1 GET=2 ADD=3 CHECK=4 WAIT=5 GETNUMKEYS=6
 //   Validated  later 2.x: the connection opens with VALIDATE=0 and the u32 magic
 //              0x3C85F7CE, and every later code is one higher (SET=1 ... GETNUMKEYS=7)
-// With Protocol::Auto the client asks GETNUMKEYS in the legacy form first: a legacy
+// With TorchStoreProtocol::Auto the client asks GETNUMKEYS in the legacy form first: a legacy
 // server answers, a validating one drops a connection whose first request is not
 // VALIDATE, and the client reconnects validated. Tested against 1.13's server; the
 // validated form is written from PyTorch's source.
