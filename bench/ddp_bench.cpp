@@ -89,7 +89,7 @@ std::shared_ptr<nn::Sequential> make_model(const std::vector<int64_t>& widths) {
 std::shared_ptr<parallel::ProcessGroup> process_group(std::chrono::milliseconds timeout) {
   parallel::ProcessGroupOptions options;
   options.timeout = timeout;
-  if (std::getenv("RANK") != nullptr) return parallel::init_process_group("gloo", options);
+  if (parallel::in_launched_job()) return parallel::init_process_group("gloo", options);
   parallel::TCPStoreOptions store_options;
   store_options.is_server = true;
   store_options.rank = 0;

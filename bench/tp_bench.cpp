@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
 
   try {
     const std::vector<int64_t> widths = parse_widths(widths_text);
-    const bool distributed = std::getenv("RANK") != nullptr;
+    const bool distributed = parallel::in_launched_job();
 
     // The ranks: this process's shard of a Gloo group, or a thread per device here.
     std::shared_ptr<parallel::ProcessGroup> pg;

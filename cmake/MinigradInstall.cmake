@@ -5,7 +5,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 # The public headers: <minigrad/minigrad.h>, the headers README.md and docs/*.md name
-# (as minigrad/<layer>/<file>.h or <layer>/<file>.h), and everything those include from
+# (as minigrad/<layer>/<file>.h, <layer>/<file>.h or, when unique, <file>.h), and everything those include from
 # minigrad, transitively, so the installed tree is closed under its own includes. The
 # rest (the CPU backend's loops, the CUDA backend's cuBLAS, stream and kernel helpers,
 # the worker pool, sockets) is internal and stays in the source tree.
@@ -20,6 +20,17 @@ function(minigrad_public_headers out_var)
       string(REGEX REPLACE "^minigrad/" "" path "${path}")
       if(path AND EXISTS ${PROJECT_SOURCE_DIR}/minigrad/${path})
         list(APPEND queue minigrad/${path})
+      endif()
+    endforeach()
+    # A header named by its file name alone ("sharded_state.h") counts when exactly one
+    # header under minigrad/ has that name.
+    string(REGEX MATCHALL "[^a-z_/.][a-z_0-9]+\\.h" bare "${text}")
+    foreach(name IN LISTS bare)
+      string(REGEX REPLACE "^[^a-z_]" "" name "${name}")
+      file(GLOB_RECURSE found RELATIVE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/minigrad/*/${name})
+      list(LENGTH found count)
+      if(count EQUAL 1)
+        list(APPEND queue ${found})
       endif()
     endforeach()
   endforeach()

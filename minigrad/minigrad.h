@@ -12,6 +12,7 @@
 #include <minigrad/core/dtype.h>
 #include <minigrad/core/error.h>
 #include <minigrad/core/generator.h>
+#include <minigrad/core/profiler.h>
 #include <minigrad/core/shape.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/core/tensor.h>
@@ -34,10 +35,13 @@
 #include <minigrad/nn/utils/clip_grad.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
 #include <minigrad/parallel/c10d/gloo/process_group_gloo.h>
+#include <minigrad/parallel/c10d/launch_environment.h>
 #include <minigrad/parallel/c10d/nccl/process_group_nccl.h>
 #include <minigrad/parallel/c10d/process_group.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
+#include <minigrad/parallel/c10d/store/store.h>
 #include <minigrad/parallel/c10d/store/tcp_store.h>
+#include <minigrad/parallel/c10d/store/torch_store_client.h>
 #include <minigrad/parallel/comm.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/ddp/distributed_data_parallel.h>
@@ -50,9 +54,13 @@
 #include <minigrad/parallel/pipeline/pipeline_stage.h>
 #include <minigrad/parallel/replicate.h>
 #include <minigrad/parallel/scatter.h>
+#include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
+#include <minigrad/parallel/sharded/sharded_grad_norm.h>
+#include <minigrad/parallel/sharded/sharded_state.h>
+#include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
+#include <minigrad/parallel/tensor_parallel/clip_grad.h>
 #include <minigrad/parallel/tensor_parallel/functions.h>
 #include <minigrad/parallel/tensor_parallel/group.h>
 #include <minigrad/parallel/tensor_parallel/in_process_group.h>
 #include <minigrad/parallel/tensor_parallel/layers.h>
 #include <minigrad/parallel/tensor_parallel/tensor_parallel.h>
-// The whole user API of minigrad in one include.

@@ -43,7 +43,7 @@ struct Options {
 
 // Without minigrad-run's environment: a group of one, this process.
 std::shared_ptr<parallel::ProcessGroup> make_group(const Options& options) {
-  if (std::getenv("WORLD_SIZE") != nullptr) return parallel::init_process_group(options.backend);
+  if (parallel::in_launched_job()) return parallel::init_process_group(options.backend);
   parallel::TCPStoreOptions store_options;
   store_options.is_server = true;
   auto store = std::make_shared<parallel::TCPStore>("127.0.0.1", 0, store_options);

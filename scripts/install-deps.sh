@@ -13,6 +13,7 @@ packages=(
   libfmt-dev catch2 libopenblas-dev zlib1g-dev   # core build and tests
   libcli11-dev nlohmann-json3-dev                 # command lines, checkpoint headers
   libgloo-dev                                     # CPU process groups (DistributedDataParallel)
+  openmpi-bin                                     # mpirun, one of the launchers tested
   dataset-fashion-mnist                           # the data `make train` trains on
   clang libclang-rt-14-dev                        # sanitizer and fuzzing builds
 )

@@ -80,8 +80,8 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
   app.add_option("--plot", options.plot,
                  "Draw the loss and accuracy curves into this SVG, replaced as --save is");
   app.add_flag("--distributed", options.distributed,
-               "One process per device with DistributedDataParallel; start with minigrad-run "
-               "(--batch-size stays the global batch)");
+               "One process per device with DistributedDataParallel; start with minigrad-run, "
+               "torchrun, mpirun or srun (docs/launching.md; --batch-size stays the global batch)");
   app.add_option("--zero", options.zero,
                  "With --distributed: 0 (DistributedDataParallel), or shard over the ranks the "
                  "optimizer state (1), the gradients too (2), the parameters too (3, "

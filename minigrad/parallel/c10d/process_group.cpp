@@ -87,7 +87,7 @@ int ProcessGroup::check_new_group(const std::vector<int>& ranks) const {
   return index;
 }
 
-void ProcessGroup::agree_on_members(TCPStore& store, const std::string& prefix,
+void ProcessGroup::agree_on_members(Store& store, const std::string& prefix,
                                     const std::vector<int>& ranks) const {
   const std::string mine = list(ranks);
   store.set(fmt::format("{}members/{}", prefix, rank_), mine);

@@ -34,7 +34,7 @@
 
 namespace mg::parallel {
 
-class TCPStore;
+class Store;
 
 enum class ReduceOp { Sum, Average };
 const char* reduce_op_name(ReduceOp op);
@@ -159,7 +159,7 @@ class ProcessGroup {
   // For a member of a new sub-group: checks through the store, under the sub-group's
   // keys, that every member was given the same ranks (an mg::Error naming the first one
   // that was not, or that did not arrive within timeout()).
-  void agree_on_members(TCPStore& store, const std::string& prefix,
+  void agree_on_members(Store& store, const std::string& prefix,
                         const std::vector<int>& ranks) const;
   bool check_flat_pair(const char* collective, const Tensor& whole, const char* whole_name,
                        const Tensor& part, const char* part_name, bool average) const;

@@ -1,6 +1,8 @@
-// Rendezvous: how the processes of a job find each other, from the environment
-// variables that torchrun (and minigrad-run) set:
-//   MASTER_ADDR, MASTER_PORT   where rank 0 serves the TCPStore
+// Rendezvous: how the processes of a job find each other, from the environment their
+// launcher sets (launch_environment.h reads it: torchrun, minigrad-run, mpirun, srun):
+//   MASTER_ADDR, MASTER_PORT   where the store is served: by rank 0 (a TCPStore), or
+//                              under torchrun by its agent (TORCHELASTIC_USE_AGENT_STORE;
+//                              every rank a TorchStoreClient)
 //   RANK, WORLD_SIZE           this process's rank among all processes of the job
 //   LOCAL_RANK                 its rank on this machine (which GPU it takes)
 //   LOCAL_WORLD_SIZE           processes on this machine (optional)
@@ -16,34 +18,24 @@
 #include <memory>
 #include <string>
 
+#include <minigrad/parallel/c10d/launch_environment.h>
 #include <minigrad/parallel/c10d/process_group.h>
 #include <minigrad/parallel/c10d/store/tcp_store.h>
 
 namespace mg::parallel {
 
-struct DistributedEnv {
-  std::string master_addr;
-  int master_port = 0;
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  int local_world_size = 1;
-  std::string run_id = "default";
-
-  // Reads the variables above; a missing or invalid one is an mg::Error naming it.
-  static DistributedEnv from_environment();
-  // The same over any lookup (tests pass a map); `getenv` returns null for "unset".
-  static DistributedEnv from(const std::function<const char*(const char*)>& getenv);
-};
+// The environment of this process's job (kept under its older name).
+using DistributedEnv = LaunchEnvironment;
 
 // The store of this job: served by rank 0, joined by every rank (connecting with retry
-// until `timeout`, since rank 0 may start last).
-std::shared_ptr<TCPStore> make_store(const DistributedEnv& env, std::chrono::milliseconds timeout);
+// until `timeout`, since rank 0 may start last); under torchrun with its agent's store
+// (env.use_agent_store), a client of that store for every rank, rank 0 included.
+std::shared_ptr<Store> make_store(const DistributedEnv& env, std::chrono::milliseconds timeout);
 
 // A process group of the backend "gloo" or "nccl" over `store`. An unknown backend, or one
 // minigrad was built without, is an mg::Error that says so.
 std::shared_ptr<ProcessGroup> new_process_group(const std::string& backend,
-                                                std::shared_ptr<TCPStore> store, int rank,
+                                                std::shared_ptr<Store> store, int rank,
                                                 int size, ProcessGroupOptions options = {});
 
 // The whole rendezvous from the environment: reads DistributedEnv, makes the store and

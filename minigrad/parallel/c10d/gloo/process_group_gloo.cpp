@@ -118,7 +118,7 @@ using gloo_detail::seconds_of;
 // under a prefix of its own, so several groups (and NCCL) can share one store.
 class GlooStoreAdapter : public gloo::rendezvous::Store {
  public:
-  GlooStoreAdapter(TCPStore& store, std::string prefix, std::chrono::milliseconds timeout)
+  GlooStoreAdapter(parallel::Store& store, std::string prefix, std::chrono::milliseconds timeout)
       : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
@@ -139,7 +139,7 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   }
 
  private:
-  TCPStore& store_;
+  parallel::Store& store_;
   std::string prefix_;
   std::chrono::milliseconds timeout_;
 };
@@ -245,7 +245,7 @@ void ProcessGroupGloo::Impl::run_worker() {
   }
 }
 
-ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<TCPStore> store, int rank, int size,
+ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size,
                                    ProcessGroupOptions options)
     : ProcessGroup(rank, size), impl_(std::make_unique<Impl>()) {
   MG_CHECK(store != nullptr, "ProcessGroupGloo: store is null (rank {})", rank);

@@ -27,7 +27,7 @@ namespace mg::parallel {
 class ProcessGroupGloo : public ProcessGroup {
  public:
   // Joins the group: every rank calls this with the same store and its own rank.
-  ProcessGroupGloo(std::shared_ptr<TCPStore> store, int rank, int size,
+  ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size,
                    ProcessGroupOptions options = {});
   ~ProcessGroupGloo() override;
 

@@ -112,7 +112,7 @@ class WaiterThreads {
 struct ProcessGroupGloo::Impl {
   int rank = 0;
   int size = 1;
-  std::shared_ptr<TCPStore> store;
+  std::shared_ptr<Store> store;
   std::string prefix;      // this group's keys in the store: "gloo/0/", "gloo/0/sub1/"
   uint64_t subgroups = 0;  // new_group calls so far
   ProcessGroupOptions options;

@@ -367,11 +367,8 @@ class NcclLane {
     const auto left =
         std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
                  std::chrono::milliseconds(1));
-    TCPStoreOptions options;
-    options.timeout = left;
-    options.rank = config_.rank;
-    options.run_id = config_.store->run_id();  // the store refuses a connection of another job
-    TCPStore store(config_.store->host(), config_.store->port(), options);
+    const std::unique_ptr<Store> connection = config_.store->connect_again(left);
+    Store& store = *connection;
     ncclUniqueId id;
     if (sending_) {
       MG_NCCL_CHECK(ncclGetUniqueId(&id));

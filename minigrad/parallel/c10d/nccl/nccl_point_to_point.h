@@ -37,7 +37,7 @@
 namespace mg::parallel::detail {
 
 struct NcclLaneConfig {
-  std::shared_ptr<TCPStore>
+  std::shared_ptr<Store>
       store;           // for its address: every lane meets over a connection of its own
   std::string prefix;  // the group's keys in the store
   int rank = 0;

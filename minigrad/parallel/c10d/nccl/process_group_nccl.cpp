@@ -43,7 +43,7 @@ struct ProcessGroupNccl::Impl {
   int rank = 0;
   int size = 1;
   int device_index = 0;
-  std::shared_ptr<TCPStore> store;
+  std::shared_ptr<Store> store;
   std::string prefix;  // this group's keys in the store: "nccl/0/", "nccl/0/sub1/"
   uint64_t subgroups = 0;  // new_group calls so far
   ProcessGroupOptions options;
@@ -227,13 +227,13 @@ std::string next_group_prefix() {
 
 }  // namespace
 
-ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<TCPStore> store, int rank, int size,
+ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int size,
                                    ProcessGroupOptions options)
     : ProcessGroupNccl(std::move(store), next_group_prefix(), rank, size, options) {}
 
 // Also a sub-group (new_group): its own communicator, made like any group's from a
 // unique id that its rank 0 puts in the store under the sub-group's keys.
-ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<TCPStore> store, std::string prefix, int rank,
+ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, std::string prefix, int rank,
                                    int size, ProcessGroupOptions options)
     : ProcessGroup(rank, size), impl_(std::make_shared<Impl>()) {
   MG_CHECK(store != nullptr, "ProcessGroupNccl: store is null (rank {})", rank);

@@ -35,7 +35,7 @@ class ProcessGroupNccl : public ProcessGroup {
  public:
   // Joins the group on GPU options.device_index (-1: rank modulo the visible GPUs;
   // init_process_group passes LOCAL_RANK).
-  ProcessGroupNccl(std::shared_ptr<TCPStore> store, int rank, int size,
+  ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int size,
                    ProcessGroupOptions options = {});
   ~ProcessGroupNccl() override;
 
@@ -66,7 +66,7 @@ class ProcessGroupNccl : public ProcessGroup {
   struct Impl;  // nccl_process_group.cpp
 
  private:
-  ProcessGroupNccl(std::shared_ptr<TCPStore> store, std::string prefix, int rank, int size,
+  ProcessGroupNccl(std::shared_ptr<Store> store, std::string prefix, int rank, int size,
                    ProcessGroupOptions options);
 
   std::shared_ptr<Impl> impl_;  // shared with Work handles still in flight

@@ -204,8 +204,6 @@ void TCPStore::set(const std::string& key, const std::string& value) {
   request(store::kSet, {key_of(key), value}, options_.timeout, "set", quoted_keys({key}));
 }
 
-std::string TCPStore::get(const std::string& key) { return get(key, options_.timeout); }
-
 std::string TCPStore::get(const std::string& key, std::chrono::milliseconds timeout) {
   std::vector<std::string> reply = request(store::kGet, {key_of(key)}, timeout, "get", quoted_keys({key}));
   MG_CHECK(reply.size() == 1, "TCPStore::get: malformed reply ({})", where());
@@ -230,14 +228,19 @@ bool TCPStore::check(const std::vector<std::string>& keys) {
   return reply[0] == "1";
 }
 
-void TCPStore::wait(const std::vector<std::string>& keys) { wait(keys, options_.timeout); }
-
 void TCPStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   if (keys.empty()) return;
   std::vector<std::string> wire;
   wire.reserve(keys.size());
   for (const std::string& k : keys) wire.push_back(key_of(k));
   request(store::kWait, wire, timeout, "wait", quoted_keys(keys));
+}
+
+std::unique_ptr<Store> TCPStore::connect_again(std::chrono::milliseconds timeout) const {
+  TCPStoreOptions options = options_;
+  options.is_server = false;
+  options.timeout = timeout;
+  return std::make_unique<TCPStore>(host_, port_, options);
 }
 
 }  // namespace mg::parallel

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include <minigrad/parallel/c10d/store/store.h>
 #include <minigrad/parallel/c10d/store/tcp_store_options.h>
 
 namespace mg::parallel {
@@ -47,29 +48,31 @@ class TCPStoreServer;
 // Otherwise an mg::Error naming `origin` (e.g. "MINIGRAD_RUN_ID").
 void check_run_id(const std::string& run_id, const std::string& origin);
 
-class TCPStore {
+class TCPStore : public Store {
  public:
   TCPStore(std::string host, int port, TCPStoreOptions options = {});
-  ~TCPStore();
+  ~TCPStore() override;
   TCPStore(const TCPStore&) = delete;
   TCPStore& operator=(const TCPStore&) = delete;
 
   // Values are byte strings (std::string used as a byte buffer; any bytes are fine).
-  void set(const std::string& key, const std::string& value);
-  std::string get(const std::string& key);
-  std::string get(const std::string& key, std::chrono::milliseconds timeout);
-  int64_t add(const std::string& key, int64_t delta);
-  bool check(const std::vector<std::string>& keys);
-  void wait(const std::vector<std::string>& keys);
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
+  using Store::get;
+  using Store::wait;
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  // A client connection to this store's server, as this rank of this job.
+  std::unique_ptr<Store> connect_again(std::chrono::milliseconds timeout) const override;
 
-  const std::string& host() const { return host_; }
+  const std::string& host() const override { return host_; }
   // The server's port (the one it bound when asked for port 0).
-  int port() const { return port_; }
-  int rank() const { return options_.rank; }
-  const std::string& run_id() const { return options_.run_id; }
-  std::chrono::milliseconds timeout() const { return options_.timeout; }
-  void set_timeout(std::chrono::milliseconds timeout) { options_.timeout = timeout; }
+  int port() const override { return port_; }
+  int rank() const override { return options_.rank; }
+  const std::string& run_id() const override { return options_.run_id; }
+  std::chrono::milliseconds timeout() const override { return options_.timeout; }
+  void set_timeout(std::chrono::milliseconds timeout) override { options_.timeout = timeout; }
   bool is_server() const { return server_ != nullptr; }
 
  private:
