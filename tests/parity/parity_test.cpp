@@ -62,7 +62,8 @@ std::vector<std::string> rows_failing_with(Fault fault, const std::vector<Config
   return failing;
 }
 
-void require_caught(Fault fault) {
+// Returns what the failing rows said.
+std::vector<std::string> require_caught(Fault fault) {
   REQUIRE(mg::testing::active_fault() == Fault::None);
   const std::vector<std::string> failing = rows_failing_with(fault, rows_of(forms_of(fault)));
   std::string named;
@@ -70,6 +71,7 @@ void require_caught(Fault fault) {
   INFO(fmt::format("fault '{}' made {} row(s) fail:{}", mg::testing::fault_name(fault), failing.size(), named));
   CHECK_FALSE(failing.empty());
   REQUIRE(mg::testing::active_fault() == Fault::None);  // the guard switched it off again
+  return failing;
 }
 
 }  // namespace
@@ -132,7 +134,14 @@ TEST_CASE("parity faults: every fault is off unless a test switches it on") {
 }
 
 TEST_CASE("parity faults: replicas' gradients averaged instead of summed fail a row") {
-  require_caught(Fault::DataParallelGradsAveraged);
+  const std::vector<std::string> failing = require_caught(Fault::DataParallelGradsAveraged);
+  // A failure names the row, the step, the first tensor that diverges and its error: here
+  // the first gradient compared, half of what it should be.
+  REQUIRE_FALSE(failing.empty());
+  CHECK_THAT(failing[0],
+             MG_CONTAINS("MLP, DataParallel (2 CPU replicas), SGD, momentum 0.9, accumulation 1, "
+                         "batch 11, float32, 3 steps: step 0: the gradient of 0.weight diverges "
+                         "first: max relative error 0.5 (element "));
 }
 
 TEST_CASE("parity faults: a pipeline's micro-batch losses summed instead of averaged fail a row") {
