@@ -7,7 +7,8 @@
 // environment variable, no flag of any program turns one on. The library consults the
 // switch at one clearly marked point per fault ("parity fault:" in a comment), outside
 // the weekend's reading path; a forked rank inherits the setting of the process that
-// forked it.
+// forked it. The DataParallel fault sits in the host communicator (CPU replicas), which
+// NCCL's does not share; the others are in code every device runs.
 //
 // It lives in core, not parallel/, because one fault sits in data/ (DistributedSampler),
 // which may not include parallel/.
