@@ -222,7 +222,7 @@ else
   say "training: skipped ($train not built, $dataset missing, or SKIP_TRAIN set)"
 fi
 
-# ---- distributed (owner: parallel/distributed): DDP over real NCCL, and its benchmark ----
+# ---- distributed (owner: parallel/ddp and parallel/c10d): DDP over real NCCL, and its benchmark ----
 # The NCCL tests (tests/cuda/distributed_nccl_test.cpp) ran in ctest above: 2 and 4
 # ranks on this GPU, started by minigrad-run, each process its own NCCL "host"
 # (NCCL_HOSTID) on loopback.

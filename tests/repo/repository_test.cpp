@@ -127,28 +127,79 @@ bool has_word(const std::string& line, const std::string& word) {
   return false;
 }
 
-// Where `name` is first named in the definition that holds line `number` (1-based): the
-// definition opens at the nearest line above that starts at column 0 (a function's or a
-// class's first line; namespaces are not indented here) and comments do not count, so a
-// link to a use of `step` deep inside ZeroRedundancyOptimizer::step is sent to the line
-// that defines it. Returns `number` when no earlier line of the definition names it.
+// Whether `line` defines `name`: a class, struct, enum, alias or macro of that name, or a
+// function whose name follows a type or a qualifier ("void Optimizer::step() {",
+// "Tensor forward(const Tensor& x) override;", "def plan(batch):"), not a call
+// ("opt.step();", "run_action(s, a);", "return step(x);").
+bool defines(const std::string& line, const std::string& name) {
+  const std::regex type_like("(class|struct|enum|using|define)\\s+(class\\s+)?(\\w+::)*" + name + "\\b");
+  if (std::regex_search(line, type_like)) return true;
+  static const std::set<std::string> keywords{"return", "else", "throw", "new", "delete", "case",
+                                              "co_return", "not", "and", "or", "in", "await"};
+  const auto is_ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t at = line.find(name); at != std::string::npos; at = line.find(name, at + 1)) {
+    const size_t end = at + name.size();
+    if ((at > 0 && is_ident(line[at - 1])) || (end < line.size() && is_ident(line[end]))) continue;
+    const size_t paren = line.find_first_not_of(' ', end);
+    if (paren == std::string::npos || line[paren] != '(') continue;
+    size_t before = at;  // skip a qualifier chain "Pipe::Run::"
+    bool qualified = false;
+    while (before >= 2 && line.compare(before - 2, 2, "::") == 0) {
+      qualified = true;
+      before -= 2;
+      while (before > 0 && is_ident(line[before - 1])) --before;
+    }
+    if (qualified && (before == 0 || line[before - 1] == ' ' || line[before - 1] == '\t')) {
+      // "Foo::Foo(" at the start of a line, or after a type
+      if (line.find_first_not_of(" \t") == before) return true;
+    }
+    size_t prev = before;
+    while (prev > 0 && (line[prev - 1] == ' ' || line[prev - 1] == '\t')) --prev;
+    if (prev == 0) continue;  // a call at the start of a statement
+    const char c = line[prev - 1];
+    if (c == '>' && prev >= 2 && line[prev - 2] == '-') continue;  // a->name(: a call
+    if (c == '>' || c == '*' || c == '&') return true;
+    if (!is_ident(c)) continue;
+    size_t word = prev;
+    while (word > 0 && is_ident(line[word - 1])) --word;
+    if (keywords.count(line.substr(word, prev - word)) == 0) return true;
+  }
+  return false;
+}
+
+// Where the definition that holds line `number` (1-based) starts: the nearest line
+// above at column 0 (namespaces are not indented here), or one that opens a function
+// body: it ends with '{' after a parameter list, and is no if/for/while/switch/catch and
+// no lambda or initializer (no '='). Comments and blank lines never count.
+bool is_comment_or_blank(const std::string& l) {
+  const size_t at = l.find_first_not_of(" \t");
+  return at == std::string::npos || l.compare(at, 2, "//") == 0 || l.compare(at, 1, "#") == 0 ||
+         l.compare(at, 2, "/*") == 0 || l.compare(at, 1, "*") == 0;
+}
+bool opens_definition(const std::string& l) {
+  if (!l.empty() && !std::isspace(static_cast<unsigned char>(l[0]))) return true;
+  std::string t = l;
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+  if (t.empty() || t.back() != '{' || t.find(')') == std::string::npos) return false;
+  if (t.find('=') != std::string::npos) return false;
+  static const std::regex control(R"(^\s*(\}\s*)?(if|for|while|switch|catch|else|do|try)\b)");
+  return !std::regex_search(t, control);
+}
+
+// Where `name` is first named in the definition that holds line `number`: the line itself
+// when it defines `name` or no earlier line of its definition names it; otherwise that
+// earlier line (a link to a use of `step` deep inside Optimizer::step is sent to the
+// line that defines it).
 int first_naming_in_definition(const std::vector<std::string>& lines, int number,
                                const std::string& name) {
+  const std::string& linked = lines[static_cast<size_t>(number - 1)];
+  if (defines(linked, name) || opens_definition(linked)) return number;
   int first = number;
-  const auto starts_definition = [](const std::string& l) {
-    return !l.empty() && !std::isspace(static_cast<unsigned char>(l[0]));
-  };
-  const auto is_comment_or_blank = [](const std::string& l) {
-    const size_t at = l.find_first_not_of(" \t");
-    return at == std::string::npos || l.compare(at, 2, "//") == 0 || l.compare(at, 1, "#") == 0 ||
-           l.compare(at, 2, "/*") == 0 || l.compare(at, 1, "*") == 0;
-  };
-  if (starts_definition(lines[static_cast<size_t>(number - 1)])) return number;
   for (int n = number - 1; n >= 1; --n) {
     const std::string& l = lines[static_cast<size_t>(n - 1)];
     if (is_comment_or_blank(l)) continue;
     if (has_word(l, name)) first = n;
-    if (starts_definition(l)) break;
+    if (opens_definition(l)) break;
   }
   return first;
 }
@@ -263,6 +314,15 @@ TEST_CASE("repository: the link checker's rule on a code line") {
       "  opt.step();",                     // 8: the first naming in run()
       "  opt.step();",                     // 9: not the first
       "}"};
+  CHECK(defines("void Optimizer::step() {", "step"));
+  CHECK(defines("  void reply(Client& c, std::string bytes) {", "reply"));
+  CHECK(defines("class Pipe::Backward final : public Node {", "Backward"));
+  CHECK(defines("Pipe::Pipe(std::vector<Device> devices) {", "Pipe"));
+  CHECK(defines("def plan(batch):", "plan"));
+  CHECK_FALSE(defines("  local_->step();", "step"));
+  CHECK_FALSE(defines("  run_action(s, a);", "run_action"));
+  CHECK_FALSE(defines("  return step(x);", "step"));
+  CHECK_FALSE(defines("  auto y = model.forward(x);", "forward"));
   CHECK(first_naming_in_definition(code, 2, "step") == 2);
   CHECK(first_naming_in_definition(code, 4, "step") == 2);
   CHECK(first_naming_in_definition(code, 8, "step") == 8);

@@ -27,7 +27,10 @@ struct FullyShardedDataParallel::Units {
   FSDPOptions options;
   std::vector<Unit> list;
   // The hooks that gather and free each unit around its forward, to remove at the end.
+  // They act only inside FullyShardedDataParallel::forward: the wrapped module called on
+  // its own still finds its parameters freed, and says so.
   std::vector<std::pair<nn::ModulePtr, nn::Module::HookHandle>> hooks;
+  bool in_forward = false;
   std::string failure;             // a gather that failed: the shards can no longer be trusted
   FSDPStats stats;
 
@@ -220,7 +223,7 @@ void FullyShardedDataParallel::register_unit_hooks(const nn::ModulePtr& module, 
   const size_t last = units_->list.size() - 1;
   std::weak_ptr<Units> weak = units_;
   auto gather_before = [weak, u, last](nn::Module&, const Tensor&) {
-    if (auto units = weak.lock()) {
+    if (auto units = weak.lock(); units && units->in_forward) {
       units->unshard(u);
       if (units->options.forward_prefetch && u < last) units->start_gather(u + 1);
     }
@@ -228,7 +231,7 @@ void FullyShardedDataParallel::register_unit_hooks(const nn::ModulePtr& module, 
   };
   auto free_after = [weak, u, last](nn::Module&, const Tensor&, const Tensor& y) {
     std::shared_ptr<Units> units = weak.lock();
-    if (!units) return Tensor();
+    if (!units || !units->in_forward) return Tensor();
     const bool backward_follows = GradMode::is_enabled() && y.requires_grad();
     if (u != last || !backward_follows) units->reshard(u);
     if (!backward_follows) return Tensor();
@@ -256,9 +259,13 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
   reducer_->check("at forward");
   module_->train(is_training());
   units_->reshard_all();
+  units_->in_forward = true;
   try {
-    return (*module_)(input);  // each unit's hooks gather and free it around its forward
+    Tensor out = (*module_)(input);  // each unit's hooks gather and free it around its forward
+    units_->in_forward = false;
+    return out;
   } catch (...) {
+    units_->in_forward = false;
     units_->reshard_all();
     throw;
   }
