@@ -17,7 +17,7 @@ ASAN_BUILD   ?= build-asan
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 20
 
-.PHONY: all deps configure build build-train test test-unit test-sanitize test-fuzz train clean
+.PHONY: all deps configure build build-train test test-unit test-sanitize test-fuzz train parity-docs clean
 
 all: build
 
@@ -64,6 +64,12 @@ test-fuzz: deps
 	      -DMINIGRAD_BUILD_SAMPLES=OFF
 	cmake --build $(FUZZ_BUILD) -j$(JOBS)
 	cd $(FUZZ_BUILD) && ctest --output-on-failure -j$(JOBS) -L fuzz -O ctest-output.log
+
+# docs/parity.md from a run of the parity table (every row, then every fault on every row);
+# tests/repo checks that the page lists the table's rows.
+parity-docs: configure
+	cmake --build $(BUILD) -j$(JOBS) --target test_parity
+	$(BUILD)/bin/test_parity "[write-docs]"
 
 train: build-train
 	$(BUILD)/bin/train_fashion_mnist $(TRAIN_ARGS)

@@ -4,6 +4,7 @@
 
 #include <minigrad/core/checked_math.h>
 #include <minigrad/core/error.h>
+#include <minigrad/core/fault_injection.h>
 
 namespace mg::data {
 
@@ -46,7 +47,10 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
   }
   std::vector<int64_t> shard;
   shard.reserve(static_cast<size_t>(num_samples_));
-  for (int64_t i = rank_; i < static_cast<int64_t>(order.size()); i += world_size_)
+  int64_t first = rank_;
+  // parity fault: rank r starts where its neighbour r - 1 does, so two ranks share a shard.
+  if (testing::fault_is_on(testing::Fault::SamplerRankLikeNeighbour) && first > 0) --first;
+  for (int64_t i = first; i < static_cast<int64_t>(order.size()); i += world_size_)
     shard.push_back(order[static_cast<size_t>(i)]);
   return shard;
 }

@@ -1,5 +1,6 @@
 #include <minigrad/parallel/devices/host_communicator.h>
 
+#include <minigrad/core/fault_injection.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/core/stream.h>
 #include <minigrad/parallel/devices/transfer.h>
@@ -27,6 +28,15 @@ std::vector<std::vector<Tensor>> HostCommunicator::broadcast(const std::vector<T
 std::vector<Tensor> HostCommunicator::reduce_add(const std::vector<std::vector<Tensor>>& per_rank,
                                                  size_t root) {
   check_reduce_add(per_rank, root);
+  std::vector<Tensor> out = sum_to(per_rank, root);
+  // parity fault: the replicas' gradients averaged instead of summed (fault_injection.h).
+  if (testing::fault_is_on(testing::Fault::DataParallelGradsAveraged))
+    for (Tensor& t : out) t = ops::binary_scalar(BinaryOp::Mul, t, 1.0 / static_cast<double>(size()));
+  return out;
+}
+
+std::vector<Tensor> HostCommunicator::sum_to(const std::vector<std::vector<Tensor>>& per_rank,
+                                             size_t root) {
   const Device destination = devices()[root];
   DeviceGuard guard(destination);  // the sums run on the root's current stream
   std::vector<Tensor> out;
@@ -51,7 +61,7 @@ std::vector<Tensor> HostCommunicator::all_reduce(const std::vector<Tensor>& per_
   check_one_per_rank("all_reduce", per_rank);
   std::vector<std::vector<Tensor>> wrapped;
   for (const Tensor& t : per_rank) wrapped.push_back({t});
-  const Tensor sum = reduce_add(wrapped, 0).at(0);
+  const Tensor sum = sum_to(wrapped, 0).at(0);
   std::vector<Tensor> out{size() == 1 ? ops::clone(sum) : sum};
   for (size_t r = 1; r < size(); ++r) out.push_back(copy_to_device(sum, devices()[r]));
   return out;

@@ -16,6 +16,10 @@ class HostCommunicator final : public Communicator {
                                  size_t root) override;
   std::vector<Tensor> all_reduce(const std::vector<Tensor>& per_rank) override;
   std::vector<Tensor> all_gather(const std::vector<Tensor>& per_rank) override;
+
+ private:
+  // The sums of reduce_add (and all_reduce), on devices()[root].
+  std::vector<Tensor> sum_to(const std::vector<std::vector<Tensor>>& per_rank, size_t root);
 };
 
 }  // namespace mg::parallel

@@ -3,6 +3,7 @@
 #include <minigrad/autograd/engine.h>
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/fault_injection.h>
 #include <minigrad/parallel/comm.h>
 
 namespace mg::parallel {
@@ -42,6 +43,8 @@ MicroBatches::MicroBatches(int64_t rows_, int64_t chunks, const char* what) : ro
 }
 
 double MicroBatches::weight(int64_t j) const {
+  // parity fault: every micro-batch's loss weighted 1, i.e. summed instead of averaged.
+  if (testing::fault_is_on(testing::Fault::PipelineLossesSummed)) return 1.0;
   return static_cast<double>(sizes[static_cast<size_t>(j)]) / static_cast<double>(rows);
 }
 

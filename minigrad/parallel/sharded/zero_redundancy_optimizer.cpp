@@ -3,6 +3,7 @@
 #include <unordered_set>
 
 #include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/fault_injection.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/nn/utils/clip_grad.h>
 #include <minigrad/parallel/c10d/bucketing.h>
@@ -131,6 +132,8 @@ void ZeroRedundancyOptimizer::step() {
   std::vector<std::shared_ptr<Work>> works;
   all_gather_bytes_ = 0;
   for (auto& bucket : buckets_) {
+    // parity fault: the all-gather skipped; each rank keeps only its own shard's update.
+    if (testing::fault_is_on(testing::Fault::ZeroAllGatherSkipped)) break;
     works.push_back(bucket->all_gather(*process_group_));
     all_gather_bytes_ += bucket->full().nbytes();
   }

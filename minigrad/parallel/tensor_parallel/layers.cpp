@@ -4,6 +4,7 @@
 
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/fault_injection.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/parallel/tensor_parallel/functions.h>
 
@@ -108,6 +109,9 @@ Tensor RowParallelLinear::forward(const Tensor& input) {
   const Tensor x = input_is_parallel_ ? input : parallel::scatter_to_parallel(input, group_);
   // g: each rank's product is a partial sum over its input features; one all-reduce adds
   // them. The bias is added once, after the sum, so it is not counted n times.
+  // parity fault: the bias added before the all-reduce, so once per rank.
+  if (has_bias_ && testing::fault_is_on(testing::Fault::RowParallelBiasPerRank))
+    return parallel::reduce_from_parallel(linear(x, weight(), bias()), group_);
   const Tensor y = parallel::reduce_from_parallel(linear(x, weight()), group_);
   return has_bias_ ? y + bias() : y;
 }

@@ -1,0 +1,30 @@
+#include <minigrad/core/fault_injection.h>
+
+#include <atomic>
+
+namespace mg::testing {
+
+namespace {
+// Read by worker threads (replicas, stages, tensor-parallel ranks) while a test sets it.
+std::atomic<Fault> g_fault{Fault::None};
+}  // namespace
+
+std::string_view fault_name(Fault fault) {
+  switch (fault) {
+    case Fault::None: return "none";
+    case Fault::DataParallelGradsAveraged: return "DataParallel: replicas' gradients averaged, not summed";
+    case Fault::DdpLastBucketNotReduced: return "DDP: the last bucket never reduced";
+    case Fault::ZeroAllGatherSkipped: return "ZeRO: the all-gather after the step skipped";
+    case Fault::ShardPaddingInArithmetic: return "ZeRO-2/FSDP: a shard's padding in the arithmetic (the clipping norm)";
+    case Fault::PipelineLossesSummed: return "pipeline: micro-batch losses summed, not averaged";
+    case Fault::RowParallelBiasPerRank: return "tensor parallel: the row-parallel bias added once per rank";
+    case Fault::SamplerRankLikeNeighbour: return "DistributedSampler: a rank takes its neighbour's shard";
+  }
+  return "unknown";
+}
+
+Fault active_fault() { return g_fault.load(std::memory_order_relaxed); }
+
+void set_fault(Fault fault) { g_fault.store(fault, std::memory_order_relaxed); }
+
+}  // namespace mg::testing

@@ -1,0 +1,73 @@
+// Deliberate faults for the parity harness (tests/parity), and nothing else.
+//
+// The parity table proves that every form of parallelism takes the single-device step.
+// A proof that cannot fail proves nothing, so the harness switches on one of these
+// faults at a time -- each a small, realistic bug in one form -- and shows that some row
+// of the table then fails. Every fault is OFF unless a test sets it: no build option, no
+// environment variable, no flag of any program turns one on. The library consults the
+// switch at one clearly marked point per fault ("parity fault:" in a comment), outside
+// the weekend's reading path; a forked rank inherits the setting of the process that
+// forked it. The DataParallel fault sits in the host communicator (CPU replicas), which
+// NCCL's does not share; the others are in code every device runs.
+//
+// It lives in core, not parallel/, because one fault sits in data/ (DistributedSampler),
+// which may not include parallel/.
+#pragma once
+
+#include <string_view>
+
+namespace mg::testing {
+
+enum class Fault {
+  None,
+  // DataParallel: the replicas' gradients averaged instead of summed
+  // (HostCommunicator::reduce_add divides the sum by the number of replicas).
+  DataParallelGradsAveraged,
+  // DistributedDataParallel: the last bucket's all-reduce is run on a copy, so its
+  // gradients stay each rank's own (Reducer::launch).
+  DdpLastBucketNotReduced,
+  // ZeRO-1/2: step() never all-gathers the updated shards, so each rank's parameters
+  // keep only its own shard's update (ZeroRedundancyOptimizer::step).
+  ZeroAllGatherSkipped,
+  // ZeRO-2 and FSDP: the padding of the flat gradient buffer is ones, not zeros, so it
+  // counts in the sharded clipping norm (FlatParameter::new_flat).
+  ShardPaddingInArithmetic,
+  // Pipelines: each micro-batch's loss is weighted 1, not rows_j / rows: the micro-batch
+  // losses summed instead of averaged (MicroBatches::weight).
+  PipelineLossesSummed,
+  // Tensor parallelism: RowParallelLinear adds its bias before the all-reduce, so once
+  // per rank (RowParallelLinear::forward).
+  RowParallelBiasPerRank,
+  // DistributedSampler: rank r takes the shard of its neighbour r - 1 (rank 0 its own):
+  // no form seeds a random generator per rank yet, and this is the closest real case of
+  // a per-rank choice that must differ (DistributedSampler::indices).
+  SamplerRankLikeNeighbour,
+};
+
+// Every fault but None, in declaration order.
+inline constexpr Fault kAllFaults[] = {
+    Fault::DataParallelGradsAveraged, Fault::DdpLastBucketNotReduced,
+    Fault::ZeroAllGatherSkipped,      Fault::ShardPaddingInArithmetic,
+    Fault::PipelineLossesSummed,      Fault::RowParallelBiasPerRank,
+    Fault::SamplerRankLikeNeighbour,
+};
+
+std::string_view fault_name(Fault fault);
+
+// The fault switched on in this process (Fault::None unless a test set one).
+Fault active_fault();
+inline bool fault_is_on(Fault fault) { return active_fault() == fault; }
+
+// Switches `fault` on for this process (Fault::None: all off). For tests only.
+void set_fault(Fault fault);
+
+// Switches a fault on for a scope, and off again after it.
+class FaultGuard {
+ public:
+  explicit FaultGuard(Fault fault) { set_fault(fault); }
+  ~FaultGuard() { set_fault(Fault::None); }
+  FaultGuard(const FaultGuard&) = delete;
+  FaultGuard& operator=(const FaultGuard&) = delete;
+};
+
+}  // namespace mg::testing

@@ -1,0 +1,818 @@
+#include "parity/harness.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "parallel/dp_check.h"  // make_mlp, cpus
+#include "parallel/tp_check.h"  // shard_kinds: how parallelize_mlp splits each parameter
+
+#include <minigrad/minigrad.h>
+#include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
+#include <minigrad/parallel/sharded/sharded_grad_norm.h>
+#include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
+
+#ifdef MINIGRAD_WITH_GLOO
+#include "distributed/multiprocess.h"
+#endif
+
+namespace mg::parity {
+
+namespace {
+
+// ---- the model, the data, the optimizers: the same for the plain module and every form ----
+
+// Linear(6,8) ReLU Linear(8,4) ReLU Linear(4,3): 107 parameters, so one flat bucket pads
+// on 2 and on 3 ranks, and so do FSDP's units of 56 (on 3) and 15 (on 2) elements;
+// parallelize_mlp splits the first pair over 2 ranks and leaves the last Linear whole.
+const std::vector<int64_t> kWidths{6, 8, 4, 3};
+constexpr uint64_t kModelSeed = 20240611;
+constexpr double kMaxNorm = 0.05;  // below the gradients' norm: every AdamW step clips (checked)
+
+std::shared_ptr<nn::Sequential> make_model(const Config& c) {
+  MG_CHECK(c.model == "MLP", "parity: no model '{}' yet", c.model);
+  manual_seed(kModelSeed);
+  return std::static_pointer_cast<nn::Sequential>(mg::testing::make_mlp(kWidths));
+}
+
+struct Batch {
+  Tensor x, y;
+};
+
+// The whole batch of step `step`: every process draws the same.
+Batch step_batch(const Config& c, int step) {
+  manual_seed(1000 + static_cast<uint64_t>(step));
+  Tensor x = randn(Shape{c.batch, kWidths.front()});
+  Tensor y = randint(0, kWidths.back(), Shape{c.batch});
+  return {x, y};
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(Optimizer o, std::vector<Tensor> params) {
+  if (o == Optimizer::SGDMomentum)
+    return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions(0.1).momentum(0.9));
+  return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions().lr(0.02));
+}
+
+// n split into `parts` pieces as even as possible, larger first (never fewer pieces).
+std::vector<int64_t> even_split(int64_t n, int64_t parts) {
+  MG_CHECK(n >= parts, "parity: {} rows cannot feed {} pieces", n, parts);
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < parts; ++i) out.push_back(n / parts + (i < n % parts ? 1 : 0));
+  return out;
+}
+
+Batch rows_at(const Batch& b, const std::vector<int64_t>& rows) {
+  const std::vector<float> x = b.x.contiguous().to_vector<float>();
+  const std::vector<int64_t> y = b.y.contiguous().to_vector<int64_t>();
+  const int64_t width = b.x.size(1);
+  std::vector<float> xs;
+  std::vector<int64_t> ys;
+  for (int64_t r : rows) {
+    xs.insert(xs.end(), x.begin() + r * width, x.begin() + (r + 1) * width);
+    ys.push_back(y[static_cast<size_t>(r)]);
+  }
+  const auto n = static_cast<int64_t>(rows.size());
+  return {from_vector(xs, Shape{n, width}), from_vector(ys, Shape{n})};
+}
+
+Batch narrow_rows(const Batch& b, int64_t start, int64_t n) {
+  return {b.x.narrow(0, start, n), b.y.narrow(0, start, n)};
+}
+
+// This data-parallel rank's rows of the step's batch: DistributedSampler's shard when the
+// batch splits evenly (it would pad an uneven one with repeated rows), else a contiguous
+// piece. Either way the ranks' rows together are the batch, each row once.
+Batch data_parallel_rows(const Batch& whole, int rank, int ranks, int step) {
+  const int64_t n = whole.x.size(0);
+  if (n % ranks == 0) {
+    data::DistributedSampler sampler(n, ranks, rank, /*shuffle=*/true, /*seed=*/7);
+    return rows_at(whole, sampler.indices(step));
+  }
+  const std::vector<int64_t> sizes = even_split(n, ranks);
+  int64_t start = 0;
+  for (int r = 0; r < rank; ++r) start += sizes[static_cast<size_t>(r)];
+  return narrow_rows(whole, start, sizes[static_cast<size_t>(rank)]);
+}
+
+// ---- what a form reports ----
+
+enum class CutKind : int32_t { Whole, Rows, Columns, Flat };
+
+// Which piece of the plain module's tensor a reported piece is.
+struct Cut {
+  CutKind kind = CutKind::Whole;
+  int32_t part = 0, parts = 1;  // Rows, Columns: part `part` of `parts` equal ones
+  int64_t offset = 0, numel = 0;  // Flat: elements [offset, offset + numel) of the flattened tensor
+};
+
+// When a piece was reported: after backward, after clipping, after the optimizer step.
+enum Phase : int32_t { kGradient, kClippedGradient, kParameter };
+
+const char* phase_name(int32_t phase) {
+  return phase == kGradient ? "the gradient" : phase == kClippedGradient ? "the clipped gradient" : "the parameter";
+}
+
+struct Piece {
+  std::string holder;  // "" in one process, "rank 1", ...
+  int32_t param = 0;   // index into the plain module's parameters()
+  int32_t phase = kGradient;  // set by train()
+  Cut cut;
+  std::vector<double> values;
+};
+
+struct StepReport {
+  double loss = 0.0;  // this process's share of the batch's loss
+  std::vector<Piece> pieces;
+};
+
+using Report = std::vector<StepReport>;
+
+std::vector<double> values_of(const Tensor& t) {
+  MG_CHECK(t.defined(), "parity: a tensor to report is undefined");
+  const Tensor c = t.detach().contiguous();
+  std::vector<double> out;
+  if (c.dtype() == DType::Float32) {
+    for (float v : c.to_vector<float>()) out.push_back(v);
+  } else {
+    MG_FAIL("parity: cannot report a tensor of dtype {}", c.dtype());
+  }
+  return out;
+}
+
+void report_whole(StepReport& s, const std::string& holder, const std::vector<Tensor>& params,
+                  bool grad) {
+  for (size_t k = 0; k < params.size(); ++k) {
+    Piece p;
+    p.holder = holder;
+    p.param = static_cast<int32_t>(k);
+    p.values = values_of(grad ? params[k].grad() : params[k]);
+    s.pieces.push_back(std::move(p));
+  }
+}
+
+// A tensor-parallel rank's parameters (parallelize_mlp's shards, in the plain order).
+void report_tensor_parallel(StepReport& s, const std::string& holder, const nn::Module& shard,
+                            const std::vector<mg::testing::ShardKind>& kinds, int part, int parts,
+                            bool grad) {
+  const std::vector<Tensor> params = shard.parameters();
+  MG_CHECK(params.size() == kinds.size(), "parity: a shard has {} parameters, the model {}",
+           params.size(), kinds.size());
+  for (size_t k = 0; k < params.size(); ++k) {
+    Piece p;
+    p.holder = holder;
+    p.param = static_cast<int32_t>(k);
+    switch (kinds[k]) {
+      case mg::testing::ShardKind::Rows: p.cut.kind = CutKind::Rows; break;
+      case mg::testing::ShardKind::Columns: p.cut.kind = CutKind::Columns; break;
+      case mg::testing::ShardKind::Whole: p.cut.kind = CutKind::Whole; break;
+    }
+    p.cut.part = part;
+    p.cut.parts = parts;
+    p.values = values_of(grad ? params[k].grad() : params[k]);
+    s.pieces.push_back(std::move(p));
+  }
+}
+
+// This rank's shard of a FlatParameter (a ZeRO bucket, an FSDP unit): its pieces of the
+// parameters, from `shard` (the shard's values or its gradient).
+void report_flat_shard(StepReport& s, const std::string& holder, const parallel::FlatParameter& flat,
+                       const Tensor& shard) {
+  const std::vector<double> v = values_of(shard);
+  for (const parallel::ShardLayout::Piece& piece : flat.layout().pieces(flat.rank())) {
+    Piece p;
+    p.holder = holder;
+    p.param = static_cast<int32_t>(flat.indices()[piece.param]);
+    p.cut.kind = CutKind::Flat;
+    p.cut.offset = piece.param_offset;
+    p.cut.numel = piece.numel;
+    p.values.assign(v.begin() + piece.shard_offset, v.begin() + piece.shard_offset + piece.numel);
+    s.pieces.push_back(std::move(p));
+  }
+}
+
+// ---- the training loop every form runs (the plain module runs it too) ----
+
+// What differs between forms: one micro-step (forward and backward of `b`, whose loss is
+// weighted by `weight`; returns this process's share of the step's loss), the clipping,
+// and what it reports.
+struct Trainer {
+  std::function<Batch(const Batch& whole, int step)> my_rows = [](const Batch& b, int) { return b; };
+  std::function<double(const Batch& b, double weight, bool last_micro_step)> micro_step;
+  // The weight of a micro-step of `rows` rows out of the step's `batch` (this rank's rows).
+  std::function<double(int64_t rows, int64_t batch)> weight = [](int64_t rows, int64_t batch) {
+    return static_cast<double>(rows) / static_cast<double>(batch);
+  };
+  std::function<void()> clip;
+  optim::Optimizer* optimizer = nullptr;
+  std::function<void(StepReport&, bool grad)> report;
+};
+
+Report train(const Config& c, Trainer& t) {
+  Report out;
+  for (int step = 0; step < c.steps; ++step) {
+    StepReport s;
+    t.optimizer->zero_grad();
+    const Batch mine = t.my_rows(step_batch(c, step), step);
+    const std::vector<int64_t> sizes = even_split(mine.x.size(0), c.accumulation);
+    int64_t start = 0;
+    for (size_t a = 0; a < sizes.size(); ++a) {
+      s.loss += t.micro_step(narrow_rows(mine, start, sizes[a]), t.weight(sizes[a], c.batch),
+                             a + 1 == sizes.size());
+      start += sizes[a];
+    }
+    // The gradient as backward left it (a scaled one would pass clipping unseen), as
+    // clipping left it, and the parameters after the step.
+    auto report = [&](int32_t phase) {
+      const size_t before = s.pieces.size();
+      t.report(s, /*grad=*/phase != kParameter);
+      for (size_t i = before; i < s.pieces.size(); ++i) s.pieces[i].phase = phase;
+    };
+    report(kGradient);
+    if (c.optimizer == Optimizer::AdamWClipped) {
+      t.clip();
+      report(kClippedGradient);
+    }
+    t.optimizer->step();
+    report(kParameter);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// The reference: the plain module on one device, the whole batch in one forward.
+Report run_plain(const Config& c) {
+  auto model = make_model(c);
+  auto opt = make_optimizer(c.optimizer, model->parameters());
+  Trainer t;
+  t.micro_step = [&](const Batch& b, double, bool) {
+    MG_CHECK(b.x.size(0) == c.batch, "parity: the plain module takes the whole batch");
+    const Tensor loss = cross_entropy(model->forward(b.x), b.y);
+    loss.backward();
+    return static_cast<double>(loss.item<float>());
+  };
+  t.clip = [&] {
+    const double norm = nn::utils::clip_grad_norm_(model->parameters(), kMaxNorm).item<float>();
+    MG_CHECK(norm > kMaxNorm, "parity: the gradient's norm {} is below max_norm {}, so the row "
+             "would not test clipping", norm, kMaxNorm);
+  };
+  t.optimizer = opt.get();
+  t.report = [&](StepReport& s, bool grad) { report_whole(s, "", model->parameters(), grad); };
+  Config whole = c;
+  whole.accumulation = 1;  // the reference never accumulates
+  return train(whole, t);
+}
+
+// A weighted cross-entropy: the micro-step's share of the step's mean loss.
+Tensor weighted_loss(const Tensor& out, const Tensor& y, double weight) {
+  return mul(cross_entropy(out, y), weight);
+}
+
+// ---- the forms in one process ----
+
+Report run_data_parallel(const Config& c) {
+  auto plain = make_model(c);
+  auto dp = std::make_shared<parallel::DataParallel>(plain, mg::testing::cpus(static_cast<size_t>(c.degree)));
+  auto opt = make_optimizer(c.optimizer, dp->parameters());
+  Trainer t;
+  t.micro_step = [&](const Batch& b, double w, bool) {
+    const Tensor loss = weighted_loss(dp->forward(b.x), b.y, w);
+    loss.backward();
+    return static_cast<double>(loss.item<float>());
+  };
+  t.clip = [&] { nn::utils::clip_grad_norm_(dp->parameters(), kMaxNorm); };
+  t.optimizer = opt.get();
+  t.report = [&](StepReport& s, bool grad) { report_whole(s, "", dp->parameters(), grad); };
+  return train(c, t);
+}
+
+Report run_pipe(const Config& c) {
+  auto plain = make_model(c);
+  parallel::PipeOptions options;
+  options.chunks = c.degree2;
+  options.schedule = c.schedule == Schedule::GPipe ? parallel::Schedule::GPipe : parallel::Schedule::OneFOneB;
+  auto pipe = std::make_shared<parallel::Pipe>(plain, mg::testing::cpus(static_cast<size_t>(c.degree)), options);
+  auto opt = make_optimizer(c.optimizer, pipe->parameters());
+  Trainer t;
+  t.micro_step = [&](const Batch& b, double w, bool) {
+    const parallel::PipeStep step = pipe->train_step(
+        b.x, b.y, [w](const Tensor& out, const Tensor& y) { return weighted_loss(out, y, w); });
+    return static_cast<double>(step.loss.item<float>());
+  };
+  t.clip = [&] { nn::utils::clip_grad_norm_(pipe->parameters(), kMaxNorm); };
+  t.optimizer = opt.get();
+  t.report = [&](StepReport& s, bool grad) { report_whole(s, "", pipe->parameters(), grad); };
+  return train(c, t);
+}
+
+// Clipping over tensor-parallel shards: the norm of the whole gradient counts a split
+// parameter's pieces once each and a whole one (every rank holds a copy) once.
+// `counted` are the gradients whose squares make up the norm (reduced by `reduce` when
+// they are spread over processes), `copies` the other ranks' whole ones, scaled alike.
+void clip_tensor_parallel(const std::vector<Tensor>& counted, const std::vector<Tensor>& copies,
+                          const nn::utils::NormReducer& reduce) {
+  const double total =
+      nn::utils::clip_grad_norm_(counted, kMaxNorm, 2.0, false, reduce).item<float>();
+  const double coef = std::min(kMaxNorm / (total + 1e-6), 1.0);
+  if (coef >= 1.0) return;
+  for (const Tensor& p : copies)
+    if (p.grad().defined()) Tensor(p.grad()).mul_(coef);
+}
+
+Report run_tensor_parallel(const Config& c) {
+  auto plain = make_model(c);
+  const auto kinds = mg::testing::shard_kinds(*plain);
+  auto tp = std::make_shared<parallel::TensorParallel>(*plain, mg::testing::cpus(static_cast<size_t>(c.degree)));
+  auto opt = make_optimizer(c.optimizer, tp->parameters());
+  Trainer t;
+  t.micro_step = [&](const Batch& b, double w, bool) {
+    const Tensor loss = weighted_loss(tp->forward(b.x), b.y, w);
+    loss.backward();
+    return static_cast<double>(loss.item<float>());
+  };
+  t.clip = [&] {
+    std::vector<Tensor> counted, copies;
+    for (int r = 0; r < c.degree; ++r) {
+      const auto params = tp->shard(r)->parameters();
+      for (size_t k = 0; k < params.size(); ++k)
+        (kinds[k] == mg::testing::ShardKind::Whole && r > 0 ? copies : counted).push_back(params[k]);
+    }
+    clip_tensor_parallel(counted, copies, nullptr);
+  };
+  t.optimizer = opt.get();
+  t.report = [&](StepReport& s, bool grad) {
+    for (int r = 0; r < c.degree; ++r)
+      report_tensor_parallel(s, fmt::format("rank {}", r), *tp->shard(r), kinds, r, c.degree, grad);
+  };
+  return train(c, t);
+}
+
+// ---- the forms over Gloo ranks (each runs in a forked rank) ----
+
+#ifdef MINIGRAD_WITH_GLOO
+
+using GroupPtr = std::shared_ptr<parallel::ProcessGroup>;
+
+// A data-parallel rank's rows and weights: the rank's mean loss over its rows, weighted
+// by rows * ranks / batch, so that the average over the ranks (DDP's, ZeRO's, FSDP's) is
+// the whole batch's mean loss, however unevenly the rows split.
+void data_parallel_rows_and_weights(Trainer& t, int dp_rank, int dp_ranks) {
+  t.my_rows = [dp_rank, dp_ranks](const Batch& b, int step) {
+    return data_parallel_rows(b, dp_rank, dp_ranks, step);
+  };
+  t.weight = [dp_ranks](int64_t rows, int64_t batch) {
+    return static_cast<double>(rows * dp_ranks) / static_cast<double>(batch);
+  };
+}
+
+Report run_rank(const Config& c, mg::test::RankContext& ctx) {
+  const GroupPtr world = ctx.gloo();
+  const int rank = ctx.rank, n = ctx.world_size;
+  const std::string me = fmt::format("rank {}", rank);
+  auto model = make_model(c);
+  Trainer t;
+  std::unique_ptr<optim::Optimizer> opt;
+  std::shared_ptr<parallel::DistributedDataParallel> ddp;
+  std::unique_ptr<parallel::ZeroRedundancyOptimizer> zero;
+  std::shared_ptr<parallel::FullyShardedDataParallel> fsdp;
+  std::optional<parallel::DeviceMesh> mesh;
+  std::unique_ptr<parallel::PipelineStage> stage;
+  nn::ModulePtr shard;  // tensor parallelism: this rank's
+  const auto kinds = mg::testing::shard_kinds(*model);
+  nn::Module* forward = model.get();
+  double share = 1.0 / n;  // of a weighted loss, this rank's part of the step's loss
+
+  parallel::DDPOptions ddp_options;
+  if (c.bucket_per_tensor) ddp_options.bucket_cap_mb = ddp_options.first_bucket_mb = 4.0 / (1 << 20);
+  auto make = [&c](std::vector<Tensor> shards) { return make_optimizer(c.optimizer, std::move(shards)); };
+
+  switch (c.form) {
+    case Form::DDP:
+    case Form::Zero1: {
+      ddp = std::make_shared<parallel::DistributedDataParallel>(model, world, ddp_options);
+      forward = ddp.get();
+      if (c.form == Form::DDP) {
+        opt = make_optimizer(c.optimizer, model->parameters());
+        t.clip = [&] { nn::utils::clip_grad_norm_(model->parameters(), kMaxNorm); };
+      } else {
+        parallel::ZeroOptions options;
+        options.stage = 1;
+        if (c.bucket_per_tensor) options.bucket_cap_mb = 4.0 / (1 << 20);
+        zero = std::make_unique<parallel::ZeroRedundancyOptimizer>(model->parameters(), world, make, options);
+        t.clip = [&] { zero->clip_grad_norm_(kMaxNorm); };
+      }
+      data_parallel_rows_and_weights(t, rank, n);
+      t.report = [&](StepReport& s, bool grad) { report_whole(s, me, model->parameters(), grad); };
+      break;
+    }
+    case Form::Zero2: {
+      parallel::ZeroOptions options;
+      options.stage = 2;
+      if (c.bucket_per_tensor) options.bucket_cap_mb = 4.0 / (1 << 20);
+      zero = std::make_unique<parallel::ZeroRedundancyOptimizer>(model->parameters(), world, make, options);
+      t.clip = [&] { zero->clip_grad_norm_(kMaxNorm); };
+      data_parallel_rows_and_weights(t, rank, n);
+      t.report = [&](StepReport& s, bool grad) {
+        if (!grad) return report_whole(s, me, model->parameters(), false);  // every rank keeps all
+        for (size_t b = 0; b < zero->num_buckets(); ++b)
+          report_flat_shard(s, me, zero->bucket(b), zero->bucket(b).shard().grad());
+      };
+      break;
+    }
+    case Form::FSDP: {
+      fsdp = parallel::fully_shard(model, world);
+      forward = fsdp.get();
+      opt = make_optimizer(c.optimizer, fsdp->parameters());
+      t.clip = [&] { fsdp->clip_grad_norm_(kMaxNorm); };
+      data_parallel_rows_and_weights(t, rank, n);
+      t.report = [&](StepReport& s, bool grad) {
+        for (size_t u = 0; u < fsdp->num_units(); ++u) {
+          const parallel::FlatParameter& unit = fsdp->unit(u);
+          report_flat_shard(s, me, unit, grad ? unit.shard().grad() : unit.shard());
+        }
+      };
+      break;
+    }
+    case Form::PipelineStages: {
+      // Rank s holds stage s: the layers even_balance gives it, and their parameters,
+      // which are the plain module's from `first` on.
+      const std::vector<int64_t> balance = parallel::even_balance(static_cast<int64_t>(model->size()), n);
+      size_t first = 0;
+      for (int64_t layer = 0, s = 0; s < rank; ++s)
+        for (int64_t l = 0; l < balance[static_cast<size_t>(s)]; ++l, ++layer)
+          first += (*model)[static_cast<size_t>(layer)]->parameters().size();
+      parallel::PipelineStageOptions options;
+      options.chunks = c.degree2;
+      options.schedule = c.schedule == Schedule::GPipe ? parallel::Schedule::GPipe : parallel::Schedule::OneFOneB;
+      stage = std::make_unique<parallel::PipelineStage>(parallel::split_stage(model, balance, rank), world, options);
+      opt = make_optimizer(c.optimizer, stage->module()->parameters());
+      t.clip = [&] {  // every parameter lives on one rank: add the ranks' partial norms
+        nn::utils::clip_grad_norm_(stage->module()->parameters(), kMaxNorm, 2.0, false,
+                                   [&](Tensor& partial, nn::utils::NormReduction) {
+                                     world->allreduce(partial, parallel::ReduceOp::Sum)->wait();
+                                   });
+      };
+      t.report = [&, first](StepReport& s, bool grad) {
+        const auto params = stage->module()->parameters();
+        StepReport mine;
+        report_whole(mine, me, params, grad);
+        for (Piece& p : mine.pieces) {
+          p.param += static_cast<int32_t>(first);
+          s.pieces.push_back(std::move(p));
+        }
+      };
+      t.micro_step = [&, rank, n](const Batch& b, double w, bool) {
+        const bool last = rank == n - 1;
+        const Tensor loss = stage->train_step(rank == 0 ? b.x : Tensor(), last ? b.y : Tensor(),
+                                              [w](const Tensor& out, const Tensor& y) {
+                                                return weighted_loss(out, y, w);
+                                              });
+        return last ? static_cast<double>(loss.item<float>()) : 0.0;  // the last rank's alone
+      };
+      break;
+    }
+    case Form::TensorParallelRanks:
+    case Form::Mesh2D: {
+      GroupPtr tp_group = world, dp_group;
+      int tp_rank = rank, tp_size = n;
+      if (c.form == Form::Mesh2D) {
+        mesh.emplace(world, c.degree, c.degree2);
+        tp_group = mesh->tp_group();
+        dp_group = mesh->dp_group();
+        tp_rank = mesh->tp_rank();
+        tp_size = c.degree2;
+      }
+      shard = parallel::parallelize_mlp(*model, parallel::tensor_parallel_group(tp_group));
+      forward = shard.get();
+      if (dp_group) {
+        ddp = std::make_shared<parallel::DistributedDataParallel>(shard, dp_group, ddp_options);
+        forward = ddp.get();
+        data_parallel_rows_and_weights(t, mesh->dp_rank(), mesh->dp_size());
+        share = 1.0 / (mesh->dp_size() * tp_size);
+      } else {
+        share = 1.0 / tp_size;  // every rank computes the whole loss
+      }
+      opt = make_optimizer(c.optimizer, shard->parameters());
+      t.clip = [&, tp_group, tp_rank] {
+        std::vector<Tensor> counted, copies;
+        const auto params = shard->parameters();
+        for (size_t k = 0; k < params.size(); ++k)
+          (kinds[k] == mg::testing::ShardKind::Whole && tp_rank > 0 ? copies : counted).push_back(params[k]);
+        clip_tensor_parallel(counted, copies, [tp_group](Tensor& partial, nn::utils::NormReduction) {
+          tp_group->allreduce(partial, parallel::ReduceOp::Sum)->wait();
+        });
+      };
+      t.report = [&, tp_rank, tp_size](StepReport& s, bool grad) {
+        report_tensor_parallel(s, me, *shard, kinds, tp_rank, tp_size, grad);
+      };
+      break;
+    }
+    default:
+      MG_FAIL("parity: {} is not a multi-rank form", form_name(c.form));
+  }
+  t.optimizer = zero ? zero.get() : opt.get();
+  if (stage) return train(c, t);
+  t.micro_step = [&](const Batch& b, double w, bool last) {
+    std::optional<parallel::DistributedDataParallel::NoSyncGuard> no_sync;
+    if (ddp && !last) no_sync.emplace(*ddp);  // accumulate locally; the last one reduces
+    const Tensor loss = weighted_loss(forward->forward(b.x), b.y, w);
+    loss.backward();
+    return static_cast<double>(loss.item<float>()) * share;
+  };
+  return train(c, t);
+}
+
+// A report through the pipe to the parent: plain bytes.
+template <typename T>
+void put(std::string& out, const T& v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+template <typename T>
+T get(const std::string& in, size_t& pos) {
+  MG_CHECK(pos + sizeof(T) <= in.size(), "parity: a rank's report is cut short");
+  T v;
+  std::memcpy(&v, in.data() + pos, sizeof(T));
+  pos += sizeof(T);
+  return v;
+}
+
+std::string encode(const Report& report) {
+  std::string out;
+  put(out, static_cast<uint64_t>(report.size()));
+  for (const StepReport& s : report) {
+    put(out, s.loss);
+    put(out, static_cast<uint64_t>(s.pieces.size()));
+    for (const Piece& p : s.pieces) {
+      put(out, static_cast<uint64_t>(p.holder.size()));
+      out += p.holder;
+      put(out, p.param);
+      put(out, p.phase);
+      put(out, static_cast<int32_t>(p.cut.kind));  // field by field: no padding bytes
+      put(out, p.cut.part);
+      put(out, p.cut.parts);
+      put(out, p.cut.offset);
+      put(out, p.cut.numel);
+      put(out, static_cast<uint64_t>(p.values.size()));
+      for (double v : p.values) put(out, v);
+    }
+  }
+  return out;
+}
+
+Report decode(const std::string& in) {
+  size_t pos = 0;
+  Report report(get<uint64_t>(in, pos));
+  for (StepReport& s : report) {
+    s.loss = get<double>(in, pos);
+    s.pieces.resize(get<uint64_t>(in, pos));
+    for (Piece& p : s.pieces) {
+      const auto length = get<uint64_t>(in, pos);
+      MG_CHECK(pos + length <= in.size(), "parity: a rank's report is cut short");
+      p.holder = in.substr(pos, length);
+      pos += length;
+      p.param = get<int32_t>(in, pos);
+      p.phase = get<int32_t>(in, pos);
+      p.cut.kind = static_cast<CutKind>(get<int32_t>(in, pos));
+      p.cut.part = get<int32_t>(in, pos);
+      p.cut.parts = get<int32_t>(in, pos);
+      p.cut.offset = get<int64_t>(in, pos);
+      p.cut.numel = get<int64_t>(in, pos);
+      p.values.resize(get<uint64_t>(in, pos));
+      for (double& v : p.values) v = get<double>(in, pos);
+    }
+  }
+  return report;
+}
+
+// Every rank's report in one: the loss shares added, the pieces side by side.
+Report run_ranks(const Config& c) {
+  const auto results = mg::test::run_ranks(world_size(c), [&c](mg::test::RankContext& ctx) {
+    ctx.start_together();
+    ctx.report("report", encode(run_rank(c, ctx)));
+  });
+  for (const mg::test::RankResult& r : results)
+    MG_CHECK(r.ok(), "parity: a rank failed:\n{}", mg::test::describe(results));
+  Report merged;
+  for (const mg::test::RankResult& r : results) {
+    Report one = decode(r.text("report"));
+    if (merged.empty()) {
+      merged = std::move(one);
+      continue;
+    }
+    MG_CHECK(one.size() == merged.size(), "parity: ranks ran different numbers of steps");
+    for (size_t s = 0; s < one.size(); ++s) {
+      merged[s].loss += one[s].loss;
+      for (Piece& p : one[s].pieces) merged[s].pieces.push_back(std::move(p));
+    }
+  }
+  return merged;
+}
+
+#else
+
+Report run_ranks(const Config& c) {
+  MG_FAIL("parity: {} needs Gloo, and minigrad was built without it", form_name(c.form));
+}
+
+#endif
+
+Report run_form(const Config& c) {
+  switch (c.form) {
+    case Form::DataParallel: return run_data_parallel(c);
+    case Form::Pipe: return run_pipe(c);
+    case Form::TensorParallel: return run_tensor_parallel(c);
+    default: return run_ranks(c);
+  }
+}
+
+// ---- the comparison ----
+
+double element_error(double got, double want) {
+  if (std::isnan(got) || std::isnan(want)) return INFINITY;
+  return std::fabs(got - want) / std::max(std::fabs(want), 1e-3);
+}
+
+// The plain tensor's elements that piece `p` holds.
+std::vector<double> cut_of(const Tensor& whole, const Cut& cut) {
+  const std::vector<double> v = values_of(whole);
+  switch (cut.kind) {
+    case CutKind::Whole: return v;
+    case CutKind::Flat:
+      MG_CHECK(cut.offset >= 0 && cut.numel >= 0 && cut.offset + cut.numel <= static_cast<int64_t>(v.size()),
+               "parity: a flat piece [{}, +{}) of a tensor of {} elements", cut.offset, cut.numel, v.size());
+      return {v.begin() + cut.offset, v.begin() + cut.offset + cut.numel};
+    case CutKind::Rows:
+    case CutKind::Columns: {
+      const bool rows = cut.kind == CutKind::Rows;
+      const int64_t dim = rows ? 0 : 1;
+      const Tensor piece = whole.detach().narrow(dim, whole.size(dim) / cut.parts * cut.part,
+                                                 whole.size(dim) / cut.parts);
+      return values_of(piece);
+    }
+  }
+  return {};
+}
+
+int64_t cut_numel(const Tensor& whole, const Cut& cut) {
+  switch (cut.kind) {
+    case CutKind::Whole: return whole.numel();
+    case CutKind::Flat: return cut.numel;
+    default: return whole.numel() / cut.parts;
+  }
+}
+
+Outcome compare(const Config& c, const Report& plain_report, const Report& form_report,
+                const std::vector<std::string>& names, const std::vector<Tensor>& shapes) {
+  Outcome o;
+  const double tol = tolerance(c.dtype);
+  auto fail = [&](int step, const std::string& what) {
+    o.pass = false;
+    o.failure = fmt::format("{}: step {}: {}", label(c), step, what);
+    return o;
+  };
+  if (form_report.size() != plain_report.size())
+    return fail(0, fmt::format("{} steps reported, {} expected", form_report.size(), plain_report.size()));
+  for (size_t s = 0; s < plain_report.size(); ++s) {
+    const int step = static_cast<int>(s);
+    const StepReport& want = plain_report[s];
+    const StepReport& got = form_report[s];
+    const double loss_error = element_error(got.loss, want.loss);
+    o.largest_error = std::max(o.largest_error, loss_error);
+    if (!(loss_error <= tol))
+      return fail(step, fmt::format("the loss is {:.9g}, the plain module's {:.9g}: max relative error {:.3g}",
+                                    got.loss, want.loss, loss_error));
+    std::map<std::pair<int32_t, int32_t>, const Piece*> reference;  // (param, phase)
+    for (const Piece& p : want.pieces) reference[{p.param, p.phase}] = &p;
+    for (const Piece& p : got.pieces) {
+      const auto found = reference.find({p.param, p.phase});
+      MG_CHECK(found != reference.end(), "parity: {} of parameter {} reported, which the plain module has not",
+               phase_name(p.phase), p.param);
+      // The plain module's tensor of this piece, rebuilt with its shape.
+      const Piece& ref = *found->second;
+      const Tensor full = from_vector(std::vector<float>(ref.values.begin(), ref.values.end()),
+                                      shapes[static_cast<size_t>(p.param)].shape());
+      const std::vector<double> expected = cut_of(full, p.cut);
+      const std::string what = fmt::format("{} of {}{}{}", phase_name(p.phase),
+                                           names[static_cast<size_t>(p.param)],
+                                           p.holder.empty() ? "" : " on ", p.holder);
+      if (expected.size() != p.values.size())
+        return fail(step, fmt::format("{}: {} elements reported, {} expected", what, p.values.size(), expected.size()));
+      double worst = 0.0;
+      size_t worst_at = 0;
+      for (size_t i = 0; i < expected.size(); ++i) {
+        const double e = element_error(p.values[i], expected[i]);
+        if (!(e <= worst)) {
+          worst = e;
+          worst_at = i;
+        }
+      }
+      o.largest_error = std::max(o.largest_error, worst);
+      if (!(worst <= tol))
+        return fail(step, fmt::format("{} diverges first: max relative error {:.3g} (element {} of the piece: {:.9g}, "
+                                      "the plain module's {:.9g})",
+                                      what, worst, worst_at, p.values[worst_at], expected[worst_at]));
+    }
+    // Every element of every tensor the plain module reported must have been reported:
+    // whole by some holder, or in pieces that together make the whole tensor.
+    for (const auto& [key, ref] : reference) {
+      bool whole = false;
+      int64_t pieces = 0;
+      const Tensor& shape = shapes[static_cast<size_t>(key.first)];
+      for (const Piece& p : got.pieces) {
+        if (p.param != key.first || p.phase != key.second) continue;
+        whole = whole || p.cut.kind == CutKind::Whole;
+        pieces += cut_numel(shape, p.cut);
+      }
+      if (!whole && pieces < shape.numel())
+        return fail(step, fmt::format("{} of {}: only {} of its {} elements were reported",
+                                      phase_name(key.second), names[static_cast<size_t>(key.first)],
+                                      pieces, shape.numel()));
+    }
+  }
+  o.pass = true;
+  return o;
+}
+
+}  // namespace
+
+double tolerance(DType dtype) { return dtype == DType::Float32 ? 1e-4 : 1e-9; }
+
+Outcome run_row(const Config& c) {
+  const auto start = std::chrono::steady_clock::now();
+  Outcome o;
+  try {
+    auto model = make_model(c);
+    std::vector<std::string> names;
+    std::vector<Tensor> shapes;
+    for (const auto& [name, p] : model->named_parameters()) {
+      names.push_back(name);
+      shapes.push_back(p.detach());
+    }
+    const Report plain_report = run_plain(c);
+    const Report form_report = run_form(c);
+    o = compare(c, plain_report, form_report, names, shapes);
+  } catch (const std::exception& e) {
+    o.pass = false;
+    o.failure = fmt::format("{}: {}", label(c), e.what());
+  }
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return o;
+}
+
+std::vector<Config> rows_of(const std::vector<Form>& forms) {
+  std::vector<Config> out;
+  for (const Config& c : parity_table())
+    if (forms.empty() || std::find(forms.begin(), forms.end(), c.form) != forms.end()) out.push_back(c);
+  return out;
+}
+
+std::string markdown(const std::vector<Config>& rows, const std::vector<Outcome>& outcomes,
+                     const std::vector<std::vector<std::string>>& caught, double seconds) {
+  MG_CHECK(rows.size() == outcomes.size() && rows.size() == caught.size(),
+           "parity: {} rows, {} outcomes, {} lists of faults", rows.size(), outcomes.size(), caught.size());
+  std::string out = fmt::format(R"(# The parity table
+
+Every row is one configuration of one form of parallelism, trained for its steps beside
+the plain single-device module on the same batches: after every step's backward (and
+clipping) every gradient, after every optimizer step every parameter, and every step's
+loss must equal the plain module's. The error of an element is
+`|got - want| / max(|want|, 1e-3)`; the largest over every step, tensor and rank is below,
+and a row passes when it stays under {:.0e} (float32). A rank that keeps a piece of a
+tensor (a ZeRO or FSDP shard, a tensor-parallel slice) is compared on that piece, and the
+pieces must cover every element.
+
+The gradients are compared as backward leaves them, before clipping too: clipping rescales
+the whole gradient to max_norm, so a gradient scaled by a constant (averaged where it must
+be summed) would pass the clipped comparison unseen.
+
+The last column names the deliberate faults (`minigrad/core/fault_injection.h`) that make
+the row fail: the harness switches each on in turn, on every row, and `make test` checks
+that each fails some row of the forms it lives in. No form seeds a random generator per
+rank yet, so "a rank seeded like its neighbour" is played by DistributedSampler handing a
+rank its neighbour's shard of the batch (the rows with even batches draw theirs from it).
+The GPT's rows join with model "GPT", and float64 rows with dtype "float64".
+
+Written by `build/bin/test_parity "[write-docs]"` (or `make parity-docs`); `tests/repo`
+checks that this page lists exactly the rows of `tests/parity/table.h`, each passing.
+The harness: [`tests/parity/`](../tests/parity/harness.h). The run that wrote it: {} rows in {:.0f} s
+(multi-rank rows fork their Gloo ranks on loopback).
+
+| model | form | degrees | optimizer | accumulation | batch | dtype | steps | largest error | result | faults caught |
+|---|---|---|---|---|---|---|---|---|---|---|
+)", tolerance(DType::Float32), rows.size(), seconds);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::string faults;
+    for (const std::string& f : caught[i]) faults += (faults.empty() ? "" : "; ") + f;
+    out += fmt::format("{} {:.1e} | {} | {} |\n", doc_key(rows[i]), outcomes[i].largest_error,
+                       outcomes[i].pass ? "pass" : "FAIL", faults.empty() ? "-" : faults);
+  }
+  return out;
+}
+
+}  // namespace mg::parity

@@ -1,0 +1,202 @@
+// The parity table (table.h) run against the plain single-device module, form by form;
+// the faults (minigrad/core/fault_injection.h) each switched on and caught by some row;
+// and, on demand, docs/parity.md written from a run of it all:
+//
+//   build/bin/test_parity "[write-docs]"
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "catch_compat.h"
+#include "parity/harness.h"
+
+#include <minigrad/core/fault_injection.h>
+
+using namespace mg;
+using namespace mg::parity;
+using mg::testing::Fault;
+
+namespace {
+
+void require_rows_pass(const std::vector<Form>& forms) {
+  const std::vector<Config> rows = rows_of(forms);
+  REQUIRE_FALSE(rows.empty());
+  for (const Config& c : rows) {
+    const Outcome o = run_row(c);
+    INFO(o.failure);
+    CHECK(o.pass);
+  }
+}
+
+// The rows each fault is tried on in `make test`: those of the forms it lives in (the
+// write-docs run tries every fault on every row).
+std::vector<Form> forms_of(Fault fault) {
+  switch (fault) {
+    case Fault::DataParallelGradsAveraged: return {Form::DataParallel};
+    case Fault::DdpLastBucketNotReduced: return {Form::DDP};
+    case Fault::ZeroAllGatherSkipped: return {Form::Zero1, Form::Zero2};
+    case Fault::ShardPaddingInArithmetic: return {Form::Zero2, Form::FSDP};
+    case Fault::PipelineLossesSummed: return {Form::Pipe};
+    case Fault::RowParallelBiasPerRank: return {Form::TensorParallel, Form::TensorParallelRanks};
+    case Fault::SamplerRankLikeNeighbour: return {Form::DDP};
+    case Fault::None: break;
+  }
+  return {};
+}
+
+// The rows of `rows` that fail with `fault` on.
+std::vector<std::string> rows_failing_with(Fault fault, const std::vector<Config>& rows,
+                                           std::vector<size_t>* indices = nullptr) {
+  mg::testing::FaultGuard guard(fault);
+  std::vector<std::string> failing;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Outcome o = run_row(rows[i]);
+    if (o.pass) continue;
+    failing.push_back(o.failure);
+    if (indices) indices->push_back(i);
+  }
+  return failing;
+}
+
+// Returns what the failing rows said.
+std::vector<std::string> require_caught(Fault fault) {
+  REQUIRE(mg::testing::active_fault() == Fault::None);
+  const std::vector<std::string> failing = rows_failing_with(fault, rows_of(forms_of(fault)));
+  std::string named;
+  for (const std::string& f : failing) named += "\n  " + f;
+  INFO(fmt::format("fault '{}' made {} row(s) fail:{}", mg::testing::fault_name(fault), failing.size(), named));
+  CHECK_FALSE(failing.empty());
+  REQUIRE(mg::testing::active_fault() == Fault::None);  // the guard switched it off again
+  return failing;
+}
+
+}  // namespace
+
+TEST_CASE("parity table: has at least 40 rows, each named once, the MLP's in float32") {
+  const std::vector<Config> rows = parity_table();
+  CHECK(rows.size() >= 40);
+  std::vector<std::string> keys;
+  for (const Config& c : rows) keys.push_back(doc_key(c));
+  std::sort(keys.begin(), keys.end());
+  CHECK(std::adjacent_find(keys.begin(), keys.end()) == keys.end());
+  for (Form f : {Form::DataParallel, Form::DDP, Form::Zero1, Form::Zero2, Form::FSDP, Form::Pipe,
+                 Form::PipelineStages, Form::TensorParallel, Form::TensorParallelRanks, Form::Mesh2D})
+    CHECK_FALSE(rows_of({f}).empty());
+}
+
+TEST_CASE("parity table: DataParallel over CPU replicas equals the single device") {
+  require_rows_pass({Form::DataParallel});
+}
+
+TEST_CASE("parity table: Pipe over CPU devices equals the single device") {
+  require_rows_pass({Form::Pipe});
+}
+
+TEST_CASE("parity table: TensorParallel over CPU devices equals the single device") {
+  require_rows_pass({Form::TensorParallel});
+}
+
+#ifdef MINIGRAD_WITH_GLOO
+
+TEST_CASE("parity table: DDP over Gloo ranks equals the single device") {
+  require_rows_pass({Form::DDP});
+}
+
+TEST_CASE("parity table: ZeRO-1 and ZeRO-2 over Gloo ranks equal the single device") {
+  require_rows_pass({Form::Zero1, Form::Zero2});
+}
+
+TEST_CASE("parity table: FSDP over Gloo ranks equals the single device") {
+  require_rows_pass({Form::FSDP});
+}
+
+TEST_CASE("parity table: PipelineStage over Gloo ranks equals the single device") {
+  require_rows_pass({Form::PipelineStages});
+}
+
+TEST_CASE("parity table: tensor parallelism over Gloo ranks and the 2-D mesh equal the single device") {
+  require_rows_pass({Form::TensorParallelRanks, Form::Mesh2D});
+}
+
+#endif
+
+TEST_CASE("parity faults: every fault is off unless a test switches it on") {
+  CHECK(mg::testing::active_fault() == Fault::None);
+  {
+    mg::testing::FaultGuard guard(Fault::PipelineLossesSummed);
+    CHECK(mg::testing::fault_is_on(Fault::PipelineLossesSummed));
+  }
+  CHECK(mg::testing::active_fault() == Fault::None);
+}
+
+TEST_CASE("parity faults: replicas' gradients averaged instead of summed fail a row") {
+  const std::vector<std::string> failing = require_caught(Fault::DataParallelGradsAveraged);
+  // A failure names the row, the step, the first tensor that diverges and its error: here
+  // the first gradient compared, half of what it should be.
+  REQUIRE_FALSE(failing.empty());
+  CHECK_THAT(failing[0],
+             MG_CONTAINS("MLP, DataParallel (2 CPU replicas), SGD, momentum 0.9, accumulation 1, "
+                         "batch 11, float32, 3 steps: step 0: the gradient of 0.weight diverges "
+                         "first: max relative error 0.5 (element "));
+}
+
+TEST_CASE("parity faults: a pipeline's micro-batch losses summed instead of averaged fail a row") {
+  require_caught(Fault::PipelineLossesSummed);
+}
+
+TEST_CASE("parity faults: a row-parallel bias added once per rank fails a row") {
+  require_caught(Fault::RowParallelBiasPerRank);
+}
+
+#ifdef MINIGRAD_WITH_GLOO
+
+TEST_CASE("parity faults: the last DDP bucket never reduced fails a row") {
+  require_caught(Fault::DdpLastBucketNotReduced);
+}
+
+TEST_CASE("parity faults: a ZeRO all-gather skipped fails a row") {
+  require_caught(Fault::ZeroAllGatherSkipped);
+}
+
+TEST_CASE("parity faults: a shard's padding in the arithmetic fails a row") {
+  require_caught(Fault::ShardPaddingInArithmetic);
+}
+
+TEST_CASE("parity faults: a rank taking its neighbour's shard of the data fails a row") {
+  require_caught(Fault::SamplerRankLikeNeighbour);
+}
+
+#endif
+
+// Not part of the suite (hidden): runs every row, then every fault on every row, and
+// writes docs/parity.md.
+TEST_CASE("parity table: write docs/parity.md", "[.][write-docs]") {
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<Config> rows = parity_table();
+  std::vector<Outcome> outcomes;
+  for (const Config& c : rows) {
+    outcomes.push_back(run_row(c));
+    fmt::print("{} {:.1e} {} ({:.1f} s)\n", doc_key(c), outcomes.back().largest_error,
+               outcomes.back().pass ? "pass" : "FAIL: " + outcomes.back().failure,
+               outcomes.back().seconds);
+  }
+  const double table_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::vector<std::vector<std::string>> caught(rows.size());
+  for (Fault fault : mg::testing::kAllFaults) {
+    std::vector<size_t> indices;
+    const std::vector<std::string> failing = rows_failing_with(fault, rows, &indices);
+    fmt::print("{}: caught by {} rows; the first: {}\n", mg::testing::fault_name(fault),
+               indices.size(), failing.empty() ? "none" : failing.front());
+    for (size_t i : indices) caught[i].emplace_back(mg::testing::fault_name(fault));
+    CHECK_FALSE(indices.empty());
+  }
+  const std::string path = std::string(MINIGRAD_SOURCE_DIR) + "/docs/parity.md";
+  std::ofstream(path) << markdown(rows, outcomes, caught, table_seconds);
+  fmt::print("wrote {}: {} rows in {:.1f} s\n", path, rows.size(), table_seconds);
+  for (const Outcome& o : outcomes) CHECK(o.pass);
+}

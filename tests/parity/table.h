@@ -1,0 +1,173 @@
+// The parity table: every configuration of every form of parallelism that must take the
+// single-device step, one row each. tests/parity runs them (harness.h); tests/repo checks
+// that docs/parity.md lists exactly these rows. Plain data: no library code runs here.
+//
+// A row names the model (the MLP now; the GPT's rows join with model "GPT"), the form
+// and its degrees, the optimizer, the gradient-accumulation micro-steps, the batch (the
+// whole step's rows, chosen so that the pieces are uneven where the form allows it) and
+// the dtype (float64 joins when the GPT's issue brings it).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <minigrad/core/dtype.h>
+
+namespace mg::parity {
+
+enum class Form {
+  DataParallel,         // k CPU replicas in one process
+  DDP,                  // n Gloo ranks
+  Zero1,                // ZeroRedundancyOptimizer stage 1 under DDP, n Gloo ranks
+  Zero2,                // ZeroRedundancyOptimizer stage 2, n Gloo ranks
+  FSDP,                 // FullyShardedDataParallel (ZeRO-3), n Gloo ranks
+  Pipe,                 // Pipe in one process over CPU devices
+  PipelineStages,       // PipelineStage: a stage per Gloo rank, send/recv between them
+  TensorParallel,       // TensorParallel in one process over CPU devices
+  TensorParallelRanks,  // parallelize_mlp over n Gloo ranks
+  Mesh2D,               // a dp x tp DeviceMesh: DDP over the dp sub-groups, tp inside
+};
+
+enum class Optimizer { SGDMomentum, AdamWClipped };
+enum class Schedule { GPipe, OneFOneB };
+
+struct Config {
+  std::string model = "MLP";
+  Form form = Form::DataParallel;
+  int degree = 1;   // replicas, ranks, stages, tensor-parallel ranks; the mesh's dp
+  int degree2 = 1;  // the mesh's tp; a pipeline's micro-batches per step
+  Schedule schedule = Schedule::GPipe;  // pipelines only
+  bool bucket_per_tensor = false;       // DDP and ZeRO: tiny buckets, a collective each
+  Optimizer optimizer = Optimizer::SGDMomentum;
+  int accumulation = 1;  // micro-steps (forward + backward) per optimizer step
+  int64_t batch = 11;    // rows per optimizer step, split over micro-steps and ranks
+  DType dtype = DType::Float32;
+  int steps = 3;
+};
+
+inline bool multi_rank(Form form) {
+  return form == Form::DDP || form == Form::Zero1 || form == Form::Zero2 || form == Form::FSDP ||
+         form == Form::PipelineStages || form == Form::TensorParallelRanks || form == Form::Mesh2D;
+}
+
+inline int world_size(const Config& c) {
+  return c.form == Form::Mesh2D ? c.degree * c.degree2 : multi_rank(c.form) ? c.degree : 1;
+}
+
+inline std::string form_name(Form form) {
+  switch (form) {
+    case Form::DataParallel: return "DataParallel";
+    case Form::DDP: return "DDP";
+    case Form::Zero1: return "ZeRO-1 (DDP)";
+    case Form::Zero2: return "ZeRO-2";
+    case Form::FSDP: return "FSDP (ZeRO-3)";
+    case Form::Pipe: return "Pipe";
+    case Form::PipelineStages: return "PipelineStage (ranks)";
+    case Form::TensorParallel: return "TensorParallel";
+    case Form::TensorParallelRanks: return "tensor parallel (ranks)";
+    case Form::Mesh2D: return "2-D mesh: DDP x TP";
+  }
+  return "?";
+}
+
+inline std::string degrees(const Config& c) {
+  switch (c.form) {
+    case Form::DataParallel: return fmt::format("{} CPU replicas", c.degree);
+    case Form::Pipe:
+    case Form::PipelineStages:
+      return fmt::format("{} stages{} x {} micro-batches, {}", c.degree,
+                         c.form == Form::PipelineStages ? " on Gloo ranks" : "", c.degree2,
+                         c.schedule == Schedule::GPipe ? "GPipe" : "1F1B");
+    case Form::TensorParallel: return fmt::format("tp {} over CPU devices", c.degree);
+    case Form::Mesh2D: return fmt::format("dp {} x tp {}, {} Gloo ranks", c.degree, c.degree2, world_size(c));
+    default:
+      return fmt::format("{} Gloo ranks{}", c.degree, c.bucket_per_tensor ? ", a bucket per tensor" : "");
+  }
+}
+
+inline std::string optimizer_name(Optimizer o) {
+  return o == Optimizer::SGDMomentum ? "SGD, momentum 0.9" : "AdamW + clip_grad_norm_";
+}
+
+// The row's first columns in docs/parity.md, exactly: what tests/repo compares.
+inline std::string doc_key(const Config& c) {
+  return fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} |", c.model, form_name(c.form),
+                     degrees(c), optimizer_name(c.optimizer), c.accumulation, c.batch,
+                     dtype_name(c.dtype), c.steps);
+}
+
+// One line naming the row, for failure messages.
+inline std::string label(const Config& c) {
+  return fmt::format("{}, {} ({}), {}, accumulation {}, batch {}, {}, {} steps", c.model,
+                     form_name(c.form), degrees(c), optimizer_name(c.optimizer), c.accumulation,
+                     c.batch, dtype_name(c.dtype), c.steps);
+}
+
+// Every row. The batches: 11 splits unevenly over 2 and 3 (6+5, 4+4+3); 26 over 4
+// micro-steps and 2 or 3 ranks (7+7+6+6; 9+9+8); 12 and 24 split evenly, for the rows
+// whose ranks draw their rows with DistributedSampler (it pads an uneven dataset by
+// repeating rows, which is not the same batch).
+inline std::vector<Config> parity_table() {
+  std::vector<Config> rows;
+  const Optimizer sgd = Optimizer::SGDMomentum, adamw = Optimizer::AdamWClipped;
+  auto add = [&rows](Form form, int degree, Optimizer optimizer, int accumulation, int64_t batch) -> Config& {
+    Config c;
+    c.form = form;
+    c.degree = degree;
+    c.optimizer = optimizer;
+    c.accumulation = accumulation;
+    c.batch = batch;
+    rows.push_back(c);
+    return rows.back();
+  };
+  for (int k : {2, 3})
+    for (Optimizer o : {sgd, adamw})
+      for (int acc : {1, 4}) add(Form::DataParallel, k, o, acc, acc == 1 ? 11 : 26);
+  for (int n : {2, 3})
+    for (Optimizer o : {sgd, adamw})
+      for (int acc : {1, 4}) add(Form::DDP, n, o, acc, n == 2 ? (acc == 1 ? 12 : 24) : (acc == 1 ? 11 : 26));
+  add(Form::DDP, 2, sgd, 1, 12).bucket_per_tensor = true;
+  add(Form::DDP, 3, adamw, 4, 26).bucket_per_tensor = true;
+  for (int n : {2, 3})
+    for (Optimizer o : {sgd, adamw}) add(Form::Zero1, n, o, 1, n == 2 ? 12 : 11);
+  add(Form::Zero1, 2, adamw, 4, 24);
+  for (int n : {2, 3})
+    for (Optimizer o : {sgd, adamw}) add(Form::Zero2, n, o, 1, n == 2 ? 12 : 11);
+  add(Form::Zero2, 3, sgd, 4, 26);
+  add(Form::Zero2, 2, adamw, 1, 11).bucket_per_tensor = true;
+  for (int n : {2, 3})
+    for (Optimizer o : {sgd, adamw}) add(Form::FSDP, n, o, 1, n == 2 ? 12 : 11);
+  add(Form::FSDP, 2, adamw, 4, 24);
+  struct PipeShape { int stages, micro; Schedule schedule; };
+  for (PipeShape p : {PipeShape{2, 4, Schedule::GPipe}, PipeShape{2, 4, Schedule::OneFOneB},
+                      PipeShape{3, 3, Schedule::GPipe}, PipeShape{3, 4, Schedule::OneFOneB}})
+    for (Optimizer o : {sgd, adamw}) {
+      Config& c = add(Form::Pipe, p.stages, o, 1, 11);
+      c.degree2 = p.micro;
+      c.schedule = p.schedule;
+    }
+  for (PipeShape p : {PipeShape{2, 3, Schedule::OneFOneB}, PipeShape{3, 2, Schedule::GPipe}}) {
+    Config& c = add(Form::Pipe, p.stages, p.stages == 2 ? adamw : sgd, 4, 26);
+    c.degree2 = p.micro;
+    c.schedule = p.schedule;
+  }
+  for (PipeShape p : {PipeShape{2, 4, Schedule::GPipe}, PipeShape{3, 3, Schedule::OneFOneB}})
+    for (Optimizer o : {sgd, adamw}) {
+      Config& c = add(Form::PipelineStages, p.stages, o, o == sgd ? 1 : 4, o == sgd ? 11 : 26);
+      c.degree2 = p.micro;
+      c.schedule = p.schedule;
+    }
+  for (Optimizer o : {sgd, adamw})
+    for (int acc : {1, 4}) add(Form::TensorParallel, 2, o, acc, acc == 1 ? 11 : 26);
+  for (Optimizer o : {sgd, adamw}) add(Form::TensorParallelRanks, 2, o, o == sgd ? 1 : 4, o == sgd ? 11 : 26);
+  for (Optimizer o : {sgd, adamw}) {
+    Config& c = add(Form::Mesh2D, 2, o, 1, o == sgd ? 11 : 12);
+    c.degree2 = 2;
+  }
+  return rows;
+}
+
+}  // namespace mg::parity
