@@ -22,6 +22,9 @@
 #include <minigrad/data/distributed_sampler.h>
 #include <minigrad/data/fashion_mnist.h>
 #include <minigrad/data/idx.h>
+#include <minigrad/data/char_tokenizer.h>
+#include <minigrad/data/text_dataset.h>
+#include <minigrad/data/token_file.h>
 #include <minigrad/data/sampler.h>
 #include <minigrad/nn/fusion.h>
 #include <minigrad/nn/init.h>

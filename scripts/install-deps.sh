@@ -14,6 +14,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev                 # command lines, checkpoint headers
   libgloo-dev                                     # CPU process groups (DistributedDataParallel)
   dataset-fashion-mnist                           # the data `make train` trains on
+  fortunes                                        # the text train_gpt trains on
   clang libclang-rt-14-dev                        # sanitizer and fuzzing builds
 )
 
