@@ -17,15 +17,16 @@
 #include <minigrad/core/tensor.h>
 #include <minigrad/cuda/cuda.h>
 #include <minigrad/cuda/graph.h>
+#include <minigrad/data/char_tokenizer.h>
 #include <minigrad/data/dataloader.h>
 #include <minigrad/data/dataset.h>
 #include <minigrad/data/distributed_sampler.h>
 #include <minigrad/data/fashion_mnist.h>
 #include <minigrad/data/idx.h>
-#include <minigrad/data/char_tokenizer.h>
+#include <minigrad/data/sampler.h>
 #include <minigrad/data/text_dataset.h>
 #include <minigrad/data/token_file.h>
-#include <minigrad/data/sampler.h>
+#include <minigrad/models/gpt.h>
 #include <minigrad/nn/fusion.h>
 #include <minigrad/nn/init.h>
 #include <minigrad/nn/layers.h>
@@ -35,6 +36,7 @@
 #include <minigrad/nn/optim/optimizer.h>
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/nn/serialize.h>
+#include <minigrad/nn/transformer_layers.h>
 #include <minigrad/nn/utils/clip_grad.h>
 #include <minigrad/parallel/comm.h>
 #include <minigrad/parallel/communicator.h>
