@@ -97,7 +97,7 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   app.add_option("--grad-accum", o.grad_accum, "Micro-batches per step (gradient accumulation)")->check(positive)->capture_default_str();
   app.add_option("--lr", o.lr, "Peak learning rate (AdamW)")->check(samples::non_negative_number())->capture_default_str();
   app.add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine decay")->check(samples::non_negative_number())->capture_default_str();
-  app.add_option("--warmup", o.warmup, "Steps of linear warmup")->check(samples::non_negative_integer())->capture_default_str();
+  CLI::Option* warmup = app.add_option("--warmup", o.warmup, "Steps of linear warmup (default: 100, or --decay-iters when that is fewer)")->check(samples::non_negative_integer());
   app.add_option("--decay-iters", o.decay_iters, "Step where the cosine reaches --min-lr (default: --iters)")->check(samples::non_negative_integer());
   app.add_option("--weight-decay", o.weight_decay, "AdamW's weight decay of the 2-D weights")->check(samples::non_negative_number())->capture_default_str();
   app.add_option("--grad-clip", o.grad_clip, "Clip the gradient norm to this (0: no clipping)")->check(samples::non_negative_number())->capture_default_str();
@@ -121,6 +121,7 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     MG_CHECK(o.n_embd % o.n_head == 0, "--n-embd {} does not divide into --n-head {} heads", o.n_embd, o.n_head);
     MG_CHECK(o.min_lr <= o.lr, "--min-lr {} is above --lr {}", o.min_lr, o.lr);
     if (o.decay_iters == 0) o.decay_iters = o.iters;
+    if (warmup->count() == 0) o.warmup = std::min(o.warmup, o.decay_iters);
     MG_CHECK(o.warmup <= o.decay_iters, "--warmup {} is past --decay-iters {}", o.warmup, o.decay_iters);
     o.device_list = samples::parse_devices(o.devices);
     samples::check_file_flags(kProgram, {{"--save", o.save}, {"--metrics", o.metrics}, {"--plot", o.plot}},

@@ -77,7 +77,8 @@ TEST_CASE("train_gpt: trains a few steps, evaluates, writes its files and a samp
 TEST_CASE("train_gpt: a resumed run ends where an uninterrupted one does, bit for bit") {
   TempDir dir;
   const std::string corpus = make_corpus(dir);
-  const std::string common = kProgram + kTiny + " --sample-chars 0 --eval-interval 4 --dropout 0.1 --data-dir " + corpus;
+  // One schedule for both runs (warmup and decay would otherwise follow --iters).
+  const std::string common = kProgram + kTiny + " --sample-chars 0 --eval-interval 4 --dropout 0.1 --warmup 2 --decay-iters 8 --data-dir " + corpus;
   const auto whole = run_program(common + " --iters 8 --save " + (dir / "whole.safetensors"));
   INFO(whole.output);
   REQUIRE(whole.exit_code == 0);

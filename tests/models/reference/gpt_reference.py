@@ -217,7 +217,7 @@ def load_checkpoint(path):
     torch.manual_seed(0)
     idx = torch.randint(0, config["vocab_size"], (2, config["block_size"]))
     with torch.no_grad():
-        _, loss = model(idx[:, :-1], idx[:, 1:])
+        _, loss = model(idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
     print(f"loaded {path} with strict=True: {sum(p.numel() for p in model.parameters())} "
           f"parameters, loss on a random batch {loss.item():.4f}")
 
