@@ -20,7 +20,7 @@ namespace {
 const std::string kProgram = mg::testing::program_path("train_gpt");
 // A model small enough to take a few steps in a second.
 const std::string kTiny = " --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4 "
-                          "--eval-iters 2 --sample-chars 40";
+                          "--eval-iters 2";
 
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
@@ -48,7 +48,7 @@ std::string read(const std::string& path) {
 TEST_CASE("train_gpt: trains a few steps, evaluates, writes its files and a sample") {
   TempDir dir;
   const std::string corpus = make_corpus(dir);
-  const auto run = run_program(kProgram + kTiny + " --iters 6 --eval-interval 3 --warmup 2 --data-dir " +
+  const auto run = run_program(kProgram + kTiny + " --iters 6 --eval-interval 3 --warmup 2 --sample-chars 40 --data-dir " +
                                corpus + " --tokens " + (dir / "c.tokens") + " --save " +
                                (dir / "ck.safetensors") + " --metrics " + (dir / "m.csv") +
                                " --plot " + (dir / "p.svg") + " --grad-accum 2");
@@ -96,10 +96,13 @@ TEST_CASE("train_gpt: a resumed run ends where an uninterrupted one does, bit fo
     CHECK(t.to_vector<float>() == b.at(name).to_vector<float>());
   }
   // Another model than the checkpoint's is refused, naming both.
-  const auto other = run_program(common + " --iters 8 --n-embd 32 --resume " + (dir / "half.safetensors"));
+  const auto other = run_program(kProgram + " --n-layer 2 --n-head 2 --n-embd 16 --block-size 16 "
+                                  "--batch-size 4 --dropout 0.1 --data-dir " + corpus +
+                                  " --iters 8 --resume " + (dir / "half.safetensors"));
   CHECK(other.exit_code == 1);
   CHECK_THAT(other.output, MG_CONTAINS("the checkpoint's model is {\"block_size\": 16") &&
-                               MG_CONTAINS("but the flags make"));
+                               MG_CONTAINS("\"n_layer\": 1") && MG_CONTAINS("but the flags make") &&
+                               MG_CONTAINS("\"n_layer\": 2"));
 }
 
 TEST_CASE("train_gpt: bad flags and missing data are refused, naming them") {
@@ -125,7 +128,7 @@ TEST_CASE("train_gpt: bad flags and missing data are refused, naming them") {
 TEST_CASE("train_gpt: a few steps on the fortunes corpus itself") {
   INFO("Debian's fortunes package (scripts/install-deps.sh) installs " << mg::data::kFortunesDir);
   REQUIRE(std::filesystem::is_directory(mg::data::kFortunesDir));
-  const auto run = run_program(kProgram + kTiny + " --iters 2 --eval-interval 2");
+  const auto run = run_program(kProgram + kTiny + " --iters 2 --eval-interval 2 --sample-chars 20");
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
   CHECK_THAT(run.output, MG_CONTAINS(" characters, a vocabulary of ") && MG_CONTAINS("step 2: train loss "));
