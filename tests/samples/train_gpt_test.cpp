@@ -133,3 +133,13 @@ TEST_CASE("train_gpt: a few steps on the fortunes corpus itself") {
   REQUIRE(run.exit_code == 0);
   CHECK_THAT(run.output, MG_CONTAINS(" characters, a vocabulary of ") && MG_CONTAINS("step 2: train loss "));
 }
+
+TEST_CASE("train_gpt: --devices cpu,cpu trains through DataParallel over two CPU replicas") {
+  TempDir dir;
+  const std::string corpus = make_corpus(dir);
+  const auto run = run_program(kProgram + kTiny + " --iters 3 --eval-interval 3 --sample-chars 10 " +
+                               "--devices cpu,cpu --data-dir " + corpus);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK_THAT(run.output, MG_CONTAINS("parameters on cpu, cpu") && MG_CONTAINS("step 3: train loss "));
+}
