@@ -16,6 +16,7 @@ kernels::UnaryKind unary_kind(UnaryOp op) {
     case UnaryOp::Relu: return kernels::UnaryKind::Relu;
     case UnaryOp::Sqrt: return kernels::UnaryKind::Sqrt;
     case UnaryOp::Abs: return kernels::UnaryKind::Abs;
+    case UnaryOp::Tanh: return kernels::UnaryKind::Tanh;
   }
   MG_FAIL("unary on CUDA: unknown op");
 }

@@ -59,6 +59,9 @@ struct SqrtValue {
 struct AbsValue {
   __device__ float operator()(float x) const { return fabsf(x); }
 };
+struct TanhValue {
+  __device__ float operator()(float x) const { return tanhf(x); }
+};
 // x <= 0 is false for NaN: relu(NaN) is NaN, as on the CPU and in PyTorch.
 template <typename T>
 struct ReluValue {
@@ -188,6 +191,7 @@ void unary(UnaryKind kind, ElementType type, void* out, const void* in,
       case UnaryKind::Relu: map_unary(o, x, layout, numel, stream, ReluValue<float>{}); break;
       case UnaryKind::Sqrt: map_unary(o, x, layout, numel, stream, SqrtValue{}); break;
       case UnaryKind::Abs: map_unary(o, x, layout, numel, stream, AbsValue{}); break;
+      case UnaryKind::Tanh: map_unary(o, x, layout, numel, stream, TanhValue{}); break;
     }
   } else {
     // int64: Neg and Relu only (the backend refuses the others).

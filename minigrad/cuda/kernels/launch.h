@@ -17,7 +17,7 @@
 namespace mg::cuda::kernels {
 
 enum class ElementType { Float32, Int64 };
-enum class UnaryKind { Neg, Exp, Log, Relu, Sqrt, Abs };
+enum class UnaryKind { Neg, Exp, Log, Relu, Sqrt, Abs, Tanh };
 enum class BinaryKind { Add, Sub, Mul, Div, Maximum };
 
 // ---- elementwise.cu ----
