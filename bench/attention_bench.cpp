@@ -16,6 +16,7 @@
 
 #include <minigrad/autograd/functions.h>
 #include <minigrad/core/backend.h>
+#include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
 
 using namespace mg;

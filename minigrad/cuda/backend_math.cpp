@@ -93,6 +93,7 @@ void CudaBackend::binary_scalar(BinaryOp op, const Tensor& out, const Tensor& in
 
 void CudaBackend::relu_backward(const Tensor& grad_in, const Tensor& grad_out,
                                 const Tensor& input) {
+  require_float32("relu_backward", input);
   OpScope scope(grad_in);
   const auto layout = strided_layout<3>("relu_backward", grad_in.shape(), {grad_in, grad_out, input});
   kernels::relu_backward(static_cast<float*>(grad_in.data_ptr()),
@@ -115,6 +116,7 @@ void CudaBackend::sum(const Tensor& out, const Tensor& in) {
 }
 
 void CudaBackend::argmax(const Tensor& out, const Tensor& in) {
+  require_float32("argmax", in);
   OpScope scope(out);
   kernels::argmax_rows(static_cast<int64_t*>(out.data_ptr()),
                        static_cast<const float*>(in.data_ptr()), in.size(0), in.size(1),
@@ -122,6 +124,7 @@ void CudaBackend::argmax(const Tensor& out, const Tensor& in) {
 }
 
 void CudaBackend::abs_max(const Tensor& out, const Tensor& in) {
+  require_float32("abs_max", in);
   MG_CHECK(in.is_contiguous() && in.numel() > 0,
            "abs_max on CUDA: expected a contiguous, non-empty input, got shape {}", in.shape());
   OpScope scope(out);
@@ -132,6 +135,7 @@ void CudaBackend::abs_max(const Tensor& out, const Tensor& in) {
 // ---- softmax and cross-entropy ----
 
 void CudaBackend::log_softmax(const Tensor& out, const Tensor& in) {
+  require_float32("log_softmax", in);
   MG_CHECK(out.is_contiguous(), "log_softmax on CUDA: expected a contiguous output");
   OpScope scope(out);
   kernels::log_softmax(static_cast<float*>(out.data_ptr()), matrix_view(in), in.size(0),
@@ -140,6 +144,7 @@ void CudaBackend::log_softmax(const Tensor& out, const Tensor& in) {
 
 void CudaBackend::log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
                                        const Tensor& output) {
+  require_float32("log_softmax_backward", output);
   MG_CHECK(grad_in.is_contiguous(), "log_softmax_backward on CUDA: expected a contiguous output");
   OpScope scope(grad_in);
   kernels::log_softmax_backward(static_cast<float*>(grad_in.data_ptr()), matrix_view(grad_out),
@@ -161,6 +166,7 @@ kernels::CrossEntropyParams cross_entropy_params(const CrossEntropyOptions& opti
 
 void CudaBackend::cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets,
                                 const CrossEntropyOptions& options) {
+  require_float32("cross_entropy", logits);
   MG_CHECK(loss.is_contiguous(), "cross_entropy on CUDA: expected a contiguous output");
   OpScope scope(loss);
   const int64_t rows = logits.size(0), cols = logits.size(1);
@@ -180,6 +186,7 @@ void CudaBackend::cross_entropy(const Tensor& loss, const Tensor& logits, const 
 void CudaBackend::cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
                                          const Tensor& logits, const Tensor& targets,
                                          const CrossEntropyOptions& options) {
+  require_float32("cross_entropy_backward", logits);
   const kernels::CrossEntropyParams params = cross_entropy_params(options);
   const bool per_row = params.reduction == kernels::LossReduction::None;
   MG_CHECK(grad_loss.device() == logits.device() &&

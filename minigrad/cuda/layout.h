@@ -8,8 +8,22 @@
 
 namespace mg::cuda {
 
+// The kernels of launch.h take float32 and int64; float64 reaches only the transformer's
+// kernels (kernels/transformer.h) so far, and anywhere else is an error, never a float64
+// tensor read as int64.
 inline kernels::ElementType element_type(DType dtype) {
+  MG_CHECK(dtype != DType::Float64,
+           "this op has no float64 kernel on CUDA yet (float32 and int64 only); compute it in "
+           "float32 or on the CPU");
   return dtype == DType::Float32 ? kernels::ElementType::Float32 : kernels::ElementType::Int64;
+}
+
+// An mg::Error unless t is float32: the float-only kernels of launch.h.
+inline void require_float32(const char* op, const Tensor& t) {
+  MG_CHECK(t.dtype() == DType::Float32,
+           "{} on CUDA: this kernel takes float32 only, got {} (float64 on CUDA covers the "
+           "transformer's ops so far)",
+           op, t.dtype());
 }
 
 // A collapsed indexer over `shape` for N tensors of that shape (their own strides).
