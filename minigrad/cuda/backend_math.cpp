@@ -67,8 +67,8 @@ kernels::SumPlan sum_plan(const Tensor& out, const Tensor& in) {
 // ---- elementwise ----
 
 void CudaBackend::unary(UnaryOp op, const Tensor& out, const Tensor& in) {
-  MG_CHECK(out.dtype() == DType::Float32 || op == UnaryOp::Neg || op == UnaryOp::Relu,
-           "{} on CUDA: expected float32, got {}", op_name(op), out.dtype());
+  MG_CHECK(out.dtype() != DType::Int64 || op == UnaryOp::Neg || op == UnaryOp::Relu,
+           "{} on CUDA: expected float32 or float64, got {}", op_name(op), out.dtype());
   OpScope scope(out);
   const auto layout = strided_layout<2>(op_name(op), out.shape(), {out, in});
   kernels::unary(unary_kind(op), element_type(out.dtype()), out.data_ptr(), in.data_ptr(), layout,

@@ -8,14 +8,13 @@
 
 namespace mg::cuda {
 
-// The kernels of launch.h take float32 and int64; float64 reaches only the transformer's
-// kernels (kernels/transformer.h) so far, and anywhere else is an error, never a float64
-// tensor read as int64.
 inline kernels::ElementType element_type(DType dtype) {
-  MG_CHECK(dtype != DType::Float64,
-           "this op has no float64 kernel on CUDA yet (float32 and int64 only); compute it in "
-           "float32 or on the CPU");
-  return dtype == DType::Float32 ? kernels::ElementType::Float32 : kernels::ElementType::Int64;
+  switch (dtype) {
+    case DType::Float32: return kernels::ElementType::Float32;
+    case DType::Float64: return kernels::ElementType::Float64;
+    case DType::Int64: return kernels::ElementType::Int64;
+  }
+  MG_FAIL("CUDA: unknown dtype");
 }
 
 // An mg::Error unless t is float32: the float-only kernels of launch.h.

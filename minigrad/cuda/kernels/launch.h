@@ -16,7 +16,9 @@
 
 namespace mg::cuda::kernels {
 
-enum class ElementType { Float32, Int64 };
+// Float64 reaches the elementwise ops, fill, arange and sum; the other kernels here are
+// float32 (and int64) only, which the backend checks before it calls them.
+enum class ElementType { Float32, Int64, Float64 };
 enum class UnaryKind { Neg, Exp, Log, Relu, Sqrt, Abs, Tanh };
 enum class BinaryKind { Add, Sub, Mul, Div, Maximum };
 
