@@ -93,13 +93,12 @@ void CudaBackend::binary_scalar(BinaryOp op, const Tensor& out, const Tensor& in
 
 void CudaBackend::relu_backward(const Tensor& grad_in, const Tensor& grad_out,
                                 const Tensor& input) {
-  require_float32("relu_backward", input);
+  MG_CHECK(is_floating_point(input.dtype()), "relu_backward on CUDA: expected float32 or float64, got {}",
+           input.dtype());
   OpScope scope(grad_in);
   const auto layout = strided_layout<3>("relu_backward", grad_in.shape(), {grad_in, grad_out, input});
-  kernels::relu_backward(static_cast<float*>(grad_in.data_ptr()),
-                         static_cast<const float*>(grad_out.data_ptr()),
-                         static_cast<const float*>(input.data_ptr()), layout, grad_in.numel(),
-                         scope.stream());
+  kernels::relu_backward(element_type(input.dtype()), grad_in.data_ptr(), grad_out.data_ptr(),
+                         input.data_ptr(), layout, grad_in.numel(), scope.stream());
 }
 
 // ---- reductions ----

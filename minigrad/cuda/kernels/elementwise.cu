@@ -132,6 +132,9 @@ struct ReluBackwardValue {
   __device__ float operator()(float grad_out, float input) const {
     return input <= 0.0f ? 0.0f : grad_out;
   }
+  __device__ double operator()(double grad_out, double input) const {
+    return input <= 0.0 ? 0.0 : grad_out;
+  }
 };
 
 // ---- dispatch ----
@@ -256,9 +259,15 @@ void binary_scalar(BinaryKind kind, ElementType type, void* out, const void* in,
   }
 }
 
-void relu_backward(float* grad_in, const float* grad_out, const float* input,
+void relu_backward(ElementType type, void* grad_in, const void* grad_out, const void* input,
                    const StridedIndexer<3>& layout, int64_t numel, cudaStream_t stream) {
-  map_binary(grad_in, grad_out, input, layout, numel, stream, ReluBackwardValue{});
+  if (type == ElementType::Float64) {
+    map_binary(static_cast<double*>(grad_in), static_cast<const double*>(grad_out),
+               static_cast<const double*>(input), layout, numel, stream, ReluBackwardValue{});
+  } else {
+    map_binary(static_cast<float*>(grad_in), static_cast<const float*>(grad_out),
+               static_cast<const float*>(input), layout, numel, stream, ReluBackwardValue{});
+  }
 }
 
 }  // namespace mg::cuda::kernels
