@@ -97,6 +97,9 @@ std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // The [vocab, dim] gradient of embedding given grad_out [..., dim].
 Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t vocab);
+// mg::Error unless q [..., L, E], k [..., S, E], v [..., S, Ev] (S > 0) fit together: one
+// device, one float dtype, the same leading dimensions.
+void check_attention(const Tensor& q, const Tensor& k, const Tensor& v);
 // Fused attention (Backend::attention) over q [..., tq, d], k [..., tk, d], v [..., tk, dv]
 // with equal batch dimensions: {out [..., tq, dv], lse [..., tq]}.
 std::vector<Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

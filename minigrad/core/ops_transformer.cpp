@@ -239,8 +239,7 @@ Tensor as_batch3(const Tensor& t) {
 }
 }  // namespace
 
-std::vector<Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                              bool causal, double dropout_p, uint64_t seed, uint64_t offset) {
+void check_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   const char* op = "scaled_dot_product_attention";
   check_same_device(op, q, k);
   check_same_device(op, q, v);
@@ -260,6 +259,12 @@ std::vector<Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v,
            "[..., S, E] and [..., S, Ev])",
            op, q.shape(), k.shape(), v.shape());
   MG_CHECK(k.size(-2) > 0, "{}: expected at least one key, got key of shape {}", op, k.shape());
+}
+
+std::vector<Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                              bool causal, double dropout_p, uint64_t seed, uint64_t offset) {
+  check_attention(q, k, v);
+  const std::vector<int64_t> qs = sizes_of(q);
   std::vector<int64_t> out_sizes = qs, lse_sizes(qs.begin(), qs.end() - 1);
   out_sizes.back() = v.size(-1);
   Tensor out = empty(Shape(out_sizes), q.dtype(), q.device());

@@ -29,11 +29,9 @@ namespace {
 // Read on every attention call, from any thread; relaxed: it orders nothing else.
 std::atomic<bool> fused_enabled{true};
 
-double attention_scale(const Tensor& q) {
-  MG_CHECK(q.dim() >= 2,
-           "scaled_dot_product_attention: expected query, key and value of at least 2 "
-           "dimensions [..., L, E], got query of shape {}",
-           q.shape());
+// Checks the inputs (both paths give the same errors) and returns 1 / sqrt(E).
+double attention_scale(const Tensor& q, const Tensor& k, const Tensor& v) {
+  ops::check_attention(q, k, v);
   return 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
 }
 }  // namespace
@@ -45,7 +43,7 @@ void set_fused_attention_enabled(bool enabled) {
 
 Tensor scaled_dot_product_attention_composed(const Tensor& q, const Tensor& k, const Tensor& v,
                                             bool is_causal, double dropout_p, Generator* gen) {
-  const double scale = attention_scale(q);
+  const double scale = attention_scale(q, k, v);
   Tensor scores = matmul(q, k.transpose(-2, -1)) * scale;  // [..., L, S]
   if (is_causal) {
     // Key j is hidden from query i when j > i: a [L, S] mask broadcast over the batch.
@@ -63,14 +61,14 @@ Tensor scaled_dot_product_attention_composed(const Tensor& q, const Tensor& k, c
 
 Tensor scaled_dot_product_attention_fused(const Tensor& q, const Tensor& k, const Tensor& v,
                                          bool is_causal, double dropout_p, Generator* gen) {
-  const double scale = attention_scale(q);
+  const double scale = attention_scale(q, k, v);
   MG_CHECK(dropout_p >= 0.0 && dropout_p < 1.0,
            "scaled_dot_product_attention: dropout_p has to be in [0, 1), but got {}", dropout_p);
   Generator::Draw draw{0, 0};
   if (dropout_p > 0.0) {
     // The blocks the composed path's dropout would take for its [..., L, S] probabilities,
     // so both paths draw the same mask after the same manual_seed.
-    const int64_t L = q.size(-2), S = k.dim() >= 2 ? k.size(-2) : 0;
+    const int64_t L = q.size(-2), S = k.size(-2);
     const auto elements =
         static_cast<uint64_t>(L * S * (q.numel() / std::max<int64_t>(q.size(-2) * q.size(-1), 1)));
     draw = (gen != nullptr ? *gen : default_generator()).reserve((elements + 3) / 4);

@@ -13,6 +13,7 @@
 
 #include <minigrad/core/cpu/blas.h>
 #include <minigrad/core/cpu/cpu_backend.h>
+#include <minigrad/core/cpu/vector_exp.h>
 #include <minigrad/core/dispatch.h>
 #include <minigrad/core/philox.h>
 
@@ -20,6 +21,15 @@ namespace mg {
 namespace {
 
 using cpu::blas_gemm;
+
+// out[j] = exp(in[j] - shift): float rows take cpu/vector_exp.h's exp, which vectorises
+// (this file is built with -fno-trapping-math, as softmax.cpp), double rows std::exp.
+inline void exp_row(float* out, const float* in, float shift, int64_t n) {
+  cpu::exp_row(out, in, shift, n);
+}
+inline void exp_row(double* out, const double* in, double shift, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) out[j] = std::exp(in[j] - shift);
+}
 
 constexpr int64_t kBlockQ = 64;  // queries per tile
 constexpr int64_t kBlockK = 64;  // keys per tile
@@ -94,12 +104,11 @@ void attention_forward(const Problem& pr, const T* q, const T* k, const T* v, T*
           }
           // The softmax so far was relative to m[r]; rescale it to m_new.
           const T correction = std::exp(m[ru] - m_new);
+          exp_row(row, row, m_new, seen);
           T sum = 0;
-          for (int64_t c = 0; c < seen; ++c) {
-            const T p = std::exp(row[c] - m_new);
-            sum += p;
-            row[c] = dropout ? p * z[static_cast<size_t>(r * nk + c)] : p;
-          }
+          for (int64_t c = 0; c < seen; ++c) sum += row[c];
+          if (dropout)
+            for (int64_t c = 0; c < seen; ++c) row[c] *= z[static_cast<size_t>(r * nk + c)];
           std::fill(row + seen, row + nk, T(0));
           l[ru] = l[ru] * correction + sum;
           if (correction != T(1)) {
@@ -166,7 +175,7 @@ void attention_backward_typed(const Problem& pr, const T* q, const T* k, const T
           T* row = p.data() + r * nk;
           const int64_t seen = pr.visible(i0 + r, j0, nk);
           const T row_lse = L[i0 + r];
-          for (int64_t c = 0; c < seen; ++c) row[c] = std::exp(row[c] - row_lse);
+          exp_row(row, row, row_lse, seen);
           std::fill(row + seen, row + nk, T(0));
         }
         const T* p_used = p.data();  // the probabilities after dropout
