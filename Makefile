@@ -17,7 +17,7 @@ ASAN_BUILD   ?= build-asan
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 20
 
-.PHONY: all deps configure build build-train test test-unit test-sanitize test-fuzz train parity-docs clean
+.PHONY: all deps configure build build-train test test-unit test-sanitize test-fuzz train train-gpt parity-docs clean
 
 all: build
 
@@ -73,6 +73,11 @@ parity-docs: configure
 
 train: build-train
 	$(BUILD)/bin/train_fashion_mnist $(TRAIN_ARGS)
+
+# The character-level GPT on Debian's fortunes (docs/gpt.md).
+train-gpt: configure
+	cmake --build $(BUILD) -j$(JOBS) --target train_gpt
+	$(BUILD)/bin/train_gpt $(TRAIN_ARGS)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -15,6 +15,7 @@ packages=(
   libgloo-dev                                     # CPU process groups (DistributedDataParallel)
   openmpi-bin                                     # mpirun, one of the launchers tested
   dataset-fashion-mnist                           # the data `make train` trains on
+  fortunes                                        # the text train_gpt trains on
   clang libclang-rt-14-dev                        # sanitizer and fuzzing builds
 )
 

@@ -36,17 +36,17 @@ std::string describe_forward(const std::vector<Tensor>& inputs) {
 }
 
 bool has_non_finite(const Tensor& t) {
-  if (!t.defined() || t.dtype() != DType::Float32 || t.numel() == 0) return false;
+  if (!t.defined() || !is_floating_point(t.dtype()) || t.numel() == 0) return false;
   // x * 0 is 0 for every finite x and NaN for NaN and +-inf, so one reduction on the
   // tensor's own device answers the question without copying it to the host.
   const Tensor probe = ops::sum(ops::binary_scalar(BinaryOp::Mul, t, 0.0), {}, false);
-  return std::isnan(probe.item<float>());
+  return std::isnan(ops::to_dtype(probe, DType::Float64).item<double>());
 }
 
 void report_non_finite(const std::string& node_name, const std::string& creation_context,
                        size_t index, const Tensor& grad) {
   int64_t nans = 0, infs = 0;
-  for (float v : grad.to_vector<float>()) {
+  for (double v : ops::to_dtype(grad, DType::Float64).to_vector<double>()) {
     nans += std::isnan(v) ? 1 : 0;
     infs += std::isinf(v) ? 1 : 0;
   }

@@ -13,6 +13,7 @@
 namespace mg {
 
 Tensor Tensor::to(Device device) const { return mg::to(*this, device); }
+Tensor Tensor::to(DType dtype) const { return mg::to(*this, dtype); }
 Tensor Tensor::reshape(const Shape& shape) const { return mg::reshape(*this, shape); }
 Tensor Tensor::view(const Shape& shape) const { return mg::view(*this, shape); }
 Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
@@ -41,6 +42,9 @@ Tensor Tensor::exp() const { return mg::exp(*this); }
 Tensor Tensor::log() const { return mg::log(*this); }
 Tensor Tensor::neg() const { return mg::neg(*this); }
 Tensor Tensor::log_softmax(int64_t d) const { return mg::log_softmax(*this, d); }
+Tensor Tensor::softmax(int64_t d) const { return mg::softmax(*this, d); }
+Tensor Tensor::tanh() const { return mg::tanh(*this); }
+Tensor Tensor::permute(const std::vector<int64_t>& dims) const { return mg::permute(*this, dims); }
 Tensor Tensor::argmax(int64_t d) const { return ops::argmax(*this, d); }
 
 void Tensor::backward(const Tensor& gradient, bool retain_graph) const {

@@ -65,6 +65,53 @@ double Backend::event_elapsed_ms(void*, void*) {
           type() == DeviceType::CPU ? "CPU" : "CUDA");
 }
 
+namespace {
+[[noreturn]] void missing_kernel(const Backend& b, const char* op) {
+  MG_FAIL("{}: the {} backend has no kernel for this op", op,
+          b.type() == DeviceType::CPU ? "CPU" : "CUDA");
+}
+}  // namespace
+
+void Backend::convert(const Tensor&, const Tensor&) { missing_kernel(*this, "to (dtype)"); }
+void Backend::gelu(const Tensor&, const Tensor&, bool) { missing_kernel(*this, "gelu"); }
+void Backend::gelu_backward(const Tensor&, const Tensor&, const Tensor&, bool) {
+  missing_kernel(*this, "gelu_backward");
+}
+void Backend::masked_fill(const Tensor&, const Tensor&, const Tensor&, double) {
+  missing_kernel(*this, "masked_fill");
+}
+void Backend::dropout(const Tensor&, const Tensor&, double, uint64_t, uint64_t) {
+  missing_kernel(*this, "dropout");
+}
+void Backend::bmm(const Tensor&, const Tensor&, const Tensor&) { missing_kernel(*this, "matmul (batched)"); }
+void Backend::softmax(const Tensor&, const Tensor&) { missing_kernel(*this, "softmax"); }
+void Backend::softmax_backward(const Tensor&, const Tensor&, const Tensor&) {
+  missing_kernel(*this, "softmax_backward");
+}
+void Backend::layer_norm(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&, const Tensor&, double) {
+  missing_kernel(*this, "layer_norm");
+}
+void Backend::layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                  const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  missing_kernel(*this, "layer_norm_backward");
+}
+void Backend::embedding(const Tensor&, const Tensor&, const Tensor&) {
+  missing_kernel(*this, "embedding");
+}
+void Backend::embedding_backward(const Tensor&, const Tensor&, const Tensor&) {
+  missing_kernel(*this, "embedding_backward");
+}
+void Backend::attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                        const Tensor&, double, bool, double, uint64_t, uint64_t) {
+  missing_kernel(*this, "scaled_dot_product_attention");
+}
+void Backend::attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&, double, bool, double, uint64_t, uint64_t) {
+  missing_kernel(*this, "scaled_dot_product_attention backward");
+}
+
 void Backend::addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) {
   matmul(out, a, b);
   binary(BinaryOp::Add, out, out, ops::expand(bias, out.shape()), 1.0);  // out may alias a

@@ -27,7 +27,7 @@ namespace mg {
 
 // Sqrt, Abs and Maximum are not differentiable ops of the user API: optimizers and
 // gradient clipping use them (ops::unary / ops::binary) on values outside the graph.
-enum class UnaryOp { Neg, Exp, Log, Relu, Sqrt, Abs };
+enum class UnaryOp { Neg, Exp, Log, Relu, Sqrt, Abs, Tanh };
 // Maximum propagates NaN (torch.maximum): max(NaN, x) and max(x, NaN) are NaN.
 enum class BinaryOp { Add, Sub, Mul, Div, Maximum };
 
@@ -39,6 +39,7 @@ inline const char* op_name(UnaryOp op) {
     case UnaryOp::Relu: return "relu";
     case UnaryOp::Sqrt: return "sqrt";
     case UnaryOp::Abs: return "abs";
+    case UnaryOp::Tanh: return "tanh";
   }
   return "?";
 }
@@ -174,6 +175,9 @@ class Backend {
   // dst = src; same shape and dtype; any strides. For copies between device types the
   // backend of the non-CPU side is called, with one of dst/src on the host.
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+  // dst = src converted to dst's dtype (float to int64 truncates toward zero, as a C++
+  // cast); same shape and device, any strides.
+  virtual void convert(const Tensor& dst, const Tensor& src);
   virtual void fill(const Tensor& dst, double value) = 0;              // dst contiguous
   virtual void arange(const Tensor& dst, double start, double step) = 0;  // dst contiguous
   // Counter-based random numbers (core/philox.h) from Philox block `offset` on, so CPU
@@ -183,7 +187,7 @@ class Backend {
   virtual void random_normal(const Tensor& dst, double mean, double stddev, uint64_t seed,
                              uint64_t offset) = 0;
 
-  // ---- elementwise (float32; add/sub/mul/div also int64) ----
+  // ---- elementwise (float32 and float64; add/sub/mul/div also int64) ----
   // relu(NaN) is NaN (PyTorch's clamp_min propagates NaN).
   virtual void unary(UnaryOp op, const Tensor& out, const Tensor& in) = 0;
   // out = a op (alpha * b) for Add/Sub; out = a op b otherwise. `out` may alias `a`
@@ -199,6 +203,23 @@ class Backend {
   // PyTorch's threshold_backward).
   virtual void relu_backward(const Tensor& grad_in, const Tensor& grad_out,
                              const Tensor& input) = 0;
+
+  // ---- the transformer's elementwise ops (float32 and float64, any strides) ----
+  // The entries below the line default to an mg::Error naming the op and the backend, so
+  // a backend that lacks a kernel says so rather than failing to link.
+  // out = gelu(in): exact (x * Phi(x), erf) or, with tanh_form, GPT-2's tanh
+  // approximation, as torch.nn.functional.gelu(approximate="none" / "tanh").
+  virtual void gelu(const Tensor& out, const Tensor& in, bool tanh_form);
+  virtual void gelu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& input,
+                             bool tanh_form);
+  // out = mask != 0 ? value : in, elementwise; mask (int64 or float, of out's shape: the
+  // ops layer expands it) may be any dtype of the table.
+  virtual void masked_fill(const Tensor& out, const Tensor& in, const Tensor& mask, double value);
+  // out[i] = u_i >= p ? in[i] / (1 - p) : 0, where u_i = philox::uniform(seed, offset, i)
+  // and i is the element's row-major index in out's shape: the same mask on every backend
+  // for one seed and offset. p in [0, 1).
+  virtual void dropout(const Tensor& out, const Tensor& in, double p, uint64_t seed,
+                       uint64_t offset);
 
   // ---- reductions ----
   // `out` has in's rank, size 1 in the reduced dims (keepdim form): out = sum over them.
@@ -224,11 +245,21 @@ class Backend {
   virtual void addmm_relu(const Tensor& out, const Tensor& bias, const Tensor& a,
                           const Tensor& b);
 
+  // out[..., m, n] = a[..., m, k] @ b[..., k, n] for every index of the batch dimensions
+  // (the same in out, a and b: the ops layer broadcasts them, so a batch stride may be 0);
+  // out contiguous, a and b strided.
+  virtual void bmm(const Tensor& out, const Tensor& a, const Tensor& b);
+
   // ---- softmax and cross-entropy over the last dim of 2-D [rows, classes] ----
   virtual void log_softmax(const Tensor& out, const Tensor& in) = 0;
   // grad_in = grad_out - exp(output) * sum(grad_out, -1)
   virtual void log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
                                     const Tensor& output) = 0;
+  // out = softmax(in) over each row; a row of -inf only (or holding +inf) is NaN, as PyTorch.
+  virtual void softmax(const Tensor& out, const Tensor& in);
+  // grad_in = output * (grad_out - sum(grad_out * output, -1))
+  virtual void softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
+                                const Tensor& output);
   // The row losses of core/cross_entropy_options.h, reduced as options.reduction() says
   // into `loss`: a scalar for Mean and Sum, [rows] for None (0 for an ignored row).
   // targets int64 [rows], each in [0, classes) or options.ignore_index(); the CPU backend
@@ -241,6 +272,46 @@ class Backend {
   virtual void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
                                       const Tensor& logits, const Tensor& targets,
                                       const CrossEntropyOptions& options) = 0;
+
+  // ---- the transformer's fused ops ----
+  // Layer normalisation of each row of in [rows, cols] (contiguous): out = (in - mean) *
+  // rstd * weight + bias, with rstd = 1 / sqrt(var + eps) (the biased variance), and the
+  // row statistics saved for backward in mean and rstd ([rows], in's dtype). weight and
+  // bias are [cols], contiguous, or undefined (no affine part).
+  virtual void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                          const Tensor& in, const Tensor& weight, const Tensor& bias, double eps);
+  // The gradients of layer_norm given grad_out [rows, cols] (contiguous): grad_in always;
+  // grad_weight and grad_bias ([cols]) when defined (their sums over the rows).
+  virtual void layer_norm_backward(const Tensor& grad_in, const Tensor& grad_weight,
+                                   const Tensor& grad_bias, const Tensor& grad_out,
+                                   const Tensor& in, const Tensor& mean, const Tensor& rstd,
+                                   const Tensor& weight);
+  // out[i, :] = weight[indices[i], :]: weight [vocab, dim] strided, indices int64 [n]
+  // (contiguous), out [n, dim] contiguous. An index outside [0, vocab) is an mg::Error
+  // naming it (the CPU checks before reading; CUDA through its device-side check).
+  virtual void embedding(const Tensor& out, const Tensor& weight, const Tensor& indices);
+  // grad_weight (zeroed by the caller, [vocab, dim] contiguous) += the rows of grad_out
+  // [n, dim] at their indices, in index order for each row of grad_weight, so repeated
+  // indices sum the same way on every run (no atomics).
+  virtual void embedding_backward(const Tensor& grad_weight, const Tensor& grad_out,
+                                  const Tensor& indices);
+  // Attention over [batch, tq, d] queries and [batch, tk, d] keys and [batch, tk, dv] values
+  // (contiguous): out = dropout(softmax(q k^T * scale [+ causal mask])) v in one pass over
+  // key blocks with an online softmax, never forming the [tq, tk] matrix; lse [batch, tq]
+  // keeps each row's log-sum-exp (of the scaled, masked scores) for backward. causal masks
+  // key j > query i (torch's is_causal: tril(ones(tq, tk)), aligned to the top left).
+  // Dropout draws philox::uniform(seed, offset, (b * tq + i) * tk + j) for score (i, j):
+  // the element index of the [batch, tq, tk] probability tensor, as dropout() would.
+  virtual void attention(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                         const Tensor& v, double scale, bool causal, double dropout_p,
+                         uint64_t seed, uint64_t offset);
+  // The gradients of attention given grad_out and the saved out and lse; the
+  // probabilities are recomputed block by block (FlashAttention's backward).
+  virtual void attention_backward(const Tensor& grad_q, const Tensor& grad_k,
+                                  const Tensor& grad_v, const Tensor& grad_out, const Tensor& q,
+                                  const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, double scale, bool causal, double dropout_p,
+                                  uint64_t seed, uint64_t offset);
 
   // ---- optimizers ----
   // Updates params (and momentum buffers) in place, as check_sgd_step() describes

@@ -86,6 +86,9 @@ Tensor from_host(const std::vector<T>& values, const Shape& shape, Device device
 Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device) {
   return from_host(values, shape, device);
 }
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, Device device) {
+  return from_host(values, shape, device);
+}
 Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape, Device device) {
   return from_host(values, shape, device);
 }

@@ -22,7 +22,8 @@ void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
 }
 
 void check_float(const char* op, const Tensor& t) {
-  MG_CHECK(t.dtype() == DType::Float32, "{}: expected a float32 tensor, got {} (shape {})", op,
+  MG_CHECK(is_floating_point(t.dtype()),
+           "{}: expected a floating-point tensor (float32 or float64), got {} (shape {})", op,
            t.dtype(), t.shape());
 }
 
@@ -237,6 +238,13 @@ Tensor clone(const Tensor& t) {
   return out;
 }
 
+Tensor to_dtype(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  Tensor out = empty(t.shape(), dtype, t.device());
+  if (out.numel() > 0) backend_of(t).convert(out, t);
+  return out;
+}
+
 Tensor copy_to(const Tensor& t, Device device) {
   Tensor out = empty(t.shape(), t.dtype(), device);
   copy_(out, t);
@@ -367,7 +375,7 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 
 Tensor abs_max(const Tensor& x) {
   check_float("abs_max", x);
-  Tensor out = empty(Shape{}, DType::Float32, x.device());
+  Tensor out = empty(Shape{}, x.dtype(), x.device());
   if (x.numel() == 0) {
     out.fill_(0.0);
     return out;
@@ -408,14 +416,15 @@ void check_matmul(const char* op, const Tensor& a, const Tensor& b) {
   MG_CHECK(a.size(1) == b.size(0),
            "{}: shapes {} and {} cannot be multiplied (inner dimensions {} and {} differ)", op,
            a.shape(), b.shape(), a.size(1), b.size(0));
-  MG_CHECK(a.dtype() == DType::Float32 && b.dtype() == DType::Float32,
-           "{}: expected float32 tensors, got {} and {}", op, a.dtype(), b.dtype());
+  MG_CHECK(is_floating_point(a.dtype()) && a.dtype() == b.dtype(),
+           "{}: expected two floating-point tensors of one dtype, got {} and {}", op, a.dtype(),
+           b.dtype());
 }
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   check_matmul("matmul", a, b);
-  Tensor out = empty(Shape{a.size(0), b.size(1)}, DType::Float32, a.device());
+  Tensor out = empty(Shape{a.size(0), b.size(1)}, a.dtype(), a.device());
   if (out.numel() > 0) backend_of(a).matmul(out, a, b);
   return out;
 }
@@ -425,11 +434,11 @@ namespace {
 Tensor addmm_output(const char* op, const Tensor& bias, const Tensor& a, const Tensor& b) {
   check_matmul(op, a, b);
   check_same_device(op, a, bias);
-  MG_CHECK(bias.dim() == 1 && bias.size(0) == b.size(1) && bias.dtype() == DType::Float32,
-           "{}: expected a float32 bias of shape [{}] for a product of shape [{}, {}], got {} "
+  MG_CHECK(bias.dim() == 1 && bias.size(0) == b.size(1) && bias.dtype() == a.dtype(),
+           "{}: expected a {} bias of shape [{}] for a product of shape [{}, {}], got {} "
            "({})",
-           op, b.size(1), a.size(0), b.size(1), bias.shape(), bias.dtype());
-  return empty(Shape{a.size(0), b.size(1)}, DType::Float32, a.device());
+           op, a.dtype(), b.size(1), a.size(0), b.size(1), bias.shape(), bias.dtype());
+  return empty(Shape{a.size(0), b.size(1)}, a.dtype(), a.device());
 }
 }  // namespace
 
@@ -460,7 +469,7 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
     return transpose(log_softmax(transpose(x, dim, -1), -1), dim, -1);
   }
   const Tensor rows = contiguous(x.dim() == 0 ? view(x, Shape{1}) : x);
-  Tensor out = empty(x.shape(), DType::Float32, x.device());
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
   if (x.numel() > 0) backend_of(x).log_softmax(view(out, as_rows(x)), view(rows, as_rows(x)));
   return out;
 }
@@ -473,7 +482,7 @@ Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& output, int64_
         -1);
   }
   const Tensor g = contiguous(grad_out), y = contiguous(output);
-  Tensor out = empty(output.shape(), DType::Float32, output.device());
+  Tensor out = empty(output.shape(), output.dtype(), output.device());
   if (out.numel() > 0)
     backend_of(output).log_softmax_backward(view(out, as_rows(output)), view(g, as_rows(output)),
                                             view(y, as_rows(output)));
@@ -499,7 +508,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
            "cross_entropy: label_smoothing must be between 0.0 and 1.0, got {}", eps);
   const Shape loss_shape =
       options.reduction() == Reduction::None ? Shape{logits.size(0)} : Shape{};
-  Tensor loss = empty(loss_shape, DType::Float32, logits.device());
+  Tensor loss = empty(loss_shape, logits.dtype(), logits.device());
   backend_of(logits).cross_entropy(loss, logits, targets, options);
   return loss;
 }
@@ -509,12 +518,12 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits,
   const Shape loss_shape =
       options.reduction() == Reduction::None ? Shape{logits.size(0)} : Shape{};
   MG_CHECK(grad_loss.shape() == loss_shape && grad_loss.device() == logits.device() &&
-               grad_loss.dtype() == DType::Float32,
-           "cross_entropy_backward: expected a float32 gradient of shape {} on {} (reduction "
+               grad_loss.dtype() == logits.dtype(),
+           "cross_entropy_backward: expected a {} gradient of shape {} on {} (reduction "
            "{}), got shape {} ({}, on {})",
-           loss_shape, logits.device(), reduction_name(options.reduction()), grad_loss.shape(),
+           logits.dtype(), loss_shape, logits.device(), reduction_name(options.reduction()), grad_loss.shape(),
            grad_loss.dtype(), grad_loss.device());
-  Tensor grad = empty(logits.shape(), DType::Float32, logits.device());
+  Tensor grad = empty(logits.shape(), logits.dtype(), logits.device());
   backend_of(logits).cross_entropy_backward(grad, grad_loss, logits, targets, options);
   return grad;
 }

@@ -59,6 +59,57 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits,
                               const Tensor& targets, const CrossEntropyOptions& options = {});
 
+// ---- dtypes ----
+// t converted to `dtype` (a new tensor; t itself when it already has that dtype).
+Tensor to_dtype(const Tensor& t, DType dtype);
+
+// ---- the transformer's ops (core/ops_transformer.cpp) ----
+// The view of t with its dimensions in the order `dims` (a permutation; negative dims count
+// from the end), as torch.permute.
+Tensor permute(const Tensor& t, const std::vector<int64_t>& dims);
+// a[..., m, k] @ b[..., k, n] with the batch dimensions broadcast (both at least 2-D).
+Tensor bmm(const Tensor& a, const Tensor& b);
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor softmax_backward(const Tensor& grad_out, const Tensor& output, int64_t dim);
+Tensor tanh(const Tensor& x);
+// tanh_form: GPT-2's approximation (approximate="tanh"); else the exact erf form.
+Tensor gelu(const Tensor& x, bool tanh_form);
+Tensor gelu_backward(const Tensor& grad_out, const Tensor& input, bool tanh_form);
+// x where mask == 0, value where mask != 0; mask (int64 or float) broadcasts to x's shape.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+// Zeroes element i of x (row-major) where philox::uniform(seed, offset, i) < p and scales
+// the others by 1 / (1 - p). It takes ceil(numel / 4) Philox blocks from `offset`.
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
+// Layer normalisation over the last `normalized_dims` dimensions of x; weight and bias
+// (or undefined) have the shape of those dimensions. mean and rstd are [rows], rows the
+// product of the other dimensions.
+struct LayerNormOutput {
+  Tensor out, mean, rstd;
+};
+LayerNormOutput layer_norm(const Tensor& x, int64_t normalized_dims, const Tensor& weight,
+                           const Tensor& bias, double eps);
+// {grad_x, grad_weight, grad_bias}; the last two only when asked for.
+std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
+                                        int64_t normalized_dims, const Tensor& mean,
+                                        const Tensor& rstd, const Tensor& weight,
+                                        bool grad_weight, bool grad_bias);
+// weight [vocab, dim] gathered at int64 indices of any shape: [..., dim].
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// The [vocab, dim] gradient of embedding given grad_out [..., dim].
+Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t vocab);
+// mg::Error unless q [..., L, E], k [..., S, E], v [..., S, Ev] (S > 0) fit together: one
+// device, one float dtype, the same leading dimensions.
+void check_attention(const Tensor& q, const Tensor& k, const Tensor& v);
+// Fused attention (Backend::attention) over q [..., tq, d], k [..., tk, d], v [..., tk, dv]
+// with equal batch dimensions: {out [..., tq, dv], lse [..., tq]}.
+std::vector<Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                              bool causal, double dropout_p, uint64_t seed, uint64_t offset);
+// {grad_q, grad_k, grad_v} of attention.
+std::vector<Tensor> attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                       const Tensor& v, const Tensor& out, const Tensor& lse,
+                                       double scale, bool causal, double dropout_p,
+                                       uint64_t seed, uint64_t offset);
+
 // ---- checks shared by ops ----
 void check_same_device(const char* op, const Tensor& a, const Tensor& b);
 void check_float(const char* op, const Tensor& t);

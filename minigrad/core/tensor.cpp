@@ -62,8 +62,10 @@ T Tensor::item() const {
 }
 
 template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
 template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
 template float Tensor::item<float>() const;
+template double Tensor::item<double>() const;
 template int64_t Tensor::item<int64_t>() const;
 
 namespace {
@@ -102,10 +104,10 @@ void format_values(std::string& out, const std::vector<T>& values, const Shape& 
 
 std::string Tensor::str() const {
   std::string values;
-  if (dtype() == DType::Float32) {
-    format_values(values, to_vector<float>(), shape(), 0, 0, numel());
-  } else {
-    format_values(values, to_vector<int64_t>(), shape(), 0, 0, numel());
+  switch (dtype()) {
+    case DType::Float32: format_values(values, to_vector<float>(), shape(), 0, 0, numel()); break;
+    case DType::Float64: format_values(values, to_vector<double>(), shape(), 0, 0, numel()); break;
+    case DType::Int64: format_values(values, to_vector<int64_t>(), shape(), 0, 0, numel()); break;
   }
   std::string extra;
   if (dtype() != DType::Float32) extra += fmt::format(", dtype={}", dtype());
@@ -115,8 +117,10 @@ std::string Tensor::str() const {
 }
 
 Tensor& Tensor::set_requires_grad(bool requires_grad) {
-  MG_CHECK(!requires_grad || dtype() == DType::Float32,
-           "set_requires_grad: only float32 tensors can require gradients, got {}", dtype());
+  MG_CHECK(!requires_grad || is_floating_point(dtype()),
+           "set_requires_grad: only floating-point tensors (float32, float64) can require "
+           "gradients, got {}",
+           dtype());
   MG_CHECK(is_leaf() || requires_grad,
            "set_requires_grad: cannot turn off gradients of a non-leaf tensor; use detach()");
   checked().autograd.requires_grad = requires_grad;

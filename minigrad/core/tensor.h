@@ -127,6 +127,9 @@ class Tensor {
 
   // ---- differentiable views and copies (autograd/) ----
   Tensor to(Device device) const;
+  // A copy converted to `dtype` (this tensor itself when it has that dtype already); its
+  // backward converts the gradient back, as torch's x.to(torch.float64).
+  Tensor to(DType dtype) const;
   Tensor reshape(const Shape& shape) const;  // a view when strides allow, else a copy
   Tensor view(const Shape& shape) const;     // always a view, or an mg::Error
   Tensor transpose(int64_t dim0, int64_t dim1) const;
@@ -146,6 +149,9 @@ class Tensor {
   Tensor log() const;
   Tensor neg() const;
   Tensor log_softmax(int64_t dim = -1) const;
+  Tensor softmax(int64_t dim = -1) const;
+  Tensor tanh() const;
+  Tensor permute(const std::vector<int64_t>& dims) const;  // a view
   Tensor argmax(int64_t dim = -1) const;  // int64, not differentiable
 
   // ---- in-place, outside the graph (optimizers, initialisation) ----
@@ -189,6 +195,8 @@ Tensor arange(double end, DType dtype = DType::Int64, Device device = Device::cp
 Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::Int64,
               Device device = Device::cpu());
 Tensor from_vector(const std::vector<float>& values, const Shape& shape,
+                   Device device = Device::cpu());
+Tensor from_vector(const std::vector<double>& values, const Shape& shape,
                    Device device = Device::cpu());
 Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
                    Device device = Device::cpu());

@@ -81,6 +81,34 @@ class CudaBackend final : public Backend {
                   const Tensor& b) override;
 
   // backend_optim.cpp
+  // backend_transformer.cpp: the transformer's ops, float32 and float64
+  void convert(const Tensor& dst, const Tensor& src) override;
+  void gelu(const Tensor& out, const Tensor& in, bool tanh_form) override;
+  void gelu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& input,
+                     bool tanh_form) override;
+  void masked_fill(const Tensor& out, const Tensor& in, const Tensor& mask, double value) override;
+  void dropout(const Tensor& out, const Tensor& in, double p, uint64_t seed,
+               uint64_t offset) override;
+  void bmm(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void softmax(const Tensor& out, const Tensor& in) override;
+  void softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
+                        const Tensor& output) override;
+  void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& in,
+                  const Tensor& weight, const Tensor& bias, double eps) override;
+  void layer_norm_backward(const Tensor& grad_in, const Tensor& grad_weight,
+                           const Tensor& grad_bias, const Tensor& grad_out, const Tensor& in,
+                           const Tensor& mean, const Tensor& rstd, const Tensor& weight) override;
+  void embedding(const Tensor& out, const Tensor& weight, const Tensor& indices) override;
+  void embedding_backward(const Tensor& grad_weight, const Tensor& grad_out,
+                          const Tensor& indices) override;
+  void attention(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                 const Tensor& v, double scale, bool causal, double dropout_p, uint64_t seed,
+                 uint64_t offset) override;
+  void attention_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+                          const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
+                          bool causal, double dropout_p, uint64_t seed, uint64_t offset) override;
+
   void sgd_step(const SgdStep& step) override;
   void adam_step(const AdamStep& step) override;
 };

@@ -26,6 +26,7 @@ void CudaBackend::arange(const Tensor& dst, double start, double step) {
 
 void CudaBackend::random_uniform(const Tensor& dst, double low, double high, uint64_t seed,
                                  uint64_t offset) {
+  require_float32("random_uniform", dst);
   MG_CHECK(dst.is_contiguous() && dst.dtype() == DType::Float32,
            "random_uniform on CUDA: expected a contiguous float32 destination");
   OpScope scope(dst);
@@ -37,6 +38,7 @@ void CudaBackend::random_uniform(const Tensor& dst, double low, double high, uin
 
 void CudaBackend::random_normal(const Tensor& dst, double mean, double stddev, uint64_t seed,
                                 uint64_t offset) {
+  require_float32("random_normal", dst);
   MG_CHECK(dst.is_contiguous() && dst.dtype() == DType::Float32,
            "random_normal on CUDA: expected a contiguous float32 destination");
   OpScope scope(dst);

@@ -16,6 +16,7 @@ kernels::UnaryKind unary_kind(UnaryOp op) {
     case UnaryOp::Relu: return kernels::UnaryKind::Relu;
     case UnaryOp::Sqrt: return kernels::UnaryKind::Sqrt;
     case UnaryOp::Abs: return kernels::UnaryKind::Abs;
+    case UnaryOp::Tanh: return kernels::UnaryKind::Tanh;
   }
   MG_FAIL("unary on CUDA: unknown op");
 }
@@ -66,8 +67,8 @@ kernels::SumPlan sum_plan(const Tensor& out, const Tensor& in) {
 // ---- elementwise ----
 
 void CudaBackend::unary(UnaryOp op, const Tensor& out, const Tensor& in) {
-  MG_CHECK(out.dtype() == DType::Float32 || op == UnaryOp::Neg || op == UnaryOp::Relu,
-           "{} on CUDA: expected float32, got {}", op_name(op), out.dtype());
+  MG_CHECK(out.dtype() != DType::Int64 || op == UnaryOp::Neg || op == UnaryOp::Relu,
+           "{} on CUDA: expected float32 or float64, got {}", op_name(op), out.dtype());
   OpScope scope(out);
   const auto layout = strided_layout<2>(op_name(op), out.shape(), {out, in});
   kernels::unary(unary_kind(op), element_type(out.dtype()), out.data_ptr(), in.data_ptr(), layout,
@@ -92,12 +93,12 @@ void CudaBackend::binary_scalar(BinaryOp op, const Tensor& out, const Tensor& in
 
 void CudaBackend::relu_backward(const Tensor& grad_in, const Tensor& grad_out,
                                 const Tensor& input) {
+  MG_CHECK(is_floating_point(input.dtype()), "relu_backward on CUDA: expected float32 or float64, got {}",
+           input.dtype());
   OpScope scope(grad_in);
   const auto layout = strided_layout<3>("relu_backward", grad_in.shape(), {grad_in, grad_out, input});
-  kernels::relu_backward(static_cast<float*>(grad_in.data_ptr()),
-                         static_cast<const float*>(grad_out.data_ptr()),
-                         static_cast<const float*>(input.data_ptr()), layout, grad_in.numel(),
-                         scope.stream());
+  kernels::relu_backward(element_type(input.dtype()), grad_in.data_ptr(), grad_out.data_ptr(),
+                         input.data_ptr(), layout, grad_in.numel(), scope.stream());
 }
 
 // ---- reductions ----
@@ -114,6 +115,7 @@ void CudaBackend::sum(const Tensor& out, const Tensor& in) {
 }
 
 void CudaBackend::argmax(const Tensor& out, const Tensor& in) {
+  require_float32("argmax", in);
   OpScope scope(out);
   kernels::argmax_rows(static_cast<int64_t*>(out.data_ptr()),
                        static_cast<const float*>(in.data_ptr()), in.size(0), in.size(1),
@@ -121,6 +123,7 @@ void CudaBackend::argmax(const Tensor& out, const Tensor& in) {
 }
 
 void CudaBackend::abs_max(const Tensor& out, const Tensor& in) {
+  require_float32("abs_max", in);
   MG_CHECK(in.is_contiguous() && in.numel() > 0,
            "abs_max on CUDA: expected a contiguous, non-empty input, got shape {}", in.shape());
   OpScope scope(out);
@@ -131,6 +134,7 @@ void CudaBackend::abs_max(const Tensor& out, const Tensor& in) {
 // ---- softmax and cross-entropy ----
 
 void CudaBackend::log_softmax(const Tensor& out, const Tensor& in) {
+  require_float32("log_softmax", in);
   MG_CHECK(out.is_contiguous(), "log_softmax on CUDA: expected a contiguous output");
   OpScope scope(out);
   kernels::log_softmax(static_cast<float*>(out.data_ptr()), matrix_view(in), in.size(0),
@@ -139,6 +143,7 @@ void CudaBackend::log_softmax(const Tensor& out, const Tensor& in) {
 
 void CudaBackend::log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
                                        const Tensor& output) {
+  require_float32("log_softmax_backward", output);
   MG_CHECK(grad_in.is_contiguous(), "log_softmax_backward on CUDA: expected a contiguous output");
   OpScope scope(grad_in);
   kernels::log_softmax_backward(static_cast<float*>(grad_in.data_ptr()), matrix_view(grad_out),
@@ -160,6 +165,7 @@ kernels::CrossEntropyParams cross_entropy_params(const CrossEntropyOptions& opti
 
 void CudaBackend::cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets,
                                 const CrossEntropyOptions& options) {
+  require_float32("cross_entropy", logits);
   MG_CHECK(loss.is_contiguous(), "cross_entropy on CUDA: expected a contiguous output");
   OpScope scope(loss);
   const int64_t rows = logits.size(0), cols = logits.size(1);
@@ -179,6 +185,7 @@ void CudaBackend::cross_entropy(const Tensor& loss, const Tensor& logits, const 
 void CudaBackend::cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
                                          const Tensor& logits, const Tensor& targets,
                                          const CrossEntropyOptions& options) {
+  require_float32("cross_entropy_backward", logits);
   const kernels::CrossEntropyParams params = cross_entropy_params(options);
   const bool per_row = params.reduction == kernels::LossReduction::None;
   MG_CHECK(grad_loss.device() == logits.device() &&

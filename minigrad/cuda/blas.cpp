@@ -134,18 +134,25 @@ cublasComputeType_t gemm_compute_type() {
 
 void gemm_ex(cublasHandle_t handle, const GemmPlan& plan, const Tensor& out, const Tensor& a,
              const Tensor& b, float beta, const char* op) {
-  const float alpha = 1.0f;
+  // float64 computes in double (CUBLAS_COMPUTE_64F), with alpha and beta as doubles.
+  const bool is_double = out.dtype() == DType::Float64;
+  const float alpha32 = 1.0f;
+  const double alpha64 = 1.0, beta64 = beta;
+  const void* alpha = is_double ? static_cast<const void*>(&alpha64) : &alpha32;
+  const void* beta_ptr = is_double ? static_cast<const void*>(&beta64) : &beta;
+  const cudaDataType_t type = is_double ? CUDA_R_64F : CUDA_R_32F;
   MG_CUBLAS_CHECK(cublasGemmEx(
       handle, operation(plan.lhs), operation(plan.rhs), checked_int(plan.gemm_m, op, "n"),
-      checked_int(plan.gemm_n, op, "m"), checked_int(plan.gemm_k, op, "k"), &alpha, b.data_ptr(),
-      CUDA_R_32F, checked_int(plan.lhs.ld, op, "leading dimension"), a.data_ptr(), CUDA_R_32F,
-      checked_int(plan.rhs.ld, op, "leading dimension"), &beta, out.data_ptr(), CUDA_R_32F,
-      checked_int(plan.ldc, op, "n"), gemm_compute_type(), CUBLAS_GEMM_DEFAULT));
+      checked_int(plan.gemm_n, op, "m"), checked_int(plan.gemm_k, op, "k"), alpha, b.data_ptr(),
+      type, checked_int(plan.lhs.ld, op, "leading dimension"), a.data_ptr(), type,
+      checked_int(plan.rhs.ld, op, "leading dimension"), beta_ptr, out.data_ptr(), type,
+      checked_int(plan.ldc, op, "n"), is_double ? CUBLAS_COMPUTE_64F : gemm_compute_type(),
+      CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaBackend::matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
-  MG_CHECK(out.is_contiguous() && out.dtype() == DType::Float32,
-           "matmul on CUDA: expected a contiguous float32 output");
+  MG_CHECK(out.is_contiguous() && is_floating_point(out.dtype()),
+           "matmul on CUDA: expected a contiguous float32 or float64 output");
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (m == 0 || n == 0) return;
   if (k == 0) {  // an empty sum: cuBLAS would leave `out` untouched

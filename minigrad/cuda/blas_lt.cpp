@@ -273,12 +273,16 @@ void addmm_cuda(CudaBackend& backend, const Tensor& out, const Tensor& bias, con
 
 }  // namespace
 
+// float64 takes the unfused default (a double GEMM, then the bias add); cuBLASLt's
+// epilogues here are set up for float32.
 void CudaBackend::addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) {
+  if (out.dtype() == DType::Float64) return Backend::addmm(out, bias, a, b);
   addmm_cuda(*this, out, bias, a, b, /*relu=*/false);
 }
 
 void CudaBackend::addmm_relu(const Tensor& out, const Tensor& bias, const Tensor& a,
                              const Tensor& b) {
+  if (out.dtype() == DType::Float64) return Backend::addmm_relu(out, bias, a, b);
   addmm_cuda(*this, out, bias, a, b, /*relu=*/true);
 }
 

@@ -9,7 +9,20 @@
 namespace mg::cuda {
 
 inline kernels::ElementType element_type(DType dtype) {
-  return dtype == DType::Float32 ? kernels::ElementType::Float32 : kernels::ElementType::Int64;
+  switch (dtype) {
+    case DType::Float32: return kernels::ElementType::Float32;
+    case DType::Float64: return kernels::ElementType::Float64;
+    case DType::Int64: return kernels::ElementType::Int64;
+  }
+  MG_FAIL("CUDA: unknown dtype");
+}
+
+// An mg::Error unless t is float32: the float-only kernels of launch.h.
+inline void require_float32(const char* op, const Tensor& t) {
+  MG_CHECK(t.dtype() == DType::Float32,
+           "{} on CUDA: this kernel takes float32 only, got {} (float64 on CUDA covers the "
+           "transformer's ops so far)",
+           op, t.dtype());
 }
 
 // A collapsed indexer over `shape` for N tensors of that shape (their own strides).

@@ -29,7 +29,24 @@ using json = nlohmann::json;
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr const char* kMetadataKey = "__metadata__";
 
-const char* dtype_code(DType dtype) { return dtype == DType::Float32 ? "F32" : "I64"; }
+const char* dtype_code(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return "F32";
+    case DType::Float64: return "F64";
+    case DType::Int64: return "I64";
+  }
+  MG_FAIL("save: unknown dtype");
+}
+
+// The number of elements of t (a float tensor) that are NaN or infinite, and the first.
+template <typename T>
+int64_t count_non_finite(const Tensor& t, int64_t& first) {
+  const T* v = t.data<T>();
+  int64_t count = 0;
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(v[i]) && count++ == 0) first = i;
+  return count;
+}
 
 // ---------------------------------------------------------------- encoding
 
@@ -99,18 +116,18 @@ void check_finite(const char* op, const std::string& path, const TensorDict& ten
   std::string list;
   size_t bad_tensors = 0;
   for (const auto& [name, t] : tensors) {
-    if (t.dtype() != DType::Float32) continue;
-    const float* v = t.data<float>();
-    const int64_t n = t.numel();
-    int64_t count = 0, first = -1;
-    for (int64_t i = 0; i < n; ++i)
-      if (!std::isfinite(v[i])) {
-        if (count++ == 0) first = i;
-      }
+    if (!is_floating_point(t.dtype())) continue;
+    int64_t first = -1;
+    const int64_t count = t.dtype() == DType::Float64 ? count_non_finite<double>(t, first)
+                                                      : count_non_finite<float>(t, first);
     if (count == 0) continue;
     ++bad_tensors;
+    // The first bad value as it is stored (a float prints as float, a double as double).
+    const std::string value = t.dtype() == DType::Float64
+                                  ? fmt::format("{}", t.data<double>()[first])
+                                  : fmt::format("{}", t.data<float>()[first]);
     list += fmt::format("\n  '{}' (shape {}): {} of {} values, the first {} at index {}", name,
-                        t.shape(), count, n, v[first], first);
+                        t.shape(), count, t.numel(), value, first);
   }
   if (bad_tensors > 0)
     MG_FAIL("{}: '{}' holds non-finite values (NaN or infinity) in {} tensor{} (a checkpoint of "
@@ -194,11 +211,13 @@ Checkpoint decode(const char* op, const std::string& path, const LoadOptions& op
     DType dtype = DType::Float32;
     if (code == "F32") {
       dtype = DType::Float32;
+    } else if (code == "F64") {
+      dtype = DType::Float64;
     } else if (code == "I64") {
       dtype = DType::Int64;
     } else {
-      corrupt(op, path, fmt::format("tensor '{}' has dtype {}; minigrad reads F32 and I64", name,
-                                    code.dump()));
+      corrupt(op, path, fmt::format("tensor '{}' has dtype {}; minigrad reads F32, F64 and I64",
+                                    name, code.dump()));
     }
 
     const auto dims = unsigned_list(op, path, info["shape"], "the shape of tensor '" + name + "'");

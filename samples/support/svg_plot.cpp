@@ -72,7 +72,7 @@ enum class Legend { TopRight, BottomRight };
 
 std::string panel(double left, double top, double width, double height, const std::string& title,
                   const std::string& y_label, const std::vector<Series>& series, Axis xa, Axis ya,
-                  Legend legend) {
+                  Legend legend, const std::string& x_label = "epoch") {
   std::string svg;
   auto px = [&](double x) { return left + (x - xa.lo) / (xa.hi - xa.lo) * width; };
   auto py = [&](double y) { return top + height - (y - ya.lo) / (ya.hi - ya.lo) * height; };
@@ -105,8 +105,8 @@ std::string panel(double left, double top, double width, double height, const st
                      left, top, width, height);
   // Axis labels.
   svg += fmt::format("  <text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" font-size=\"13\" "
-                     "{}>epoch</text>\n",
-                     left + width / 2, top + height + 36, kFont);
+                     "{}>{}</text>\n",
+                     left + width / 2, top + height + 36, kFont, escape(x_label));
   svg += fmt::format("  <text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" font-size=\"13\" "
                      "transform=\"rotate(-90 {:.1f} {:.1f})\" {}>{}</text>\n",
                      left - 48, top + height / 2, left - 48, top + height / 2, kFont,
@@ -187,6 +187,46 @@ std::string training_plot_svg(const std::vector<EpochMetrics>& history, const st
                Legend::BottomRight);
   svg += "</svg>\n";
   return svg;
+}
+
+std::string loss_plot_svg(const std::vector<LossPoint>& points, const std::string& x_label,
+                          const std::string& title) {
+  MG_CHECK(!points.empty(), "loss_plot_svg: no points to plot");
+  Series train{"train loss", "#1f77b4", {}, {}}, val{"val loss", "#ff7f0e", {}, {}};
+  for (const LossPoint& p : points) {
+    train.x.push_back(p.x);
+    train.y.push_back(p.train_loss);
+    val.x.push_back(p.x);
+    val.y.push_back(p.val_loss);
+  }
+  const Axis xa = nice_axis(train.x.front(), train.x.back(), 8, true);
+  const double lo = std::min(*std::min_element(train.y.begin(), train.y.end()),
+                             *std::min_element(val.y.begin(), val.y.end()));
+  const double hi = std::max(*std::max_element(train.y.begin(), train.y.end()),
+                             *std::max_element(val.y.begin(), val.y.end()));
+  const Axis ya = nice_axis(std::max(0.0, lo), hi, 6, false);
+  const LossPoint& last = points.back();
+  const double width = 640;
+  std::string svg = fmt::format(
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" "
+      "viewBox=\"0 0 {0} {1}\">\n"
+      "  <rect width=\"{0}\" height=\"{1}\" fill=\"#fafafa\"/>\n"
+      "  <text x=\"{2}\" y=\"26\" text-anchor=\"middle\" font-size=\"17\" font-weight=\"bold\" "
+      "{3}>{4}</text>\n"
+      "  <text x=\"{2}\" y=\"46\" text-anchor=\"middle\" font-size=\"12\" fill=\"#555555\" "
+      "{3}>at {5} {6}: train loss {7:.4f}, val loss {8:.4f}</text>\n",
+      width, kHeight, width / 2, kFont, escape(title), escape(x_label), last.x, last.train_loss,
+      last.val_loss);
+  svg += panel(90, 90, 500, 270, "Loss (cross-entropy)", "loss", {train, val}, xa, ya,
+               Legend::TopRight, x_label);
+  svg += "</svg>\n";
+  return svg;
+}
+
+void write_loss_plot(const std::string& path, const std::vector<LossPoint>& points,
+                     const std::string& x_label, const std::string& title) {
+  files::write_atomically("write_loss_plot", path, loss_plot_svg(points, x_label, title));
 }
 
 void write_training_plot(const std::string& path, const std::vector<EpochMetrics>& history,

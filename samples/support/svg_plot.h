@@ -17,4 +17,14 @@ std::string training_plot_svg(const std::vector<EpochMetrics>& history, const st
 void write_training_plot(const std::string& path, const std::vector<EpochMetrics>& history,
                          const std::string& title);
 
+// A language model's curves: train and validation loss at each evaluation, against the
+// step (`x_label`), in one panel (train_gpt's --plot).
+struct LossPoint {
+  double x = 0, train_loss = 0, val_loss = 0;
+};
+std::string loss_plot_svg(const std::vector<LossPoint>& points, const std::string& x_label,
+                          const std::string& title);
+void write_loss_plot(const std::string& path, const std::vector<LossPoint>& points,
+                     const std::string& x_label, const std::string& title);
+
 }  // namespace mg::samples

@@ -88,3 +88,11 @@ TEST_CASE("anomaly: finite gradients pass unchanged through a checked backward")
   };
   CHECK(run(true) == run(false));
 }
+
+TEST_CASE("anomaly: float64 gradients are checked too", "[float64]") {
+  DetectAnomalyGuard detect;
+  Tensor x = from_vector(std::vector<double>{1, 0}, {2}).set_requires_grad(true);
+  Tensor loss = log(x * 1.0).sum();
+  REQUIRE_THROWS_WITH(loss.backward(), MG_CONTAINS("LogBackward") && MG_CONTAINS("float64") &&
+                                           MG_CONTAINS("0 NaN and 1 infinite of 2 values"));
+}

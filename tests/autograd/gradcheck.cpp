@@ -23,35 +23,61 @@ class UniformSource {
   std::mt19937_64 engine_;
 };
 
+// A float tensor's values as doubles, whatever its float dtype.
+std::vector<double> values_of(const Tensor& t) {
+  return ops::to_dtype(t, DType::Float64).to_vector<double>();
+}
+
 // L = sum_k <outputs_k, weights_k>, in double.
 double weighted_sum(const std::vector<Tensor>& outputs,
-                    const std::vector<std::vector<float>>& weights) {
+                    const std::vector<std::vector<double>>& weights) {
   double total = 0.0;
   for (size_t k = 0; k < outputs.size(); ++k) {
-    const std::vector<float> values = outputs[k].to_vector<float>();
-    for (size_t e = 0; e < values.size(); ++e)
-      total += static_cast<double>(values[e]) * static_cast<double>(weights[k][e]);
+    const std::vector<double> values = values_of(outputs[k]);
+    for (size_t e = 0; e < values.size(); ++e) total += values[e] * weights[k][e];
   }
   return total;
 }
 
-}  // namespace
-
-Tensor random_input(const Shape& shape, uint64_t seed, double low, double high) {
-  UniformSource source(seed);
-  std::vector<float> values(static_cast<size_t>(shape.numel()));
-  for (float& v : values) v = static_cast<float>(low + (high - low) * source.next());
-  return from_vector(values, shape);
+// Values drawn in double, stored in `dtype` (float32 ones rounded as before).
+Tensor from_doubles(const std::vector<double>& values, const Shape& shape, DType dtype) {
+  return ops::to_dtype(from_vector(values, shape), dtype);
 }
 
-Tensor random_away_from_zero(const Shape& shape, uint64_t seed, double margin, double high) {
+// x[e] + delta in the leaf's own dtype, and the value actually stored (after rounding).
+template <typename T>
+double perturb(const Tensor& leaf, int64_t e, double value) {
+  T* x = leaf.data<T>();
+  x[e] = static_cast<T>(value);
+  return static_cast<double>(x[e]);
+}
+double perturb_leaf(const Tensor& leaf, int64_t e, double value) {
+  return leaf.dtype() == DType::Float64 ? perturb<double>(leaf, e, value)
+                                        : perturb<float>(leaf, e, value);
+}
+double read_leaf(const Tensor& leaf, int64_t e) {
+  return leaf.dtype() == DType::Float64 ? leaf.data<double>()[e]
+                                        : static_cast<double>(leaf.data<float>()[e]);
+}
+
+}  // namespace
+
+Tensor random_input(const Shape& shape, uint64_t seed, double low, double high, DType dtype) {
   UniformSource source(seed);
-  std::vector<float> values(static_cast<size_t>(shape.numel()));
-  for (float& v : values) {
+  std::vector<double> values(static_cast<size_t>(shape.numel()));
+  for (double& v : values) v = low + (high - low) * source.next();
+  return from_doubles(values, shape, dtype);
+}
+
+Tensor random_away_from_zero(const Shape& shape, uint64_t seed, double margin, double high,
+                             DType dtype) {
+  UniformSource source(seed);
+  std::vector<double> values(static_cast<size_t>(shape.numel()));
+  for (double& v : values) {
     const double magnitude = margin + (high - margin) * source.next();
-    v = static_cast<float>(source.next() < 0.5 ? -magnitude : magnitude);
+    v = source.next() < 0.5 ? -magnitude : magnitude;
   }
-  return from_vector(values, shape);
+  return from_doubles(values, shape, dtype);
 }
 
 GradcheckResult gradcheck(const MultiOutputFn& f, const std::vector<Tensor>& inputs,
@@ -66,21 +92,21 @@ GradcheckResult gradcheck(const MultiOutputFn& f, const std::vector<Tensor>& inp
   std::vector<Tensor> leaves;
   for (const Tensor& x : inputs) {
     Tensor leaf = ops::clone(x.detach());
-    if (leaf.dtype() == DType::Float32) leaf.set_requires_grad(true);
+    if (is_floating_point(leaf.dtype())) leaf.set_requires_grad(true);
     leaves.push_back(leaf);
   }
 
   // Analytic: one backward seeded with a random weight per output.
   std::vector<Tensor> outputs = f(leaves);
   std::vector<Tensor> seeds;
-  std::vector<std::vector<float>> weights;
+  std::vector<std::vector<double>> weights;
   for (size_t k = 0; k < outputs.size(); ++k) {
     if (!outputs[k].requires_grad()) {
       fail(fmt::format("output {} (shape {}) does not require grad", k, outputs[k].shape()));
       return result;
     }
-    seeds.push_back(random_input(outputs[k].shape(), 7919 + k));
-    weights.push_back(seeds.back().to_vector<float>());
+    seeds.push_back(random_input(outputs[k].shape(), 7919 + k, -1.0, 1.0, outputs[k].dtype()));
+    weights.push_back(values_of(seeds.back()));
   }
   run_backward(outputs, seeds, /*retain_graph=*/false);
 
@@ -88,30 +114,30 @@ GradcheckResult gradcheck(const MultiOutputFn& f, const std::vector<Tensor>& inp
   NoGradGuard no_grad;
   for (size_t i = 0; i < leaves.size(); ++i) {
     Tensor& leaf = leaves[i];
-    if (leaf.dtype() != DType::Float32) continue;
+    if (!is_floating_point(leaf.dtype())) continue;
     const Tensor grad = leaf.grad();
     if (grad.defined() && grad.shape() != leaf.shape()) {
       fail(fmt::format("input {}: gradient has shape {}, input has shape {}", i, grad.shape(),
                        leaf.shape()));
       continue;
     }
-    const std::vector<float> analytic =
-        grad.defined() ? grad.to_vector<float>()
-                       : std::vector<float>(static_cast<size_t>(leaf.numel()), 0.0f);
-    float* x = leaf.data<float>();
+    if (grad.defined() && grad.dtype() != leaf.dtype()) {
+      fail(fmt::format("input {}: gradient is {}, input is {}", i, grad.dtype(), leaf.dtype()));
+      continue;
+    }
+    const std::vector<double> analytic =
+        grad.defined() ? values_of(grad) : std::vector<double>(static_cast<size_t>(leaf.numel()), 0.0);
     double worst_excess = -1.0;
     std::string worst;
     for (int64_t e = 0; e < leaf.numel(); ++e) {
-      const float original = x[e];
-      const float plus = static_cast<float>(original + options.eps);
-      const float minus = static_cast<float>(original - options.eps);
-      x[e] = plus;
+      const double original = read_leaf(leaf, e);
+      const double plus = perturb_leaf(leaf, e, original + options.eps);
       const double loss_plus = weighted_sum(f(leaves), weights);
-      x[e] = minus;
+      const double minus = perturb_leaf(leaf, e, original - options.eps);
       const double loss_minus = weighted_sum(f(leaves), weights);
-      x[e] = original;
-      // The step actually taken, after rounding x +- eps to float.
-      const double step = static_cast<double>(plus) - static_cast<double>(minus);
+      perturb_leaf(leaf, e, original);
+      // The step actually taken, after rounding x +- eps to the leaf's dtype.
+      const double step = plus - minus;
       const double numeric = (loss_plus - loss_minus) / step;
       const double a = analytic[static_cast<size_t>(e)];
       const double tolerance = options.atol + options.rtol * std::fabs(numeric);

@@ -1,6 +1,7 @@
 // gradcheck: compares the gradients that backward() computes with central finite
-// differences, as torch.autograd.gradcheck does, but in float32 (minigrad's only float
-// type), so the tolerances are float tolerances.
+// differences, as torch.autograd.gradcheck does. Inputs of float32 need float tolerances
+// (the defaults); in float64 (random_input(..., DType::Float64) and Gradcheck64) the check
+// is as tight as torch's: eps 1e-6, atol 1e-5, rtol 1e-3.
 //
 // For f(inputs) -> outputs, it draws a fixed random weight R_k for each output and checks
 // the gradient of L = sum_k <outputs_k, R_k>: analytically by backward() seeded with the
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include <minigrad/core/dtype.h>
 #include <minigrad/core/tensor.h>
 
 namespace mg::testing {
@@ -26,6 +28,9 @@ struct GradcheckOptions {
   double atol = 1e-3;  // |analytic - numeric| <= atol + rtol * |numeric|
   double rtol = 1e-2;
 };
+
+// torch.autograd.gradcheck's tolerances, for float64 inputs.
+inline GradcheckOptions Gradcheck64() { return GradcheckOptions{1e-6, 1e-5, 1e-3}; }
 
 struct GradcheckResult {
   bool ok = true;
@@ -41,13 +46,16 @@ GradcheckResult gradcheck(const MultiOutputFn& f, const std::vector<Tensor>& inp
 GradcheckResult gradcheck(const SingleOutputFn& f, const std::vector<Tensor>& inputs,
                           const GradcheckOptions& options = {});
 
-// Random float32 input of `shape`, uniform in [low, high), from a private generator
-// seeded with `seed` (independent of mg::manual_seed, so tests do not disturb each other).
-Tensor random_input(const Shape& shape, uint64_t seed, double low = -1.0, double high = 1.0);
+// Random float input of `shape` (float32 unless dtype says), uniform in [low, high), from a
+// private generator seeded with `seed` (independent of mg::manual_seed, so tests do not
+// disturb each other). The same seed gives the same values in float32 and float64, up to
+// float32's rounding.
+Tensor random_input(const Shape& shape, uint64_t seed, double low = -1.0, double high = 1.0,
+                    DType dtype = DType::Float32);
 // Like random_input but with |x| >= margin everywhere: for ops with a kink at 0 (relu),
 // where a finite difference straddling the kink would be meaningless.
 Tensor random_away_from_zero(const Shape& shape, uint64_t seed, double margin = 0.1,
-                             double high = 1.0);
+                             double high = 1.0, DType dtype = DType::Float32);
 
 }  // namespace mg::testing
 

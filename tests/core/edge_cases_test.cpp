@@ -6,6 +6,7 @@
 
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/ops.h>
 #include <minigrad/core/tensor.h>
 
 using namespace mg;
@@ -98,13 +99,21 @@ TEST_CASE("in-place updates refuse an operand of another dtype") {
   CHECK(f.to_vector<float>() == std::vector<float>{1, 1, 1});  // untouched
 }
 
-TEST_CASE("int64 tensors with a non-integer scalar are refused, not truncated") {
+TEST_CASE("int64 tensors with a non-integer scalar promote to float32, as in torch") {
   const Tensor i = from_vector(std::vector<int64_t>{4, 6}, {2});
   CHECK((i * 2.0).to_vector<int64_t>() == std::vector<int64_t>{8, 12});
   CHECK((i + 1.0).to_vector<int64_t>() == std::vector<int64_t>{5, 7});
   CHECK((i - 1.0).to_vector<int64_t>() == std::vector<int64_t>{3, 5});
-  REQUIRE_THROWS_AS(i * 0.5, Error);
-  REQUIRE_THROWS_WITH(i * 0.5, MG_CONTAINS("mul") && MG_CONTAINS("int64") && MG_CONTAINS("0.5"));
-  REQUIRE_THROWS_WITH(i / 4.0, MG_CONTAINS("int64"));
-  REQUIRE_THROWS_WITH(i + 0.25, MG_CONTAINS("add") && MG_CONTAINS("0.25"));
+  // A fraction is neither refused nor truncated: the result is float32.
+  CHECK((i * 0.5).dtype() == DType::Float32);
+  CHECK((i * 0.5).to_vector<float>() == std::vector<float>{2.0f, 3.0f});
+  CHECK((i + 0.25).to_vector<float>() == std::vector<float>{4.25f, 6.25f});
+  // `/` is true division, whatever the divisor.
+  CHECK((i / 4.0).to_vector<float>() == std::vector<float>{1.0f, 1.5f});
+  CHECK((i / 2.0).to_vector<float>() == std::vector<float>{2.0f, 3.0f});
+  // The in-place ops keep the tensor's dtype, so there a fraction is still refused.
+  Tensor j = from_vector(std::vector<int64_t>{4, 6}, {2});
+  REQUIRE_THROWS_WITH(j.mul_(0.5), MG_CONTAINS("mul_") && MG_CONTAINS("int64") && MG_CONTAINS("0.5"));
+  REQUIRE_THROWS_WITH(ops::binary_scalar(BinaryOp::Add, j, 0.25),
+                      MG_CONTAINS("add") && MG_CONTAINS("0.25"));
 }

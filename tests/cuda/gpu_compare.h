@@ -39,7 +39,9 @@ inline void require_close(const Tensor& actual, const Tensor& expected, double r
     }
     return;
   }
-  const auto a = actual.to_vector<float>(), e = expected.to_vector<float>();
+  // float32 and float64 alike, compared in double.
+  const auto a = ops::to_dtype(actual, DType::Float64).to_vector<double>();
+  const auto e = ops::to_dtype(expected, DType::Float64).to_vector<double>();
   for (size_t i = 0; i < a.size(); ++i) {
     const double x = a[i], y = e[i];
     const bool both_nan = std::isnan(x) && std::isnan(y);

@@ -23,6 +23,7 @@
 
 #include <minigrad/core/error.h>
 #include <minigrad/data/idx.h>
+#include <minigrad/data/token_file.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/serialize.h>
 #include <minigrad/parallel/c10d/store/store_protocol.h>
@@ -89,6 +90,30 @@ inline void idx_one_input(const uint8_t* data, std::size_t size) {
   try {
     constexpr std::size_t kLimit = 4096;
     MG_FUZZ_ASSERT(data::read_maybe_gzipped(file.path(), kLimit).size() <= kLimit);
+  } catch (const mg::Error&) {
+  }
+}
+
+// data/token_file.h: parse_token_file on the bytes, read_token_file on them as a file. A
+// token file that reads has a sorted vocabulary and only tokens inside it.
+inline void check_token_file(const data::TokenFile& file) {
+  const std::vector<uint8_t>& vocab = file.tokenizer.vocab();
+  MG_FUZZ_ASSERT(!vocab.empty() && vocab.size() <= 256);
+  for (std::size_t i = 1; i < vocab.size(); ++i) MG_FUZZ_ASSERT(vocab[i] > vocab[i - 1]);
+  for (const uint8_t t : file.tokens) MG_FUZZ_ASSERT(t < vocab.size());
+}
+
+inline void token_file_one_input(const uint8_t* data, std::size_t size) {
+  try {
+    const data::TokenFile parsed = data::parse_token_file(data, size, "fuzz input");
+    check_token_file(parsed);
+    MG_FUZZ_ASSERT(data::kTokenFileHeaderBytes + parsed.tokenizer.vocab().size() +
+                       parsed.tokens.size() == size);
+  } catch (const mg::Error&) {
+  }
+  const MemoryFile file(data, size);
+  try {
+    check_token_file(data::read_token_file(file.path()));
   } catch (const mg::Error&) {
   }
 }

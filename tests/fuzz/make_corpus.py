@@ -122,3 +122,25 @@ write("safetensors", "non-finite.safetensors", safetensors(
     {"format": "pt"}))
 # A header length far past the end of the file: refused before anything is allocated.
 write("safetensors", "header-length-past-end.safetensors", struct.pack("<Q", 1 << 40) + b'{"a":1}')
+
+
+# ---- token files (minigrad/data/token_file.h) ----
+def token_file(vocab, tokens, version=1, vocab_size=None, count=None):
+    vocab_size = len(vocab) if vocab_size is None else vocab_size
+    count = len(tokens) if count is None else count
+    return (b"MGTOKENS" + struct.pack("<IIQ", version, vocab_size, count) + bytes(vocab) +
+            bytes(tokens))
+
+
+text = b"To be or not to be.\n"
+vocab = sorted(set(text))
+write("token_file", "hello.tokens", token_file(vocab, [vocab.index(c) for c in text]))
+write("token_file", "one-char.tokens", token_file([0x41], [0, 0, 0]))
+write("token_file", "all-bytes.tokens", token_file(list(range(256)), list(range(255, -1, -1))))
+write("token_file", "empty.tokens", token_file([0x20], []))
+# Near misses: a token past the vocabulary, an unsorted vocabulary, 257 characters, and
+# a header that declares nearly 2^64 tokens over a few bytes (refused before any is read).
+write("token_file", "token-out-of-range.tokens", token_file([0x61, 0x62], [0, 1, 2]))
+write("token_file", "unsorted-vocab.tokens", token_file([0x62, 0x61], [0, 1]))
+write("token_file", "vocab-too-large.tokens", token_file([0x61], [0], vocab_size=257))
+write("token_file", "liar.tokens", token_file([0x61], [0] * 8, count=(1 << 64) - 8))

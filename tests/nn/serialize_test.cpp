@@ -171,6 +171,7 @@ TEST_CASE("save_tensors/load_tensors: any tensors and metadata, through a Checkp
   ck.put("optim.", {{"momentum_buffer.0", mg::ones(Shape{2})}});
   ck.put("", {{"rng", mg::from_vector(std::vector<int64_t>{42, int64_t(1) << 40}, Shape{2})},
               {"scalar", mg::scalar_tensor(2.5)},
+              {"double", mg::from_vector(std::vector<double>{0.1, -1e300, 3.0}, Shape{3})},
               {"empty", mg::zeros(Shape{0, 3})}});
   ck.metadata = {{"epoch", "4"}, {"step", "1200"}};
   REQUIRE_THROWS_WITH(ck.put("model.", {{"w", matrix}}),
@@ -189,6 +190,8 @@ TEST_CASE("save_tensors/load_tensors: any tensors and metadata, through a Checkp
     CHECK_FALSE(u.requires_grad());
     if (t.dtype() == mg::DType::Float32) {
       CHECK(u.to_vector<float>() == t.to_vector<float>());
+    } else if (t.dtype() == mg::DType::Float64) {  // F64, bit for bit
+      CHECK(u.to_vector<double>() == t.to_vector<double>());
     } else {
       CHECK(u.to_vector<int64_t>() == t.to_vector<int64_t>());
     }
@@ -319,7 +322,7 @@ TEST_CASE("load: a corrupt header or bad header length is an error, and changes 
 
   std::string f16 = bytes;
   f16.replace(f16.find("F32"), 3, "F16");
-  check_rejected(f16, "has dtype \"F16\"; minigrad reads F32 and I64");
+  check_rejected(f16, "has dtype \"F16\"; minigrad reads F32, F64 and I64");
 
   // Hand-made headers for the checks a flipped byte is unlikely to reach.
   const std::string data(16, '\0');

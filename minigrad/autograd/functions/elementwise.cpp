@@ -1,5 +1,8 @@
 // Elementwise ops: forward and backward side by side.
 // A broadcast input's gradient is summed back to that input's shape (ops::sum_to).
+#include <cmath>
+#include <utility>
+
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
 #include <minigrad/autograd/saved_tensor.h>
@@ -9,7 +12,22 @@ namespace mg {
 
 using ops::sum_to;
 
-Tensor add(const Tensor& a, const Tensor& b) {
+namespace {
+// torch's type promotion for two tensors: both converted (differentiably) to their common
+// dtype; the conversions' backward brings each gradient back to its operand's dtype.
+std::pair<Tensor, Tensor> promoted(const Tensor& a, const Tensor& b) {
+  const DType common = promote_types(a.dtype(), b.dtype());
+  return {to(a, common), to(b, common)};
+}
+
+// An int64 tensor meets a fractional scalar: the result is float32, as in torch.
+Tensor promoted_for_scalar(const Tensor& a, double scalar) {
+  return a.dtype() == DType::Int64 && scalar != std::trunc(scalar) ? to(a, DType::Float32) : a;
+}
+}  // namespace
+
+Tensor add(const Tensor& a_in, const Tensor& b_in) {
+  const auto [a, b] = promoted(a_in, b_in);
   Tensor out = ops::binary(BinaryOp::Add, a, b);
   record_function("AddBackward", {a, b}, {out}, [sa = a.shape(), sb = b.shape()](const BackwardArgs& g) {
     return std::vector<Tensor>{sum_to(g.grad(), sa), sum_to(g.grad(), sb)};
@@ -17,7 +35,8 @@ Tensor add(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor sub(const Tensor& a, const Tensor& b) {
+Tensor sub(const Tensor& a_in, const Tensor& b_in) {
+  const auto [a, b] = promoted(a_in, b_in);
   Tensor out = ops::binary(BinaryOp::Sub, a, b);
   record_function("SubBackward", {a, b}, {out}, [sa = a.shape(), sb = b.shape()](const BackwardArgs& g) {
     Tensor gb = g.needs(1) ? sum_to(ops::unary(UnaryOp::Neg, g.grad()), sb) : Tensor();
@@ -26,7 +45,8 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor mul(const Tensor& a, const Tensor& b) {
+Tensor mul(const Tensor& a_in, const Tensor& b_in) {
+  const auto [a, b] = promoted(a_in, b_in);
   Tensor out = ops::binary(BinaryOp::Mul, a, b);
   record_function("MulBackward", {a, b}, {out},
                   [a = SavedTensor(a), b = SavedTensor(b), sa = a.shape(), sb = b.shape()](
@@ -41,7 +61,12 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor div(const Tensor& a, const Tensor& b) {
+Tensor div(const Tensor& a_in, const Tensor& b_in) {
+  auto [a, b] = promoted(a_in, b_in);
+  if (a.dtype() == DType::Int64) {  // true division: integers divide as float32
+    a = to(a, DType::Float32);
+    b = to(b, DType::Float32);
+  }
   Tensor out = ops::binary(BinaryOp::Div, a, b);
   record_function("DivBackward", {a, b}, {out},
                   [a = SavedTensor(a), b = SavedTensor(b), sa = a.shape(), sb = b.shape()](
@@ -60,14 +85,16 @@ Tensor div(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor add(const Tensor& a, double b) {
+Tensor add(const Tensor& a_in, double b) {
+  const Tensor a = promoted_for_scalar(a_in, b);
   Tensor out = ops::binary_scalar(BinaryOp::Add, a, b);
   record_function("AddScalarBackward", {a}, {out},
                   [](const BackwardArgs& g) { return std::vector<Tensor>{g.grad()}; });
   return out;
 }
 
-Tensor mul(const Tensor& a, double b) {
+Tensor mul(const Tensor& a_in, double b) {
+  const Tensor a = promoted_for_scalar(a_in, b);
   Tensor out = ops::binary_scalar(BinaryOp::Mul, a, b);
   record_function("MulScalarBackward", {a}, {out}, [b](const BackwardArgs& g) {
     return std::vector<Tensor>{ops::binary_scalar(BinaryOp::Mul, g.grad(), b)};
@@ -121,11 +148,9 @@ Tensor operator-(const Tensor& a, double b) { return add(a, -b); }
 Tensor operator-(double a, const Tensor& b) { return add(neg(b), a); }
 Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
 Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
-// a * (1 / b): an int64 tensor takes only the b whose inverse is whole (the result
-// keeps its dtype, and a fraction is refused, not truncated). An int64 tensor divided by
-// 0 is PyTorch's ZeroDivisionError, not a product with infinity.
+// a * (1 / b); an int64 tensor divides as float32 (true division, as torch's `/`).
 Tensor operator/(const Tensor& a, double b) {
-  if (a.dtype() == DType::Int64 && b == 0.0) return ops::binary_scalar(BinaryOp::Div, a, b);
+  if (a.dtype() == DType::Int64) return mul(to(a, DType::Float32), 1.0 / b);
   return mul(a, 1.0 / b);
 }
 

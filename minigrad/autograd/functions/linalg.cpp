@@ -1,5 +1,8 @@
 // Matrix products. For C = A @ B: dA = dC @ B^T and dB = A^T @ dC. The transposes
-// are views, which the backends hand to their GEMM as flags rather than copies.
+// are views, which the backends hand to their GEMM as flags rather than copies. matmul
+// follows torch.matmul's rules for 1-D and N-D operands by views around two ops: the
+// 2-D product and the batched one (whose broadcast batch dimensions sum their gradient
+// back, as any broadcast does).
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
 #include <minigrad/autograd/saved_tensor.h>
@@ -7,7 +10,9 @@
 
 namespace mg {
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+namespace {
+
+Tensor matmul_2d(const Tensor& a, const Tensor& b) {
   Tensor out = ops::matmul(a, b);
   record_function("MatmulBackward", {a, b}, {out},
                   [a = SavedTensor(a), b = SavedTensor(b)](const BackwardArgs& g) {
@@ -18,6 +23,60 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                     return std::vector<Tensor>{ga, gb};
                   });
   return out;
+}
+
+// a[..., m, k] @ b[..., k, n], the batch dimensions broadcast.
+Tensor matmul_batched(const Tensor& a, const Tensor& b) {
+  Tensor out = ops::bmm(a, b);
+  record_function("BmmBackward", {a, b}, {out},
+                  [a = SavedTensor(a), b = SavedTensor(b), sa = a.shape(), sb = b.shape()](
+                      const BackwardArgs& g) {
+                    Tensor ga = g.needs(0)
+                                    ? ops::sum_to(ops::bmm(g.grad(), ops::transpose(b.unpack(g), -1, -2)), sa)
+                                    : Tensor();
+                    Tensor gb = g.needs(1)
+                                    ? ops::sum_to(ops::bmm(ops::transpose(a.unpack(g), -1, -2), g.grad()), sb)
+                                    : Tensor();
+                    return std::vector<Tensor>{ga, gb};
+                  });
+  return out;
+}
+
+// shape without dimension d (negative: from the end).
+Shape without(const Shape& shape, int64_t d) {
+  std::vector<int64_t> sizes = shape.sizes();
+  sizes.erase(sizes.begin() + (d < 0 ? static_cast<int64_t>(sizes.size()) + d : d));
+  return Shape(std::move(sizes));
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  MG_CHECK(a.dim() >= 1 && b.dim() >= 1,
+           "matmul: both arguments need at least 1 dimension, got shapes {} and {}", a.shape(),
+           b.shape());
+  if (a.dim() == 2 && b.dim() == 2) return matmul_2d(a, b);
+  const int64_t k = a.size(-1);
+  MG_CHECK(b.size(b.dim() == 1 ? 0 : -2) == k,
+           "matmul: shapes {} and {} cannot be multiplied (inner dimensions {} and {} differ)",
+           a.shape(), b.shape(), k, b.size(b.dim() == 1 ? 0 : -2));
+  if (a.dim() == 1 && b.dim() == 1)  // a dot product
+    return reshape(matmul_2d(reshape(a, Shape{1, k}), reshape(b, Shape{k, 1})), Shape{});
+  if (a.dim() == 1) {  // [k] as [1, k]; the 1 is removed from the result
+    const Tensor r = matmul(reshape(a, Shape{1, k}), b);
+    return reshape(r, without(r.shape(), -2));
+  }
+  if (b.dim() == 1) {  // [k] as [k, 1]
+    const Tensor r = matmul(a, reshape(b, Shape{k, 1}));
+    return reshape(r, without(r.shape(), -1));
+  }
+  if (b.dim() == 2) {
+    // [..., m, k] @ [k, n] is one matrix product of the rows: [(...) * m, k] @ [k, n].
+    std::vector<int64_t> out_sizes = a.shape().sizes();
+    out_sizes.back() = b.size(1);
+    return reshape(matmul_2d(reshape(a, Shape{-1, k}), b), Shape(out_sizes));
+  }
+  return matmul_batched(a, b);
 }
 
 namespace {
@@ -65,8 +124,17 @@ void record_linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tens
 
 }  // namespace
 
-// One node for the whole layer, as PyTorch's addmm: y = x @ w^T + b.
+// One node for the whole layer, as PyTorch's addmm: y = x @ w^T + b. An input of another
+// rank than 2 is seen as the matrix of its rows ([B, T, C] as [B * T, C]) around it.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  if (x.dim() != 2 && x.dim() >= 1 && w.dim() == 2) {
+    MG_CHECK(x.size(-1) == w.size(1),
+             "linear: input of shape {} has {} features but the weight of shape {} expects {}",
+             x.shape(), x.size(-1), w.shape(), w.size(1));
+    std::vector<int64_t> out_sizes = x.shape().sizes();
+    out_sizes.back() = w.size(0);
+    return reshape(linear(reshape(x, Shape{-1, w.size(1)}), w, b), Shape(out_sizes));
+  }
   check_linear("linear", x, w, b);
   const Tensor wt = ops::transpose(w, 0, 1);
   Tensor y = b.defined() ? ops::addmm(b, x, wt) : ops::matmul(x, wt);

@@ -71,6 +71,29 @@ Tensor to(const Tensor& x, Device device) {
   return out;
 }
 
+Tensor to(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  Tensor out = ops::to_dtype(x, dtype);
+  // Only a float result carries a gradient (an int64 one cannot require grad).
+  if (!is_floating_point(dtype)) return out;
+  record_function("ToDtypeBackward", {x}, {out}, [from = x.dtype()](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::to_dtype(g.grad(), from)};
+  });
+  return out;
+}
+
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
+  Tensor out = ops::permute(x, dims);
+  record_function("PermuteBackward", {x}, {out}, [dims, ndim = x.dim()](const BackwardArgs& g) {
+    // The inverse permutation puts each dimension back where it came from.
+    std::vector<int64_t> inverse(dims.size());
+    for (size_t i = 0; i < dims.size(); ++i)
+      inverse[static_cast<size_t>(wrap_dim(dims[i], ndim, "permute"))] = static_cast<int64_t>(i);
+    return std::vector<Tensor>{ops::permute(g.grad(), inverse)};
+  });
+  return out;
+}
+
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   MG_CHECK(!tensors.empty(), "cat: expected a non-empty list of tensors");
   const Tensor& first = tensors[0];
@@ -133,6 +156,21 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
     start += s;
   }
   return pieces;
+}
+
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
+  MG_CHECK(x.dim() > 0, "split: expects a tensor with at least one dimension, got a "
+           "zero-dimensional tensor (shape [])");
+  dim = wrap_dim(dim, x.dim(), "split");
+  const int64_t size = x.size(dim);
+  MG_CHECK(split_size > 0 || (split_size == 0 && size == 0),
+           "split: split_size must be positive, got {} for dimension {} of size {}", split_size,
+           dim, size);
+  std::vector<int64_t> sizes;
+  for (int64_t start = 0; start < size; start += std::min(split_size, size - start))
+    sizes.push_back(std::min(split_size, size - start));
+  if (sizes.empty()) sizes.push_back(0);
+  return split(x, sizes, dim);
 }
 
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {

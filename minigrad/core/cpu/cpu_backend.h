@@ -32,6 +32,7 @@ class CpuBackend final : public Backend {
 
   // data.cpp
   void copy(const Tensor& dst, const Tensor& src) override;
+  void convert(const Tensor& dst, const Tensor& src) override;
   void fill(const Tensor& dst, double value) override;
   void arange(const Tensor& dst, double start, double step) override;
   void random_uniform(const Tensor& dst, double low, double high, uint64_t seed,
@@ -44,6 +45,12 @@ class CpuBackend final : public Backend {
               double alpha) override;
   void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& in, double scalar) override;
   void relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& input) override;
+  void gelu(const Tensor& out, const Tensor& in, bool tanh_form) override;
+  void gelu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& input,
+                     bool tanh_form) override;
+  void masked_fill(const Tensor& out, const Tensor& in, const Tensor& mask, double value) override;
+  void dropout(const Tensor& out, const Tensor& in, double p, uint64_t seed,
+               uint64_t offset) override;
   // reduce.cpp
   void sum(const Tensor& out, const Tensor& in) override;
   void argmax(const Tensor& out, const Tensor& in) override;
@@ -51,15 +58,37 @@ class CpuBackend final : public Backend {
   // matmul.cpp
   void matmul(const Tensor& out, const Tensor& a, const Tensor& b) override;
   void addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) override;
+  void bmm(const Tensor& out, const Tensor& a, const Tensor& b) override;
   // softmax.cpp
   void log_softmax(const Tensor& out, const Tensor& in) override;
   void log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
                             const Tensor& output) override;
+  void softmax(const Tensor& out, const Tensor& in) override;
+  void softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
+                        const Tensor& output) override;
   void cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets,
                      const CrossEntropyOptions& options) override;
   void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
                               const Tensor& logits, const Tensor& targets,
                               const CrossEntropyOptions& options) override;
+  // layer_norm.cpp
+  void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& in,
+                  const Tensor& weight, const Tensor& bias, double eps) override;
+  void layer_norm_backward(const Tensor& grad_in, const Tensor& grad_weight,
+                           const Tensor& grad_bias, const Tensor& grad_out, const Tensor& in,
+                           const Tensor& mean, const Tensor& rstd, const Tensor& weight) override;
+  // embedding.cpp
+  void embedding(const Tensor& out, const Tensor& weight, const Tensor& indices) override;
+  void embedding_backward(const Tensor& grad_weight, const Tensor& grad_out,
+                          const Tensor& indices) override;
+  // attention.cpp
+  void attention(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                 const Tensor& v, double scale, bool causal, double dropout_p, uint64_t seed,
+                 uint64_t offset) override;
+  void attention_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+                          const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
+                          bool causal, double dropout_p, uint64_t seed, uint64_t offset) override;
   // optim.cpp
   void sgd_step(const SgdStep& step) override;
   void adam_step(const AdamStep& step) override;

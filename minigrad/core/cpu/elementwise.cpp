@@ -9,6 +9,8 @@
 #include <minigrad/core/cpu/cpu_backend.h>
 #include <minigrad/core/cpu/strided_loop.h>
 #include <minigrad/core/cpu/wrapping_math.h>
+#include <minigrad/core/dispatch.h>
+#include <minigrad/core/philox.h>
 
 namespace mg {
 namespace {
@@ -111,41 +113,136 @@ void binary_scalar_typed(BinaryOp op, const Tensor& out, const Tensor& in, T s) 
 }  // namespace
 
 void CpuBackend::unary(UnaryOp op, const Tensor& out, const Tensor& in) {
-  switch (op) {
-    case UnaryOp::Neg: map1<float>(out, in, [](float x) { return -x; }); break;
-    case UnaryOp::Exp: map1<float>(out, in, [](float x) { return std::exp(x); }); break;
-    case UnaryOp::Log: map1<float>(out, in, [](float x) { return std::log(x); }); break;
-    // x <= 0 is false for NaN, so relu(NaN) is NaN, as PyTorch's (x > 0 ? x : 0 would
-    // turn it into 0 and hide the NaN from everything downstream).
-    case UnaryOp::Relu: map1<float>(out, in, [](float x) { return x <= 0.0f ? 0.0f : x; }); break;
-    // IEEE square root: correctly rounded, as the GPU's __fsqrt_rn.
-    case UnaryOp::Sqrt: map1<float>(out, in, [](float x) { return std::sqrt(x); }); break;
-    case UnaryOp::Abs: map1<float>(out, in, [](float x) { return std::fabs(x); }); break;
-  }
+  MG_DISPATCH_FLOATING_TYPES(in.dtype(), op_name(op), [&] {
+    using T = scalar_t;
+    switch (op) {
+      case UnaryOp::Neg: map1<T>(out, in, [](T x) { return -x; }); break;
+      case UnaryOp::Exp: map1<T>(out, in, [](T x) { return std::exp(x); }); break;
+      case UnaryOp::Log: map1<T>(out, in, [](T x) { return std::log(x); }); break;
+      // x <= 0 is false for NaN, so relu(NaN) is NaN, as PyTorch's (x > 0 ? x : 0 would
+      // turn it into 0 and hide the NaN from everything downstream).
+      case UnaryOp::Relu: map1<T>(out, in, [](T x) { return x <= T(0) ? T(0) : x; }); break;
+      // IEEE square root: correctly rounded, as the GPU's __fsqrt_rn.
+      case UnaryOp::Sqrt: map1<T>(out, in, [](T x) { return std::sqrt(x); }); break;
+      case UnaryOp::Abs: map1<T>(out, in, [](T x) { return std::fabs(x); }); break;
+      case UnaryOp::Tanh: map1<T>(out, in, [](T x) { return std::tanh(x); }); break;
+    }
+  });
 }
 
 void CpuBackend::binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b,
                         double alpha) {
-  if (out.dtype() == DType::Float32) {
-    binary_typed<float>(op, out, a, b, static_cast<float>(alpha));
-  } else {
-    binary_typed<int64_t>(op, out, a, b, static_cast<int64_t>(alpha));
-  }
+  MG_DISPATCH_ALL_TYPES(out.dtype(), op_name(op), [&] {
+    binary_typed<scalar_t>(op, out, a, b, static_cast<scalar_t>(alpha));
+  });
 }
 
 void CpuBackend::binary_scalar(BinaryOp op, const Tensor& out, const Tensor& in, double scalar) {
-  if (out.dtype() == DType::Float32) {
-    binary_scalar_typed<float>(op, out, in, static_cast<float>(scalar));
-  } else {
-    binary_scalar_typed<int64_t>(op, out, in, static_cast<int64_t>(scalar));
-  }
+  MG_DISPATCH_ALL_TYPES(out.dtype(), op_name(op), [&] {
+    binary_scalar_typed<scalar_t>(op, out, in, static_cast<scalar_t>(scalar));
+  });
 }
 
 void CpuBackend::relu_backward(const Tensor& grad_in, const Tensor& grad_out,
                                const Tensor& input) {
   // PyTorch's threshold_backward: the gradient passes where the output is not <= 0,
   // a NaN output included.
-  map2<float>(grad_in, grad_out, input, [](float g, float x) { return x <= 0.0f ? 0.0f : g; });
+  MG_DISPATCH_FLOATING_TYPES(input.dtype(), "relu_backward", [&] {
+    using T = scalar_t;
+    map2<T>(grad_in, grad_out, input, [](T g, T x) { return x <= T(0) ? T(0) : g; });
+  });
+}
+
+// ---- the transformer's elementwise ops ----
+
+namespace {
+// GELU and its derivative, exact (x * Phi(x), with erf) or in GPT-2's tanh form
+// (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))), as torch.nn.functional.gelu.
+template <typename T>
+T gelu_value(T x, bool tanh_form) {
+  if (tanh_form) {
+    const T inner = T(0.7978845608028654) * (x + T(0.044715) * x * x * x);
+    return T(0.5) * x * (T(1) + std::tanh(inner));
+  }
+  return T(0.5) * x * (T(1) + std::erf(x * T(0.7071067811865476)));
+}
+
+template <typename T>
+T gelu_grad(T g, T x, bool tanh_form) {
+  if (tanh_form) {
+    const T k = T(0.7978845608028654), c = T(0.044715);
+    const T inner = k * (x + c * x * x * x);
+    const T t = std::tanh(inner);
+    const T d_inner = k * (T(1) + T(3) * c * x * x);
+    return g * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * d_inner);
+  }
+  const T cdf = T(0.5) * (T(1) + std::erf(x * T(0.7071067811865476)));
+  const T pdf = T(0.3989422804014327) * std::exp(T(-0.5) * x * x);
+  return g * (cdf + x * pdf);
+}
+}  // namespace
+
+void CpuBackend::gelu(const Tensor& out, const Tensor& in, bool tanh_form) {
+  MG_DISPATCH_FLOATING_TYPES(in.dtype(), "gelu", [&] {
+    using T = scalar_t;
+    map1<T>(out, in, [tanh_form](T x) { return gelu_value(x, tanh_form); });
+  });
+}
+
+void CpuBackend::gelu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& input,
+                               bool tanh_form) {
+  MG_DISPATCH_FLOATING_TYPES(input.dtype(), "gelu_backward", [&] {
+    using T = scalar_t;
+    map2<T>(grad_in, grad_out, input, [tanh_form](T g, T x) { return gelu_grad(g, x, tanh_form); });
+  });
+}
+
+namespace {
+template <typename T, typename M>
+void masked_fill_typed(const Tensor& out, const Tensor& in, const Tensor& mask, double value) {
+  T* o = static_cast<T*>(out.data_ptr());
+  const T* x = static_cast<const T*>(in.data_ptr());
+  const M* m = static_cast<const M*>(mask.data_ptr());
+  const auto v = static_cast<T>(value);
+  cpu::for_each_element<3>(out.shape(), {&out.strides(), &in.strides(), &mask.strides()},
+                           [&](const std::array<int64_t, 3>& k) {
+                             o[k[0]] = m[k[2]] != M(0) ? v : x[k[1]];
+                           });
+}
+
+// The second dispatch, on the mask's dtype, in a scope of its own.
+template <typename T>
+void masked_fill_mask(const Tensor& out, const Tensor& in, const Tensor& mask, double value) {
+  MG_DISPATCH_ALL_TYPES(mask.dtype(), "masked_fill", [&] {
+    masked_fill_typed<T, scalar_t>(out, in, mask, value);
+  });
+}
+}  // namespace
+
+void CpuBackend::masked_fill(const Tensor& out, const Tensor& in, const Tensor& mask,
+                             double value) {
+  MG_DISPATCH_ALL_TYPES(in.dtype(), "masked_fill", [&] {
+    masked_fill_mask<scalar_t>(out, in, mask, value);
+  });
+}
+
+// Element i (row-major over out's shape) is kept when its Philox uniform is >= p, and
+// then scaled by 1 / (1 - p); the CUDA kernel draws the same uniform for the same i.
+void CpuBackend::dropout(const Tensor& out, const Tensor& in, double p, uint64_t seed,
+                         uint64_t offset) {
+  MG_DISPATCH_FLOATING_TYPES(in.dtype(), "dropout", [&] {
+    using T = scalar_t;
+    T* o = static_cast<T*>(out.data_ptr());
+    const T* x = static_cast<const T*>(in.data_ptr());
+    const auto scale = static_cast<T>(1.0 / (1.0 - p));
+    const auto threshold = static_cast<float>(p);
+    uint64_t i = 0;
+    cpu::for_each_element<2>(out.shape(), {&out.strides(), &in.strides()},
+                             [&](const std::array<int64_t, 2>& k) {
+                               const bool keep = philox::uniform(seed, offset, i++) >= threshold;
+                               o[k[0]] = keep ? x[k[1]] * scale : T(0);
+                             });
+  });
 }
 
 }  // namespace mg

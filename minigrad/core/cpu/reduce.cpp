@@ -6,6 +6,7 @@
 #include <minigrad/core/cpu/cpu_backend.h>
 #include <minigrad/core/cpu/strided_loop.h>
 #include <minigrad/core/cpu/wrapping_math.h>
+#include <minigrad/core/dispatch.h>
 
 namespace mg {
 namespace {
@@ -50,25 +51,23 @@ void sum_typed(const Tensor& out, const Tensor& in) {
 }  // namespace
 
 void CpuBackend::sum(const Tensor& out, const Tensor& in) {
-  if (in.dtype() == DType::Float32) {
-    sum_typed<float>(out, in);
-  } else {
-    sum_typed<int64_t>(out, in);
-  }
+  MG_DISPATCH_ALL_TYPES(in.dtype(), "sum", [&] { sum_typed<scalar_t>(out, in); });
 }
 
-void CpuBackend::argmax(const Tensor& out, const Tensor& in) {
+namespace {
+template <typename T>
+void argmax_typed(const Tensor& out, const Tensor& in) {
   const int64_t rows = in.size(0), cols = in.size(1);
   const int64_t rs = in.stride(0), cs = in.stride(1);
-  const auto* x = static_cast<const float*>(in.data_ptr());
+  const auto* x = static_cast<const T*>(in.data_ptr());
   auto* o = static_cast<int64_t*>(out.data_ptr());
   // NaN is the maximum, as in PyTorch: the first NaN of a row wins; otherwise the first
   // of the largest values.
   for (int64_t i = 0; i < rows; ++i) {
     int64_t best = 0;
-    float best_value = x[i * rs];
+    T best_value = x[i * rs];
     for (int64_t j = 1; j < cols && !std::isnan(best_value); ++j) {
-      const float v = x[i * rs + j * cs];
+      const T v = x[i * rs + j * cs];
       if (std::isnan(v) || v > best_value) {
         best = j;
         best_value = v;
@@ -78,19 +77,29 @@ void CpuBackend::argmax(const Tensor& out, const Tensor& in) {
   }
 }
 
-void CpuBackend::abs_max(const Tensor& out, const Tensor& in) {
-  const auto* x = static_cast<const float*>(in.data_ptr());
+template <typename T>
+void abs_max_typed(const Tensor& out, const Tensor& in) {
+  const auto* x = static_cast<const T*>(in.data_ptr());
   const int64_t n = in.numel();
-  float best = 0.0f;
+  T best = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(x[i]);
+    const T a = std::fabs(x[i]);
     if (std::isnan(a)) {  // NaN wins, as torch.max does
       best = a;
       break;
     }
     best = a > best ? a : best;
   }
-  *static_cast<float*>(out.data_ptr()) = best;
+  *static_cast<T*>(out.data_ptr()) = best;
+}
+}  // namespace
+
+void CpuBackend::argmax(const Tensor& out, const Tensor& in) {
+  MG_DISPATCH_FLOATING_TYPES(in.dtype(), "argmax", [&] { argmax_typed<scalar_t>(out, in); });
+}
+
+void CpuBackend::abs_max(const Tensor& out, const Tensor& in) {
+  MG_DISPATCH_FLOATING_TYPES(in.dtype(), "abs_max", [&] { abs_max_typed<scalar_t>(out, in); });
 }
 
 }  // namespace mg

@@ -2,6 +2,7 @@
 // Philox functions (core/philox.h) as on the CPU, so a seed gives the same tensor on
 // both: uniform values match bit for bit; normal values within a few ulps (CUDA's
 // logf/sinf/cosf are not glibc's).
+#include <cmath>
 #include <cstring>
 
 #include <minigrad/core/philox.h>
@@ -103,6 +104,13 @@ void fill(ElementType type, void* dst, double value, int64_t numel, cudaStream_t
     }
     launch_map(MapOperands<float, 0>{static_cast<float*>(dst), {}}, flat(numel), numel, stream,
                ConstantValue<float>{v});
+  } else if (type == ElementType::Float64) {
+    if (value == 0.0 && !std::signbit(value)) {
+      MG_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(numel) * 8, stream));
+      return;
+    }
+    launch_map(MapOperands<double, 0>{static_cast<double*>(dst), {}}, flat(numel), numel, stream,
+               ConstantValue<double>{value});
   } else {
     const auto v = static_cast<int64_t>(value);
     if (v == 0) {
@@ -119,6 +127,9 @@ void arange(ElementType type, void* dst, double start, double step, int64_t nume
   if (type == ElementType::Float32) {
     launch_elementwise(flat(numel), numel, stream,
                        ArangeFunctor<float>{static_cast<float*>(dst), start, step});
+  } else if (type == ElementType::Float64) {
+    launch_elementwise(flat(numel), numel, stream,
+                       ArangeFunctor<double>{static_cast<double*>(dst), start, step});
   } else {
     launch_elementwise(flat(numel), numel, stream,
                        ArangeFunctor<int64_t>{static_cast<int64_t*>(dst), start, step});

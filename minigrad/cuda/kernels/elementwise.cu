@@ -30,6 +30,12 @@ __device__ __forceinline__ int64_t wrap_mul(int64_t a, int64_t b) {
 __device__ __forceinline__ float wrap_add(float a, float b) { return a + b; }
 __device__ __forceinline__ float wrap_sub(float a, float b) { return a - b; }
 __device__ __forceinline__ float wrap_mul(float a, float b) { return a * b; }
+__device__ __forceinline__ double wrap_add(double a, double b) { return a + b; }
+__device__ __forceinline__ double wrap_sub(double a, double b) { return a - b; }
+__device__ __forceinline__ double wrap_mul(double a, double b) { return a * b; }
+__device__ __forceinline__ double add_scaled(double a, double alpha, double b) {
+  return __dadd_rn(a, __dmul_rn(alpha, b));
+}
 __device__ __forceinline__ int64_t add_scaled(int64_t a, int64_t alpha, int64_t b) {
   return wrap_add(a, wrap_mul(alpha, b));
 }
@@ -48,16 +54,24 @@ struct NegValue {
 };
 struct ExpValue {
   __device__ float operator()(float x) const { return expf(x); }
+  __device__ double operator()(double x) const { return exp(x); }
 };
 struct LogValue {
   __device__ float operator()(float x) const { return logf(x); }
+  __device__ double operator()(double x) const { return log(x); }
 };
 // Correctly rounded, as std::sqrt on the CPU (sqrtf is too unless -prec-sqrt=false).
 struct SqrtValue {
   __device__ float operator()(float x) const { return __fsqrt_rn(x); }
+  __device__ double operator()(double x) const { return __dsqrt_rn(x); }
 };
 struct AbsValue {
   __device__ float operator()(float x) const { return fabsf(x); }
+  __device__ double operator()(double x) const { return fabs(x); }
+};
+struct TanhValue {
+  __device__ float operator()(float x) const { return tanhf(x); }
+  __device__ double operator()(double x) const { return tanh(x); }
 };
 // x <= 0 is false for NaN: relu(NaN) is NaN, as on the CPU and in PyTorch.
 template <typename T>
@@ -118,6 +132,9 @@ struct ReluBackwardValue {
   __device__ float operator()(float grad_out, float input) const {
     return input <= 0.0f ? 0.0f : grad_out;
   }
+  __device__ double operator()(double grad_out, double input) const {
+    return input <= 0.0 ? 0.0 : grad_out;
+  }
 };
 
 // ---- dispatch ----
@@ -176,19 +193,31 @@ void binary_scalar_typed(BinaryKind kind, T* out, const T* in, T scalar,
 
 }  // namespace
 
+namespace {
+// The float kinds, for float and double alike.
+template <typename T>
+void unary_float(UnaryKind kind, T* o, const T* x, const StridedIndexer<2>& layout, int64_t numel,
+                 cudaStream_t stream) {
+  switch (kind) {
+    case UnaryKind::Neg: map_unary(o, x, layout, numel, stream, NegValue<T>{}); break;
+    case UnaryKind::Exp: map_unary(o, x, layout, numel, stream, ExpValue{}); break;
+    case UnaryKind::Log: map_unary(o, x, layout, numel, stream, LogValue{}); break;
+    case UnaryKind::Relu: map_unary(o, x, layout, numel, stream, ReluValue<T>{}); break;
+    case UnaryKind::Sqrt: map_unary(o, x, layout, numel, stream, SqrtValue{}); break;
+    case UnaryKind::Abs: map_unary(o, x, layout, numel, stream, AbsValue{}); break;
+    case UnaryKind::Tanh: map_unary(o, x, layout, numel, stream, TanhValue{}); break;
+  }
+}
+}  // namespace
+
 void unary(UnaryKind kind, ElementType type, void* out, const void* in,
            const StridedIndexer<2>& layout, int64_t numel, cudaStream_t stream) {
   if (type == ElementType::Float32) {
-    auto* o = static_cast<float*>(out);
-    const auto* x = static_cast<const float*>(in);
-    switch (kind) {
-      case UnaryKind::Neg: map_unary(o, x, layout, numel, stream, NegValue<float>{}); break;
-      case UnaryKind::Exp: map_unary(o, x, layout, numel, stream, ExpValue{}); break;
-      case UnaryKind::Log: map_unary(o, x, layout, numel, stream, LogValue{}); break;
-      case UnaryKind::Relu: map_unary(o, x, layout, numel, stream, ReluValue<float>{}); break;
-      case UnaryKind::Sqrt: map_unary(o, x, layout, numel, stream, SqrtValue{}); break;
-      case UnaryKind::Abs: map_unary(o, x, layout, numel, stream, AbsValue{}); break;
-    }
+    unary_float(kind, static_cast<float*>(out), static_cast<const float*>(in), layout, numel,
+                stream);
+  } else if (type == ElementType::Float64) {
+    unary_float(kind, static_cast<double*>(out), static_cast<const double*>(in), layout, numel,
+                stream);
   } else {
     // int64: Neg and Relu only (the backend refuses the others).
     auto* o = static_cast<int64_t*>(out);
@@ -206,6 +235,9 @@ void binary(BinaryKind kind, ElementType type, void* out, const void* a, const v
   if (type == ElementType::Float32) {
     binary_typed(kind, static_cast<float*>(out), static_cast<const float*>(a),
                  static_cast<const float*>(b), static_cast<float>(alpha), layout, numel, stream);
+  } else if (type == ElementType::Float64) {
+    binary_typed(kind, static_cast<double*>(out), static_cast<const double*>(a),
+                 static_cast<const double*>(b), alpha, layout, numel, stream);
   } else {
     binary_typed(kind, static_cast<int64_t*>(out), static_cast<const int64_t*>(a),
                  static_cast<const int64_t*>(b), static_cast<int64_t>(alpha), layout, numel,
@@ -218,15 +250,24 @@ void binary_scalar(BinaryKind kind, ElementType type, void* out, const void* in,
   if (type == ElementType::Float32) {
     binary_scalar_typed(kind, static_cast<float*>(out), static_cast<const float*>(in),
                         static_cast<float>(scalar), layout, numel, stream);
+  } else if (type == ElementType::Float64) {
+    binary_scalar_typed(kind, static_cast<double*>(out), static_cast<const double*>(in), scalar,
+                        layout, numel, stream);
   } else {
     binary_scalar_typed(kind, static_cast<int64_t*>(out), static_cast<const int64_t*>(in),
                         static_cast<int64_t>(scalar), layout, numel, stream);
   }
 }
 
-void relu_backward(float* grad_in, const float* grad_out, const float* input,
+void relu_backward(ElementType type, void* grad_in, const void* grad_out, const void* input,
                    const StridedIndexer<3>& layout, int64_t numel, cudaStream_t stream) {
-  map_binary(grad_in, grad_out, input, layout, numel, stream, ReluBackwardValue{});
+  if (type == ElementType::Float64) {
+    map_binary(static_cast<double*>(grad_in), static_cast<const double*>(grad_out),
+               static_cast<const double*>(input), layout, numel, stream, ReluBackwardValue{});
+  } else {
+    map_binary(static_cast<float*>(grad_in), static_cast<const float*>(grad_out),
+               static_cast<const float*>(input), layout, numel, stream, ReluBackwardValue{});
+  }
 }
 
 }  // namespace mg::cuda::kernels

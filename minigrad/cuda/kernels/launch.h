@@ -16,8 +16,10 @@
 
 namespace mg::cuda::kernels {
 
-enum class ElementType { Float32, Int64 };
-enum class UnaryKind { Neg, Exp, Log, Relu, Sqrt, Abs };
+// Float64 reaches the elementwise ops, fill, arange and sum; the other kernels here are
+// float32 (and int64) only, which the backend checks before it calls them.
+enum class ElementType { Float32, Int64, Float64 };
+enum class UnaryKind { Neg, Exp, Log, Relu, Sqrt, Abs, Tanh };
 enum class BinaryKind { Add, Sub, Mul, Div, Maximum };
 
 // ---- elementwise.cu ----
@@ -30,8 +32,8 @@ void binary(BinaryKind kind, ElementType type, void* out, const void* a, const v
 // out = in op scalar. `out` may alias `in`.
 void binary_scalar(BinaryKind kind, ElementType type, void* out, const void* in, double scalar,
                    const StridedIndexer<2>& layout, int64_t numel, cudaStream_t stream);
-// grad_in = input > 0 ? grad_out : 0
-void relu_backward(float* grad_in, const float* grad_out, const float* input,
+// grad_in = input > 0 ? grad_out : 0 (float32 or float64)
+void relu_backward(ElementType type, void* grad_in, const void* grad_out, const void* input,
                    const StridedIndexer<3>& layout, int64_t numel, cudaStream_t stream);
 
 // ---- data.cu ----

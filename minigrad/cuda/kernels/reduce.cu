@@ -306,7 +306,7 @@ std::size_t sum_scratch_bytes(ElementType type, const SumPlan& plan) {
   if (plan.kept_count == 0 || plan.reduced_count == 0) return 0;
   const SumLaunch launch = choose_launch(plan);
   if (launch.splits == 1) return 0;
-  const std::size_t accumulator_size = type == ElementType::Float32 ? sizeof(double) : sizeof(int64_t);
+  const std::size_t accumulator_size = type == ElementType::Int64 ? sizeof(int64_t) : sizeof(double);
   return static_cast<std::size_t>(launch.splits) * static_cast<std::size_t>(plan.kept_count) *
          accumulator_size;
 }
@@ -320,6 +320,8 @@ void sum(ElementType type, void* out, const void* in, const SumPlan& plan, void*
   }
   if (type == ElementType::Float32) {
     sum_typed(static_cast<float*>(out), static_cast<const float*>(in), plan, scratch, stream);
+  } else if (type == ElementType::Float64) {
+    sum_typed(static_cast<double*>(out), static_cast<const double*>(in), plan, scratch, stream);
   } else {
     sum_typed(static_cast<int64_t*>(out), static_cast<const int64_t*>(in), plan, scratch, stream);
   }

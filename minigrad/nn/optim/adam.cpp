@@ -35,8 +35,8 @@ template class AdamOptionsBase<AdamWOptions>;
 
 // ---------------------------------------------------------------- AdamBase
 
-AdamBase::AdamBase(std::vector<Tensor> params, const char* name)
-    : Optimizer(std::move(params), name) {
+AdamBase::AdamBase(std::vector<std::vector<Tensor>> groups, const char* name)
+    : Optimizer(std::move(groups), name) {
   state_.resize(parameters().size());
 }
 
@@ -51,9 +51,8 @@ void AdamBase::step() {
   profiler::Span span(parameters().empty() ? Device::cpu() : parameters()[0].device(),
                       "{}.step", name());
   span.category("optimizer");
-  const Hyper h = hyper();
 
-  // One fused update per device. A parameter's first state (zeros) and its new step
+  // One fused update per group and device. A parameter's first state (zeros) and its new step
   // count become state only once its device's step has run, so a failed step (a
   // refused graph capture, say) leaves no state half made.
   struct Pending {
@@ -63,6 +62,7 @@ void AdamBase::step() {
     Tensor param_copy;    // a contiguous copy to write back into a strided parameter
   };
   struct DeviceStep {
+    size_t group;
     Device device;
     AdamStep step;
     std::vector<Pending> pending;
@@ -73,10 +73,13 @@ void AdamBase::step() {
     const Tensor& p = params[i];
     const Tensor grad = p.grad();
     if (!grad.defined()) continue;
-    auto group = std::find_if(steps.begin(), steps.end(),
-                              [&](const DeviceStep& s) { return s.device == p.device(); });
+    const size_t g = param_group_of(i);
+    const Hyper h = hyper(g);
+    auto group = std::find_if(steps.begin(), steps.end(), [&](const DeviceStep& s) {
+      return s.group == g && s.device == p.device();
+    });
     if (group == steps.end()) {
-      DeviceStep s{p.device(), AdamStep{}, {}};
+      DeviceStep s{g, p.device(), AdamStep{}, {}};
       s.step.lr = h.lr;
       s.step.beta1 = h.beta1;
       s.step.beta2 = h.beta2;
@@ -165,9 +168,9 @@ int64_t AdamBase::step_count(size_t index) const {
 }
 
 void AdamBase::sync_amsgrad_state() {
-  const bool amsgrad = hyper().amsgrad;
   NoGradGuard no_grad;
   for (size_t i = 0; i < state_.size(); ++i) {
+    const bool amsgrad = hyper(param_group_of(i)).amsgrad;
     ParamState& st = state_[i];
     if (!st.step.defined()) continue;
     if (amsgrad && !st.max_exp_avg_sq.defined()) st.max_exp_avg_sq = zeros_for(parameters()[i]);
@@ -194,7 +197,7 @@ TensorDict AdamBase::state(size_t index) const {
 void AdamBase::check_param_state(size_t index, const TensorDict& state,
                                  const std::function<std::string(const std::string&)>& key,
                                  std::vector<std::string>& problems) const {
-  const bool amsgrad = hyper().amsgrad;
+  const bool amsgrad = hyper(param_group_of(index)).amsgrad;
   for (const char* name : {"step", "exp_avg", "exp_avg_sq"})
     if (state.count(name) == 0)
       problems.push_back(fmt::format("'{}' is missing (a parameter's state is all of step, "
@@ -249,56 +252,126 @@ void AdamBase::set_param_state(size_t index, const TensorDict& state) {
 
 // ---------------------------------------------------------------- Adam, AdamW
 
+namespace {
+
+std::vector<std::vector<Tensor>> one_group(std::vector<Tensor> params) {
+  std::vector<std::vector<Tensor>> groups;
+  groups.push_back(std::move(params));
+  return groups;
+}
+
+}  // namespace
+
 Adam::Adam(std::vector<Tensor> params, AdamOptions options)
-    : AdamBase(std::move(params), "Adam"), options_(options) {
-  options_.validate("Adam");
+    : AdamBase(one_group(std::move(params)), "Adam"), group_options_{options} {
+  options.validate("Adam");
+}
+
+Adam::Adam(std::vector<ParamGroup<AdamOptions>> groups, AdamOptions defaults)
+    : AdamBase(group_params(groups), "Adam"), group_options_(group_options(groups, defaults)) {
+  for (const AdamOptions& o : group_options_) o.validate("Adam");
+}
+
+const AdamOptions& Adam::options(size_t group) const {
+  check_param_group("options", group);
+  return group_options_[group];
 }
 
 void Adam::set_options(AdamOptions options) {
   options.validate("Adam");
-  options_ = options;
+  for (AdamOptions& o : group_options_) o = options;
+  sync_amsgrad_state();
+}
+
+void Adam::set_group_options(size_t group, AdamOptions options) {
+  check_param_group("set_group_options", group);
+  options.validate("Adam");
+  group_options_[group] = options;
   sync_amsgrad_state();
 }
 
 void Adam::set_lr(double lr) {
-  AdamOptions options = options_;
-  set_options(options.lr(lr));
+  for (size_t g = 0; g < group_options_.size(); ++g) set_group_lr(g, lr);
+}
+
+void Adam::set_group_lr(size_t group, double lr) {
+  check_param_group("set_group_lr", group);
+  AdamOptions options = Adam::options(group);
+  set_group_options(group, options.lr(lr));
 }
 
 std::unique_ptr<Optimizer> Adam::make_like(std::vector<Tensor> params) const {
-  return std::make_unique<Adam>(std::move(params), options_);
+  MG_CHECK(group_options_.size() == 1,
+           "Adam::make_like: builds an optimizer of one group's options, but this one has {} "
+           "groups", group_options_.size());
+  return std::make_unique<Adam>(std::move(params), group_options_[0]);
 }
 
-AdamBase::Hyper Adam::hyper() const {
-  const AdamOptions& o = options_;
+AdamBase::Hyper Adam::hyper(size_t group) const {
+  const AdamOptions& o = group_options_[group];
   return Hyper{o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(),
                o.weight_decay(), false, o.amsgrad(), o.maximize()};
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
-    : AdamBase(std::move(params), "AdamW"), options_(options) {
-  options_.validate("AdamW");
+    : AdamBase(one_group(std::move(params)), "AdamW"), group_options_{options} {
+  options.validate("AdamW");
+}
+
+AdamW::AdamW(std::vector<ParamGroup<AdamWOptions>> groups, AdamWOptions defaults)
+    : AdamBase(group_params(groups), "AdamW"), group_options_(group_options(groups, defaults)) {
+  for (const AdamWOptions& o : group_options_) o.validate("AdamW");
+}
+
+const AdamWOptions& AdamW::options(size_t group) const {
+  check_param_group("options", group);
+  return group_options_[group];
 }
 
 void AdamW::set_options(AdamWOptions options) {
   options.validate("AdamW");
-  options_ = options;
+  for (AdamWOptions& o : group_options_) o = options;
+  sync_amsgrad_state();
+}
+
+void AdamW::set_group_options(size_t group, AdamWOptions options) {
+  check_param_group("set_group_options", group);
+  options.validate("AdamW");
+  group_options_[group] = options;
   sync_amsgrad_state();
 }
 
 void AdamW::set_lr(double lr) {
-  AdamWOptions options = options_;
-  set_options(options.lr(lr));
+  for (size_t g = 0; g < group_options_.size(); ++g) set_group_lr(g, lr);
+}
+
+void AdamW::set_group_lr(size_t group, double lr) {
+  check_param_group("set_group_lr", group);
+  AdamWOptions options = AdamW::options(group);
+  set_group_options(group, options.lr(lr));
 }
 
 std::unique_ptr<Optimizer> AdamW::make_like(std::vector<Tensor> params) const {
-  return std::make_unique<AdamW>(std::move(params), options_);
+  MG_CHECK(group_options_.size() == 1,
+           "AdamW::make_like: builds an optimizer of one group's options, but this one has {} "
+           "groups", group_options_.size());
+  return std::make_unique<AdamW>(std::move(params), group_options_[0]);
 }
 
-AdamBase::Hyper AdamW::hyper() const {
-  const AdamWOptions& o = options_;
+AdamBase::Hyper AdamW::hyper(size_t group) const {
+  const AdamWOptions& o = group_options_[group];
   return Hyper{o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(),
                o.weight_decay(), true, o.amsgrad(), o.maximize()};
+}
+
+std::vector<ParamGroup<AdamWOptions>> weight_decay_groups(const std::vector<Tensor>& params,
+                                                          const AdamWOptions& options) {
+  std::vector<Tensor> decay, no_decay;
+  for (const Tensor& p : params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  AdamWOptions without = options;
+  without.weight_decay(0.0);
+  return {ParamGroup<AdamWOptions>(std::move(decay), options),
+          ParamGroup<AdamWOptions>(std::move(no_decay), without)};
 }
 
 }  // namespace mg::optim

@@ -115,8 +115,9 @@ class AdamBase : public Optimizer {
     double lr, beta1, beta2, eps, weight_decay;
     bool decoupled, amsgrad, maximize;
   };
-  AdamBase(std::vector<Tensor> params, const char* name);
-  virtual Hyper hyper() const = 0;
+  AdamBase(std::vector<std::vector<Tensor>> groups, const char* name);
+  // Group `group`'s hyperparameters.
+  virtual Hyper hyper(size_t group) const = 0;
   // After an options change: amsgrad turned on starts max_exp_avg_sq at zero for the
   // parameters that have state; turned off, drops it.
   void sync_amsgrad_state();
@@ -137,37 +138,56 @@ class AdamBase : public Optimizer {
 class Adam : public AdamBase {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options = {});
+  // Parameter groups, each with its own options or `defaults` (see Optimizer).
+  Adam(std::vector<ParamGroup<AdamOptions>> groups, AdamOptions defaults = {});
 
-  const AdamOptions& options() const { return options_; }
+  // A group's options (the first group's by default).
+  const AdamOptions& options(size_t group = 0) const;
   // Changes options between steps (a schedule); validated as at construction. Turning
-  // amsgrad on starts max_exp_avg_sq from zero; turning it off drops it.
+  // amsgrad on starts max_exp_avg_sq from zero; turning it off drops it. set_options sets
+  // every group's; set_group_options one group's.
   void set_options(AdamOptions options);
-  double lr() const override { return options_.lr(); }
+  void set_group_options(size_t group, AdamOptions options);
+  double lr() const override { return options().lr(); }
   void set_lr(double lr) override;
+  double group_lr(size_t group) const override { return options(group).lr(); }
+  void set_group_lr(size_t group, double lr) override;
   std::unique_ptr<Optimizer> make_like(std::vector<Tensor> params) const override;
 
  protected:
-  Hyper hyper() const override;
+  Hyper hyper(size_t group) const override;
 
  private:
-  AdamOptions options_;
+  std::vector<AdamOptions> group_options_;
 };
 
 class AdamW : public AdamBase {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions options = {});
+  // Parameter groups, each with its own options or `defaults` (see Optimizer).
+  AdamW(std::vector<ParamGroup<AdamWOptions>> groups, AdamWOptions defaults = {});
 
-  const AdamWOptions& options() const { return options_; }
+  // A group's options (the first group's by default).
+  const AdamWOptions& options(size_t group = 0) const;
   void set_options(AdamWOptions options);
-  double lr() const override { return options_.lr(); }
+  void set_group_options(size_t group, AdamWOptions options);
+  double lr() const override { return options().lr(); }
   void set_lr(double lr) override;
+  double group_lr(size_t group) const override { return options(group).lr(); }
+  void set_group_lr(size_t group, double lr) override;
   std::unique_ptr<Optimizer> make_like(std::vector<Tensor> params) const override;
 
  protected:
-  Hyper hyper() const override;
+  Hyper hyper(size_t group) const override;
 
  private:
-  AdamWOptions options_;
+  std::vector<AdamWOptions> group_options_;
 };
+
+// nanoGPT's configure_optimizers: two groups of `params`, those of 2 or more dimensions
+// (the matmul and embedding weights) with `options` as given, the others (biases,
+// LayerNorm's scales) with weight_decay 0. Either group may be empty.
+std::vector<ParamGroup<AdamWOptions>> weight_decay_groups(const std::vector<Tensor>& params,
+                                                          const AdamWOptions& options);
 
 }  // namespace mg::optim

@@ -6,8 +6,26 @@
 
 namespace mg::optim {
 
+namespace {
+
+std::vector<std::vector<Tensor>> one_group(std::vector<Tensor> params) {
+  std::vector<std::vector<Tensor>> groups;
+  groups.push_back(std::move(params));
+  return groups;
+}
+
+}  // namespace
+
 Optimizer::Optimizer(std::vector<Tensor> params, std::string name)
-    : params_(std::move(params)), name_(std::move(name)) {
+    : Optimizer(one_group(std::move(params)), std::move(name)) {}
+
+Optimizer::Optimizer(std::vector<std::vector<Tensor>> groups, std::string name)
+    : name_(std::move(name)) {
+  MG_CHECK(!groups.empty(), "{}: no parameter groups (an optimizer needs at least one)", name_);
+  for (auto& group : groups) {
+    group_begin_.push_back(params_.size());
+    for (Tensor& p : group) params_.push_back(std::move(p));
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     MG_CHECK(p.defined(), "{}: parameter {} is an undefined tensor", name_, i);
@@ -26,6 +44,44 @@ Optimizer::Optimizer(std::vector<Tensor> params, std::string name)
 }
 
 void Optimizer::zero_grad(bool set_to_none) { zero_grads(params_, set_to_none); }
+
+// ---------------------------------------------------------------- groups
+
+void Optimizer::check_param_group(const char* method, size_t group) const {
+  MG_CHECK(group < group_begin_.size(), "{}::{}: group {} out of range for {} parameter group{}",
+           name_, method, group, group_begin_.size(), group_begin_.size() == 1 ? "" : "s");
+}
+
+size_t Optimizer::param_group_begin(size_t group) const {
+  check_param_group("param_group_begin", group);
+  return group_begin_[group];
+}
+
+size_t Optimizer::param_group_end(size_t group) const {
+  check_param_group("param_group_end", group);
+  return group + 1 < group_begin_.size() ? group_begin_[group + 1] : params_.size();
+}
+
+size_t Optimizer::param_group_of(size_t index) const {
+  MG_CHECK(index < params_.size(), "{}::param_group_of: index {} out of range for {} parameters", name_,
+           index, params_.size());
+  // The last group that begins at or before `index` (empty groups begin where the next does).
+  const auto after = std::upper_bound(group_begin_.begin(), group_begin_.end(), index);
+  return static_cast<size_t>(after - group_begin_.begin()) - 1;
+}
+
+double Optimizer::group_lr(size_t group) const {
+  check_param_group("group_lr", group);
+  return lr();
+}
+
+void Optimizer::set_group_lr(size_t group, double lr) {
+  check_param_group("set_group_lr", group);
+  MG_CHECK(group_begin_.size() == 1,
+           "{}::set_group_lr: this optimizer keeps one learning rate for its {} groups", name_,
+           group_begin_.size());
+  set_lr(lr);
+}
 
 void Optimizer::zero_grads(const std::vector<Tensor>& tensors, bool set_to_none) {
   NoGradGuard no_grad;

@@ -1,11 +1,23 @@
-// optim::Optimizer: what every optimizer here shares (libtorch's torch::optim::Optimizer,
-// with one set of options instead of parameter groups). Code that takes "any optimizer"
-// -- a training loop, a learning-rate schedule, ZeRO's sharded optimizer -- holds one
-// of these:
+// optim::Optimizer: what every optimizer here shares (libtorch's torch::optim::Optimizer).
+// Code that takes "any optimizer" -- a training loop, a learning-rate schedule, ZeRO's
+// sharded optimizer -- holds one of these:
 //
 //   std::unique_ptr<optim::Optimizer> opt = std::make_unique<optim::AdamW>(params, opts);
 //   opt->zero_grad(); loss.backward(); opt->step();
 //   opt->set_lr(schedule(step));
+//
+// Parameter groups (torch's param_groups): an optimizer may be built from several groups,
+// each with options of its own (nanoGPT decays the 2-D weights and not the biases):
+//
+//   optim::AdamW opt({optim::ParamGroup<optim::AdamWOptions>(weights),
+//                     optim::ParamGroup<optim::AdamWOptions>(biases, AdamWOptions(6e-4).weight_decay(0))},
+//                    AdamWOptions(6e-4).weight_decay(0.1));
+//
+// parameters() is every group's parameters, group after group, and a parameter's index
+// (in state(i), state_dict's "<name>.<i>", messages) counts through all of them, as
+// torch's state_dict numbers them. set_lr sets every group's learning rate (what nanoGPT's
+// loop does); group_lr / set_group_lr reach one group. A one-group optimizer, built from
+// a plain list of tensors, is what it always was.
 //
 // The parameters are leaf float32 tensors, held by handle and updated in place. They may
 // be any tensors the caller owns -- a module's parameters, or flat 1-D views into one
@@ -25,6 +37,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +46,19 @@
 namespace mg::optim {
 
 using TensorDict = std::map<std::string, Tensor>;  // the same type as nn::TensorDict
+
+// One entry of torch's param_groups: parameters and, optionally, options of their own
+// (without them, the group takes the options the optimizer was given as its defaults).
+template <typename Options>
+struct ParamGroup {
+  ParamGroup(std::vector<Tensor> params_in)  // NOLINT: implicit, a list of tensors is a group
+      : params(std::move(params_in)) {}
+  ParamGroup(std::vector<Tensor> params_in, Options options_in)
+      : params(std::move(params_in)), options(std::move(options_in)) {}
+
+  std::vector<Tensor> params;
+  std::optional<Options> options;
+};
 
 class Optimizer {
  public:
@@ -51,12 +77,27 @@ class Optimizer {
   // "SGD", "Adam", "AdamW": the name in every message.
   const std::string& name() const { return name_; }
 
-  // The learning rate, for schedules; set_lr validates as the options do.
+  // The learning rate, for schedules: lr() is the first group's, set_lr sets every
+  // group's (validated as the options are).
   virtual double lr() const = 0;
   virtual void set_lr(double lr) = 0;
 
+  // ---- parameter groups ----
+  size_t param_group_count() const { return group_begin_.size(); }
+  // The parameters of group `group`: indices [param_group_begin(group), param_group_end(group)) of
+  // parameters().
+  size_t param_group_begin(size_t group) const;
+  size_t param_group_end(size_t group) const;
+  // The group of parameter `index`.
+  size_t param_group_of(size_t index) const;
+  // One group's learning rate. The defaults serve optimizers of one group (lr(),
+  // set_lr()); SGD, Adam and AdamW keep one per group.
+  virtual double group_lr(size_t group) const;
+  virtual void set_group_lr(size_t group, double lr);
+
   // A new optimizer of this kind with these options over other parameters, with no
-  // state: how a wrapper builds one optimizer per shard from the one it was given.
+  // state: how a wrapper builds one optimizer per shard from the one it was given. One
+  // group's options only: an optimizer of several groups refuses (mg::Error).
   virtual std::unique_ptr<Optimizer> make_like(std::vector<Tensor> params) const = 0;
 
   // ---- state, one parameter at a time ----
@@ -81,8 +122,13 @@ class Optimizer {
   void load_state_dict(const TensorDict& state, const std::string& source = "state dict");
 
  protected:
-  // Checks the parameters: defined, leaves, float32, no tensor twice.
+  // Checks the parameters: defined, leaves, float32, no tensor twice (in any group).
   Optimizer(std::vector<Tensor> params, std::string name);
+  // Parameter groups: `groups[g]` are group g's parameters (a group may be empty).
+  Optimizer(std::vector<std::vector<Tensor>> groups, std::string name);
+
+  // mg::Error naming `method` unless `group` < param_group_count().
+  void check_param_group(const char* method, size_t group) const;
 
   // What zero_grad does, over any tensors (a wrapper's own gradients too).
   static void zero_grads(const std::vector<Tensor>& tensors, bool set_to_none);
@@ -105,7 +151,26 @@ class Optimizer {
                          const std::vector<std::string>& problems) const;
 
   std::vector<Tensor> params_;
+  std::vector<size_t> group_begin_;  // the first parameter index of each group
   std::string name_;
 };
+
+// Splits a list of groups given as ParamGroups into their parameters and their options
+// (a group without options takes `defaults`): what SGD, Adam and AdamW's constructors do.
+template <typename Options>
+std::vector<std::vector<Tensor>> group_params(const std::vector<ParamGroup<Options>>& groups) {
+  std::vector<std::vector<Tensor>> out;
+  out.reserve(groups.size());
+  for (const auto& g : groups) out.push_back(g.params);
+  return out;
+}
+template <typename Options>
+std::vector<Options> group_options(const std::vector<ParamGroup<Options>>& groups,
+                                   const Options& defaults) {
+  std::vector<Options> out;
+  out.reserve(groups.size());
+  for (const auto& g : groups) out.push_back(g.options ? *g.options : defaults);
+  return out;
+}
 
 }  // namespace mg::optim

@@ -26,23 +26,48 @@ void SGDOptions::validate() const {
 }
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions options)
-    : Optimizer(std::move(params), "SGD"), options_(options) {
-  options_.validate();
+    : Optimizer(std::move(params), "SGD"), group_options_{options} {
+  options.validate();
   momentum_buffers_.resize(parameters().size());
+}
+
+SGD::SGD(std::vector<ParamGroup<SGDOptions>> groups, SGDOptions defaults)
+    : Optimizer(group_params(groups), "SGD"), group_options_(group_options(groups, defaults)) {
+  for (const SGDOptions& o : group_options_) o.validate();
+  momentum_buffers_.resize(parameters().size());
+}
+
+const SGDOptions& SGD::options(size_t group) const {
+  check_param_group("options", group);
+  return group_options_[group];
 }
 
 void SGD::set_options(SGDOptions options) {
   options.validate();
-  options_ = options;
+  for (SGDOptions& o : group_options_) o = options;
+}
+
+void SGD::set_group_options(size_t group, SGDOptions options) {
+  check_param_group("set_group_options", group);
+  options.validate();
+  group_options_[group] = options;
 }
 
 void SGD::set_lr(double lr) {
-  SGDOptions options = options_;
-  set_options(options.lr(lr));
+  for (size_t g = 0; g < group_options_.size(); ++g) set_group_lr(g, lr);
+}
+
+void SGD::set_group_lr(size_t group, double lr) {
+  check_param_group("set_group_lr", group);
+  SGDOptions options = SGD::options(group);
+  set_group_options(group, options.lr(lr));
 }
 
 std::unique_ptr<Optimizer> SGD::make_like(std::vector<Tensor> params) const {
-  return std::make_unique<SGD>(std::move(params), options_);
+  MG_CHECK(group_options_.size() == 1,
+           "SGD::make_like: builds an optimizer of one group's options, but this one has {} "
+           "groups", group_options_.size());
+  return std::make_unique<SGD>(std::move(params), group_options_[0]);
 }
 
 namespace {
@@ -66,16 +91,18 @@ void SGD::step() {
   profiler::Span span(parameters().empty() ? Device::cpu() : parameters()[0].device(),
                       "{}.step", name());
   span.category("optimizer");
-  const bool use_momentum = options_.momentum() != 0.0;
-
-  // One fused update per device, over every parameter there that fits it.
+  // One fused update per group and device, over every parameter there that fits it.
   struct DeviceStep {
+    size_t group;
     Device device;
     SgdStep step;
     std::vector<size_t> new_buffer_indices;  // kept once the step has written them
   };
   std::vector<DeviceStep> steps;
   for (size_t i = 0; i < parameters().size(); ++i) {
+    const size_t g = param_group_of(i);
+    const SGDOptions& options = group_options_[g];
+    const bool use_momentum = options.momentum() != 0.0;
     const Tensor& p = parameters()[i];
     const Tensor grad = p.grad();
     if (!grad.defined()) continue;
@@ -84,15 +111,16 @@ void SGD::step() {
       step_unfused(i);
       continue;
     }
-    auto group = std::find_if(steps.begin(), steps.end(),
-                              [&](const DeviceStep& s) { return s.device == p.device(); });
+    auto group = std::find_if(steps.begin(), steps.end(), [&](const DeviceStep& s) {
+      return s.group == g && s.device == p.device();
+    });
     if (group == steps.end()) {
-      DeviceStep s{p.device(), SgdStep{}, {}};
-      s.step.lr = options_.lr();
-      s.step.momentum = options_.momentum();
-      s.step.dampening = options_.dampening();
-      s.step.weight_decay = options_.weight_decay();
-      s.step.nesterov = options_.nesterov();
+      DeviceStep s{g, p.device(), SgdStep{}, {}};
+      s.step.lr = options.lr();
+      s.step.momentum = options.momentum();
+      s.step.dampening = options.dampening();
+      s.step.weight_decay = options.weight_decay();
+      s.step.nesterov = options.nesterov();
       steps.push_back(std::move(s));
       group = steps.end() - 1;
     }
@@ -124,11 +152,12 @@ void SGD::step() {
 // The update of parameter i as in-place tensor ops: the reference the fused step
 // reproduces, kept for parameters it does not take (non-contiguous, views).
 void SGD::step_unfused(size_t i) {
-  const double lr = options_.lr();
-  const double momentum = options_.momentum();
-  const double dampening = options_.dampening();
-  const double weight_decay = options_.weight_decay();
-  const bool nesterov = options_.nesterov();
+  const SGDOptions& options = group_options_[param_group_of(i)];
+  const double lr = options.lr();
+  const double momentum = options.momentum();
+  const double dampening = options.dampening();
+  const double weight_decay = options.weight_decay();
+  const bool nesterov = options.nesterov();
 
   Tensor p = parameters()[i];  // a handle: updates land in the parameter
   const Tensor grad = p.grad();

@@ -61,16 +61,23 @@ class SGD : public Optimizer {
   // `params` are leaf tensors (Module::parameters()); SGD keeps handles to them and
   // updates them in place, so the module sees the new values.
   SGD(std::vector<Tensor> params, SGDOptions options);
+  // Parameter groups, each with its own options or `defaults` (see Optimizer).
+  SGD(std::vector<ParamGroup<SGDOptions>> groups, SGDOptions defaults);
 
   // One update of every parameter that has a gradient; parameters without one are
   // skipped (and their momentum buffers left as they are), as in PyTorch.
   void step() override;
 
-  const SGDOptions& options() const { return options_; }
-  // Changes options between steps (a learning-rate schedule); validated as at construction.
+  // A group's options (the first group's by default).
+  const SGDOptions& options(size_t group = 0) const;
+  // Changes options between steps (a learning-rate schedule); validated as at
+  // construction. set_options sets every group's; set_group_options one group's.
   void set_options(SGDOptions options);
-  double lr() const override { return options_.lr(); }
+  void set_group_options(size_t group, SGDOptions options);
+  double lr() const override { return options().lr(); }
   void set_lr(double lr) override;
+  double group_lr(size_t group) const override { return options(group).lr(); }
+  void set_group_lr(size_t group, double lr) override;
   std::unique_ptr<Optimizer> make_like(std::vector<Tensor> params) const override;
 
   // The momentum buffer of parameter `index`, undefined before its first step with
@@ -94,7 +101,7 @@ class SGD : public Optimizer {
   void step_unfused(size_t index);
 
   std::vector<Tensor> momentum_buffers_;  // one per parameter; undefined until first used
-  SGDOptions options_;
+  std::vector<SGDOptions> group_options_;
 };
 
 }  // namespace mg::optim

@@ -1,0 +1,285 @@
+#include <minigrad/models/gpt.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <minigrad/autograd/functions.h>
+#include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/philox.h>
+#include <minigrad/core/ops.h>
+#include <minigrad/nn/init.h>
+
+namespace mg::models {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+void GPTConfig::validate() const {
+  MG_CHECK(block_size > 0 && vocab_size > 0 && n_layer > 0 && n_head > 0 && n_embd > 0,
+           "GPTConfig: every size must be positive, got {}", str());
+  MG_CHECK(n_embd % n_head == 0,
+           "GPTConfig: n_embd {} does not divide into n_head {} heads of equal size", n_embd,
+           n_head);
+  MG_CHECK(std::isfinite(dropout) && dropout >= 0.0 && dropout < 1.0,
+           "GPTConfig: dropout must be in [0, 1), got {}", dropout);
+}
+
+std::string GPTConfig::str() const {
+  return fmt::format("n_layer={}, n_head={}, n_embd={}, block_size={}, vocab_size={}, "
+                     "dropout={}, bias={}",
+                     n_layer, n_head, n_embd, block_size, vocab_size, dropout, bias);
+}
+
+// ---------------------------------------------------------------- attention
+
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& config)
+    : nn::Cloneable<CausalSelfAttention>("CausalSelfAttention"),
+      n_head_(config.n_head),
+      n_embd_(config.n_embd),
+      dropout_(config.dropout) {
+  register_module("c_attn", std::make_shared<nn::Linear>(n_embd_, 3 * n_embd_, config.bias));
+  register_module("c_proj", std::make_shared<nn::Linear>(n_embd_, n_embd_, config.bias));
+  register_module("attn_dropout", std::make_shared<nn::Dropout>(config.dropout));
+  register_module("resid_dropout", std::make_shared<nn::Dropout>(config.dropout));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  MG_CHECK(x.dim() == 3 && x.size(2) == n_embd_,
+           "CausalSelfAttention: expected input [B, T, {}], got {}", n_embd_, x.shape());
+  const int64_t B = x.size(0), T = x.size(1), C = n_embd_, hs = C / n_head_;
+  // q, k, v for all heads at once: one [B, T, 3C] product, cut in three along C.
+  const std::vector<Tensor> qkv = split(child("c_attn")->forward(x), n_embd_, 2);
+  // [B, T, C] -> [B, nh, T, hs]: each head attends over the T positions on its own.
+  const auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, n_head_, hs}), 1, 2); };
+  // softmax(q k^T / sqrt(hs), causal) v: [B, nh, T, hs]. The [B, nh, T, T] attention
+  // matrix exists only in the composed path; the fused kernel never stores it. The
+  // attention dropout acts on that matrix, so it is the op's dropout_p (attn_dropout
+  // stands for it, as in nanoGPT's flash path).
+  const Tensor y = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+                                                /*is_causal=*/true,
+                                                is_training() ? dropout_ : 0.0);
+  // The heads side by side again: [B, T, C].
+  const Tensor merged = reshape(contiguous(transpose(y, 1, 2)), {B, T, C});
+  return child("resid_dropout")->forward(child("c_proj")->forward(merged));
+}
+
+// ---------------------------------------------------------------- MLP, Block
+
+MLP::MLP(const GPTConfig& config) : nn::Cloneable<MLP>("MLP") {
+  register_module("c_fc", std::make_shared<nn::Linear>(config.n_embd, 4 * config.n_embd, config.bias));
+  register_module("gelu", std::make_shared<nn::GELU>("none"));
+  register_module("c_proj", std::make_shared<nn::Linear>(4 * config.n_embd, config.n_embd, config.bias));
+  register_module("dropout", std::make_shared<nn::Dropout>(config.dropout));
+}
+
+Tensor MLP::forward(const Tensor& x) {
+  Tensor h = child("c_fc")->forward(x);  // [B, T, 4C]
+  h = child("gelu")->forward(h);
+  return child("dropout")->forward(child("c_proj")->forward(h));  // [B, T, C]
+}
+
+Block::Block(const GPTConfig& config) : nn::Cloneable<Block>("Block") {
+  register_module("ln_1", std::make_shared<nn::LayerNorm>(config.n_embd, 1e-5, true, config.bias));
+  register_module("attn", std::make_shared<CausalSelfAttention>(config));
+  register_module("ln_2", std::make_shared<nn::LayerNorm>(config.n_embd, 1e-5, true, config.bias));
+  register_module("mlp", std::make_shared<MLP>(config));
+}
+
+Tensor Block::forward(const Tensor& x) {
+  // Pre-LayerNorm residual blocks: each branch reads a normalised copy of the stream and
+  // adds its output back.
+  const Tensor x1 = x + child("attn")->forward(child("ln_1")->forward(x));
+  return x1 + child("mlp")->forward(child("ln_2")->forward(x1));
+}
+
+// ---------------------------------------------------------------- the transformer
+
+GPTTransformer::GPTTransformer(const GPTConfig& config)
+    : nn::Cloneable<GPTTransformer>("ModuleDict") {
+  register_module("wte", std::make_shared<nn::Embedding>(config.vocab_size, config.n_embd));
+  register_module("wpe", std::make_shared<nn::Embedding>(config.block_size, config.n_embd));
+  register_module("drop", std::make_shared<nn::Dropout>(config.dropout));
+  auto h = std::make_shared<nn::Sequential>();  // ModuleList: h.0, h.1, ...
+  for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(std::make_shared<Block>(config));
+  register_module("h", h);
+  register_module("ln_f", std::make_shared<nn::LayerNorm>(config.n_embd, 1e-5, true, config.bias));
+}
+
+Tensor GPTTransformer::forward(const Tensor& idx) {
+  const auto& wpe = static_cast<const nn::Embedding&>(*child("wpe"));
+  MG_CHECK(idx.dim() == 2 && idx.dtype() == DType::Int64,
+           "GPT: expected token indices int64 [B, T], got {} ({})", idx.shape(), idx.dtype());
+  const int64_t T = idx.size(1);
+  MG_CHECK(T <= wpe.num_embeddings(),
+           "GPT: cannot forward a sequence of length {}, block_size is only {}", T,
+           wpe.num_embeddings());
+  const Tensor pos = arange(static_cast<double>(T), DType::Int64, idx.device());  // [T]
+  const Tensor tok_emb = child("wte")->forward(idx);                              // [B, T, C]
+  const Tensor pos_emb = child("wpe")->forward(pos);                              // [T, C]
+  Tensor x = child("drop")->forward(tok_emb + pos_emb);  // broadcast over B
+  x = child("h")->forward(x);                            // n_layer blocks
+  return child("ln_f")->forward(x);
+}
+
+// ---------------------------------------------------------------- GPT
+
+GPT::GPT(GPTConfig config) : nn::Cloneable<GPT>("GPT"), config_(config) {
+  config_.validate();
+  register_module("transformer", std::make_shared<GPTTransformer>(config_));
+  // GPT-2's initialisation (nanoGPT's _init_weights and the c_proj rule).
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  for (auto& [name, p] : named_parameters()) {
+    Tensor t = p;
+    if (ends_with(name, ".bias")) {
+      nn::init::zeros_(t);
+    } else if (name.find(".ln_") != std::string::npos) {
+      // LayerNorm's scale stays 1.
+    } else if (ends_with(name, "c_proj.weight")) {
+      nn::init::normal_(t, 0.0, proj_std);
+    } else {
+      nn::init::normal_(t, 0.0, 0.02);
+    }
+  }
+}
+
+Tensor& GPT::wte_weight() { return parameter("transformer.wte.weight"); }
+
+Tensor GPT::forward(const Tensor& idx) {
+  const Tensor x = child("transformer")->forward(idx);  // [B, T, C]
+  // The head is the token embedding: logits = x wte^T, [B, T, V].
+  return linear(x, parameter("transformer.wte.weight"));
+}
+
+Tensor GPT::loss(const Tensor& logits, const Tensor& targets) {
+  MG_CHECK(logits.dim() == 3 && targets.dim() == 2 && targets.size(0) == logits.size(0) &&
+               targets.size(1) == logits.size(1),
+           "GPT::loss: expected logits [B, T, V] and targets [B, T], got {} and {}",
+           logits.shape(), targets.shape());
+  const int64_t rows = logits.size(0) * logits.size(1);
+  return cross_entropy(reshape(logits, {rows, logits.size(2)}), reshape(targets, {rows}),
+                       CrossEntropyOptions().ignore_index(-1));
+}
+
+Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperature,
+                     int64_t top_k, Generator* generator) {
+  MG_CHECK(idx.dim() == 2 && idx.dtype() == DType::Int64 && idx.size(1) >= 1,
+           "GPT::generate: expected token indices int64 [B, T] with T >= 1, got {} ({})",
+           idx.shape(), idx.dtype());
+  MG_CHECK(max_new_tokens >= 0, "GPT::generate: max_new_tokens must be >= 0, got {}",
+           max_new_tokens);
+  MG_CHECK(std::isfinite(temperature) && temperature > 0.0,
+           "GPT::generate: temperature must be > 0, got {}", temperature);
+  MG_CHECK(top_k >= 0, "GPT::generate: top_k must be >= 0 (0: all tokens), got {}", top_k);
+  NoGradGuard no_grad;
+  Generator& gen = generator != nullptr ? *generator : default_generator();
+  const int64_t B = idx.size(0), V = config_.vocab_size;
+  std::vector<std::vector<int64_t>> seqs(static_cast<size_t>(B));
+  const std::vector<int64_t> given = idx.to_vector<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    seqs[static_cast<size_t>(b)].assign(given.begin() + b * idx.size(1),
+                                        given.begin() + (b + 1) * idx.size(1));
+  std::vector<double> probs(static_cast<size_t>(V));
+  for (int64_t n = 0; n < max_new_tokens; ++n) {
+    // The last block_size tokens of each sequence (they all have the same length).
+    const auto len = static_cast<int64_t>(seqs[0].size());
+    const int64_t T = std::min(len, config_.block_size);
+    std::vector<int64_t> context;
+    for (const auto& s : seqs) context.insert(context.end(), s.end() - T, s.end());
+    const Tensor ctx = ops::copy_to(from_vector(context, Shape{B, T}), idx.device());
+    const Tensor logits = forward(ctx);  // [B, T, V]; only the last position is used
+    const std::vector<float> last =
+        ops::copy_to(contiguous(narrow(logits, 1, T - 1, 1)), Device::cpu()).to_vector<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      const float* row = last.data() + b * V;
+      // top_k: the k-th largest logit is the cut (ties with it stay, as torch's topk cut).
+      double cut = -std::numeric_limits<double>::infinity();
+      if (top_k > 0 && top_k < V) {
+        std::vector<float> sorted(row, row + V);
+        std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(),
+                         std::greater<float>());
+        cut = sorted[static_cast<size_t>(top_k - 1)];
+      }
+      double max = -std::numeric_limits<double>::infinity();
+      for (int64_t v = 0; v < V; ++v)
+        if (row[v] >= cut) max = std::max(max, static_cast<double>(row[v]) / temperature);
+      double total = 0.0;
+      for (int64_t v = 0; v < V; ++v) {
+        probs[static_cast<size_t>(v)] =
+            row[v] >= cut ? std::exp(static_cast<double>(row[v]) / temperature - max) : 0.0;
+        total += probs[static_cast<size_t>(v)];
+      }
+      // One uniform draw from the generator (Philox), then the inverse of the CDF.
+      const Generator::Draw draw = gen.reserve(1);
+      const double u = philox::uniform(draw.seed, draw.offset, 0) * total;
+      int64_t choice = V - 1;
+      double acc = 0.0;
+      for (int64_t v = 0; v < V; ++v) {
+        acc += probs[static_cast<size_t>(v)];
+        if (u < acc) {
+          choice = v;
+          break;
+        }
+      }
+      while (probs[static_cast<size_t>(choice)] == 0.0 && choice > 0) --choice;  // rounding at the end
+      seqs[static_cast<size_t>(b)].push_back(choice);
+    }
+  }
+  std::vector<int64_t> out;
+  for (const auto& s : seqs) out.insert(out.end(), s.begin(), s.end());
+  return ops::copy_to(from_vector(out, Shape{B, idx.size(1) + max_new_tokens}), idx.device());
+}
+
+int64_t GPT::num_parameters(bool non_embedding) const {
+  int64_t n = 0;
+  for (const Tensor& p : parameters()) n += p.numel();
+  if (non_embedding) n -= parameter("transformer.wpe.weight").numel();
+  return n;
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+nn::TensorDict GPT::state_dict() const {
+  nn::TensorDict out = nn::state_dict(*this);
+  out.emplace("lm_head.weight", parameter("transformer.wte.weight"));
+  return out;
+}
+
+namespace {
+
+const char* kHead = "lm_head.weight";
+const char* kWte = "transformer.wte.weight";
+
+}  // namespace
+
+void GPT::check_state_dict(const nn::TensorDict& tensors, const std::string& source) const {
+  nn::TensorDict rest = tensors;
+  const auto head = rest.find(kHead);
+  MG_CHECK(head != rest.end(),
+           "GPT::load_state_dict: {} has no '{}' (the head, tied to '{}': nanoGPT's state_dict "
+           "names it too)", source, kHead, kWte);
+  const Tensor head_weight = head->second;
+  rest.erase(head);
+  nn::check_state_dict(*this, rest, source);
+  const Tensor& wte = rest.at(kWte);
+  MG_CHECK(head_weight.defined() && head_weight.shape() == wte.shape() &&
+               head_weight.dtype() == wte.dtype() &&
+               ops::copy_to(head_weight, Device::cpu()).to_vector<float>() ==
+                   ops::copy_to(wte, Device::cpu()).to_vector<float>(),
+           "GPT::load_state_dict: in {}, '{}' differs from '{}'; this GPT ties its head to the "
+           "token embedding, so they must be the same tensor", source, kHead, kWte);
+}
+
+void GPT::load_state_dict(const nn::TensorDict& tensors, const std::string& source) {
+  check_state_dict(tensors, source);
+  nn::TensorDict rest = tensors;
+  rest.erase(kHead);
+  nn::load_state_dict(*this, rest, source);
+}
+
+}  // namespace mg::models

@@ -1,0 +1,89 @@
+// The layers a transformer adds to an MLP's, as torch.nn has them: Embedding, LayerNorm,
+// GELU, Dropout. Each forward takes activations of any rank ([B, T, C] in a GPT).
+// Dropout follows Module::train()/eval() (train() reaches every child), as in PyTorch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <minigrad/autograd/functions.h>
+#include <minigrad/nn/module.h>
+
+namespace mg {
+class Generator;
+}
+
+namespace mg::nn {
+
+// Rows of a [num_embeddings, embedding_dim] table at int64 indices of any shape:
+// [..., embedding_dim]. The weight starts N(0, 1), as torch.nn.Embedding's.
+class Embedding : public Cloneable<Embedding> {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  Tensor forward(const Tensor& indices) override;
+  std::string extra_repr() const override;
+
+  Tensor& weight() { return parameter("weight"); }
+  const Tensor& weight() const { return parameter("weight"); }
+  int64_t num_embeddings() const { return num_embeddings_; }
+  int64_t embedding_dim() const { return embedding_dim_; }
+
+ private:
+  int64_t num_embeddings_, embedding_dim_;
+};
+
+// Normalises over the trailing `normalized_shape` dimensions (biased variance), then
+// scales by weight (ones at first) and shifts by bias (zeros at first). bias = false
+// leaves the shift out (nanoGPT's LayerNorm(ndim, bias)); elementwise_affine = false
+// leaves out both.
+class LayerNorm : public Cloneable<LayerNorm> {
+ public:
+  LayerNorm(std::vector<int64_t> normalized_shape, double eps = 1e-5,
+            bool elementwise_affine = true, bool bias = true);
+  LayerNorm(int64_t normalized_size, double eps = 1e-5, bool elementwise_affine = true,
+            bool bias = true)
+      : LayerNorm(std::vector<int64_t>{normalized_size}, eps, elementwise_affine, bias) {}
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  const std::vector<int64_t>& normalized_shape() const { return normalized_shape_; }
+  double eps() const { return eps_; }
+  bool has_weight() const { return affine_; }
+  bool has_bias() const { return has_bias_; }
+
+ private:
+  std::vector<int64_t> normalized_shape_;
+  double eps_;
+  bool affine_, has_bias_;
+};
+
+// x * Phi(x) (approximate "none", exact with erf) or GPT-2's tanh form ("tanh").
+class GELU : public Cloneable<GELU> {
+ public:
+  explicit GELU(std::string approximate = "none");
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+  const std::string& approximate() const { return approximate_; }
+
+ private:
+  std::string approximate_;
+};
+
+// In training, zeroes each element with probability p and scales the others by
+// 1 / (1 - p); in eval() mode (or with p = 0), the identity. The mask comes from the
+// default generator, or from `generator` when one is set (it must outlive the module).
+class Dropout : public Cloneable<Dropout> {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+  double p() const { return p_; }
+  void set_generator(Generator* generator) { generator_ = generator; }
+
+ private:
+  double p_;
+  Generator* generator_ = nullptr;
+};
+
+}  // namespace mg::nn

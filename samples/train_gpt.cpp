@@ -1,0 +1,362 @@
+// train_gpt: a character-level GPT (models::GPT, nanoGPT's model) trained on the fortune
+// cookies of Debian's `fortunes` package, then asked to write one.
+//
+//   build/bin/train_gpt                                  # the default: a few minutes on 2 cores
+//   build/bin/train_gpt --iters 200 --n-layer 2 --n-embd 64          # a quick look
+//   build/bin/train_gpt --grad-accum 4 --batch-size 3                # the same step in 4 pieces
+//   build/bin/train_gpt --save gpt.safetensors; build/bin/train_gpt --resume gpt.safetensors
+//   build/bin/train_gpt --metrics run.csv --plot run.svg --trace t.json
+//   build/bin/train_gpt --devices cpu,cpu                            # DataParallel, 2 replicas
+//
+// The loop is nanoGPT's train.py: every --eval-interval steps the mean loss of
+// --eval-iters batches of the training and the validation text (eval mode, no gradient);
+// each step sets the learning rate (linear warmup, then cosine decay to --min-lr), runs
+// --grad-accum micro-batches of --batch-size random windows of --block-size + 1 characters
+// (forward, loss / grad_accum, backward: the gradients add up), clips the gradient norm to
+// 1 and takes an AdamW step, with weight decay on the 2-D weights only. At the end a text
+// sample. The text is encoded once at the character level (minigrad/data/text_dataset.h);
+// --tokens FILE keeps the encoding in a token file for the next runs.
+//
+// Checkpoints (--save, written at every evaluation, at the end and at Ctrl-C) hold the
+// model under nanoGPT's names (model.transformer.wte.weight, ..., model.lm_head.weight),
+// so tests/models/reference/gpt_reference.py --load loads one into PyTorch's nanoGPT
+// with strict=True; --resume continues bit for bit (the windows of step s are drawn from
+// (--seed, s), the dropout generator's state is saved).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <minigrad/autograd/functions.h>
+#include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/files.h>
+#include <minigrad/core/generator.h>
+#include <minigrad/core/ops.h>
+#include <minigrad/core/tensor.h>
+#include <minigrad/data/char_tokenizer.h>
+#include <minigrad/data/text_dataset.h>
+#include <minigrad/data/token_file.h>
+#include <minigrad/models/gpt.h>
+#include <minigrad/nn/optim/adam.h>
+#include <minigrad/nn/optim/lr_schedule.h>
+#include <minigrad/nn/serialize.h>
+#include <minigrad/nn/utils/clip_grad.h>
+#include <minigrad/parallel/data_parallel.h>
+#include "support/command_line.h"
+#include "support/devices.h"
+#include "support/progress.h"
+#include "support/run_files.h"
+#include "support/stop_signal.h"
+#include "support/svg_plot.h"
+#include "support/trace.h"
+
+namespace {
+
+using namespace mg;
+using Clock = std::chrono::steady_clock;
+constexpr const char* kProgram = "train_gpt";
+
+struct Options {
+  // The model: nanoGPT's small CPU configuration (its README's "baby GPT" for a laptop).
+  int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 64;
+  double dropout = 0.0;
+  // The run.
+  int64_t iters = 1000, batch_size = 12, grad_accum = 1;
+  double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, grad_clip = 1.0;
+  int64_t warmup = 100, decay_iters = 0;  // 0: --iters
+  int64_t eval_interval = 250, eval_iters = 20;
+  uint64_t seed = 1337;
+  std::string devices = "cpu";
+  std::vector<Device> device_list;
+  std::string data_dir = data::kFortunesDir, tokens;
+  std::string save, resume, metrics, plot;
+  int64_t sample_chars = 400;
+  double temperature = 0.8;
+  int64_t top_k = 0;
+  samples::TraceOptions trace;
+};
+
+std::optional<int> parse_options(int argc, char** argv, Options& o) {
+  CLI::App app{"Trains a character-level GPT (nanoGPT's model) on Debian's fortune cookies and "
+               "writes a sample."};
+  const auto positive = samples::positive_integer();
+  app.add_option("--n-layer", o.n_layer, "Transformer blocks")->check(positive)->capture_default_str();
+  app.add_option("--n-head", o.n_head, "Attention heads per block")->check(positive)->capture_default_str();
+  app.add_option("--n-embd", o.n_embd, "Width of the residual stream")->check(positive)->capture_default_str();
+  app.add_option("--block-size", o.block_size, "Context length in characters")->check(positive)->capture_default_str();
+  app.add_option("--dropout", o.dropout, "Dropout probability")->check(CLI::Range(0.0, 0.99))->capture_default_str();
+  app.add_option("--iters", o.iters, "Optimizer steps in all (counting resumed ones)")->check(positive)->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "Windows per micro-batch")->check(positive)->capture_default_str();
+  app.add_option("--grad-accum", o.grad_accum, "Micro-batches per step (gradient accumulation)")->check(positive)->capture_default_str();
+  app.add_option("--lr", o.lr, "Peak learning rate (AdamW)")->check(samples::non_negative_number())->capture_default_str();
+  app.add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine decay")->check(samples::non_negative_number())->capture_default_str();
+  CLI::Option* warmup = app.add_option("--warmup", o.warmup, "Steps of linear warmup (default: 100, or --decay-iters when that is fewer)")->check(samples::non_negative_integer());
+  app.add_option("--decay-iters", o.decay_iters, "Step where the cosine reaches --min-lr (default: --iters)")->check(samples::non_negative_integer());
+  app.add_option("--weight-decay", o.weight_decay, "AdamW's weight decay of the 2-D weights")->check(samples::non_negative_number())->capture_default_str();
+  app.add_option("--grad-clip", o.grad_clip, "Clip the gradient norm to this (0: no clipping)")->check(samples::non_negative_number())->capture_default_str();
+  app.add_option("--eval-interval", o.eval_interval, "Evaluate every this many steps")->check(positive)->capture_default_str();
+  app.add_option("--eval-iters", o.eval_iters, "Batches per evaluation of each split")->check(positive)->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of the weights, the windows and dropout")->check(samples::non_negative_integer())->capture_default_str();
+  app.add_option("--devices", o.devices, "cpu, GPU ids such as 0 or 0,1, or cpu,cpu; several devices train with DataParallel")->capture_default_str();
+  app.add_option("--data-dir", o.data_dir, "Directory of fortune files (Debian's fortunes package)")->capture_default_str();
+  app.add_option("--tokens", o.tokens, "Token file of the encoded corpus: read if it exists, else written");
+  app.add_option("--save", o.save, "Write a checkpoint (safetensors, nanoGPT's names) at every evaluation and at the end");
+  app.add_option("--resume", o.resume, "Continue from a checkpoint written by --save");
+  app.add_option("--metrics", o.metrics, "Write step,train_loss,val_loss,lr,seconds at every evaluation to this CSV");
+  app.add_option("--plot", o.plot, "Draw the train and validation loss into this SVG");
+  app.add_option("--sample-chars", o.sample_chars, "Characters of text to generate at the end (0: none)")->check(samples::non_negative_integer())->capture_default_str();
+  app.add_option("--temperature", o.temperature, "Sampling temperature")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--top-k", o.top_k, "Sample among the k likeliest characters (0: all)")->check(samples::non_negative_integer())->capture_default_str();
+  samples::add_trace_options(app, o.trace, "training step");
+  if (const std::optional<int> exit_code = samples::parse_command_line(app, kProgram, argc, argv))
+    return exit_code;
+  try {
+    MG_CHECK(o.n_embd % o.n_head == 0, "--n-embd {} does not divide into --n-head {} heads", o.n_embd, o.n_head);
+    MG_CHECK(o.min_lr <= o.lr, "--min-lr {} is above --lr {}", o.min_lr, o.lr);
+    if (o.decay_iters == 0) o.decay_iters = o.iters;
+    if (warmup->count() == 0) o.warmup = std::min(o.warmup, o.decay_iters);
+    MG_CHECK(o.warmup <= o.decay_iters, "--warmup {} is past --decay-iters {}", o.warmup, o.decay_iters);
+    o.device_list = samples::parse_devices(o.devices);
+    samples::check_file_flags(kProgram, {{"--save", o.save}, {"--metrics", o.metrics}, {"--plot", o.plot}},
+                              {{"--resume", o.resume}});
+  } catch (const Error& e) {
+    return samples::report_error(kProgram, samples::OptionError(e.what()));
+  }
+  return std::nullopt;
+}
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The corpus as tokens: from --tokens when that file exists, else encoded from the
+// fortune files (and written to --tokens when given).
+data::TokenFile load_tokens(const Options& o) {
+  if (!o.tokens.empty() && std::filesystem::exists(o.tokens)) return data::read_token_file(o.tokens);
+  const std::string text = data::read_fortunes(o.data_dir);
+  data::CharTokenizer tokenizer = data::CharTokenizer::from_text(text);
+  std::vector<uint8_t> tokens = tokenizer.encode(text);
+  if (!o.tokens.empty()) data::write_token_file(o.tokens, tokenizer, tokens);
+  return data::TokenFile{std::move(tokenizer), std::move(tokens)};
+}
+
+// The config as JSON in gpt_reference.py's spelling, for the checkpoint's metadata.
+std::string config_json(const models::GPTConfig& c) {
+  return fmt::format("{{\"block_size\": {}, \"vocab_size\": {}, \"n_layer\": {}, \"n_head\": {}, "
+                     "\"n_embd\": {}, \"dropout\": {}, \"bias\": {}}}",
+                     c.block_size, c.vocab_size, c.n_layer, c.n_head, c.n_embd, c.dropout,
+                     c.bias ? "true" : "false");
+}
+
+struct Run {
+  Options options;
+  std::shared_ptr<models::GPT> model;
+  nn::ModulePtr forward;  // the model, or a DataParallel over it
+  std::unique_ptr<optim::AdamW> optimizer;
+  data::TokenSplits splits;
+  std::vector<samples::LossPoint> history;
+  std::string metrics_csv = "step,train_loss,val_loss,lr,seconds\n";
+  Device device = Device::cpu();
+};
+
+void save_checkpoint(const Run& run, int64_t step) {
+  nn::Checkpoint ck;
+  ck.put("model.", run.model->state_dict());
+  ck.put("optim.", run.optimizer->state_dict());
+  const Generator::State gen = default_generator().state();
+  ck.metadata = {{"step", std::to_string(step)},
+                 {"gpt_config", config_json(run.model->config())},
+                 {"seed", std::to_string(run.options.seed)},
+                 {"generator_seed", std::to_string(gen.seed)},
+                 {"generator_offset", std::to_string(gen.offset)},
+                 {"metrics", run.metrics_csv}};
+  nn::save_tensors(ck, run.options.save);
+}
+
+// Loads --resume into the model, the optimizer and the generator; returns its step.
+int64_t load_checkpoint(Run& run) {
+  const std::string& path = run.options.resume;
+  const nn::Checkpoint ck = nn::load_tensors(path);
+  const auto meta = [&](const char* key) {
+    const auto it = ck.metadata.find(key);
+    MG_CHECK(it != ck.metadata.end(), "--resume {}: not a train_gpt checkpoint (no '{}')", path, key);
+    return it->second;
+  };
+  const std::string config = config_json(run.model->config());
+  MG_CHECK(meta("gpt_config") == config,
+           "--resume {}: the checkpoint's model is {}, but the flags make {}; pass the flags it "
+           "was trained with", path, meta("gpt_config"), config);
+  MG_CHECK(meta("seed") == std::to_string(run.options.seed),
+           "--resume {}: written with --seed {}, not {}", path, meta("seed"), run.options.seed);
+  const nn::TensorDict model_state = ck.get("model."), optim_state = ck.get("optim.");
+  run.model->check_state_dict(model_state, path);
+  run.optimizer->check_state_dict(optim_state, path);
+  run.model->load_state_dict(model_state, path);
+  run.optimizer->load_state_dict(optim_state, path);
+  default_generator().set_state({std::stoull(meta("generator_seed")), std::stoull(meta("generator_offset"))});
+  run.metrics_csv = meta("metrics");
+  return std::stoll(meta("step"));
+}
+
+// nanoGPT's estimate_loss: the mean loss over eval_iters batches of each split, in eval
+// mode and without gradients. The windows are the same at every evaluation.
+std::pair<double, double> estimate_loss(Run& run) {
+  NoGradGuard no_grad;
+  run.model->eval();
+  double means[2] = {0, 0};
+  const data::TokenWindows* splits[2] = {run.splits.train.get(), run.splits.val.get()};
+  for (int s = 0; s < 2; ++s) {
+    for (int64_t k = 0; k < run.options.eval_iters; ++k) {
+      const data::Batch b = splits[s]->get_batch(data::random_windows(
+          run.options.batch_size, splits[s]->size(), run.options.seed ^ 0x5EEDE7A1u, k)).to(run.device);
+      means[s] += models::GPT::loss(run.forward->forward(b.data), b.target).item<float>();
+    }
+    means[s] /= static_cast<double>(run.options.eval_iters);
+  }
+  run.model->train();
+  return {means[0], means[1]};
+}
+
+int train(Options options) {
+  Run run;
+  run.options = options;
+  const Options& o = run.options;
+  run.device = o.device_list.front();
+  manual_seed(o.seed);
+
+  const auto load_start = Clock::now();
+  const data::TokenFile corpus = load_tokens(o);
+  const int64_t vocab = corpus.tokenizer.vocab_size();
+  const auto n_tokens = static_cast<int64_t>(corpus.tokens.size());
+  run.splits = data::split_tokens(corpus.tokens, o.block_size);
+
+  models::GPTConfig config;
+  config.block_size = o.block_size;
+  config.vocab_size = vocab;
+  config.n_layer = o.n_layer;
+  config.n_head = o.n_head;
+  config.n_embd = o.n_embd;
+  config.dropout = o.dropout;
+  run.model = std::make_shared<models::GPT>(config);
+  run.model->to(run.device);
+  run.forward = run.model;
+  if (o.device_list.size() > 1) run.forward = std::make_shared<parallel::DataParallel>(run.model, o.device_list);
+  // nanoGPT's configure_optimizers: weight decay on the matmul and embedding weights only;
+  // shakespeare_char's betas (0.9, 0.99), as the batches are small.
+  run.optimizer = std::make_unique<optim::AdamW>(optim::weight_decay_groups(
+      run.model->parameters(), optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay)));
+  const optim::WarmupCosine schedule(o.lr, o.min_lr, o.warmup, o.decay_iters);
+
+  int64_t step = 0;
+  if (!o.resume.empty()) step = load_checkpoint(run);
+  fmt::print("fortunes: {} characters, a vocabulary of {}; {} to train on, {} to validate ({:.1f} s)\n",
+             n_tokens, vocab, run.splits.train->token_count(), run.splits.val->token_count(),
+             seconds_since(load_start));
+  fmt::print("GPT: {}; {:.2f}M parameters on {}\n", config.str(),
+             static_cast<double>(run.model->num_parameters()) / 1e6, samples::devices_str(o.device_list));
+  fmt::print("AdamW lr {} (warmup {}, cosine to {} at step {}), weight decay {}; {} steps of {} x {} x {} tokens{}\n",
+             o.lr, o.warmup, o.min_lr, o.decay_iters, o.weight_decay, o.iters, o.grad_accum,
+             o.batch_size, o.block_size, step > 0 ? fmt::format(", resumed at step {}", step) : "");
+  std::fflush(stdout);
+
+  samples::install_stop_handlers();
+  samples::StepTracer tracer(o.trace);
+  const auto run_start = Clock::now();
+  const int64_t tokens_per_step = o.grad_accum * o.batch_size * o.block_size;
+  auto window_start = Clock::now();
+  int64_t window_steps = 0;
+  double last_loss = 0.0;
+  const auto evaluate = [&](int64_t at) {
+    const auto [train_loss, val_loss] = estimate_loss(run);
+    fmt::print("step {}: train loss {:.4f}, val loss {:.4f}\n", at, train_loss, val_loss);
+    std::fflush(stdout);
+    run.history.push_back({static_cast<double>(at), train_loss, val_loss});
+    run.metrics_csv += fmt::format("{},{:.6f},{:.6f},{:.6g},{:.2f}\n", at, train_loss, val_loss,
+                                   run.optimizer->lr(), seconds_since(run_start));
+    if (!o.metrics.empty()) files::write_atomically("--metrics", o.metrics, run.metrics_csv);
+    if (!o.plot.empty()) samples::write_loss_plot(o.plot, run.history, "step", "train_gpt: " + config.str());
+    if (!o.save.empty()) save_checkpoint(run, at);
+  };
+
+  samples::ProgressBar bar("train", o.iters);
+  for (; step < o.iters; ++step) {
+    if (step % o.eval_interval == 0) {
+      bar.finish();
+      evaluate(step);
+    }
+    tracer.begin_step(step + 1);
+    run.optimizer->set_lr(schedule(step));
+    run.optimizer->zero_grad();
+    // Gradient accumulation: each micro-batch's loss is divided by their number, so the
+    // summed gradients are those of the mean loss over all of them.
+    Tensor step_loss;
+    for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
+      const data::Batch b = run.splits.train->get_batch(data::random_windows(
+          o.batch_size, run.splits.train->size(), o.seed, step * o.grad_accum + micro)).to(run.device);
+      Tensor loss = models::GPT::loss(run.forward->forward(b.data), b.target);
+      Tensor scaled = loss * (1.0 / static_cast<double>(o.grad_accum));
+      scaled.backward();
+      step_loss = micro == 0 ? scaled.detach() : step_loss + scaled.detach();
+    }
+    if (o.grad_clip > 0) nn::utils::clip_grad_norm_(run.model->parameters(), o.grad_clip);
+    run.optimizer->step();
+    tracer.end_step();
+    ++window_steps;
+    if (bar.due(step + 1) || step + 1 == o.iters) {
+      last_loss = step_loss.item<float>();
+      MG_CHECK(std::isfinite(last_loss), "the loss is {} at step {}", last_loss, step + 1);
+      const double tokens_per_s = static_cast<double>(window_steps * tokens_per_step) / seconds_since(window_start);
+      bar.update(step + 1, fmt::format("loss {:.4f}  lr {:.2e}  {:.0f} tokens/s", last_loss,
+                                       run.optimizer->lr(), tokens_per_s));
+      window_start = Clock::now();
+      window_steps = 0;
+    }
+    if (const int signo = samples::agreed_stop_signal({}, run.device)) {
+      bar.finish();
+      if (!o.save.empty()) save_checkpoint(run, step + 1);
+      fmt::print("stopped by {} after step {}{}\n", samples::signal_name(signo), step + 1,
+                 o.save.empty() ? "" : fmt::format("; --resume {} continues", o.save));
+      return 128 + signo;
+    }
+  }
+  bar.finish();
+  tracer.finish();
+  evaluate(o.iters);
+  const double seconds = seconds_since(run_start);
+  fmt::print("trained {} steps in {:.1f} s: {:.0f} tokens/s\n", o.iters, seconds,
+             static_cast<double>(o.iters * tokens_per_step) / seconds);
+
+  if (o.sample_chars > 0) {
+    run.model->eval();
+    Generator sampler(o.seed);
+    // The sample starts after a newline, where a fortune starts (token 0 if the corpus
+    // has none).
+    const std::vector<uint8_t>& chars = corpus.tokenizer.vocab();
+    const auto newline = std::find(chars.begin(), chars.end(), '\n');
+    const int64_t first = newline == chars.end() ? 0 : newline - chars.begin();
+    const Tensor start = from_vector(std::vector<int64_t>{first}, Shape{1, 1});
+    const Tensor out = run.model->generate(ops::copy_to(start, run.device), o.sample_chars,
+                                           o.temperature, o.top_k, &sampler);
+    fmt::print("---- a sample (temperature {}{}) ----\n{}\n", o.temperature,
+               o.top_k > 0 ? fmt::format(", top_k {}", o.top_k) : "",
+               corpus.tokenizer.decode(ops::copy_to(out, Device::cpu()).to_vector<int64_t>()));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  if (const std::optional<int> exit_code = parse_options(argc, argv, options)) return *exit_code;
+  try {
+    return train(std::move(options));
+  } catch (const std::exception& e) {
+    return samples::report_error(kProgram, e);
+  }
+}
