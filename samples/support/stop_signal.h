@@ -11,7 +11,7 @@
 namespace mg::samples {
 
 // Installs the handlers for SIGINT and SIGTERM. The first signal is recorded; a second
-// kills the process at once by the default action, for when the step in progress is
+// (of either kind) kills the process at once by the default action, for when the step in progress is
 // itself stuck, after removing the temporary file of a save that it cuts short
 // (files::remove_temp_files_in_progress). A system call the signal lands in (a Gloo
 // socket read, say) resumes instead of failing (SA_RESTART). SIGXFSZ is ignored, so that
