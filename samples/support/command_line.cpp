@@ -35,6 +35,7 @@ std::optional<int> parse_command_line(CLI::App& app, const std::string& program,
 }
 
 int report_error(const std::string& program, const std::exception& e) {
+  if (const auto* reported = dynamic_cast<const ReportedError*>(&e)) return reported->exit_code();
   if (dynamic_cast<const OptionError*>(&e) != nullptr) {
     print_bad_option(program, e.what());
     return kExitBadOption;

@@ -29,6 +29,17 @@ class OptionError : public Error {
   explicit OptionError(const std::string& message) : Error(message) {}
 };
 
+// An error that report_error has already printed: reporting it again prints nothing and
+// returns its exit code (for a rank that must say why before the others leave).
+class ReportedError : public Error {
+ public:
+  explicit ReportedError(int exit_code) : Error("(already reported)"), exit_code_(exit_code) {}
+  int exit_code() const { return exit_code_; }
+
+ private:
+  int exit_code_;
+};
+
 // Parses argv with `app`. Returns the exit code when the program should stop here
 // (--help: 0, after printing it; a bad flag: kExitBadOption, after reporting it), or
 // std::nullopt when it should run.
@@ -36,7 +47,8 @@ std::optional<int> parse_command_line(CLI::App& app, const std::string& program,
                                       char** argv);
 
 // Reports `e` as "<program>: error: ..." on stderr (stdout flushed first, so the lines
-// come out in order) and returns the exit code: kExitBadOption for an OptionError, else 1.
+// come out in order) and returns the exit code: kExitBadOption for an OptionError, else 1
+// (a ReportedError: its own code, and nothing printed).
 int report_error(const std::string& program, const std::exception& e);
 
 // ---- numbers: the one checked path of every program's flags (samples and bench alike) ----

@@ -93,6 +93,22 @@ void check_run_files(const TrainOptions& options, const DistributedRun& dist, De
   }
   Tensor faults = full({}, fault ? 1.0 : 0.0, DType::Float32, device);
   sum_over_ranks(dist, {faults});
+  // A rank that found a fault says why before any rank leaves: the ranks that only learned
+  // of it wait in a second sum until then. Otherwise the first of them to exit makes the
+  // launcher stop the job, which could cut the one message that matters.
+  if (fault) {
+    int exit_code = 1;
+    try {
+      std::rethrow_exception(fault);
+    } catch (const std::exception& e) {
+      exit_code = report_error(program, e);
+    }
+    fault = std::make_exception_ptr(ReportedError(exit_code));
+  }
+  if (faults.item<float>() != 0.0f) {
+    Tensor said = full({}, 0.0, DType::Float32, device);
+    sum_over_ranks(dist, {said});
+  }
   if (fault) std::rethrow_exception(fault);
   if (faults.item<float>() != 0.0f)
     throw OptionError(
