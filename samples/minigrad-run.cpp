@@ -17,10 +17,13 @@
 //      its step and writing its interrupt checkpoint, which takes what it takes: after a
 //      forwarded signal nothing more is sent unless --stop-timeout SECONDS is given (none
 //      by default); after a failure, --grace-period SECONDS (5) is allowed.
+//      A rank that ends on a signal of its own (exit code 130 or 143: it stopped in order)
+//      gets the others SIGTERM with the forwarded stop's time, not the failure's.
 //   2. escalation: a second SIGINT or SIGTERM to minigrad-run (or the end of the time
-//      above) sends SIGTERM again. It is a process's second stop, which the sample
-//      programs answer by removing the temporary file of a save in progress and dying at
-//      once (samples/support/stop_signal.h), so escalation leaves no temporary file.
+//      above) sends the signal of step 1 again. It is a process's second stop of that
+//      kind, which the sample programs answer by removing the temporary file of a save in
+//      progress and dying at once (samples/support/stop_signal.h), so escalation leaves no
+//      temporary file.
 //   3. SIGKILL, --grace-period seconds after the escalation (for a process that ignored
 //      it), or at once on a third signal to minigrad-run.
 //
@@ -348,9 +351,10 @@ int main(int argc, char** argv) {
   }
 
   int first_failure_code = 0;
-  // 0 running; 1 asked to stop (forwarded signal or SIGTERM); 2 escalated (SIGTERM again);
-  // 3 killed (SIGKILL).
+  // 0 running; 1 asked to stop (forwarded signal or SIGTERM); 2 escalated (the same signal
+  // again); 3 killed (SIGKILL).
   int stop_level = 0;
+  int stop_sent = SIGTERM;  // what level 1 sent, which escalation sends again
   Clock::time_point next_step_at = Clock::time_point::max();
   int signals_handled = 0;
   int running = o.nproc_per_node;
@@ -365,11 +369,13 @@ int main(int argc, char** argv) {
   auto escalate = [&](const char* why) {
     if (stop_level >= 2) return;
     stop_level = 2;
+    // The signal the processes were asked to stop with, again: their second of that kind,
+    // on which the sample programs remove the temporary file of a save and end.
     fmt::print(stderr,
-               "minigrad-run: {}; escalating: SIGTERM to {} process(es) (a second stop: they "
+               "minigrad-run: {}; escalating: {} again to {} process(es) (a second stop: they "
                "remove their temporary files and end), SIGKILL in {:.1f} s\n",
-               why, running, o.grace_seconds);
-    signal_all(procs, SIGTERM);
+               why, stop_sent == SIGINT ? "SIGINT" : "SIGTERM", running, o.grace_seconds);
+    signal_all(procs, stop_sent);
     next_step_at = after(o.grace_seconds);
   };
   auto kill_all = [&](const char* why) {
@@ -392,11 +398,17 @@ int main(int argc, char** argv) {
       if (running == 0) all_exited_at = Clock::now();
       if (p.exit_code != 0 && stop_level == 0) {
         first_failure_code = p.exit_code;
+        // A rank that ended on its own Ctrl-C or SIGTERM (128 + the signal) stopped in order,
+        // its interrupt checkpoint written; the others are most likely stopping too, and
+        // one of them may still be writing the checkpoint (rank 0): they are asked to stop
+        // and given the time of a forwarded stop, not a failure's grace period.
+        const bool orderly = p.exit_code == 128 + SIGINT || p.exit_code == 128 + SIGTERM;
         fmt::print(stderr, "minigrad-run: rank {} (pid {}) {}; stopping the other {} process(es)\n",
                    p.rank, p.pid, describe_status(status), running);
         stop_level = 1;
+        stop_sent = SIGTERM;
         signal_all(procs, SIGTERM);
-        next_step_at = after(o.grace_seconds);
+        next_step_at = after(orderly ? o.stop_timeout : o.grace_seconds);
       }
     }
     const int received = stop_signals;
@@ -405,6 +417,7 @@ int main(int argc, char** argv) {
         const int sig = first_stop_signal;
         first_failure_code = 128 + sig;
         stop_level = 1;
+        stop_sent = sig;
         signal_all(procs, sig);
         next_step_at = after(o.stop_timeout);
         if (o.stop_timeout < 0)

@@ -14,17 +14,17 @@ namespace {
 
 volatile std::sig_atomic_t stop_signal = 0;
 
-// Whether a stop (SIGINT or SIGTERM) arrived before. Any second stop ends the process,
-// whichever the two were: a launcher that forwarded a Ctrl-C escalates with SIGTERM
-// (samples/minigrad-run.cpp), and that must not count as a first stop of its own kind.
-volatile std::sig_atomic_t seen_stop = 0;
+// Whether SIGINT / SIGTERM arrived before: each signal's second coming is the one that
+// ends the process, as SA_RESETHAND did before the cleanup below was needed.
+volatile std::sig_atomic_t seen_sigint = 0, seen_sigterm = 0;
 
-// The first signal is recorded; the second ends the process by its default action, as a
-// second Ctrl-C should, after removing the temporary file of a save that it cuts short
-// (async-signal-safe calls only: unlink, signal, raise).
+// The first signal is recorded; the second of the same kind ends the process by its
+// default action, as a second Ctrl-C should, after removing the temporary file of a save
+// that it cuts short (async-signal-safe calls only: unlink, signal, raise).
 void on_stop_signal(int signo) {
-  if (seen_stop == 0) {
-    seen_stop = 1;
+  volatile std::sig_atomic_t& seen = signo == SIGINT ? seen_sigint : seen_sigterm;
+  if (seen == 0) {
+    seen = 1;
     stop_signal = signo;
     return;
   }
@@ -39,9 +39,6 @@ void install_stop_handlers() {
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
-  // Neither stop interrupts the handler of the other (they share seen_stop).
-  sigaddset(&action.sa_mask, SIGINT);
-  sigaddset(&action.sa_mask, SIGTERM);
   action.sa_flags = SA_RESTART;
   for (int signo : {SIGINT, SIGTERM})
     MG_CHECK(sigaction(signo, &action, nullptr) == 0, "sigaction({}) failed: {}", signo,

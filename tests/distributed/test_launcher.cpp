@@ -169,9 +169,25 @@ TEST_CASE("minigrad-run: a second stop escalates, a third kills") {
   INFO(r.output);
   REQUIRE_THAT(r.output, MG_CONTAINS("[rank 0] stop 2"));
   REQUIRE_THAT(r.output, MG_CONTAINS("[rank 1] stop 2"));
-  REQUIRE_THAT(r.output, MG_CONTAINS("a second stop signal; escalating: SIGTERM to 2 process(es)"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("a second stop signal; escalating: SIGINT again to 2 process(es)"));
   REQUIRE_THAT(r.output, MG_CONTAINS("a third stop signal; sending SIGKILL to 1 process(es)"));
   REQUIRE_THAT(r.output, MG_CONTAINS("launcher exit 130"));  // the first signal's 128 + SIGINT
+}
+
+// A rank that ends on its own stop (exit code 130: its interrupt handled) is no failure
+// whose grace period runs: rank 0 may still be writing the job's checkpoint. (Rank 1
+// waits a second first, so that rank 0's trap is set when the launcher's SIGTERM comes.)
+TEST_CASE("minigrad-run: a rank that stopped on a signal leaves the others time to finish") {
+  require_launcher();
+  const Run r = run_shell(
+      kLauncher + " --nproc-per-node 2 --grace-period 1 /bin/sh -c 'if [ \"$RANK\" = 1 ]; then "
+      "sleep 1; exit 130; fi; trap \"sleep 3; echo checkpoint written; exit 130\" TERM; "
+      "while :; do sleep 1 & wait $!; done'");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 130);
+  REQUIRE_THAT(r.output, MG_CONTAINS("rank 1 (pid ") && MG_CONTAINS("exited with code 130"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("[rank 0] checkpoint written"));
+  REQUIRE(r.output.find("escalating") == std::string::npos);
 }
 
 TEST_CASE("minigrad-run: --stop-timeout escalates a stop that takes too long") {

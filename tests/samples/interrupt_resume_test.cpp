@@ -386,7 +386,7 @@ TEST_CASE("minigrad-run: a second Ctrl-C during the slow save leaves no temporar
       (dir / "out") + "; echo \"launcher exit $code\"");
   INFO(run.output);
   REQUIRE_THAT(run.output, MG_CONTAINS("launcher exit 130"));
-  REQUIRE_THAT(run.output, MG_CONTAINS("a second stop signal; escalating: SIGTERM to 1 process(es)"));
+  REQUIRE_THAT(run.output, MG_CONTAINS("a second stop signal; escalating: SIGINT again to 1 process(es)"));
   REQUIRE(run.output.find("checkpoint written") == std::string::npos);
   CHECK(temp_files_in(dir.path()).empty());
   CHECK(read_text(target) == "the previous checkpoint");
