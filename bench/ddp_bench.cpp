@@ -55,6 +55,7 @@
 #include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
 #include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
 
+#include "samples/support/command_line.h"
 #include "samples/support/trace.h"
 
 namespace {
@@ -68,10 +69,10 @@ double median(std::vector<double> v) {
 }
 
 std::vector<int64_t> parse_widths(const std::string& text) {
-  std::vector<int64_t> widths;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) widths.push_back(std::stoll(item));
-  MG_CHECK(widths.size() >= 2, "ddp-bench: --widths needs at least two sizes, got '{}'", text);
+  std::vector<int64_t> widths =
+      mg::samples::parse_integer_list("--widths", text, 1, 1 << 20, /*max_items=*/64);
+  if (widths.size() < 2)
+    throw mg::samples::OptionError("--widths needs at least two sizes (input and classes)");
   return widths;
 }
 
@@ -289,14 +290,19 @@ int main(int argc, char** argv) {
   int steps = 20, warmup = 3;
   double timeout_s = 120.0;
   BenchOptions bench;
+  using mg::samples::integer_in;
+  using mg::samples::number_in;
   app.add_option("--widths", widths_text, "MLP layer widths, input to classes");
-  app.add_option("--batch", batch, "rows per rank per step");
-  app.add_option("--steps", steps, "timed steps");
-  app.add_option("--warmup", warmup, "untimed steps first");
+  app.add_option("--batch", batch, "rows per rank per step")->check(integer_in(1, 1 << 24));
+  app.add_option("--steps", steps, "timed steps")->check(integer_in(1, 1 << 20));
+  app.add_option("--warmup", warmup, "untimed steps first")->check(integer_in(0, 1 << 20));
   app.add_option("--bucket-cap-mb", bench.ddp.bucket_cap_mb,
-                 "DDPOptions::bucket_cap_mb (and ZeroOptions::bucket_cap_mb)");
-  app.add_option("--first-bucket-mb", bench.ddp.first_bucket_mb, "DDPOptions::first_bucket_mb");
-  app.add_option("--timeout", timeout_s, "process group timeout, seconds");
+                 "DDPOptions::bucket_cap_mb (and ZeroOptions::bucket_cap_mb)")
+      ->check(number_in(0, 1 << 20));
+  app.add_option("--first-bucket-mb", bench.ddp.first_bucket_mb, "DDPOptions::first_bucket_mb")
+      ->check(number_in(0, 1 << 20));
+  app.add_option("--timeout", timeout_s, "process group timeout, seconds")
+      ->check(mg::samples::seconds());
   app.add_flag("--gradient-as-bucket-view", bench.ddp.gradient_as_bucket_view,
                "DDPOptions::gradient_as_bucket_view");
   app.add_option("--zero", bench.zero,
@@ -309,7 +315,8 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "rank 0 prints one JSON line instead of the tables");
   mg::samples::TraceOptions trace;
   mg::samples::add_trace_options(app, trace, "DDP step");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto exit_code = mg::samples::parse_command_line(app, "ddp-bench", argc, argv))
+    return *exit_code;
 
   try {
     const std::vector<int64_t> widths = parse_widths(widths_text);
@@ -447,8 +454,7 @@ int main(int argc, char** argv) {
       }
     }
   } catch (const std::exception& e) {
-    fmt::print(stderr, "ddp-bench: {}\n", e.what());
-    return 1;
+    return mg::samples::report_error("ddp-bench", e);
   }
   return 0;
 }

@@ -27,6 +27,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <unistd.h>
@@ -40,6 +41,7 @@
 #include <minigrad/nn/optim/sgd.h>
 
 #include "bench_common.h"
+#include "samples/support/command_line.h"
 #include "pipeline_bench.h"
 
 #if __has_include(<minigrad/parallel/data_parallel.h>)
@@ -402,17 +404,19 @@ int main(int argc, char** argv) {
   app.add_option("--mode", opt.mode, "eager | dataparallel | graph | model_parallel | pipeline")
       ->check(CLI::IsMember({"eager", "dataparallel", "graph", "model_parallel", "pipeline"}));
   app.add_flag("--tf32", opt.tf32, "allow TF32 tensor cores in float32 matmuls (CUDA)");
-  app.add_option("--steps", opt.steps, "timed steps")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", opt.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  using mg::samples::integer_in;
+  app.add_option("--steps", opt.steps, "timed steps")->check(integer_in(1, 1 << 20));
+  app.add_option("--warmup", opt.warmup, "untimed steps first")->check(integer_in(0, 1 << 20));
   app.add_option("--batch", opt.batch, "batch size (default: the work's)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in(1, 1 << 24));
   app.add_option("--device-ids", ids, "devices for dataparallel, e.g. 0,1,2,3 (default 0)");
-  app.add_option("--lr", opt.lr, "SGD learning rate");
-  app.add_option("--seed", opt.seed, "seed of the model and the data");
+  app.add_option("--lr", opt.lr, "SGD learning rate")->check(mg::samples::non_negative_number());
+  app.add_option("--seed", opt.seed, "seed of the model and the data")
+      ->check(mg::samples::non_negative_integer());
   app.add_option("--devices", opt.devices,
                  "model_parallel/pipeline: a device per stage, e.g. cpu,cpu or 0,0 or 0,1");
   app.add_option("--chunks", opt.chunks, "pipeline: micro-batches per batch")
-      ->check(CLI::PositiveNumber);
+      ->check(mg::samples::positive_integer());
   app.add_option("--schedule", opt.schedule, "pipeline: gpipe | 1f1b")
       ->check(CLI::IsMember({"gpipe", "1f1b"}));
   app.add_option("--checkpoint", opt.checkpoint, "pipeline: never | except_last | always")
@@ -423,22 +427,36 @@ int main(int argc, char** argv) {
                  "trace JSON (the cost of tracing: compare the median with and without)");
   app.add_option("--trace-detail", opt.trace_detail, "steps | nodes (every autograd node)")
       ->check(CLI::IsMember({"steps", "nodes"}));
-  CLI11_PARSE(app, argc, argv);
-  if (!opt.trace.empty() && opt.mode != "eager" && opt.mode != "dataparallel") {
-    std::fprintf(stderr, "minigrad-bench: --trace traces --mode eager and dataparallel, not %s\n",
-                 opt.mode.c_str());
-    return 2;
+  const char* program = "minigrad-bench";
+  if (const auto exit_code = mg::samples::parse_command_line(app, program, argc, argv))
+    return *exit_code;
+  // A flag that would do nothing in this mode is refused, not ignored.
+  const bool pipeline_mode = opt.mode == "pipeline";
+  const bool split_mode = pipeline_mode || opt.mode == "model_parallel";
+  for (const auto& [flag, given, applies, modes] :
+       std::vector<std::tuple<const char*, bool, bool, const char*>>{
+           {"--trace", !opt.trace.empty(), opt.mode == "eager" || opt.mode == "dataparallel",
+            "eager and dataparallel"},
+           {"--trace-detail", app.count("--trace-detail") > 0, !opt.trace.empty(), "--trace"},
+           {"--chunks", app.count("--chunks") > 0, pipeline_mode, "pipeline"},
+           {"--schedule", app.count("--schedule") > 0, pipeline_mode, "pipeline"},
+           {"--checkpoint", app.count("--checkpoint") > 0, pipeline_mode, "pipeline"},
+           {"--timeline", !opt.timeline.empty(), pipeline_mode, "pipeline"},
+           {"--devices", app.count("--devices") > 0, split_mode, "model_parallel and pipeline"},
+           {"--device-ids", !ids.empty(), opt.mode == "dataparallel", "dataparallel"}}) {
+    if (given && !applies)
+      return mg::samples::report_error(
+          program, mg::samples::OptionError(fmt::format(
+                       "{} applies to --mode {} only, not --mode {}; it would do nothing", flag,
+                       modes, opt.mode)));
   }
 
-  std::stringstream list(ids.empty() ? "0" : ids);
-  for (std::string item; std::getline(list, item, ',');) {
-    try {
-      opt.device_ids.push_back(std::stoi(item));
-    } catch (const std::exception&) {
-      std::fprintf(stderr, "minigrad-bench: --device-ids: '%s' is not a device index\n",
-                   item.c_str());
-      return 2;
-    }
+  try {
+    for (int64_t id : mg::samples::parse_integer_list("--device-ids", ids.empty() ? "0" : ids, 0,
+                                                      1023, /*max_items=*/1024))
+      opt.device_ids.push_back(static_cast<int>(id));
+  } catch (const std::exception& e) {
+    return mg::samples::report_error(program, e);
   }
 
   try {

@@ -32,6 +32,8 @@
 #include <minigrad/parallel/c10d/rendezvous.h>
 #include <minigrad/parallel/devices/device_list.h>
 
+#include "samples/support/command_line.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -50,16 +52,25 @@ std::vector<std::string> split(const std::string& text) {
 }
 
 std::vector<int64_t> parse_widths(const std::string& text) {
-  std::vector<int64_t> widths;
-  for (const std::string& w : split(text)) widths.push_back(std::stoll(w));
-  MG_CHECK(widths.size() >= 3, "tp-bench: --widths needs at least two layers, got '{}'", text);
+  std::vector<int64_t> widths =
+      mg::samples::parse_integer_list("--widths", text, 1, 1 << 20, /*max_items=*/64);
+  if (widths.size() < 3)
+    throw mg::samples::OptionError(
+        fmt::format("--widths needs at least two layers (three sizes), got '{}'", text));
   return widths;
 }
 
+// "cpu" or a GPU index per rank, at most 1024 of them (checked before any is made).
 std::vector<Device> parse_devices(const std::string& text) {
+  const std::vector<std::string> items = split(text);
+  if (items.empty() || items.size() > 1024)
+    throw mg::samples::OptionError(
+        fmt::format("--devices takes 1 to 1024 devices, got {}", items.size()));
   std::vector<Device> devices;
-  for (const std::string& d : split(text)) devices.push_back(d == "cpu" ? Device::cpu() : Device::cuda(std::stoi(d)));
-  MG_CHECK(!devices.empty(), "tp-bench: --devices is empty");
+  for (const std::string& d : items)
+    devices.push_back(d == "cpu" ? Device::cpu()
+                                 : Device::cuda(static_cast<int>(
+                                       mg::samples::parse_integer("--devices", d, 0, 1023))));
   return devices;
 }
 
@@ -136,14 +147,17 @@ int main(int argc, char** argv) {
   int64_t batch = 128;
   int steps = 20, warmup = 3;
   double timeout_s = 120.0;
+  using mg::samples::integer_in;
   app.add_option("--widths", widths_text, "MLP layer widths, input to classes")->capture_default_str();
-  app.add_option("--batch", batch, "rows per step")->capture_default_str();
+  app.add_option("--batch", batch, "rows per step")->check(integer_in(1, 1 << 24))->capture_default_str();
   app.add_option("--devices", devices_text,
                  "in one process: the devices, one rank each (cpu,cpu or 0,1)")->capture_default_str();
-  app.add_option("--steps", steps, "timed steps")->capture_default_str();
-  app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
-  app.add_option("--timeout", timeout_s, "process group timeout, seconds (under minigrad-run)");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--steps", steps, "timed steps")->check(integer_in(1, 1 << 20))->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps first")->check(integer_in(0, 1 << 20))->capture_default_str();
+  app.add_option("--timeout", timeout_s, "process group timeout, seconds (under minigrad-run)")
+      ->check(mg::samples::seconds());
+  if (const auto exit_code = mg::samples::parse_command_line(app, "tp-bench", argc, argv))
+    return *exit_code;
 
   try {
     const std::vector<int64_t> widths = parse_widths(widths_text);
@@ -248,8 +262,7 @@ int main(int argc, char** argv) {
                  median(tp_ms) / median(plain_ms));
     }
   } catch (const std::exception& e) {
-    fmt::print(stderr, "tp-bench: {}\n", e.what());
-    return 1;
+    return mg::samples::report_error("tp-bench", e);
   }
   return 0;
 }

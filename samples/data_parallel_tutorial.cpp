@@ -143,10 +143,10 @@ int main(int argc, char** argv) {
                  "Devices to use, comma-separated: GPU ids (1,2,3), a repeated id (0,0), or cpu,cpu")
       ->excludes(replicas);
   app.add_option("--batch-size", options.batch_size, "Batch size")
-      ->check(CLI::PositiveNumber)
+      ->check(samples::positive_integer())
       ->capture_default_str();
   app.add_option("--data-size", options.data_size, "Examples in the random dataset")
-      ->check(CLI::PositiveNumber)
+      ->check(samples::positive_integer())
       ->capture_default_str();
   samples::add_trace_options(app, options.trace, "batch");
   if (const std::optional<int> exit_code = samples::parse_command_line(app, "data_parallel_tutorial", argc, argv))

@@ -8,10 +8,24 @@
 // For each local process k it sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE (nproc * nnodes),
 // RANK (node_rank * nproc + k), LOCAL_RANK (k), LOCAL_WORLD_SIZE, GROUP_RANK and
 // MINIGRAD_RUN_ID, then forks and execs PROGRAM ARGS. Each line a process writes comes out prefixed with
-// "[rank R] " on the same stream (stdout or stderr). When one process fails, the others
-// get SIGTERM, then SIGKILL after a grace period, and minigrad-run exits with the first
-// failure's code (128 + signal for a process killed by a signal). SIGINT and SIGTERM sent
-// to minigrad-run are forwarded to every process.
+// "[rank R] " on the same stream (stdout or stderr). minigrad-run exits with the first
+// failure's code (128 + signal for a process killed by a signal).
+//
+// Stopping, in three steps, each sent to every process still running (its process group):
+//   1. a polite stop: SIGINT or SIGTERM sent to minigrad-run is forwarded as it is; when a
+//      process fails, the others get SIGTERM. train_fashion_mnist answers it by finishing
+//      its step and writing its interrupt checkpoint, which takes what it takes: after a
+//      forwarded signal nothing more is sent unless --stop-timeout SECONDS is given (none
+//      by default); after a failure, --grace-period SECONDS (5) is allowed.
+//      A rank that ends on a signal of its own (exit code 130 or 143: it stopped in order)
+//      gets the others SIGTERM with the forwarded stop's time, not the failure's.
+//   2. escalation: a second SIGINT or SIGTERM to minigrad-run (or the end of the time
+//      above) sends the signal of step 1 again. It is a process's second stop of that
+//      kind, which the sample programs answer by removing the temporary file of a save in
+//      progress and dying at once (samples/support/stop_signal.h), so escalation leaves no
+//      temporary file.
+//   3. SIGKILL, --grace-period seconds after the escalation (for a process that ignored
+//      it), or at once on a third signal to minigrad-run.
 //
 // MINIGRAD_RUN_ID is the job's id (torchrun's --rdzv-id): the store refuses a rank of
 // another job, so two jobs given one port fail clearly instead of mixing their keys. It is
@@ -28,6 +42,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -41,6 +56,8 @@
 #include <minigrad/parallel/c10d/store/socket.h>
 #include <minigrad/parallel/c10d/store/tcp_store.h>
 
+#include "support/command_line.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -51,14 +68,21 @@ struct Options {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = -1;       // -1: choose (one node) or 29500
-  double grace_seconds = 5.0;  // between SIGTERM and SIGKILL
+  double grace_seconds = 5.0;  // from a failure's SIGTERM to escalation; from escalation to SIGKILL
+  double stop_timeout = -1;    // from a forwarded stop to escalation; -1: none (wait)
   std::string run_id;         // empty: choose
   std::vector<std::string> command;
 };
 
 constexpr const char* kUsage =
     "usage: minigrad-run --nproc-per-node N [--nnodes M --node-rank R --master-addr A "
-    "--master-port P] [--run-id ID] [--grace-period SECONDS] PROGRAM [ARGS...]\n";
+    "--master-port P] [--run-id ID] [--grace-period SECONDS] [--stop-timeout SECONDS] "
+    "PROGRAM [ARGS...]\n";
+
+constexpr const char* kStopHelp =
+    "A first SIGINT/SIGTERM is forwarded and the processes may take as long as they need to "
+    "stop\n(their checkpoint), unless --stop-timeout is given; a second escalates (SIGTERM "
+    "again, then\nSIGKILL after --grace-period, default 5 s); a third sends SIGKILL.\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   fmt::print(stderr, "minigrad-run: {}\n{}", message, kUsage);
@@ -66,12 +90,19 @@ constexpr const char* kUsage =
 }
 
 int parse_int(const std::string& flag, const std::string& value, int low, int high) {
-  char* end = nullptr;
-  errno = 0;
-  const long v = std::strtol(value.c_str(), &end, 10);
-  if (value.empty() || *end != '\0' || errno != 0 || v < low || v > high)
-    usage_error(fmt::format("{} expects an integer in [{}, {}], got '{}'", flag, low, high, value));
-  return static_cast<int>(v);
+  try {
+    return static_cast<int>(mg::samples::parse_integer(flag, value, low, high));
+  } catch (const std::exception& e) {
+    usage_error(e.what());
+  }
+}
+
+double parse_seconds(const std::string& flag, const std::string& value) {
+  try {
+    return mg::samples::parse_seconds(flag, value);
+  } catch (const std::exception& e) {
+    usage_error(e.what());
+  }
 }
 
 Options parse_args(int argc, char** argv) {
@@ -84,7 +115,7 @@ Options parse_args(int argc, char** argv) {
       break;
     }
     if (arg == "-h" || arg == "--help") {
-      fmt::print("{}", kUsage);
+      fmt::print("{}{}", kUsage, kStopHelp);
       std::exit(0);
     }
     if (arg.rfind("--", 0) != 0) break;  // the program
@@ -117,10 +148,9 @@ Options parse_args(int argc, char** argv) {
       }
       o.run_id = value;
     } else if (arg == "--grace-period") {
-      char* end = nullptr;
-      o.grace_seconds = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || !(o.grace_seconds >= 0))
-        usage_error(fmt::format("--grace-period expects seconds, got '{}'", value));
+      o.grace_seconds = parse_seconds(arg, value);
+    } else if (arg == "--stop-timeout") {
+      o.stop_timeout = parse_seconds(arg, value);
     } else {
       usage_error(fmt::format("unknown option {}", arg));
     }
@@ -160,11 +190,15 @@ Options parse_args(int argc, char** argv) {
 
 // ---- signals: handlers only note the signal and wake the poll loop ----
 int wake_pipe[2] = {-1, -1};
-volatile sig_atomic_t forwarded_signal = 0;
+volatile sig_atomic_t first_stop_signal = 0;  // the first SIGINT or SIGTERM received
+volatile sig_atomic_t stop_signals = 0;       // how many were received
 
 void on_signal(int sig) {
   const int saved = errno;
-  if (sig == SIGINT || sig == SIGTERM) forwarded_signal = sig;
+  if (sig == SIGINT || sig == SIGTERM) {
+    if (stop_signals == 0) first_stop_signal = sig;
+    if (stop_signals < 3) stop_signals = stop_signals + 1;
+  }
   const char byte = static_cast<char>(sig);
   [[maybe_unused]] const ssize_t n = ::write(wake_pipe[1], &byte, 1);
   errno = saved;
@@ -317,18 +351,38 @@ int main(int argc, char** argv) {
   }
 
   int first_failure_code = 0;
-  bool stopping = false;
-  Clock::time_point kill_deadline{};
-  bool killed = false;
+  // 0 running; 1 asked to stop (forwarded signal or SIGTERM); 2 escalated (the same signal
+  // again); 3 killed (SIGKILL).
+  int stop_level = 0;
+  int stop_sent = SIGTERM;  // what level 1 sent, which escalation sends again
+  Clock::time_point next_step_at = Clock::time_point::max();
+  int signals_handled = 0;
   int running = o.nproc_per_node;
   Clock::time_point all_exited_at{};
 
-  auto begin_stop = [&](int sig) {
-    if (stopping) return;
-    stopping = true;
-    signal_all(procs, sig);
-    kill_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                       std::chrono::duration<double>(o.grace_seconds));
+  auto after = [](double seconds) {
+    if (seconds < 0) return Clock::time_point::max();
+    // Past a century is never (and keeps the sum below from overflowing).
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                              std::chrono::duration<double>(std::min(seconds, 3.2e9)));
+  };
+  auto escalate = [&](const char* why) {
+    if (stop_level >= 2) return;
+    stop_level = 2;
+    // The signal the processes were asked to stop with, again: their second of that kind,
+    // on which the sample programs remove the temporary file of a save and end.
+    fmt::print(stderr,
+               "minigrad-run: {}; escalating: {} again to {} process(es) (a second stop: they "
+               "remove their temporary files and end), SIGKILL in {:.1f} s\n",
+               why, stop_sent == SIGINT ? "SIGINT" : "SIGTERM", running, o.grace_seconds);
+    signal_all(procs, stop_sent);
+    next_step_at = after(o.grace_seconds);
+  };
+  auto kill_all = [&](const char* why) {
+    if (stop_level >= 3) return;
+    stop_level = 3;
+    fmt::print(stderr, "minigrad-run: {}; sending SIGKILL to {} process(es)\n", why, running);
+    signal_all(procs, SIGKILL);
   };
 
   for (;;) {
@@ -342,25 +396,56 @@ int main(int argc, char** argv) {
       --running;
       p.exit_code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
       if (running == 0) all_exited_at = Clock::now();
-      if (p.exit_code != 0 && !stopping) {
+      if (p.exit_code != 0 && stop_level == 0) {
         first_failure_code = p.exit_code;
+        // A rank that ended on its own Ctrl-C or SIGTERM (128 + the signal) stopped in order,
+        // its interrupt checkpoint written; the others are most likely stopping too, and
+        // one of them may still be writing the checkpoint (rank 0): they are asked to stop
+        // and given the time of a forwarded stop, not a failure's grace period.
+        const bool orderly = p.exit_code == 128 + SIGINT || p.exit_code == 128 + SIGTERM;
         fmt::print(stderr, "minigrad-run: rank {} (pid {}) {}; stopping the other {} process(es)\n",
                    p.rank, p.pid, describe_status(status), running);
-        begin_stop(SIGTERM);
+        stop_level = 1;
+        stop_sent = SIGTERM;
+        signal_all(procs, SIGTERM);
+        next_step_at = after(orderly ? o.stop_timeout : o.grace_seconds);
       }
     }
-    if (forwarded_signal != 0 && !stopping) {
-      const int sig = forwarded_signal;
-      fmt::print(stderr, "minigrad-run: received signal {}; forwarding it to {} process(es)\n",
-                 sig, running);
-      first_failure_code = 128 + sig;
-      begin_stop(sig);
+    const int received = stop_signals;
+    for (; signals_handled < received; ++signals_handled) {
+      if (signals_handled == 0 && stop_level == 0) {
+        const int sig = first_stop_signal;
+        first_failure_code = 128 + sig;
+        stop_level = 1;
+        stop_sent = sig;
+        signal_all(procs, sig);
+        next_step_at = after(o.stop_timeout);
+        if (o.stop_timeout < 0)
+          fmt::print(stderr,
+                     "minigrad-run: received signal {}; forwarding it to {} process(es) and "
+                     "waiting for them to stop (send it again to escalate)\n",
+                     sig, running);
+        else
+          fmt::print(stderr,
+                     "minigrad-run: received signal {}; forwarding it to {} process(es), which "
+                     "have {:.1f} s (--stop-timeout) to stop (send it again to escalate)\n",
+                     sig, running, o.stop_timeout);
+      } else if (stop_level < 2) {
+        if (first_failure_code == 0) first_failure_code = 128 + first_stop_signal;
+        escalate("a second stop signal");
+      } else {
+        kill_all("a third stop signal");
+      }
     }
-    if (stopping && !killed && running > 0 && Clock::now() >= kill_deadline) {
-      fmt::print(stderr, "minigrad-run: {} process(es) still running after {:.1f} s; sending SIGKILL\n",
-                 running, o.grace_seconds);
-      signal_all(procs, SIGKILL);
-      killed = true;
+    if (running > 0 && stop_level > 0 && stop_level < 3 && Clock::now() >= next_step_at) {
+      if (stop_level == 1)
+        escalate(first_failure_code != 0 && signals_handled == 0
+                     ? "the others did not stop within --grace-period"
+                     : "the processes did not stop within --stop-timeout");
+      else
+        kill_all(fmt::format("{} process(es) still running {:.1f} s after the escalation",
+                             running, o.grace_seconds)
+                     .c_str());
     }
 
     // Everything read and everyone gone: done. (A pipe held open by a process that

@@ -239,7 +239,7 @@ int main(int argc, char** argv) {
                  "The two devices, comma-separated (e.g. 0,1 or cpu,cuda:0); default: the first "
                  "two GPUs, or what this machine has");
   app.add_option("--epochs", options.epochs, "Training epochs")
-      ->check(CLI::PositiveNumber)
+      ->check(samples::integer_in(1, 1 << 30))
       ->capture_default_str();
   app.add_flag("--wrap-data-parallel", options.wrap_data_parallel,
                "Wrap the model in DataParallel to see why that is the wrong tool for it");
@@ -249,20 +249,26 @@ int main(int argc, char** argv) {
   app.add_option("--batch", options.batch, "Rows of the training batch")
       ->check(samples::positive_integer())
       ->capture_default_str();
-  app.add_flag("--pipeline", options.pipeline,
-               "Train the split model as a pipeline (parallel::Pipe): both stages at work");
+  CLI::Option* pipeline = app.add_flag(
+      "--pipeline", options.pipeline,
+      "Train the split model as a pipeline (parallel::Pipe): both stages at work");
+  // Each of these would do nothing without --pipeline: refused ("requires --pipeline").
   app.add_option("--chunks", options.chunks, "--pipeline: micro-batches per batch")
       ->check(samples::positive_integer())
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(pipeline);
   app.add_option("--schedule", options.schedule, "--pipeline: gpipe or 1f1b")
       ->check(CLI::IsMember({"gpipe", "1f1b"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(pipeline);
   app.add_option("--timeline", options.timeline,
-                 "--pipeline: write the last step's timeline (an SVG) here");
+                 "--pipeline: write the last step's timeline (an SVG) here")
+      ->needs(pipeline);
   samples::add_trace_options(app, options.trace, "epoch");
   if (const std::optional<int> exit_code = samples::parse_command_line(app, "model_parallel", argc, argv))
     return *exit_code;
   try {
+    samples::check_trace_fits(options.trace, options.epochs, "epoch", "model_parallel");
     return run(options);
   } catch (const std::exception& e) {
     return samples::report_error("model_parallel", e);

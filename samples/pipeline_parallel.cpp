@@ -27,6 +27,8 @@
 #include <minigrad/parallel/pipeline/balance.h>
 #include <minigrad/parallel/pipeline/pipeline_stage.h>
 
+#include "support/command_line.h"
+
 namespace {
 
 using namespace mg;
@@ -39,15 +41,23 @@ struct Options {
   int64_t width = 256;
   int layers = 8;  // Linear layers, ReLU between them
   int64_t batch = 1024;
+  double timeout = 300.0;  // seconds a rank waits for the others before failing
 };
+
+parallel::ProcessGroupOptions group_options(const Options& options) {
+  parallel::ProcessGroupOptions o;
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout * 1000.0));
+  return o;
+}
 
 // Without minigrad-run's environment: a group of one, this process.
 std::shared_ptr<parallel::ProcessGroup> make_group(const Options& options) {
-  if (parallel::in_launched_job()) return parallel::init_process_group(options.backend);
+  if (parallel::in_launched_job())
+    return parallel::init_process_group(options.backend, group_options(options));
   parallel::TCPStoreOptions store_options;
   store_options.is_server = true;
   auto store = std::make_shared<parallel::TCPStore>("127.0.0.1", 0, store_options);
-  return parallel::new_process_group(options.backend, store, 0, 1);
+  return parallel::new_process_group(options.backend, store, 0, 1, group_options(options));
 }
 
 int run(const Options& options) {
@@ -55,6 +65,11 @@ int run(const Options& options) {
   const int rank = group->rank(), world = group->size();
   const Device device = group->device();
 
+  // 2 * layers - 1 modules (a ReLU between Linears) for `world` stages: checked before
+  // any is built.
+  MG_CHECK(2 * static_cast<int64_t>(options.layers) - 1 >= world,
+           "--layers {} makes {} modules for {} ranks; every stage needs at least one", options.layers,
+           2 * static_cast<int64_t>(options.layers) - 1, world);
   manual_seed(0);  // the same model and batch on every rank
   auto model = std::make_shared<nn::Sequential>();
   for (int i = 0; i < options.layers; ++i) {
@@ -96,26 +111,32 @@ int run(const Options& options) {
 int main(int argc, char** argv) {
   Options options;
   CLI::App app{"An MLP trained as a pipeline with a stage per process (start with minigrad-run)."};
+  using samples::integer_in;
   app.add_option("--steps", options.steps, "SGD steps on one fixed batch")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--chunks", options.chunks, "Micro-batches per batch")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(integer_in(1, 1 << 30))->capture_default_str();
+  app.add_option("--chunks", options.chunks,
+                 "Micro-batches per batch (fewer when the batch has fewer rows, as torch.chunk)")
+      ->check(samples::positive_integer())->capture_default_str();
   app.add_option("--schedule", options.schedule, "gpipe or 1f1b")
       ->check(CLI::IsMember({"gpipe", "1f1b"}))->capture_default_str();
   app.add_option("--backend", options.backend, "gloo (CPU) or nccl (a GPU per rank)")
       ->check(CLI::IsMember({"gloo", "nccl"}))->capture_default_str();
   app.add_option("--width", options.width, "Width of every layer")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(integer_in(1, 1 << 20))->capture_default_str();
+  // Compared with the ranks before any layer is built.
   app.add_option("--layers", options.layers, "Linear layers (at least one per rank)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(integer_in(1, 1 << 16))->capture_default_str();
   app.add_option("--batch", options.batch, "Rows of the batch")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+      ->check(integer_in(1, 1 << 24))->capture_default_str();
+  app.add_option("--timeout", options.timeout,
+                 "Seconds a rank waits for the others before failing")
+      ->check(samples::seconds())->capture_default_str();
+  const char* program = "pipeline_parallel";
+  if (const std::optional<int> exit_code = samples::parse_command_line(app, program, argc, argv))
+    return *exit_code;
   try {
     return run(options);
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "pipeline_parallel: error: {}\n", e.what());
-    return 1;
+    return samples::report_error(program, e);
   }
 }

@@ -213,6 +213,7 @@ struct Run {
   data::DataLoader train_loader, test_loader;
   std::vector<samples::EpochMetrics> history;   // every finished epoch, resumed ones too
   std::unique_ptr<samples::StepTracer> tracer;  // --trace
+  int64_t first_step = 1;                       // the first global step this process runs
   int64_t total_steps() const { return train_loader.size() * options.epochs; }
   // The model's and the optimizer's state, however --zero spreads them over the ranks.
   samples::TrainingState state() { return {*model, *net, *optimizer}; }
@@ -235,6 +236,33 @@ void save_checkpoint(Run& run, const std::string& path, const RunPosition& posit
                                       run.history);
 }
 
+// Ranks on machines of their own read --resume from their own disks: one of them holding
+// another file would train on, out of step, without a word. Rank 0's digest of what it
+// loaded goes to every rank (a sum in which the others put zeros, in 16-bit pieces that
+// float32 holds exactly), each compares it with its own, and all learn whether one differs.
+void check_ranks_resumed_alike(const Run& run, uint64_t digest) {
+  if (!run.dist.active()) return;
+  std::vector<float> pieces(4);
+  for (int i = 0; i < 4; ++i)
+    pieces[static_cast<size_t>(i)] =
+        run.dist.rank == 0 ? static_cast<float>((digest >> (16 * i)) & 0xFFFF) : 0.0f;
+  Tensor rank0 = from_vector(pieces, {4}).to(run.device);
+  samples::sum_over_ranks(run.dist, {rank0});
+  const std::vector<float> got = rank0.to(Device::cpu()).to_vector<float>();
+  uint64_t theirs = 0;
+  for (int i = 0; i < 4; ++i)
+    theirs |= static_cast<uint64_t>(got[static_cast<size_t>(i)]) << (16 * i);
+  Tensor differ = full({}, theirs != digest ? 1.0 : 0.0, DType::Float32, run.device);
+  samples::sum_over_ranks(run.dist, {differ});
+  const int count = static_cast<int>(differ.item<float>());
+  MG_CHECK(count == 0,
+           "--resume {}: {} rank{} loaded a checkpoint whose contents differ from rank 0's{} "
+           "(each rank reads the file on its own machine); give every rank the same file. "
+           "Stopping before the first step",
+           run.options.resume, count, count == 1 ? "" : "s",
+           theirs != digest ? fmt::format(", this rank ({}) among them", run.dist.rank) : "");
+}
+
 // --resume: the model, the optimizer and the generator as the checkpoint left them, and
 // the epochs so far; returns where the run stood. Without --resume, the start.
 RunPosition resume(Run& run) {
@@ -242,7 +270,9 @@ RunPosition resume(Run& run) {
   if (path.empty()) return {};
   samples::TrainingState state = run.state();
   const RunPosition position =
-      samples::load_training_checkpoint(path, state, run.options, run.history);
+      samples::load_training_checkpoint(path, state, run.options, run.history,
+                                        run.train_loader.size());
+  check_ranks_resumed_alike(run, position.digest);
   if (position.batches == 0)
     fmt::print("resumed from {} after epoch {}\n", path, position.epochs_done);
   else
@@ -282,6 +312,25 @@ int stop_run(Run& run, int signo, const RunPosition& position, int64_t global_st
   return 128 + signo;
 }
 
+// What to do about a NaN or infinite loss at `global_step`. Before this process's first
+// update the learning rate has done nothing yet: the parameters are those of --resume (or
+// of the initialisation), so lowering it would not help.
+std::string non_finite_loss_advice(const Run& run, int64_t global_step) {
+  if (global_step == run.first_step && !run.options.resume.empty())
+    return fmt::format(
+        "It is the first step after --resume {}, before any update: the checkpoint's "
+        "parameters give it (a checkpoint of a run that was already diverging?), not the "
+        "learning rate; resume from an earlier checkpoint",
+        run.options.resume);
+  if (global_step == run.first_step)
+    return "It is the first step, before any update: the data or the initial parameters give "
+           "it, not the learning rate";
+  return fmt::format(
+      "Lower the learning rate (--lr {}); --detect-anomaly names the op whose backward first "
+      "produces a NaN or an infinity, if one does",
+      run.options.lr);
+}
+
 // One optimizer step on `batch`, the `global_step`-th of the run (from 1); returns the
 // loss. A NaN or infinite loss stops the run before backward and the update, so the
 // parameters stay those of the last good step. Reading the loss waits for the device
@@ -294,10 +343,8 @@ Tensor pipeline_step(Run& run, parallel::Pipe& pipe, const data::Batch& batch,
   run.optimizer->zero_grad();
   const Tensor loss = pipe.train_step(batch.data, batch.target, parallel::cross_entropy_loss).loss;
   const float value = loss.item<float>();
-  MG_CHECK(std::isfinite(value),
-           "step {}: the loss is {}; stopping before this step's update. Lower the learning "
-           "rate (--lr {})",
-           global_step, value, run.options.lr);
+  MG_CHECK(std::isfinite(value), "step {}: the loss is {}; stopping before this step's update. {}",
+           global_step, value, non_finite_loss_advice(run, global_step));
   run.optimizer->step();
   // The loss comes out on the last stage's device; the running loss lives on the first.
   return loss.device() == run.device ? loss : loss.to(run.device);
@@ -319,10 +366,9 @@ Tensor train_step(Run& run, const data::Batch& batch, int64_t global_step) {
   const int64_t per_epoch = run.train_loader.size();
   MG_CHECK(std::isfinite(value),
            "step {} (epoch {}, batch {} of {}): the loss is {}; stopping before this step's "
-           "update. Lower the learning rate (--lr {}); --detect-anomaly names the op whose "
-           "backward first produces a NaN or an infinity, if one does",
+           "update. {}",
            global_step, (global_step - 1) / per_epoch + 1, (global_step - 1) % per_epoch + 1,
-           per_epoch, value, run.options.lr);
+           per_epoch, value, non_finite_loss_advice(run, global_step));
   run.optimizer->zero_grad();
   loss.backward();
   run.optimizer->step();
@@ -446,6 +492,14 @@ void print_summary(const Run& run, int start_epoch) {
              o.save.empty() ? "" : "; checkpoint in " + o.save);
 }
 
+// A trace whose warm-up outlasts the steps left is refused before any training.
+void check_trace_fits(const Run& run, const RunPosition& start) {
+  const int64_t done =
+      static_cast<int64_t>(start.epochs_done) * run.train_loader.size() + start.batches;
+  samples::check_trace_fits(run.options.trace, run.total_steps() - done, "training step",
+                            "train_fashion_mnist");
+}
+
 int run(const TrainOptions& options) {
   std::vector<Device> devices = options.device_list;
   const DistributedRun dist =
@@ -481,6 +535,9 @@ int run(const TrainOptions& options) {
   run.optimizer = make_optimizer(options, *run.net, *model, dist);
   print_setup(run, devices, *train_set, *test_set);
   const RunPosition resumed = resume(run);
+  run.first_step =
+      static_cast<int64_t>(resumed.epochs_done) * run.train_loader.size() + resumed.batches + 1;
+  check_trace_fits(run, resumed);
   std::optional<DetectAnomalyGuard> detect_anomaly;
   if (options.detect_anomaly) {
     detect_anomaly.emplace();

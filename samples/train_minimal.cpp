@@ -15,11 +15,21 @@
 
 #include <minigrad/minigrad.h>
 
+#include "support/command_line.h"
+
 using namespace mg;
 
 int main(int argc, char** argv) try {
   const std::string root = argc > 1 ? argv[1] : data::FashionMNIST::kDefaultRoot;
-  const int epochs = argc > 2 ? std::atoi(argv[2]) : 5;
+  // The one checked way the programs read numbers: "3x" is not 3 (atoi's answer).
+  const auto read_epochs = [&]() -> int64_t {
+    try {
+      return argc > 2 ? samples::parse_integer("epochs", argv[2], 1, 1 << 20) : 5;
+    } catch (const samples::OptionError&) {
+      return 0;
+    }
+  };
+  const int epochs = static_cast<int>(read_epochs());
   if (argc > 3 || epochs <= 0) {
     fmt::print(stderr, "train_minimal: error: usage: train_minimal [data-dir] [epochs > 0]\n");
     return 2;

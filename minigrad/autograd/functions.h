@@ -100,7 +100,8 @@ Tensor to(const Tensor& x, DType dtype);
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 // Splits into `chunks` pieces of ceil(size / chunks) along dim (the last may be smaller;
-// fewer pieces when there are not enough rows), as torch.chunk. The pieces are views.
+// fewer pieces when there are not enough rows), as torch.chunk. The pieces are views. An
+// empty dimension gives `chunks` empty pieces, as torch.chunk does (at most 2^20 of them).
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim = 0);
 // Pieces of `split_size` along dim (the last may be smaller), as torch.split(x, int, dim).

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <system_error>
+#include <ctime>
 
 #include <minigrad/core/error.h>
 
@@ -114,7 +115,47 @@ int create_temp_file(const std::string& target, FileDescriptor& fd, std::string&
   }
 }
 
+std::atomic<double> write_pause_seconds{0.0};
+
+// Sleeps `seconds` whatever signals arrive meanwhile (a handler that ends the process
+// still does).
+void pause_for(double seconds) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(seconds));
+  for (auto now = std::chrono::steady_clock::now(); now < until;
+       now = std::chrono::steady_clock::now()) {
+    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(until - now);
+    timespec ts{static_cast<time_t>(left.count() / 1000000000),
+                static_cast<long>(left.count() % 1000000000)};
+    ::nanosleep(&ts, nullptr);
+  }
+}
+
+// The kernel's fs.protected_symlinks rule, which following links by hand would bypass: a
+// symbolic link in a sticky, world-writable directory (/tmp) is followed only if this
+// process owns it or the directory's owner does. Otherwise another user may have planted
+// it there, pointing at a file of ours, for us to overwrite.
+void check_link_may_be_followed(const char* op, const std::string& path, const std::string& link,
+                                const struct stat& link_stat) {
+  const std::string dir = directory_of(link);
+  struct stat dir_stat {};
+  if (::stat(dir.c_str(), &dir_stat) != 0) return;  // the lookup of the link itself fails next
+  const bool shared = (dir_stat.st_mode & S_ISVTX) != 0 && (dir_stat.st_mode & S_IWOTH) != 0;
+  if (!shared || link_stat.st_uid == ::geteuid() || link_stat.st_uid == dir_stat.st_uid) return;
+  MG_FAIL(
+      "{}: cannot write '{}': '{}' is a symbolic link owned by another user (uid {}) in the "
+      "shared directory '{}' (sticky and world-writable, owned by uid {}); such a link is not "
+      "followed (the kernel's protected_symlinks rule), since anyone could have planted it. "
+      "Remove it or write elsewhere (nothing was written)",
+      op, path, link, link_stat.st_uid, dir, dir_stat.st_uid);
+}
+
 }  // namespace
+
+void set_write_pause_for_testing(double seconds) {
+  write_pause_seconds.store(seconds > 0 && seconds < 3600 ? seconds : 0.0);
+}
 
 // ---------------------------------------------------------------- FileDescriptor
 
@@ -216,6 +257,7 @@ std::string write_target(const char* op, const std::string& path) {
     MG_CHECK(links < kMaxLinks,
              "{}: cannot write '{}': more than {} symbolic links (a loop?); the last was '{}'", op,
              path, kMaxLinks, current);
+    check_link_may_be_followed(op, path, current, st);
     std::string link(static_cast<std::size_t>(st.st_size > 0 ? st.st_size : 4096) + 1, '\0');
     const ssize_t n = ::readlink(current.c_str(), link.data(), link.size());
     MG_CHECK(n >= 0, "{}: cannot write '{}': reading the symbolic link '{}' failed: {}", op, path,
@@ -251,6 +293,7 @@ void write_atomically(const char* op, const std::string& path, std::string_view 
     step = fmt::format("flushing (fsync) the temporary file '{}'", tmp);
   }
   const int close_error = fd.close();
+  if (const double pause = write_pause_seconds.load(); pause > 0 && error == 0) pause_for(pause);
   if (error == 0 && close_error != 0) {
     error = close_error;
     step = fmt::format("closing the temporary file '{}'", tmp);
@@ -302,6 +345,28 @@ void check_writable(const char* op, const std::string& path) {
             dir, errno_text(error));
   fd.close();
   ::unlink(tmp.c_str());
+}
+
+FileIdentity file_identity(const char* op, const std::string& path) {
+  const std::string target = write_target(op, path);
+  FileIdentity id;
+  struct stat st {};
+  if (::stat(target.c_str(), &st) == 0) {
+    id.device = st.st_dev;
+    id.inode = st.st_ino;
+    return id;
+  }
+  MG_CHECK(errno == ENOENT, "{}: cannot look up {}: {}", op, describe(path, target),
+           errno_text(errno));
+  // Not there yet: the file is the entry that the write will create, a name in a
+  // directory (itself reached through any links on the way).
+  const std::string dir = directory_of(target);
+  MG_CHECK(::stat(dir.c_str(), &st) == 0, "{}: cannot write {}: the directory '{}': {}", op,
+           describe(path, target), dir, errno_text(errno));
+  id.device = st.st_dev;
+  id.inode = st.st_ino;
+  id.name = base_name(target);
+  return id;
 }
 
 std::vector<StaleTempFile> stale_temp_files(const std::string& path) {

@@ -11,6 +11,9 @@
 //     as /dev/null, a socket) is refused: a rename would replace it;
 //   - a symbolic link is followed: the file it points to is replaced, in that file's
 //     directory, and the link stays a link (as `cp` or `>` would write through it);
+//     except a link that another user owns in a sticky, world-writable directory such as
+//     /tmp (unless that user owns the directory too), which is refused, as the kernel's
+//     fs.protected_symlinks refuses to follow it: anyone could have planted it there;
 //   - the replaced file keeps its permission bits;
 //   - the temporary file is removed on every error path, and a signal handler can remove
 //     the ones still in progress (remove_temp_files_in_progress) before the process dies.
@@ -97,6 +100,30 @@ void check_writable(const char* op, const std::string& path);
 // loop.
 std::string write_target(const char* op, const std::string& path);
 
+// What a path names on disk, to tell whether two paths are one file whatever their
+// spelling ("ck" and "./ck", a symbolic link, a hard link, a directory reached through a
+// link): the device and inode of the file that write_target(path) reaches, or, for a
+// file that does not exist yet, the device and inode of the directory it would be created
+// in and its name there. Two paths are one file exactly when their identities are equal.
+struct FileIdentity {
+  dev_t device = 0;
+  ino_t inode = 0;
+  std::string name;  // the name in the directory (device, inode) when nothing exists yet
+  bool operator==(const FileIdentity& o) const {
+    return device == o.device && inode == o.inode && name == o.name;
+  }
+  bool operator!=(const FileIdentity& o) const { return !(*this == o); }
+  bool operator<(const FileIdentity& o) const {
+    if (device != o.device) return device < o.device;
+    if (inode != o.inode) return inode < o.inode;
+    return name < o.name;
+  }
+};
+
+// mg::Error naming `op` and the path when write_target fails or the directory of a file
+// that does not exist yet cannot be looked up.
+FileIdentity file_identity(const char* op, const std::string& path);
+
 // A temporary file that an earlier write of the same target left behind (its process was
 // killed before it could rename or remove it).
 struct StaleTempFile {
@@ -110,6 +137,11 @@ struct StaleTempFile {
 // another machine or container that shares the directory may still be writing one, and
 // its pid says nothing here.
 std::vector<StaleTempFile> stale_temp_files(const std::string& path);
+
+// For tests of what a stop does to a save in progress (a launcher's escalation, say):
+// every write_atomically of this process then waits `seconds` with its temporary file
+// written, before the rename. 0 (the default) turns it off.
+void set_write_pause_for_testing(double seconds);
 
 // Removes the temporary files of the writes in progress in this process. Async-signal-
 // safe: for a signal handler that is about to end the process (a second Ctrl-C during a

@@ -14,6 +14,13 @@
 //
 // PyTorch's sampler.set_epoch(e) is loader.set_epoch(e) here: samplers are pure functions
 // of the epoch (sampler.h), and the DataLoader passes its epoch in.
+//
+// The shuffled order is NOT PyTorch's. For the same seed and epoch, torch draws
+// torch.randperm(n) from a generator seeded with seed + epoch (mt19937); minigrad draws a
+// Fisher-Yates shuffle from Philox keyed by (seed, epoch). The structure is the same
+// (padding, every world_size-th index from `rank`, drop_last), and without shuffle the
+// shards are index for index PyTorch's; a shuffled run visits other examples in each
+// batch, so its losses match PyTorch's only in distribution, not step by step.
 #pragma once
 
 #include <cstdint>

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -136,6 +137,14 @@ void check_finite(const char* op, const std::string& path, const TensorDict& ten
             op, path, bad_tensors, bad_tensors == 1 ? "" : "s", list);
 }
 
+// A name from a file, as a message shows it: at most 64 characters (a header of a hundred
+// megabytes may hold one key of that size).
+std::string short_name(const std::string& name) {
+  constexpr std::size_t kMax = 64;
+  if (name.size() <= kMax) return name;
+  return fmt::format("{}... ({} bytes)", name.substr(0, kMax), name.size());
+}
+
 // Reads and checks a safetensors file: the 8-byte header length first, checked against the
 // file's size and kMaxHeaderBytes before anything is allocated; then the header, checked
 // whole; then each tensor's own bytes straight into the tensor. Nothing is read that the
@@ -164,14 +173,52 @@ Checkpoint decode(const char* op, const std::string& path, const LoadOptions& op
   // refused while parsing: the messages below dump() values, which recurses once per
   // level, and 100000 nested brackets would overflow the stack.
   constexpr int kMaxJsonDepth = 16;
-  const auto limit_depth = [&](int depth, json::parse_event_t, json&) {
+  // A key given twice in one object (two tensors of one name, an "epoch" twice in
+  // __metadata__, two "shape"s) is refused: nlohmann's parser would keep the last one
+  // silently, and another reader might keep the first. Each open object's keys so far.
+  struct OpenObject {
+    std::string name;  // the key it is the value of ("" for the header itself)
+    std::set<std::string> keys;
+    std::string last_key;
+  };
+  std::vector<OpenObject> open_objects;
+  const auto check_event = [&](int depth, json::parse_event_t event, json& parsed) {
     if (depth > kMaxJsonDepth)
       corrupt(op, path, fmt::format("its JSON header nests deeper than {} levels", kMaxJsonDepth));
+    switch (event) {
+      case json::parse_event_t::object_start:
+        open_objects.push_back(
+            {open_objects.empty() ? std::string() : open_objects.back().last_key, {}, {}});
+        break;
+      case json::parse_event_t::object_end:
+        if (!open_objects.empty()) open_objects.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        if (open_objects.empty()) break;
+        OpenObject& object = open_objects.back();
+        std::string key = parsed.get<std::string>();
+        if (!object.keys.insert(key).second) {
+          const std::string shown = short_name(key);
+          if (open_objects.size() == 1)
+            corrupt(op, path, fmt::format("its header names '{}' twice; which one is meant is "
+                                          "not knowable (a reader would silently keep one)",
+                                          shown));
+          corrupt(op, path, fmt::format("the entry '{}' of its header has the key '{}' twice; "
+                                        "which one is meant is not knowable (a reader would "
+                                        "silently keep one)",
+                                        short_name(object.name), shown));
+        }
+        object.last_key = std::move(key);
+        break;
+      }
+      default:
+        break;
+    }
     return true;
   };
   json header;
   try {
-    header = json::parse(header_begin, header_begin + header_size, limit_depth);
+    header = json::parse(header_begin, header_begin + header_size, check_event);
   } catch (const json::exception& e) {
     corrupt(op, path, fmt::format("its JSON header does not parse: {}", e.what()));
   }

@@ -1,5 +1,6 @@
 #include "devices.h"
 
+#include <algorithm>
 #include <cctype>
 
 #include <fmt/format.h>
@@ -7,6 +8,8 @@
 
 #include <minigrad/core/error.h>
 #include <minigrad/cuda/cuda.h>
+
+#include "command_line.h"
 
 namespace mg::samples {
 
@@ -40,6 +43,14 @@ std::vector<Device> parse_devices(const std::string& spec, int cuda_device_count
                                   bool cuda_built) {
   if (!cuda_built) cuda_device_count = 0;
   const std::string whole = trim(spec);
+  // Messages show at most 60 characters of it, and the entries are counted before any
+  // is made.
+  const std::string shown =
+      spec.size() <= 60 ? spec : fmt::format("{}... ({} characters)", spec.substr(0, 60), spec.size());
+  constexpr std::size_t kMaxDevices = 4096;
+  const auto entries = static_cast<std::size_t>(std::count(whole.begin(), whole.end(), ',')) + 1;
+  MG_CHECK(entries <= kMaxDevices, "--devices {}: {} entries, more than the {} devices a run can use",
+           shown, entries, kMaxDevices);
   // Without the CUDA backend there is no GPU to name, whatever the machine has.
   const auto count_str =
       cuda_built ? fmt::format("this machine has {} CUDA device{} ({})", cuda_device_count,
@@ -61,26 +72,26 @@ std::vector<Device> parse_devices(const std::string& spec, int cuda_device_count
     const std::string entry = trim(whole.substr(start, comma - start));
     start = comma + 1;
     MG_CHECK(!entry.empty(), "--devices {}: empty entry; expected cpu, all, or GPU ids such as 0,1",
-             spec);
+             shown);
     Device device;
     if (all_digits(entry)) {
-      device = Device::cuda(std::stoi(entry));
+      device = Device::cuda(static_cast<int>(parse_integer("--devices", entry, 0, 1 << 20)));
     } else {
       try {
         device = Device(entry);
       } catch (const Error&) {
         MG_FAIL("--devices {}: '{}' is not a device; expected cpu, all, or GPU ids such as 0,1 "
                 "({})",
-                spec, entry, available(cuda_device_count));
+                shown, entry, available(cuda_device_count));
       }
     }
     MG_CHECK(!device.is_cuda() || device.index() < cuda_device_count,
-             "--devices {}: no CUDA device {}; {}", spec, device.index(), count_str);
+             "--devices {}: no CUDA device {}; {}", shown, device.index(), count_str);
     devices.push_back(device);
   }
   for (const Device& d : devices)
     MG_CHECK(d.type() == devices[0].type(),
-             "--devices {}: mixes the CPU and GPUs; train on the CPU or on GPUs ({})", spec,
+             "--devices {}: mixes the CPU and GPUs; train on the CPU or on GPUs ({})", shown,
              available(cuda_device_count));
   return devices;
 }

@@ -10,9 +10,11 @@
 
 namespace mg::samples {
 
-// Installs the handlers for SIGINT and SIGTERM. The first signal is recorded; a second
-// kills the process at once by the default action, for when the step in progress is
-// itself stuck, after removing the temporary file of a save that it cuts short
+// Installs the handlers for SIGINT and SIGTERM. The first signal is recorded; a second of
+// the same kind kills the process at once by the default action (a launcher's escalation
+// sends the kind it forwarded again; a SIGTERM after a Ctrl-C is not a second stop, so a
+// launcher that asks the other ranks to stop does not cut rank 0's checkpoint short), for
+// when the step in progress is itself stuck, after removing the temporary file of a save that it cuts short
 // (files::remove_temp_files_in_progress). A system call the signal lands in (a Gloo
 // socket read, say) resumes instead of failing (SA_RESTART). SIGXFSZ is ignored, so that
 // a file over `ulimit -f` is an error of the write that the writer cleans up after.

@@ -44,6 +44,22 @@ std::string rank_trace_path(const std::string& path, int rank) {
   return fmt::format("{}.rank{}.json", path, rank);
 }
 
+void check_trace_fits(const TraceOptions& options, int64_t steps, const std::string& unit,
+                      const std::string& program) {
+  if (options.path.empty()) return;
+  const int64_t left = std::max<int64_t>(steps, 0);
+  if (options.warmup >= left)
+    throw OptionError(fmt::format(
+        "--trace-warmup {}: the run has {} {}{} left, so --trace {} would record nothing; "
+        "give a --trace-warmup below {}",
+        options.warmup, left, unit, left == 1 ? "" : "s", options.path, left));
+  if (options.warmup + options.steps > left)
+    fmt::print(stderr,
+               "{}: warning: --trace-warmup {} and --trace-steps {} run past the {} {}s left; "
+               "the trace will hold {}\n",
+               program, options.warmup, options.steps, left, unit, left - options.warmup);
+}
+
 StepTracer::StepTracer(TraceOptions options, std::shared_ptr<parallel::ProcessGroup> group)
     : options_(std::move(options)), group_(std::move(group)) {
   if (enabled()) profiler::set_thread_name("main");

@@ -42,6 +42,13 @@ void add_trace_options(CLI::App& app, TraceOptions& options, const std::string& 
 // "t.json", rank 1 -> "t.rank1.json"; a path without ".json" gets ".rank1.json" appended.
 std::string rank_trace_path(const std::string& path, int rank);
 
+// A trace whose warm-up outlasts the `steps` (of `unit`s, "training step") that the run
+// has left would record nothing: an OptionError saying so ("--trace-warmup 50: the run
+// has 12 training steps left, ..."), before any work. One that only runs past the end
+// is a warning on stderr ("<program>: warning: ..."): the trace holds fewer steps.
+void check_trace_fits(const TraceOptions& options, int64_t steps, const std::string& unit,
+                      const std::string& program);
+
 class StepTracer {
  public:
   // `group`: the job's process group when this process is one rank of several, else null.

@@ -52,16 +52,19 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
                  "cpu, all (every GPU), or GPU ids such as 0 or 0,1; several devices (0,1, or "
                  "cpu,cpu for replicas on the CPU) train with DataParallel")
       ->capture_default_str();
-  app.add_option("--pipeline", options.pipeline,
+  CLI::Option* pipeline = app.add_option("--pipeline", options.pipeline,
                  "Train as a pipeline of this many stages (parallel::Pipe), stage s on the s-th "
                  "of --devices (one device given: all stages on it)")
       ->check(positive_integer());
+  // Without --pipeline they would do nothing: refused (CLI11: "--chunks requires --pipeline").
   app.add_option("--chunks", options.chunks, "With --pipeline: micro-batches per batch")
       ->check(positive_integer())
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(pipeline);
   app.add_option("--schedule", options.schedule, "With --pipeline: gpipe or 1f1b")
       ->check(CLI::IsMember({"gpipe", "1f1b"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(pipeline);
   app.add_option("--data-dir", options.data_dir,
                  "Directory with the Fashion-MNIST IDX files (raw or .gz)")
       ->capture_default_str();
@@ -94,9 +97,9 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
                  "(--nproc-per-node 4 --tensor-parallel 2: 2 x 2); checkpoints are not written")
       ->check(positive_integer())
       ->capture_default_str();
-  app.add_option("--dist-timeout", options.dist_timeout,
+  app.add_option("--dist-timeout,--timeout", options.dist_timeout,
                  "With --distributed: seconds a rank waits for the others before failing")
-      ->check(non_negative_number())
+      ->check(seconds())
       ->capture_default_str();
   app.add_flag("--detect-anomaly", options.detect_anomaly,
                "Check every gradient of every backward for NaN and infinity, and name the op "
@@ -126,6 +129,12 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
     if (options.pipeline > 0) {
       MG_CHECK(!options.distributed, "--pipeline and --distributed do not go together (the "
                "pipeline runs in one process)");
+      // Compared with what it counts before anything of that size is built.
+      const int64_t layers = mlp_layer_count(options.hidden);
+      MG_CHECK(options.pipeline <= layers,
+               "--pipeline {}: the model (--hidden {}) has {} layers, and every stage needs at "
+               "least one; give at most --pipeline {}",
+               options.pipeline, hidden_str(options.hidden), layers, layers);
       const auto stages = static_cast<size_t>(options.pipeline);
       if (options.device_list.size() == 1)
         options.device_list.assign(stages, options.device_list.front());
@@ -153,12 +162,15 @@ void check_tensor_parallel(const TrainOptions& options) {
            "--tensor-parallel {}: --save and --resume are not supported with tensor parallelism "
            "(each rank holds only its shards of the model)",
            tp);
-  MG_CHECK(options.distributed || static_cast<int>(options.device_list.size()) == tp,
-           "--tensor-parallel {} in one process takes one device per rank, but --devices {} "
-           "names {}; pass {} devices (e.g. --devices {}), or use --distributed for data "
-           "parallelism as well",
-           tp, options.devices, options.device_list.size(), tp,
-           fmt::join(std::vector<std::string>(static_cast<size_t>(tp), "cpu"), ","));
+  if (options.distributed || static_cast<int64_t>(options.device_list.size()) == tp) return;
+  // The example spells the devices out only for a degree one could type.
+  const std::string example =
+      tp <= 8 ? fmt::format(" (e.g. --devices {})",
+                            fmt::join(std::vector<std::string>(static_cast<size_t>(tp), "cpu"), ","))
+              : "";
+  MG_FAIL("--tensor-parallel {} in one process takes one device per rank, but --devices {} "
+          "names {}; pass {} devices{}, or use --distributed for data parallelism as well",
+          tp, options.devices, options.device_list.size(), tp, example);
 }
 
 std::string optimizer_str(const TrainOptions& options) {
@@ -169,6 +181,10 @@ std::string optimizer_str(const TrainOptions& options) {
                                 options.momentum);
   if (options.weight_decay != 0.0) out += fmt::format(" weight_decay {}", options.weight_decay);
   return out;
+}
+
+int64_t mlp_layer_count(const std::vector<int64_t>& hidden) {
+  return 2 * static_cast<int64_t>(hidden.size()) + 1;
 }
 
 std::string hidden_str(const std::vector<int64_t>& hidden) {

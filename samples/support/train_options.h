@@ -65,6 +65,10 @@ void check_tensor_parallel(const TrainOptions& options);
 // the optimizer as the setup line and the plot's title name it.
 std::string optimizer_str(const TrainOptions& options);
 
+// The layers of the MLP that --hidden describes (a Linear and a ReLU per hidden width,
+// then the output Linear): what --pipeline's stages are cut from.
+int64_t mlp_layer_count(const std::vector<int64_t>& hidden);
+
 // "256,256": the hidden widths as --hidden takes them.
 std::string hidden_str(const std::vector<int64_t>& hidden);
 

@@ -33,6 +33,7 @@ struct RunPosition {
   int64_t batches = 0;
   int64_t seen = 0;
   Tensor loss_sum;  // float32 scalar; undefined when batches == 0
+  uint64_t digest = 0;  // resumed: a hash of the checkpoint's contents, which ranks compare
 
   // The end of epoch `epochs`: the start of the next one.
   static RunPosition after_epoch(int epochs) {
@@ -52,9 +53,13 @@ void save_training_checkpoint(const std::string& path, const nn::TensorDict& mod
 // Loads a checkpoint written by save_training_checkpoint into the model and the optimizer
 // of `state` (both checked before either changes) and the default generator; returns where
 // the run stood when it was written, and fills `history`. mg::Error naming the file and the
-// flag to pass when the checkpoint does not fit the options (--hidden, --batch-size).
+// flag to pass when the checkpoint does not fit the options (--hidden, --batch-size), and
+// naming the key and its range when a number in its metadata is out of range (a position
+// past the end of an epoch of `batches_per_epoch` batches, when that is given, or more
+// examples seen than its batches hold).
 RunPosition load_training_checkpoint(const std::string& path, TrainingState& state,
                                      const TrainOptions& options,
-                                     std::vector<EpochMetrics>& history);
+                                     std::vector<EpochMetrics>& history,
+                                     int64_t batches_per_epoch = 0);
 
 }  // namespace mg::samples

@@ -70,7 +70,10 @@ TEST_CASE("empty tensors flow through ops without touching memory") {
   CHECK(e.t().contiguous().shape() == Shape{3, 0});
   CHECK(e.reshape({3, 0}).numel() == 0);
   CHECK(cat({e, ones({2, 3})}).to_vector<float>() == std::vector<float>(6, 1.0f));
-  CHECK(chunk(zeros({0}), 3).size() == 1);
+  CHECK(chunk(zeros({0}), 3).size() == 3);  // torch.chunk: as many empty pieces as asked
+  REQUIRE_THROWS_WITH(chunk(zeros({0, 2}), int64_t{1} << 40),
+                      MG_CONTAINS("chunk: 1099511627776 empty pieces of dimension 0 (of size 0, "
+                                  "shape [0, 2])"));
   REQUIRE_THROWS_WITH(e.argmax(), MG_CONTAINS("argmax") && MG_CONTAINS("[0, 3]"));
   REQUIRE_THROWS_WITH(cross_entropy(e, from_vector(std::vector<int64_t>{}, {0})),
                       MG_CONTAINS("cross_entropy") && MG_CONTAINS("[0, 3]"));

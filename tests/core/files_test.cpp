@@ -5,6 +5,7 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -224,4 +225,74 @@ TEST_CASE("files::open_for_reading: regular files only, and never a blocking ope
   REQUIRE_THROWS_WITH(
       files::open_for_reading("test", dir / "absent"),
       MG_CONTAINS("test: cannot open '" + (dir / "absent") + "': No such file or directory"));
+}
+
+TEST_CASE("files::file_identity: one file however it is spelled, linked or not yet there") {
+  TempDir dir;
+  fs::create_directory(dir / "sub");
+  write_text(dir / "ck", "checkpoint");
+  const files::FileIdentity ck = files::file_identity("test", dir / "ck");
+  CHECK(ck.name.empty());
+  CHECK(files::file_identity("test", dir.path() + "/./ck") == ck);
+  CHECK(files::file_identity("test", dir / "sub/../ck") == ck);
+  fs::create_symlink(dir / "ck", dir / "soft");
+  CHECK(files::file_identity("test", dir / "soft") == ck);
+  fs::create_hard_link(dir / "ck", dir / "hard");
+  CHECK(files::file_identity("test", dir / "hard") == ck);
+  CHECK(files::file_identity("test", dir / "sub/other") != ck);
+
+  // Not there yet: the directory (reached through a link or not) and the name.
+  fs::create_directory_symlink(dir / "sub", dir / "sublink");
+  const files::FileIdentity fresh = files::file_identity("test", dir / "sub/new.json");
+  CHECK(fresh.name == "new.json");
+  CHECK(files::file_identity("test", dir / "sublink/new.json") == fresh);
+  CHECK(files::file_identity("test", dir / "sub/./new.json") == fresh);
+  CHECK(files::file_identity("test", dir / "sub/new2.json") != fresh);
+  // A dangling link names the file that the write would create.
+  fs::create_symlink(dir / "sub/new.json", dir / "dangling");
+  CHECK(files::file_identity("test", dir / "dangling") == fresh);
+  CHECK(listing(dir / "sub").empty());  // nothing was created
+
+  REQUIRE_THROWS_WITH(files::file_identity("--save", dir / "missing/x"),
+                      MG_CONTAINS("--save: cannot write") && MG_CONTAINS("missing"));
+}
+
+// fs.protected_symlinks: a link that another user planted in a sticky, world-writable
+// directory is not followed. Changing a link's owner takes root; as anyone else, the
+// case that must still work (one's own link there) is checked alone.
+TEST_CASE("files::write_atomically: refuses another user's link in a sticky world-writable "
+          "directory") {
+  TempDir dir;
+  const std::string shared = dir / "shared";
+  fs::create_directory(shared);
+  REQUIRE(::chmod(shared.c_str(), 01777) == 0);
+  const std::string real = dir / "mine.txt";
+  write_text(real, "precious");
+  const std::string link = shared + "/out.txt";
+  fs::create_symlink(real, link);
+  // One's own link there is followed.
+  files::write_atomically("test", link, "mine");
+  CHECK(read_text(real) == "mine");
+  if (::geteuid() != 0) {
+    SUCCEED("not root: a link of another user cannot be made here");
+    return;
+  }
+  // The directory belongs to root; a link of uid 4242 in it is refused...
+  REQUIRE(::lchown(link.c_str(), 4242, 4242) == 0);
+  REQUIRE_THROWS_WITH(
+      files::write_atomically("--save", link, "overwritten"),
+      MG_CONTAINS("--save: cannot write '" + link + "'") &&
+          MG_CONTAINS("is a symbolic link owned by another user (uid 4242) in the shared "
+                      "directory") &&
+          MG_CONTAINS("protected_symlinks") && MG_CONTAINS("nothing was written"));
+  REQUIRE_THROWS_WITH(files::check_writable("--save", link), MG_CONTAINS("protected_symlinks"));
+  CHECK(read_text(real) == "mine");
+  CHECK(listing(shared) == std::vector<std::string>{"out.txt"});
+  // ...unless that user owns the directory too, or the directory is not world-writable.
+  REQUIRE(::chown(shared.c_str(), 4242, 4242) == 0);
+  files::write_atomically("test", link, "allowed: the directory's owner made the link");
+  REQUIRE(::chown(shared.c_str(), 0, 0) == 0);
+  REQUIRE(::chmod(shared.c_str(), 0755) == 0);
+  files::write_atomically("test", link, "allowed: not a shared directory");
+  CHECK(read_text(real) == "allowed: not a shared directory");
 }

@@ -122,9 +122,13 @@ TEST_CASE("chunk follows torch.chunk: ceil-sized pieces, the last smaller, maybe
   CHECK(sizes(chunk(iota({1, 7}), 3, 1), 1) == std::vector<int64_t>{3, 3, 1});
   CHECK(sizes(chunk(iota({5, 6}), 3, -1), 1) == std::vector<int64_t>{2, 2, 2});
   CHECK(sizes(chunk(iota({4}), 1), 0) == std::vector<int64_t>{4});
+  // torch.empty(0, 3).chunk(2) is two tensors of shape (0, 3): ATen's chunk keeps the
+  // count of an empty dimension's pieces.
   const std::vector<Tensor> empty_pieces = chunk(zeros({0, 3}), 2);
-  REQUIRE(empty_pieces.size() == 1);
+  REQUIRE(empty_pieces.size() == 2);
   CHECK(empty_pieces[0].shape() == Shape{0, 3});
+  CHECK(empty_pieces[1].shape() == Shape{0, 3});
+  CHECK(sizes(chunk(zeros({2, 0}), 3, 1), 1) == std::vector<int64_t>{0, 0, 0});
 }
 
 TEST_CASE("split cuts pieces of the given sizes") {

@@ -129,6 +129,83 @@ TEST_CASE("minigrad-run: SIGTERM to the launcher is forwarded to every rank") {
   REQUIRE_THAT(r.output, MG_CONTAINS("launcher exit 143"));
 }
 
+// A rank that needs 7 s to stop (longer than the 5 s the launcher used to allow before its
+// SIGKILL): the forwarded stop waits for it.
+TEST_CASE("minigrad-run: a forwarded stop waits for ranks that take long to stop") {
+  require_launcher();
+  const Run r = run_shell(
+      "out=$(mktemp); " + kLauncher +
+      " --nproc-per-node 2 /bin/sh -c 'trap \"sleep 7; echo stopped cleanly; exit 143\" TERM; "
+      "echo ready; while :; do sleep 1 & wait $!; done' >$out 2>&1 & pid=$!; "
+      "for i in $(seq 300); do [ $(grep -c ready $out) -ge 2 ] && break; sleep 0.1; done; "
+      "kill -TERM $pid; wait $pid; code=$?; cat $out; rm -f $out; echo \"launcher exit $code\"");
+  INFO(r.output);
+  REQUIRE_THAT(r.output, MG_CONTAINS("[rank 0] stopped cleanly"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("[rank 1] stopped cleanly"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("waiting for them to stop (send it again to escalate)"));
+  REQUIRE(r.output.find("SIGKILL to") == std::string::npos);
+  REQUIRE_THAT(r.output, MG_CONTAINS("launcher exit 143"));
+}
+
+// The second stop sent to the launcher reaches the ranks as their second stop; a third
+// kills what is left.
+TEST_CASE("minigrad-run: a second stop escalates, a third kills") {
+  require_launcher();
+  // Each rank counts the stops it gets; the second ends it (as the sample programs'
+  // handlers do), except rank 1, which ignores every stop and has to be killed.
+  const std::string rank_script =
+      "n=0; trap \"n=\\$((n+1)); echo stop \\$n; if [ \\$n -ge 2 ] && [ \\$RANK = 0 ]; then "
+      "exit 99; fi\" TERM INT; echo ready; while :; do sleep 1 & wait $!; done";
+  const Run r = run_shell(
+      "out=$(mktemp); " + kLauncher + " --nproc-per-node 2 --grace-period 60 /bin/sh -c '" +
+      rank_script +
+      "' >$out 2>&1 & pid=$!; "
+      "for i in $(seq 300); do [ $(grep -c ready $out) -ge 2 ] && break; sleep 0.1; done; "
+      "kill -INT $pid; "
+      "for i in $(seq 300); do [ $(grep -c 'stop 1' $out) -ge 2 ] && break; sleep 0.1; done; "
+      "kill -TERM $pid; "
+      "for i in $(seq 300); do grep -q 'rank 1] stop 2' $out && break; sleep 0.1; done; "
+      "kill -TERM $pid; wait $pid; code=$?; cat $out; rm -f $out; echo \"launcher exit $code\"");
+  INFO(r.output);
+  REQUIRE_THAT(r.output, MG_CONTAINS("[rank 0] stop 2"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("[rank 1] stop 2"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("a second stop signal; escalating: SIGINT again to 2 process(es)"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("a third stop signal; sending SIGKILL to 1 process(es)"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("launcher exit 130"));  // the first signal's 128 + SIGINT
+}
+
+// A rank that ends on its own stop (exit code 130: its interrupt handled) is no failure
+// whose grace period runs: rank 0 may still be writing the job's checkpoint. (Rank 1
+// waits a second first, so that rank 0's trap is set when the launcher's SIGTERM comes.)
+TEST_CASE("minigrad-run: a rank that stopped on a signal leaves the others time to finish") {
+  require_launcher();
+  const Run r = run_shell(
+      kLauncher + " --nproc-per-node 2 --grace-period 1 /bin/sh -c 'if [ \"$RANK\" = 1 ]; then "
+      "sleep 1; exit 130; fi; trap \"sleep 3; echo checkpoint written; exit 130\" TERM; "
+      "while :; do sleep 1 & wait $!; done'");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 130);
+  REQUIRE_THAT(r.output, MG_CONTAINS("rank 1 (pid ") && MG_CONTAINS("exited with code 130"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("[rank 0] checkpoint written"));
+  REQUIRE(r.output.find("escalating") == std::string::npos);
+}
+
+TEST_CASE("minigrad-run: --stop-timeout escalates a stop that takes too long") {
+  require_launcher();
+  const Run r = run_shell(
+      "out=$(mktemp); " + kLauncher +
+      " --nproc-per-node 1 --stop-timeout 0.5 --grace-period 30 /bin/sh -c 'n=0; trap \"n=\\$((n+1)); "
+      "echo stop \\$n; [ \\$n -ge 2 ] && exit 98\" TERM; echo ready; while :; do sleep 1 & wait "
+      "$!; done' >$out 2>&1 & pid=$!; "
+      "for i in $(seq 300); do grep -q ready $out && break; sleep 0.1; done; "
+      "kill -TERM $pid; wait $pid; code=$?; cat $out; rm -f $out; echo \"launcher exit $code\"");
+  INFO(r.output);
+  REQUIRE_THAT(r.output, MG_CONTAINS("which have 0.5 s (--stop-timeout) to stop"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("the processes did not stop within --stop-timeout; escalating"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("[rank 0] stop 2"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("launcher exit 143"));
+}
+
 TEST_CASE("minigrad-run: usage errors") {
   require_launcher();
   Run r = run_shell(kLauncher + " /bin/true");
@@ -143,6 +220,17 @@ TEST_CASE("minigrad-run: usage errors") {
   r = run_shell(kLauncher + " --nproc-per-node 1 /nonexistent/program");
   REQUIRE(r.exit_code == 127);
   REQUIRE_THAT(r.output, MG_CONTAINS("cannot run '/nonexistent/program'"));
+  for (const char* bad : {"nan", "inf", "-1", "5s", "1e400"}) {
+    INFO(bad);
+    r = run_shell(kLauncher + " --nproc-per-node 1 --stop-timeout " + bad + " /bin/true");
+    REQUIRE(r.exit_code == 2);
+    REQUIRE_THAT(r.output, MG_CONTAINS(std::string("--stop-timeout expects a number in [0, "
+                                                   "3.1536e+07], got '") + bad + "'"));
+  }
+  r = run_shell(kLauncher + " --nproc-per-node " + std::string(400, '9') + " /bin/true");
+  REQUIRE(r.exit_code == 2);
+  REQUIRE_THAT(r.output, MG_CONTAINS("--nproc-per-node expects an integer in [1, 4096], got '9999"));
+  REQUIRE(r.output.size() < 400);
 }
 
 #ifdef MINIGRAD_WITH_GLOO

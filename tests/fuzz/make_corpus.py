@@ -144,3 +144,28 @@ write("token_file", "token-out-of-range.tokens", token_file([0x61, 0x62], [0, 1,
 write("token_file", "unsorted-vocab.tokens", token_file([0x62, 0x61], [0, 1]))
 write("token_file", "vocab-too-large.tokens", token_file([0x61], [0], vocab_size=257))
 write("token_file", "liar.tokens", token_file([0x61], [0] * 8, count=(1 << 64) - 8))
+# Keys given twice (json.dumps cannot write them): two tensors of one name, a metadata key
+# twice, __metadata__ twice, and a tensor entry with two shapes. Refused, never one kept.
+def raw_safetensors(header_text, payload):
+    text = header_text.encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    return struct.pack("<Q", len(text)) + text + payload
+
+
+t = '{"dtype":"F32","shape":[2],"data_offsets":[0,8]}'
+write("safetensors", "duplicate-tensor.safetensors",
+      raw_safetensors('{"w":%s,"w":%s}' % (t, t), f32([1, 2])))
+write("safetensors", "duplicate-metadata-key.safetensors",
+      raw_safetensors('{"w":%s,"__metadata__":{"epoch":"1","epoch":"7"}}' % t, f32([1, 2])))
+write("safetensors", "duplicate-metadata.safetensors",
+      raw_safetensors('{"__metadata__":{"epoch":"1"},"w":%s,"__metadata__":{"epoch":"2"}}' % t,
+                      f32([1, 2])))
+write("safetensors", "duplicate-shape.safetensors",
+      raw_safetensors('{"w":{"dtype":"F32","shape":[2],"shape":[1],"data_offsets":[0,8]}}',
+                      f32([1, 2])))
+# A training checkpoint whose metadata numbers are out of range (train_fashion_mnist's
+# --resume refuses them, naming the key; the loader itself reads them as text).
+write("safetensors", "checkpoint-metadata-out-of-range.safetensors", safetensors(
+    [("model.bias", "F32", [3], f32([0, 0, 0]))],
+    {"epoch": "99999999999999999999999", "epoch_batches": "-1",
+     "epoch_seen": "18446744073709551616", "generator_offset": "1e400"}))

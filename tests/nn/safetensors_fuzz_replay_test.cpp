@@ -48,3 +48,21 @@ TEST_CASE("fuzz replay: the non-finite and the header-length seeds are refused a
                       MG_CONTAINS("the header length 1099511627776 is larger than the 7 bytes "
                                   "that follow it"));
 }
+
+// nlohmann's parser keeps the last of two equal keys; the loader refuses them instead.
+TEST_CASE("fuzz replay: a header that names a key twice is refused, naming it") {
+  const std::string dir = std::string(MINIGRAD_SOURCE_DIR) + "/tests/fuzz/corpus/safetensors/";
+  REQUIRE_THROWS_WITH(mg::nn::load_tensors(dir + "duplicate-tensor.safetensors"),
+                      MG_CONTAINS("is not a valid safetensors file: its header names 'w' twice"));
+  REQUIRE_THROWS_WITH(mg::nn::load_tensors(dir + "duplicate-metadata.safetensors"),
+                      MG_CONTAINS("its header names '__metadata__' twice"));
+  REQUIRE_THROWS_WITH(mg::nn::load_tensors(dir + "duplicate-metadata-key.safetensors"),
+                      MG_CONTAINS("the entry '__metadata__' of its header has the key 'epoch' "
+                                  "twice"));
+  REQUIRE_THROWS_WITH(mg::nn::load_tensors(dir + "duplicate-shape.safetensors"),
+                      MG_CONTAINS("the entry 'w' of its header has the key 'shape' twice"));
+  // Out-of-range numbers in the metadata are text to the loader; --resume refuses them.
+  const mg::nn::Checkpoint ck =
+      mg::nn::load_tensors(dir + "checkpoint-metadata-out-of-range.safetensors");
+  CHECK(ck.metadata.at("epoch") == "99999999999999999999999");
+}

@@ -415,3 +415,30 @@ TEST_CASE("save: the write is atomic, and a failed write leaves the old file and
   CHECK(dir.listing() == std::vector<std::string>{"model.safetensors", "taken"});
   CHECK(read_bytes(path) == old_bytes);
 }
+
+TEST_CASE("load_tensors: a key given twice is refused with a short message, however long") {
+  const std::string path =
+      (fs::temp_directory_path() / ("minigrad-duplicate-" + std::to_string(::getpid()))).string();
+  const std::string name(100000, 'k');
+  const std::string entry = "{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}";
+  std::string header = "{\"" + name + "\":" + entry + ",\"" + name + "\":" + entry + "}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const uint64_t length = header.size();
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&length), 8);
+    out << header;
+    const float value = 1.0f;
+    out.write(reinterpret_cast<const char*>(&value), 4);
+  }
+  try {
+    (void)nn::load_tensors(path);
+    FAIL("a duplicate key was accepted");
+  } catch (const mg::Error& e) {
+    const std::string message = e.what();
+    CHECK_THAT(message, MG_CONTAINS("its header names 'kkkk") &&
+                            MG_CONTAINS("... (100000 bytes)' twice"));
+    CHECK(message.size() < 600);
+  }
+  fs::remove(path);
+}

@@ -67,6 +67,8 @@ TEST_CASE("Pipe: batches that the chunks divide, a chunk per row, and one layer 
            {{5, 4, 3}, 3, 4, 16},  // 4 4 4 4
            {{5, 4, 3}, 3, 5, 5},   // one row each
            {{5, 4, 3}, 2, 4, 9},   // 3 3 3: fewer micro-batches than chunks
+           {{5, 4, 3}, 2, 8, 5},   // fewer rows than chunks (an epoch's last batch): 5 of 1
+           {{5, 4, 3}, 3, 8, 1},   // a single row: one micro-batch
            {{5, 3}, 1, 3, 10}}) {  // a single stage
     for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
       PipeCase c;

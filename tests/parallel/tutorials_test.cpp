@@ -137,3 +137,40 @@ TEST_CASE("model_parallel --pipeline --chunks 8 trains as the naive split does a
   REQUIRE(ofob.status == 0);
   REQUIRE(count(ofob.output, "Epoch 10, Loss: ") == 1);
 }
+
+// Flags that would do nothing outside their mode, and numbers that are not numbers, are
+// refused by the tutorials and the benchmarks alike (samples/support/command_line.h).
+TEST_CASE("model_parallel, pipeline_parallel and the benchmarks refuse pointless flags and bad numbers") {
+  const struct {
+    const char* program;
+    const char* flags;
+    const char* message;
+  } cases[] = {
+      {"model_parallel", "--chunks 4", "model_parallel: error: --chunks requires --pipeline"},
+      {"model_parallel", "--timeline t.svg", "model_parallel: error: --timeline requires --pipeline"},
+      {"model_parallel", "--epochs 2 --trace t.json --trace-warmup 5",
+       "model_parallel: error: --trace-warmup 5: the run has 2 epochs left"},
+      {"pipeline_parallel", "--timeout nan",
+       "pipeline_parallel: error: --timeout: expects a number in [0, 3.1536e+07], got 'nan'"},
+      {"pipeline_parallel", "--layers 2000000000",
+       "pipeline_parallel: error: --layers: expects an integer in [1, 65536], got '2000000000'"},
+      {"minigrad-bench", "--mode eager --chunks 4",
+       "minigrad-bench: error: --chunks applies to --mode pipeline only, not --mode eager"},
+      {"minigrad-bench", "--steps 5x", "minigrad-bench: error: --steps: expects an integer in "
+                                       "[1, 1048576], got '5x'"},
+      {"minigrad-bench", "--mode dataparallel --device-ids 0,99999999999",
+       "minigrad-bench: error: --device-ids expects an integer in [0, 1023], got '99999999999'"},
+      {"ddp-bench", "--timeout -1", "ddp-bench: error: --timeout: expects a number in [0, "
+                                    "3.1536e+07], got '-1'"},
+      {"tp-bench", "--widths 8,16x,4", "tp-bench: error: --widths expects an integer in [1, "
+                                       "1048576], got '16x'"},
+  };
+  for (const auto& c : cases) {
+    const std::string binary = program(c.program);
+    if (!exists(binary)) continue;
+    const Run r = run(binary + " " + c.flags);
+    INFO(c.program << " " << c.flags << "\n" << r.output);
+    CHECK(r.status == 2);
+    CHECK(count(r.output, c.message) == 1);
+  }
+}

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -320,3 +321,73 @@ TEST_CASE("train_fashion_mnist: --zero without --distributed is a usage error") 
                                        "--distributed run"));
 }
 #endif
+
+// ---- under minigrad-run: a stop lets the rank finish its checkpoint, however long it takes ----
+
+namespace {
+
+// The names of the files in `dir` that are temporary files of a write.
+std::vector<std::string> temp_files_in(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find(".tmp.") != std::string::npos) out.push_back(name);
+  }
+  return out;
+}
+
+// The shell lines that start the run in `dir` under the launcher, its output in dir/out,
+// and wait until its first epoch has been reported.
+std::string start_under_launcher(const std::string& dir, double save_pause_seconds) {
+  return fmt::format(
+      "cd {} && MINIGRAD_TEST_SAVE_PAUSE_SECONDS={} {} --nproc-per-node 1 {} --epochs 100000 "
+      ">out 2>&1 & pid=$!; "
+      "for i in $(seq 600); do grep -q 'epoch  1/100000' {}/out && break; sleep 0.1; done; ",
+      dir, save_pause_seconds, mg::testing::program_path("minigrad-run"), small_run(dir), dir);
+}
+
+}  // namespace
+
+// The launcher used to SIGKILL its ranks 5 s after forwarding a stop: a checkpoint that took
+// longer was lost. Here the save takes 7 s.
+TEST_CASE("minigrad-run: a forwarded Ctrl-C waits for a checkpoint slower than the old grace "
+          "period") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, false);
+  const auto run = run_program(start_under_launcher(dir.path(), 7) +
+                               "kill -INT $pid; wait $pid; code=$?; cat " + (dir / "out") +
+                               "; echo \"launcher exit $code\"");
+  INFO(run.output);
+  REQUIRE_THAT(run.output, MG_CONTAINS("launcher exit 130"));
+  REQUIRE_THAT(run.output, MG_CONTAINS("[rank 0] train_fashion_mnist: interrupted by SIGINT") &&
+                               MG_CONTAINS("checkpoint written to "
+                                           "train_fashion_mnist.interrupted.safetensors"));
+  REQUIRE(run.output.find("SIGKILL") == std::string::npos);
+  const mg::nn::Checkpoint ck = mg::nn::load_tensors(dir / "train_fashion_mnist.interrupted.safetensors");
+  CHECK(ck.tensors.count("model.0.weight") == 1);
+  CHECK(temp_files_in(dir.path()).empty());
+}
+
+// A second Ctrl-C in the middle of that save escalates: the rank removes its temporary
+// file and ends; what was on disk before stays as it was.
+TEST_CASE("minigrad-run: a second Ctrl-C during the slow save leaves no temporary file and "
+          "the old file intact") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, false);
+  const std::string target = dir / "train_fashion_mnist.interrupted.safetensors";
+  {
+    std::ofstream old(target);
+    old << "the previous checkpoint";
+  }
+  const auto run = run_program(
+      start_under_launcher(dir.path(), 60) + "kill -INT $pid; " +
+      "for i in $(seq 600); do ls " + dir.path() +
+      " | grep -q '[.]tmp[.]' && break; sleep 0.1; done; kill -INT $pid; wait $pid; code=$?; cat " +
+      (dir / "out") + "; echo \"launcher exit $code\"");
+  INFO(run.output);
+  REQUIRE_THAT(run.output, MG_CONTAINS("launcher exit 130"));
+  REQUIRE_THAT(run.output, MG_CONTAINS("a second stop signal; escalating: SIGINT again to 1 process(es)"));
+  REQUIRE(run.output.find("checkpoint written") == std::string::npos);
+  CHECK(temp_files_in(dir.path()).empty());
+  CHECK(read_text(target) == "the previous checkpoint");
+}

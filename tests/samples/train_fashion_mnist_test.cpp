@@ -383,3 +383,57 @@ TEST_CASE("train_fashion_mnist --distributed --tensor-parallel 2 on 4 ranks (2 x
   REQUIRE_THAT(uneven.output, MG_CONTAINS("--tensor-parallel 2 does not divide the 3 ranks of the job"));
 }
 #endif
+
+// An epoch's last batch may have fewer rows than --chunks: it is cut into fewer
+// micro-batches, as torch.chunk does, instead of failing after the epoch's work.
+TEST_CASE("train_fashion_mnist --pipeline: a last batch smaller than --chunks trains") {
+  TempDir dir;
+  // 303 images in batches of 50: six of 50, then one of 3, with --chunks 8.
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 303, 100, false);
+  const auto run = run_program(small_run(dir.path()) +
+                               " --epochs 1 --pipeline 2 --chunks 8 --devices cpu,cpu");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  REQUIRE_THAT(run.output, MG_CONTAINS("epoch  1/1  train_loss"));
+}
+
+// Flags that would do nothing, counts far beyond what exists, and numbers that are not
+// numbers: each refused before any work, in a short message that names the flag.
+TEST_CASE("train_fashion_mnist: pointless flags, impossible counts and bad numbers are usage "
+          "errors") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, false);
+  const std::string huge(400, '9');
+  const struct {
+    std::string flags, message;
+  } cases[] = {
+      {"--chunks 4", "--chunks requires --pipeline"},
+      {"--schedule 1f1b", "--schedule requires --pipeline"},
+      {"--trace-warmup 3", "--trace-warmup requires --trace"},
+      {"--pipeline 2000000000",
+       "--pipeline 2000000000: the model (--hidden 32) has 3 layers, and every stage needs at "
+       "least one; give at most --pipeline 3"},
+      {"--tensor-parallel 2000000000",
+       "--tensor-parallel 2000000000 in one process takes one device per rank, but --devices "
+       "cpu names 1; pass 2000000000 devices, or use --distributed"},
+      {"--dist-timeout nan", "--dist-timeout: expects a number in [0, 3.1536e+07], got 'nan'"},
+      {"--dist-timeout inf", "--dist-timeout: expects a number in [0, 3.1536e+07], got 'inf'"},
+      {"--dist-timeout -1", "--dist-timeout: expects a number in [0, 3.1536e+07], got '-1'"},
+      {"--epochs 3x", "--epochs: expects an integer >= 1, got '3x'"},
+      {"--lr 0.1abc", "--lr: expects a finite number >= 0, got '0.1abc'"},
+      {"--seed " + huge, "--seed: expects an integer >= 0, got '9999999999999999999999999999999999999999"
+                         "... (400 characters)'"},
+      {"--trace " + (dir / "t.json") + " --trace-warmup 100",
+       "--trace-warmup 100: the run has 6 training steps left, so --trace " + (dir / "t.json") +
+           " would record nothing"},
+  };
+  for (const auto& c : cases) {
+    const auto run = run_program(small_run(dir.path()) + " --epochs 1 " + c.flags);
+    INFO(c.flags.substr(0, 60) << "\n" << run.output.substr(0, 2000));
+    CHECK(run.exit_code == 2);
+    CHECK_THAT(run.output, MG_CONTAINS("train_fashion_mnist: error: " + c.message));
+    CHECK(run.output.size() < 800);
+    CHECK(run.output.find("train_loss") == std::string::npos);
+  }
+  CHECK_FALSE(std::filesystem::exists(dir / "t.json"));
+}

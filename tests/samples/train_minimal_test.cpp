@@ -39,7 +39,7 @@ TEST_CASE("train_minimal: trains with DataParallel over every device and prints 
 }
 
 TEST_CASE("train_minimal: a bad command line is refused with the usage and exit code 2") {
-  for (const char* args : {" /nowhere 0", " /nowhere x", " /nowhere 1 extra"}) {
+  for (const char* args : {" /nowhere 0", " /nowhere x", " /nowhere 3x", " /nowhere -1", " /nowhere 1 extra"}) {
     const auto run = run_program(kProgram + args);
     INFO(args << "\n" << run.output);
     REQUIRE(run.exit_code == 2);

@@ -185,7 +185,17 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   // (an expanded view), start + min(piece, size - start) cannot.
   for (int64_t start = 0; start < size; start += std::min(piece, size - start))
     sizes.push_back(std::min(piece, size - start));
-  if (sizes.empty()) sizes.push_back(0);
+  if (size == 0) {
+    // torch.chunk of an empty dimension gives `chunks` empty pieces (ATen's chunk calls
+    // split_with_sizes then, "because a call to split would discard the number of
+    // chunks"). Their count is checked before a list of that length is made.
+    constexpr int64_t kMaxEmptyPieces = int64_t{1} << 20;
+    MG_CHECK(chunks <= kMaxEmptyPieces,
+             "chunk: {} empty pieces of dimension {} (of size 0, shape {}) are more than the "
+             "{} that chunk makes of an empty dimension",
+             chunks, dim, x.shape(), kMaxEmptyPieces);
+    sizes.assign(static_cast<size_t>(chunks), 0);
+  }
   return split(x, sizes, dim);
 }
 

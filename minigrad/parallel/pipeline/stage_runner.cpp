@@ -30,10 +30,9 @@ Checkpoint parse_checkpoint(std::string_view name) {
 
 MicroBatches::MicroBatches(int64_t rows_, int64_t chunks, const char* what) : rows(rows_) {
   MG_CHECK(chunks >= 1, "{}: chunks must be at least 1, got {}", what, chunks);
-  MG_CHECK(rows >= chunks,
-           "{}: chunks ({}) is more than the batch's {} rows; every micro-batch needs at "
-           "least one row",
-           what, chunks, rows);
+  // Fewer rows than chunks (the last batch of an epoch) makes fewer micro-batches, as
+  // torch.chunk and torchgpipe do; an empty batch has nothing to pipeline.
+  MG_CHECK(rows >= 1, "{}: the batch has no rows; a pipeline needs at least one", what);
   sizes = comm::chunk_sizes(rows, chunks);
   int64_t offset = 0;
   for (int64_t size : sizes) {

@@ -97,19 +97,46 @@ nn::TensorDict shard_full_optimizer_state(const nn::TensorDict& full,
     const auto& [name, g] = entry;
     const FlatParameter& flat = *groups[g];
     const Device device = flat.shard().device();
-    bool complete = true, per_element = true;
+    // A state is one value per element of its parameter (its shape and dtype: momentum,
+    // exp_avg) or one value for the whole parameter (a single element: Adam's step), the
+    // same kind for every parameter of the group; anything else is named by its key.
+    bool complete = true, per_element = true, fits = true;
     for (size_t k = 0; k < states.size(); ++k) {
+      const std::string key = fmt::format("{}.{}", name, flat.indices()[k]);
+      const Tensor& param = flat.params()[k];
       if (!states[k].defined()) {
         problems.push_back(fmt::format(
             "parameter {} has no '{}' but other parameters of its shard group have one; a "
             "shard holds the state of all of them or of none",
             flat.indices()[k], name));
         complete = false;
-      } else if (states[k].shape() != flat.params()[k].shape()) {
-        per_element = false;
+        continue;
       }
+      const bool element_wise = states[k].shape() == param.shape();
+      const bool whole = states[k].numel() == 1 && !element_wise;
+      if (!element_wise && !whole) {
+        problems.push_back(fmt::format(
+            "'{}' has shape {}, but parameter {} has shape {}; a state holds one value per "
+            "element of its parameter or one for all of it",
+            key, states[k].shape(), flat.indices()[k], param.shape()));
+        fits = false;
+      } else if (element_wise && states[k].dtype() != param.dtype()) {
+        problems.push_back(fmt::format("'{}' is {}, but parameter {} is {}", key,
+                                       states[k].dtype(), flat.indices()[k], param.dtype()));
+        fits = false;
+      } else if (k > 0 && states[0].defined() &&
+                 (element_wise != (states[0].shape() == flat.params()[0].shape()) ||
+                  states[k].dtype() != states[0].dtype())) {
+        problems.push_back(fmt::format(
+            "'{}' (shape {}, {}) is not the kind of state that '{}.{}' is (shape {}, {}) "
+            "in one shard group",
+            key, states[k].shape(), states[k].dtype(), name, flat.indices()[0],
+            states[0].shape(), states[0].dtype()));
+        fits = false;
+      }
+      per_element = per_element && element_wise;
     }
-    if (!complete) continue;
+    if (!complete || !fits) continue;
     if (per_element) {
       Tensor all = zeros(Shape{flat.layout().padded_numel()}, states[0].dtype(), device);
       for (size_t k = 0; k < states.size(); ++k) ops::copy_(flat.slot(all, k), states[k]);
