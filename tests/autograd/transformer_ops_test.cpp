@@ -177,3 +177,32 @@ TEST_CASE("matmul and linear on batched and 1-D operands: shapes and values", "[
   REQUIRE_THROWS_WITH(linear(a, random_input({7, 4}, 7)),
                       MG_CONTAINS("linear") && MG_CONTAINS("[2, 3, 4, 5]") && MG_CONTAINS("[7, 4]"));
 }
+
+TEST_CASE("gelu in float32 (vectorised erf and tanh) agrees with float64's library functions",
+          "[gelu]") {
+  // Every 1/64 from -8 to 8, where erf and tanh saturate, and a few far out.
+  std::vector<double> xs;
+  for (int i = -512; i <= 512; ++i) xs.push_back(i / 64.0);
+  for (double far : {-100.0, -30.0, 30.0, 100.0}) xs.push_back(far);
+  const Tensor x64 = from_vector(xs, {static_cast<int64_t>(xs.size())});
+  const Tensor x32 = ops::to_dtype(x64, DType::Float32);
+  const Tensor g64 = full(x64.shape(), 1.0, DType::Float64);
+  for (bool tanh_form : {false, true}) {
+    INFO("tanh form " << tanh_form);
+    const std::vector<double> want = ops::gelu(x64, tanh_form).to_vector<double>();
+    const std::vector<float> got = ops::gelu(x32, tanh_form).to_vector<float>();
+    const std::vector<double> want_grad =
+        ops::gelu_backward(g64, x64, tanh_form).to_vector<double>();
+    const std::vector<float> got_grad =
+        ops::gelu_backward(ops::to_dtype(g64, DType::Float32), x32, tanh_form).to_vector<float>();
+    for (size_t i = 0; i < xs.size(); ++i) {
+      INFO("x = " << xs[i]);
+      CHECK(std::fabs(got[i] - want[i]) <= 1e-6 + 1e-6 * std::fabs(want[i]));
+      CHECK(std::fabs(got_grad[i] - want_grad[i]) <= 2e-6);
+    }
+    // A strided input gives the bits of the contiguous one.
+    const Tensor m = ops::to_dtype(random_input({7, 9}, 3, -4.0, 4.0), DType::Float32);
+    CHECK(ops::gelu(m.t(), tanh_form).contiguous().to_vector<float>() ==
+          ops::gelu(m.t().contiguous(), tanh_form).to_vector<float>());
+  }
+}

@@ -20,6 +20,7 @@
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
 #include <minigrad/autograd/saved_tensor.h>
+#include <minigrad/core/checked_math.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
 
@@ -69,8 +70,10 @@ Tensor scaled_dot_product_attention_fused(const Tensor& q, const Tensor& k, cons
     // The blocks the composed path's dropout would take for its [..., L, S] probabilities,
     // so both paths draw the same mask after the same manual_seed.
     const int64_t L = q.size(-2), S = k.size(-2);
-    const auto elements =
-        static_cast<uint64_t>(L * S * (q.numel() / std::max<int64_t>(q.size(-2) * q.size(-1), 1)));
+    const int64_t batch = q.numel() / std::max<int64_t>(checked_mul(L, q.size(-1), "scaled_dot_product_attention"), 1);
+    const auto elements = static_cast<uint64_t>(
+        checked_mul(checked_mul(L, S, "scaled_dot_product_attention"), batch,
+                    "scaled_dot_product_attention"));
     draw = (gen != nullptr ? *gen : default_generator()).reserve((elements + 3) / 4);
   }
   std::vector<Tensor> r = ops::attention(q, k, v, scale, is_causal, dropout_p, draw.seed, draw.offset);

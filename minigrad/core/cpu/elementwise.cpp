@@ -156,48 +156,6 @@ void CpuBackend::relu_backward(const Tensor& grad_in, const Tensor& grad_out,
 // ---- the transformer's elementwise ops ----
 
 namespace {
-// GELU and its derivative, exact (x * Phi(x), with erf) or in GPT-2's tanh form
-// (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))), as torch.nn.functional.gelu.
-template <typename T>
-T gelu_value(T x, bool tanh_form) {
-  if (tanh_form) {
-    const T inner = T(0.7978845608028654) * (x + T(0.044715) * x * x * x);
-    return T(0.5) * x * (T(1) + std::tanh(inner));
-  }
-  return T(0.5) * x * (T(1) + std::erf(x * T(0.7071067811865476)));
-}
-
-template <typename T>
-T gelu_grad(T g, T x, bool tanh_form) {
-  if (tanh_form) {
-    const T k = T(0.7978845608028654), c = T(0.044715);
-    const T inner = k * (x + c * x * x * x);
-    const T t = std::tanh(inner);
-    const T d_inner = k * (T(1) + T(3) * c * x * x);
-    return g * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * d_inner);
-  }
-  const T cdf = T(0.5) * (T(1) + std::erf(x * T(0.7071067811865476)));
-  const T pdf = T(0.3989422804014327) * std::exp(T(-0.5) * x * x);
-  return g * (cdf + x * pdf);
-}
-}  // namespace
-
-void CpuBackend::gelu(const Tensor& out, const Tensor& in, bool tanh_form) {
-  MG_DISPATCH_FLOATING_TYPES(in.dtype(), "gelu", [&] {
-    using T = scalar_t;
-    map1<T>(out, in, [tanh_form](T x) { return gelu_value(x, tanh_form); });
-  });
-}
-
-void CpuBackend::gelu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& input,
-                               bool tanh_form) {
-  MG_DISPATCH_FLOATING_TYPES(input.dtype(), "gelu_backward", [&] {
-    using T = scalar_t;
-    map2<T>(grad_in, grad_out, input, [tanh_form](T g, T x) { return gelu_grad(g, x, tanh_form); });
-  });
-}
-
-namespace {
 template <typename T, typename M>
 void masked_fill_typed(const Tensor& out, const Tensor& in, const Tensor& mask, double value) {
   T* o = static_cast<T*>(out.data_ptr());
