@@ -23,11 +23,14 @@ function(minigrad_public_headers out_var)
       endif()
     endforeach()
     # A header named by its file name alone ("sharded_state.h") counts when exactly one
-    # header under minigrad/ has that name.
-    string(REGEX MATCHALL "[^a-z_/.][a-z_0-9]+\\.h" bare "${text}")
+    # header under minigrad/ has that name, outside the backends' internals. The name must
+    # end there: "transformer.h.0.attn" is a parameter's name, not a header.
+    string(REGEX MATCHALL "[^a-z_/.][a-z_0-9]+\\.h([^a-z_0-9.]|$)" bare "${text}")
     foreach(name IN LISTS bare)
       string(REGEX REPLACE "^[^a-z_]" "" name "${name}")
+      string(REGEX REPLACE "\\.h.*$" ".h" name "${name}")
       file(GLOB_RECURSE found RELATIVE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/minigrad/*/${name})
+      list(FILTER found EXCLUDE REGEX "^minigrad/(cuda/kernels|core/cpu)/")
       list(LENGTH found count)
       if(count EQUAL 1)
         list(APPEND queue ${found})
