@@ -252,18 +252,9 @@ void AdamBase::set_param_state(size_t index, const TensorDict& state) {
 
 // ---------------------------------------------------------------- Adam, AdamW
 
-namespace {
-
-std::vector<std::vector<Tensor>> one_group(std::vector<Tensor> params) {
-  std::vector<std::vector<Tensor>> groups;
-  groups.push_back(std::move(params));
-  return groups;
-}
-
-}  // namespace
-
 Adam::Adam(std::vector<Tensor> params, AdamOptions options)
-    : AdamBase(one_group(std::move(params)), "Adam"), group_options_{options} {
+    : AdamBase(std::vector<std::vector<Tensor>>{std::move(params)}, "Adam"),  // one group
+      group_options_{options} {
   options.validate("Adam");
 }
 
@@ -314,7 +305,8 @@ AdamBase::Hyper Adam::hyper(size_t group) const {
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
-    : AdamBase(one_group(std::move(params)), "AdamW"), group_options_{options} {
+    : AdamBase(std::vector<std::vector<Tensor>>{std::move(params)}, "AdamW"),  // one group
+      group_options_{options} {
   options.validate("AdamW");
 }
 

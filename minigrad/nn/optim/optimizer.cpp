@@ -6,18 +6,8 @@
 
 namespace mg::optim {
 
-namespace {
-
-std::vector<std::vector<Tensor>> one_group(std::vector<Tensor> params) {
-  std::vector<std::vector<Tensor>> groups;
-  groups.push_back(std::move(params));
-  return groups;
-}
-
-}  // namespace
-
 Optimizer::Optimizer(std::vector<Tensor> params, std::string name)
-    : Optimizer(one_group(std::move(params)), std::move(name)) {}
+    : Optimizer(std::vector<std::vector<Tensor>>{std::move(params)}, std::move(name)) {}
 
 Optimizer::Optimizer(std::vector<std::vector<Tensor>> groups, std::string name)
     : name_(std::move(name)) {
