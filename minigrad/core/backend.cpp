@@ -186,22 +186,30 @@ void Backend::sgd_step(const SgdStep& step) {
 }
 
 void check_adam_step(const AdamStep& step, Device device) {
+  const DType dtype = adam_step_dtype(step);
   for (size_t i = 0; i < step.tensors.size(); ++i) {
     const AdamTensor& t = step.tensors[i];
     MG_CHECK(t.param.defined(), "adam_step: parameter {} is undefined", i);
     const auto fits = [&](const Tensor& x) {
-      return x.defined() && x.dtype() == DType::Float32 && x.is_contiguous() &&
+      return x.defined() && x.dtype() == dtype && x.is_contiguous() &&
              x.shape() == t.param.shape() && x.device() == device;
     };
     const bool max_fits = step.amsgrad ? fits(t.max_exp_avg_sq) : !t.max_exp_avg_sq.defined();
-    MG_CHECK(fits(t.param) && fits(t.grad) && fits(t.exp_avg) && fits(t.exp_avg_sq) && max_fits,
+    MG_CHECK((dtype == DType::Float32 || dtype == DType::Float64) && fits(t.param) &&
+                 fits(t.grad) && fits(t.exp_avg) && fits(t.exp_avg_sq) && max_fits,
              "adam_step on {}: tensor {} does not fit (param: {}; grad: {}; exp_avg: {}; "
-             "exp_avg_sq: {}; max_exp_avg_sq: {}; amsgrad {}): expected float32 contiguous "
-             "tensors of the param's shape on {}, with max_exp_avg_sq exactly when amsgrad",
+             "exp_avg_sq: {}; max_exp_avg_sq: {}; amsgrad {}): expected contiguous {} "
+             "tensors (float32 or float64, as parameter 0) of the param's shape on {}, with "
+             "max_exp_avg_sq exactly when amsgrad",
              device, i, describe_operand(t.param), describe_operand(t.grad),
              describe_operand(t.exp_avg), describe_operand(t.exp_avg_sq),
-             describe_operand(t.max_exp_avg_sq), step.amsgrad, device);
+             describe_operand(t.max_exp_avg_sq), step.amsgrad, dtype, device);
   }
+}
+
+DType adam_step_dtype(const AdamStep& step) {
+  if (step.tensors.empty() || !step.tensors.front().param.defined()) return DType::Float32;
+  return step.tensors.front().param.dtype();
 }
 
 // The update as PyTorch's _single_tensor_adam/_single_tensor_adamw spell it, one
@@ -212,7 +220,7 @@ void Backend::adam_step(const AdamStep& step) {
   check_adam_step(step, step.tensors.front().param.device());
   for (const AdamTensor& t : step.tensors) {
     if (t.param.numel() == 0) continue;
-    const auto temporary = [&] { return empty(t.param.shape(), DType::Float32, t.param.device()); };
+    const auto temporary = [&] { return empty(t.param.shape(), t.param.dtype(), t.param.device()); };
     Tensor g = t.grad;  // the gradient itself is never written
     if (step.maximize) {
       const Tensor negated = temporary();

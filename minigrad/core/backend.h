@@ -119,9 +119,11 @@ struct AdamStep {
 };
 
 // mg::Error unless `step` is what Backend::adam_step takes: every param, grad, exp_avg,
-// exp_avg_sq (and max_exp_avg_sq exactly when amsgrad) is float32, contiguous, of the
-// param's shape and on `device`.
+// exp_avg_sq (and max_exp_avg_sq exactly when amsgrad) is contiguous, of the param's
+// shape and on `device`, and every tensor of the step is float32, or every one float64.
 void check_adam_step(const AdamStep& step, Device device);
+// The one floating dtype of a checked step's tensors (Float32 for an empty step).
+DType adam_step_dtype(const AdamStep& step);
 
 // A device's memory as its driver reports it: free and total bytes (cudaMemGetInfo on a
 // GPU; the host's MemAvailable and MemTotal on the CPU). `known` is false where the
@@ -321,7 +323,9 @@ class Backend {
   virtual void sgd_step(const SgdStep& step);
   // Updates params and their Adam state in place, as AdamStep describes. The default is
   // the composition of elementwise ops (a dozen per tensor); the CPU fuses it into one
-  // pass per tensor, CUDA into one launch per group of tensors, with the same bits.
+  // pass per tensor, CUDA into one launch per group of tensors, with the same bits. The
+  // fused kernels are float32's: a float64 step (gradient checks, tight parity tests)
+  // takes this composition on either backend, whose ops all have float64 kernels.
   virtual void adam_step(const AdamStep& step);
 };
 

@@ -57,6 +57,7 @@ void CudaBackend::adam_step(const AdamStep& step) {
   const Device device = step.tensors.front().param.device();
   MG_CHECK(device.type() == DeviceType::CUDA, "adam_step on CUDA: parameter 0 is on {}", device);
   check_adam_step(step, device);
+  if (adam_step_dtype(step) != DType::Float32) return Backend::adam_step(step);  // float64
   OpScope scope(device.index());
   // The bias corrections are numbers in the launch, computed on the host from each
   // parameter's step count: a graph would replay this step's corrections every time.

@@ -160,6 +160,7 @@ void CpuBackend::sgd_step(const SgdStep& step) {
 
 void CpuBackend::adam_step(const AdamStep& step) {
   check_adam_step(step, Device::cpu());
+  if (adam_step_dtype(step) != DType::Float32) return Backend::adam_step(step);  // float64
   const AdamScalars s{static_cast<float>(step.beta1),
                       static_cast<float>(1.0 - step.beta1),
                       static_cast<float>(step.beta2),

@@ -42,7 +42,7 @@ AdamBase::AdamBase(std::vector<std::vector<Tensor>> groups, const char* name)
 
 namespace {
 
-Tensor zeros_for(const Tensor& p) { return zeros(p.shape(), DType::Float32, p.device()); }
+Tensor zeros_for(const Tensor& p) { return zeros(p.shape(), p.dtype(), p.device()); }
 
 }  // namespace
 
@@ -52,7 +52,7 @@ void AdamBase::step() {
                       "{}.step", name());
   span.category("optimizer");
 
-  // One fused update per group and device. A parameter's first state (zeros) and its new step
+  // One fused update per group, device and dtype. A parameter's first state (zeros) and its new step
   // count become state only once its device's step has run, so a failed step (a
   // refused graph capture, say) leaves no state half made.
   struct Pending {
@@ -64,6 +64,7 @@ void AdamBase::step() {
   struct DeviceStep {
     size_t group;
     Device device;
+    DType dtype;
     AdamStep step;
     std::vector<Pending> pending;
   };
@@ -76,10 +77,10 @@ void AdamBase::step() {
     const size_t g = param_group_of(i);
     const Hyper h = hyper(g);
     auto group = std::find_if(steps.begin(), steps.end(), [&](const DeviceStep& s) {
-      return s.group == g && s.device == p.device();
+      return s.group == g && s.device == p.device() && s.dtype == p.dtype();
     });
     if (group == steps.end()) {
-      DeviceStep s{g, p.device(), AdamStep{}, {}};
+      DeviceStep s{g, p.device(), p.dtype(), AdamStep{}, {}};
       s.step.lr = h.lr;
       s.step.beta1 = h.beta1;
       s.step.beta2 = h.beta2;

@@ -36,22 +36,28 @@ Tensor total_norm(const std::vector<Tensor>& tensors, double norm_type, bool err
   NoGradGuard no_grad;
   const bool infinity = std::isinf(norm_type);
   if (!tensors.empty()) device = tensors.front().device();
+  // The norm has the gradients' dtype: float32, or float64 (gradient checks) throughout.
+  const DType dtype = tensors.empty() || !tensors.front().defined() ? DType::Float32
+                                                                     : tensors.front().dtype();
   // The partial starts at 0, the identity of both the sum and the maximum of magnitudes.
-  Tensor partial = zeros(Shape{}, DType::Float32, device);
+  Tensor partial = zeros(Shape{}, dtype, device);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
-    MG_CHECK(t.defined() && t.dtype() == DType::Float32,
-             "{}: gradient {} is {}, expected a float32 tensor", op, i,
-             t.defined() ? fmt::format("{} (shape {})", t.dtype(), t.shape()) : "undefined");
+    MG_CHECK(t.defined() && t.dtype() == dtype &&
+                 (dtype == DType::Float32 || dtype == DType::Float64),
+             "{}: gradient {} is {}, expected a {} tensor (every gradient float32, or every "
+             "one float64)",
+             op, i, t.defined() ? fmt::format("{} (shape {})", t.dtype(), t.shape()) : "undefined",
+             dtype == DType::Float64 ? "float64" : "float32");
     Tensor part = partial_norm(t, norm_type);
     if (part.device() != device) part = ops::copy_to(part, device);
     partial = ops::binary(infinity ? BinaryOp::Maximum : BinaryOp::Add, partial, part);
   }
   if (reduce) {
     reduce(partial, infinity ? NormReduction::Max : NormReduction::Sum);
-    MG_CHECK(partial.defined() && partial.numel() == 1 && partial.dtype() == DType::Float32,
-             "{}: the NormReducer must leave one float32 element in the partial norm, got {}",
-             op, partial.defined() ? fmt::format("shape {} ({})", partial.shape(), partial.dtype())
+    MG_CHECK(partial.defined() && partial.numel() == 1 && partial.dtype() == dtype,
+             "{}: the NormReducer must leave one {} element in the partial norm, got {}", op,
+             dtype, partial.defined() ? fmt::format("shape {} ({})", partial.shape(), partial.dtype())
                                    : std::string("an undefined tensor"));
     partial = partial.reshape(Shape{});
   }
@@ -66,7 +72,8 @@ Tensor total_norm(const std::vector<Tensor>& tensors, double norm_type, bool err
                                                           1.0 / norm_type));
   }
   if (error_if_nonfinite) {
-    const auto value = total.item<float>();  // waits for the device: only when asked
+    // Waits for the device: only when asked.
+    const double value = dtype == DType::Float64 ? total.item<double>() : total.item<float>();
     MG_CHECK(std::isfinite(value),
              "{}: the total norm of order {} of the gradients is {}, so it cannot be clipped; "
              "pass error_if_nonfinite = false to scale the gradients by it anyway",
@@ -86,14 +93,14 @@ void clip_grads_with_norm_(const std::vector<Tensor>& parameters, double max_nor
                            const Tensor& total_norm) {
   MG_CHECK(max_norm >= 0.0, "clip_grad_norm_: max_norm must be >= 0, got {}", max_norm);
   MG_CHECK(total_norm.defined() && total_norm.numel() == 1 &&
-               total_norm.dtype() == DType::Float32,
-           "clip_grads_with_norm_: total_norm must be one float32 element");
+               (total_norm.dtype() == DType::Float32 || total_norm.dtype() == DType::Float64),
+           "clip_grads_with_norm_: total_norm must be one float32 or float64 element");
   NoGradGuard no_grad;
   // coef = min(max_norm / (total + 1e-6), 1), on the norm's device: multiplying by a coef
   // of 1 costs a pass, but deciding whether to skip would wait for the device.
   const Device device = total_norm.device();
   const Tensor shifted = ops::binary_scalar(BinaryOp::Add, total_norm.reshape(Shape{}), 1e-6);
-  const Tensor coef = ops::binary(BinaryOp::Div, full(Shape{}, max_norm, DType::Float32, device),
+  const Tensor coef = ops::binary(BinaryOp::Div, full(Shape{}, max_norm, total_norm.dtype(), device),
                                   shifted);
   // min(coef, 1) as -max(-coef, -1): exact, and NaN stays NaN as in torch.clamp.
   const Tensor clamped = ops::unary(

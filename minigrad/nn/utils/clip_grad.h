@@ -37,7 +37,7 @@
 namespace mg::nn::utils {
 
 enum class NormReduction { Sum, Max };
-// Replaces `partial` (one float32 element) with its sum or maximum over all ranks.
+// Replaces `partial` (one element of the gradients' dtype) with its sum or maximum over all ranks.
 using NormReducer = std::function<void(Tensor& partial, NormReduction op)>;
 
 // Scales the gradients of `parameters` (those that have one) so that their total
