@@ -215,6 +215,43 @@ TEST_CASE("GPT tensor parallel over 2 Gloo ranks equals the single-device GPT; f
   }
 }
 
+TEST_CASE("GPT tensor + sequence parallel over 2 Gloo ranks equals the single-device GPT; "
+          "unreduced LayerNorm gradients are caught", "[gpt_tp]") {
+  const GPTConfig config = tiny(4, 16);
+  auto results = run_ranks(2, [&](RankContext& ctx) {
+    auto tp = parallel::tensor_parallel_group(ctx.gloo());
+    report(ctx, "sp", against_single_device(config, 3, 8, tp, nullptr, true));
+    {
+      mg::testing::FaultGuard fault(mg::testing::Fault::SequenceParallelGradsNotReduced);
+      report(ctx, "sp fault", against_single_device(config, 3, 8, tp, nullptr, true));
+    }
+    {
+      mg::testing::FaultGuard fault(mg::testing::Fault::VocabParallelLossNotReduced);
+      report(ctx, "sp loss fault", against_single_device(config, 3, 8, tp, nullptr, true));
+    }
+    ctx.report("collectives", step_collectives(config, 3, 6, tp, true));
+  });
+  INFO(describe(results));
+  for (const RankResult& r : results) {
+    REQUIRE(r.ok());
+    require_equal(r, "sp");
+    require_caught(r, "sp fault");
+    require_caught(r, "sp loss fault");
+    // L = 2, B x T = 3 x 6, C = 16, n = 2. Forward: an all-gather along T into each of the
+    // 2L column layers and the head, a reduce-scatter out of the embedding and each of the
+    // 2L row layers; backward the same with the two swapped. All-gathers carry the local
+    // positions [B, T/n, C], reduce-scatters the whole [B, T, C]. Plus the loss's all-gather
+    // (row maxima) and all-reduce, and finish_gradients' one all-reduce of the replicated
+    // parameters: wpe 8 x 16, per block 2 LayerNorms (2 x 32) and 2 row biases (2 x 16),
+    // ln_f 32.
+    const float L = 2, rows = 3 * 6, C = 16, replicated = 8 * 16 + L * (64 + 32) + 32;
+    REQUIRE(r.floats("collectives") ==
+            std::vector<float>{2, 4 * (2 * rows + replicated), 4 * L + 3,
+                               4 * ((4 * L + 2) * rows / 2 * C + rows), 4 * L + 2,
+                               4 * ((4 * L + 2) * rows * C)});
+  }
+}
+
 TEST_CASE("GPT tensor parallel over 3 and 4 Gloo ranks equals the single-device GPT", "[gpt_tp]") {
   auto three = run_ranks(3, [](RankContext& ctx) {
     auto tp = parallel::tensor_parallel_group(ctx.gloo());
