@@ -291,6 +291,46 @@ TEST_CASE("GPT dp2 x tp2 (uneven batch rows, gradients summed over the dp group)
   }
 }
 
+TEST_CASE("GPT tensor parallel dropout: one mask where activations are replicated, a mask per "
+          "rank where they are sharded", "[gpt_tp]") {
+  // Megatron's rule, checked as Megatron's tests do (no single-device twin can draw the
+  // same masks: its attention dropout is one draw over all heads): with dropout on, the
+  // replicated activations (ln_f's output without sequence parallelism) stay identical on
+  // every rank, and dropout actually acted; the sharded regions' generator draws a
+  // different mask on each rank, the default generator the same one.
+  auto results = run_ranks(2, [](RankContext& ctx) {
+    auto tp = parallel::tensor_parallel_group(ctx.gloo());
+    manual_seed(99);
+    GPT gpt(tiny(4, 16, 0.3));
+    const Tensor x = randint(0, 24, {2, 8});
+    TensorParallelGPT model(gpt, tp);
+    NoGradGuard no_grad;
+    const Tensor train = model.hidden(x);
+    model.eval();
+    const Tensor eval = model.hidden(x);
+    const Tensor both = tp->all_gather(train);  // [2, B, T, C]
+    const auto gap = [](const Tensor& a, const Tensor& b) { return max_abs(a - b); };
+    const auto masks = [&](Generator* gen) {
+      const Tensor m = tp->all_gather(dropout(ones({256}), 0.5, true, gen));
+      return gap(ops::narrow(m, 0, 0, 1), ops::narrow(m, 0, 1, 1));
+    };
+    ctx.report("dropout", std::vector<float>{
+        static_cast<float>(gap(ops::narrow(both, 0, 0, 1), ops::narrow(both, 0, 1, 1))),
+        static_cast<float>(gap(train, eval)),
+        static_cast<float>(masks(&model.sharded_generator())),
+        static_cast<float>(masks(nullptr))});
+  });
+  INFO(describe(results));
+  for (const RankResult& r : results) {
+    REQUIRE(r.ok());
+    const std::vector<float> d = r.floats("dropout");
+    REQUIRE(d[0] == 0.0f);  // replicated: bit-identical across the ranks
+    REQUIRE(d[1] > 0.1f);   // and dropout did act
+    REQUIRE(d[2] > 0.0f);   // sharded regions: the ranks' masks differ
+    REQUIRE(d[3] == 0.0f);  // the default generator: one mask
+  }
+}
+
 TEST_CASE("GPT tensor parallel refuses impossible splits", "[gpt_tp]") {
   parallel::InProcessGroup group({Device::cpu(), Device::cpu(), Device::cpu()});
   const auto& rank0 = group.rank(0);
