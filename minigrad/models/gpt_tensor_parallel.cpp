@@ -239,7 +239,7 @@ Tensor TensorParallelGPT::forward(const Tensor& idx) {
   return linear(whole, parameter("transformer.wte.weight"));  // [B, T, V/n]
 }
 
-Tensor TensorParallelGPT::loss(const Tensor& logits, const Tensor& targets, int64_t divide_by) const {
+Tensor TensorParallelGPT::loss(const Tensor& logits, const Tensor& targets, double divide_by) const {
   return parallel::vocab_parallel_cross_entropy(logits, targets, group_, -1, divide_by);
 }
 

@@ -67,8 +67,10 @@ class TensorParallelGPT : public nn::Cloneable<TensorParallelGPT> {
   // parallelism (this rank's positions).
   Tensor hidden(const Tensor& idx);
   // vocab_parallel_cross_entropy(logits, targets, group, -1, divide_by): the mean over the
-  // targets that are not -1, as GPT::loss, or their sum / divide_by when divide_by > 0.
-  Tensor loss(const Tensor& logits, const Tensor& targets, int64_t divide_by = 0) const;
+  // targets that are not -1, as GPT::loss, or their sum / divide_by when divide_by > 0
+  // (with data parallelism: the whole batch's count of targets, or that count / dp_size
+  // under DistributedDataParallel, which averages).
+  Tensor loss(const Tensor& logits, const Tensor& targets, double divide_by = 0) const;
   // After backward, before any data-parallel reduction: with sequence parallelism sums
   // the replicated parameters' gradients over the group (one coalesced all-reduce).
   // Nothing otherwise.

@@ -27,6 +27,7 @@
 #include <minigrad/models/gpt_tensor_parallel.h>
 #include <minigrad/nn/optim/adam.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
+#include <minigrad/parallel/ddp/distributed_data_parallel.h>
 #include <minigrad/parallel/tensor_parallel/group.h>
 #include <minigrad/parallel/tensor_parallel/in_process_group.h>
 
@@ -83,7 +84,8 @@ std::pair<int64_t, int64_t> rows_of(int64_t B, int dp, int dp_rank) {
 // against the single-device GPT on the whole batch.
 Outcome against_single_device(const GPTConfig& config, int64_t B, int64_t T,
                               const parallel::TensorParallelGroupPtr& tp,
-                              const std::shared_ptr<parallel::ProcessGroup>& dp, bool sp) {
+                              const std::shared_ptr<parallel::ProcessGroup>& dp, bool sp,
+                              bool ddp = false) {
   manual_seed(1234);
   GPT gpt(config);
   const Batch batch = make_batch(config, B, T);
@@ -94,6 +96,11 @@ Outcome against_single_device(const GPTConfig& config, int64_t B, int64_t T,
   const auto [start, rows] = rows_of(B, dp ? dp->size() : 1, dp ? dp->rank() : 0);
   const Tensor x = ops::contiguous(batch.x.narrow(0, start, rows));
   const Tensor y = ops::contiguous(batch.y.narrow(0, start, rows));
+  // With DistributedDataParallel (which averages the gradients over dp) each rank divides
+  // by the batch's count of targets / dp; with a plain all-reduce (a sum) by the count.
+  std::shared_ptr<parallel::DistributedDataParallel> wrapped;
+  if (ddp) wrapped = std::make_shared<parallel::DistributedDataParallel>(model, dp);
+  const double divide_by = static_cast<double>(batch.targets) / (ddp ? dp->size() : 1);
 
   optim::AdamW ref_opt(ref->parameters(), optim::AdamWOptions(1e-3));
   optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
@@ -103,12 +110,15 @@ Outcome against_single_device(const GPTConfig& config, int64_t B, int64_t T,
     const Tensor ref_loss = GPT::loss(ref->forward(batch.x), batch.y);
     ref_loss.backward();
     opt.zero_grad();
-    Tensor loss = model->loss(model->forward(x), y, batch.targets);
-    loss.backward();
+    Tensor loss = model->loss(wrapped ? wrapped->forward(x) : model->forward(x), y, divide_by);
+    loss.backward();  // DDP: the dp average of the gradients, in buckets during backward
+    // After DDP's average: the tensor-parallel sum commutes with it.
     model->finish_gradients();
-    if (dp) {  // the data-parallel ranks' losses and gradients are parts of a sum
+    if (dp) {  // the data-parallel ranks' losses are parts of a sum (DDP: of a mean)
       loss = ops::clone(loss.detach());
-      dp->allreduce(loss)->wait();
+      dp->allreduce(loss, ddp ? parallel::ReduceOp::Average : parallel::ReduceOp::Sum)->wait();
+    }
+    if (dp && !ddp) {  // plain data parallelism: the gradients summed
       std::vector<Tensor> grads;
       for (const Tensor& p : model->parameters()) grads.push_back(p.grad());
       dp->allreduce(grads)->wait();
@@ -273,8 +283,8 @@ TEST_CASE("GPT tensor parallel over 3 and 4 Gloo ranks equals the single-device 
   }
 }
 
-TEST_CASE("GPT dp2 x tp2 (uneven batch rows, gradients summed over the dp group) equals the "
-          "single-device GPT", "[gpt_tp]") {
+TEST_CASE("GPT dp2 x tp2 (uneven batch rows, gradients summed over the dp group; and "
+          "DistributedDataParallel) equals the single-device GPT", "[gpt_tp]") {
   auto results = run_ranks(4, [](RankContext& ctx) {
     auto world = ctx.gloo();
     parallel::DeviceMesh mesh(world, {{"dp", 2}, {"tp", 2}});
@@ -282,12 +292,18 @@ TEST_CASE("GPT dp2 x tp2 (uneven batch rows, gradients summed over the dp group)
     // B = 5: dp rank 0 takes 3 rows, dp rank 1 takes 2.
     report(ctx, "dp2tp2", against_single_device(tiny(4, 16), 5, 6, tp, mesh.group("dp"), false));
     report(ctx, "dp2tp2 sp", against_single_device(tiny(4, 16), 5, 6, tp, mesh.group("dp"), true));
+    // DistributedDataParallel over the dp group, with and without SP: its average is the
+    // single-device mean for uneven rows too, with each rank dividing by targets / dp.
+    report(ctx, "dp2tp2 ddp", against_single_device(tiny(4, 16), 5, 6, tp, mesh.group("dp"), false, true));
+    report(ctx, "dp2tp2 ddp sp", against_single_device(tiny(4, 16), 5, 6, tp, mesh.group("dp"), true, true));
   });
   INFO(describe(results));
   for (const RankResult& r : results) {
     REQUIRE(r.ok());
     require_equal(r, "dp2tp2");
     require_equal(r, "dp2tp2 sp");
+    require_equal(r, "dp2tp2 ddp");
+    require_equal(r, "dp2tp2 ddp sp");
   }
 }
 

@@ -69,7 +69,7 @@ namespace mg::parallel {
 
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
                                     const TensorParallelGroupPtr& group, int64_t ignore_index,
-                                    int64_t divide_by) {
+                                    double divide_by) {
   MG_CHECK(group != nullptr, "vocab_parallel_cross_entropy: the tensor-parallel group is null");
   MG_CHECK(logits.defined() && targets.defined() && logits.dim() >= 1 &&
                targets.dtype() == DType::Int64 && targets.dim() == logits.dim() - 1 &&
@@ -140,7 +140,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
                           : reduce_from_parallel(both_local, group);
   const Tensor sum_exp = narrow(both, 0, 0, N), target_logit = narrow(both, 0, N, N);
   const Tensor per_row = (log(sum_exp) - target_logit) * on_device(counted);
-  return sum(per_row) / static_cast<double>(divide_by > 0 ? divide_by : count);
+  return sum(per_row) / (divide_by > 0 ? divide_by : static_cast<double>(count));
 }
 
 }  // namespace mg::parallel

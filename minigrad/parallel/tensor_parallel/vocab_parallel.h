@@ -68,10 +68,11 @@ namespace mg::parallel {
 // logits: this rank's slice [..., V/n] of the logits (rank r: vocabulary r*V/n ..);
 // targets: int64 [...] (the logits' leading shape), in [0, V) or ignore_index. Returns the
 // mean over the non-ignored targets (a 0-dim tensor, the same on every rank), or, with
-// divide_by > 0, their sum divided by divide_by (data parallelism with uneven batches:
-// divide by the whole batch's count of targets and sum the gradients).
+// divide_by > 0, their sum divided by divide_by (data parallelism: divide by the whole
+// batch's count of targets and sum the gradients over the dp ranks, which is right for
+// uneven batches too; or by that count / dp and let DistributedDataParallel average).
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
                                     const TensorParallelGroupPtr& group,
-                                    int64_t ignore_index = -1, int64_t divide_by = 0);
+                                    int64_t ignore_index = -1, double divide_by = 0);
 
 }  // namespace mg::parallel
