@@ -28,6 +28,7 @@
 #include <minigrad/data/text_dataset.h>
 #include <minigrad/data/token_file.h>
 #include <minigrad/models/gpt.h>
+#include <minigrad/models/gpt_tensor_parallel.h>
 #include <minigrad/nn/fusion.h>
 #include <minigrad/nn/init.h>
 #include <minigrad/nn/layers.h>
@@ -69,4 +70,6 @@
 #include <minigrad/parallel/tensor_parallel/group.h>
 #include <minigrad/parallel/tensor_parallel/in_process_group.h>
 #include <minigrad/parallel/tensor_parallel/layers.h>
+#include <minigrad/parallel/tensor_parallel/sequence_parallel.h>
 #include <minigrad/parallel/tensor_parallel/tensor_parallel.h>
+#include <minigrad/parallel/tensor_parallel/vocab_parallel.h>

@@ -19,6 +19,8 @@ std::string_view fault_name(Fault fault) {
     case Fault::PipelineLossesSummed: return "pipeline: micro-batch losses summed, not averaged";
     case Fault::RowParallelBiasPerRank: return "tensor parallel: the row-parallel bias added once per rank";
     case Fault::SamplerRankLikeNeighbour: return "DistributedSampler: a rank takes its neighbour's shard";
+    case Fault::VocabParallelLossNotReduced: return "vocab-parallel cross-entropy: the sum of exponentials not all-reduced";
+    case Fault::SequenceParallelGradsNotReduced: return "sequence parallel: replicated parameters' gradients not all-reduced";
   }
   return "unknown";
 }

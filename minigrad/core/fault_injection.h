@@ -42,9 +42,19 @@ enum class Fault {
   // no form seeds a random generator per rank yet, and this is the closest real case of
   // a per-rank choice that must differ (DistributedSampler::indices).
   SamplerRankLikeNeighbour,
+  // The GPT's tensor parallelism (tests/distributed/test_gpt_tensor_parallel.cpp catches
+  // these two; they are not parity rows, so kAllFaults leaves them out):
+  // vocab_parallel_cross_entropy skips the all-reduce of the sum of exponentials and the
+  // target logit, so each rank normalises over its own slice of the vocabulary.
+  VocabParallelLossNotReduced,
+  // Sequence parallelism: the gradients of the replicated parameters (LayerNorms, wpe,
+  // row layers' biases) are not all-reduced over the tensor-parallel group, so each rank
+  // keeps the part from its own positions (TensorParallelGPT::finish_gradients).
+  SequenceParallelGradsNotReduced,
 };
 
-// Every fault but None, in declaration order.
+// Every fault the parity table catches, in declaration order (all but None and the two
+// GPT tensor-parallel faults above).
 inline constexpr Fault kAllFaults[] = {
     Fault::DataParallelGradsAveraged, Fault::DdpLastBucketNotReduced,
     Fault::ZeroAllGatherSkipped,      Fault::ShardPaddingInArithmetic,

@@ -32,9 +32,32 @@ Tensor TensorParallelGroup::all_gather(const Tensor& tensor) {
   return all_gather_impl(tensor);
 }
 
+Tensor TensorParallelGroup::reduce_scatter(const Tensor& tensor) {
+  check("reduce_scatter", tensor);
+  MG_CHECK(tensor.dim() >= 1 && tensor.size(0) % size() == 0,
+           "tensor-parallel reduce_scatter ({}): dimension 0 of shape {} does not divide into {} "
+           "equal parts", describe(), tensor.shape(), size());
+  reduce_scatters_ += 1;
+  reduce_scatter_bytes_ += static_cast<int64_t>(tensor.nbytes());
+  profiler::Span span(tensor.device(), "tp reduce_scatter");
+  span.category("comm").arg("bytes", tensor.nbytes());
+  return reduce_scatter_impl(tensor);
+}
+
+Tensor TensorParallelGroup::reduce_scatter_impl(const Tensor& tensor) {
+  const int64_t part = tensor.size(0) / size();
+  return ops::contiguous(ops::narrow(all_reduce_impl(tensor), 0, rank() * part, part));
+}
+
 TensorParallelStats TensorParallelGroup::stats() const {
-  return {all_reduces_.load(), all_gathers_.load(), all_reduce_bytes_.load(),
-          all_gather_bytes_.load()};
+  TensorParallelStats s;
+  s.all_reduces = all_reduces_.load();
+  s.all_gathers = all_gathers_.load();
+  s.all_reduce_bytes = all_reduce_bytes_.load();
+  s.all_gather_bytes = all_gather_bytes_.load();
+  s.reduce_scatters = reduce_scatters_.load();
+  s.reduce_scatter_bytes = reduce_scatter_bytes_.load();
+  return s;
 }
 
 void TensorParallelGroup::reset_stats() {
@@ -42,6 +65,8 @@ void TensorParallelGroup::reset_stats() {
   all_gathers_ = 0;
   all_reduce_bytes_ = 0;
   all_gather_bytes_ = 0;
+  reduce_scatters_ = 0;
+  reduce_scatter_bytes_ = 0;
 }
 
 int64_t shard_size(int64_t size, int parts, const char* what) {
@@ -80,6 +105,14 @@ class ProcessGroupTensorParallel final : public TensorParallelGroup {
     for (int64_t s : tensor.shape().sizes()) sizes.push_back(s);
     Tensor out = empty(Shape(sizes), tensor.dtype(), device());
     group_->all_gather(out, ops::contiguous(tensor))->wait();
+    return out;
+  }
+
+  Tensor reduce_scatter_impl(const Tensor& tensor) override {
+    std::vector<int64_t> sizes = tensor.shape().sizes();
+    sizes[0] /= size();
+    Tensor out = empty(Shape(sizes), tensor.dtype(), device());
+    group_->reduce_scatter(out, ops::contiguous(tensor))->wait();
     return out;
   }
 

@@ -1,8 +1,8 @@
 // TensorParallelGroup: the ranks that share one layer's weights, as one rank sees them.
 //
 // Megatron's column and row parallel layers talk to the other shards through exactly two
-// collectives, a sum all-reduce and an all-gather. This interface is those two and
-// nothing else, so the same layer code (layers.h, functions.h) runs over either kind of
+// collectives, a sum all-reduce and an all-gather, and sequence parallelism adds a third,
+// the reduce-scatter. This interface is those three and nothing else, so the same layer code (layers.h, functions.h) runs over either kind of
 // group:
 //   - across processes: tensor_parallel_group(process_group) below; each process is one
 //     rank (Gloo on the CPU, NCCL on its GPU), as in Megatron and picotron;
@@ -33,6 +33,8 @@ struct TensorParallelStats {
   int64_t all_gathers = 0;
   int64_t all_reduce_bytes = 0;  // this rank's input bytes, summed over its all-reduces
   int64_t all_gather_bytes = 0;  // this rank's input bytes, summed over its all-gathers
+  int64_t reduce_scatters = 0;    // sequence parallelism's (sequence_parallel.h)
+  int64_t reduce_scatter_bytes = 0;  // this rank's input bytes, summed over its reduce-scatters
 };
 
 class TensorParallelGroup {
@@ -55,6 +57,11 @@ class TensorParallelGroup {
   // Every rank's `tensor` (same shape on every rank), stacked: shape [size(), shape...],
   // entry s being rank s's tensor.
   Tensor all_gather(const Tensor& tensor);
+  // The sum over the ranks of `tensor` (same shape on every rank, size(0) divisible by
+  // size()), of which this rank keeps part rank() along dimension 0: shape
+  // [size(0) / size(), ...]. Sequence parallelism's replacement for all_reduce: the same
+  // sum for 1/size() of the bytes received.
+  Tensor reduce_scatter(const Tensor& tensor);
 
   TensorParallelStats stats() const;
   void reset_stats();
@@ -62,12 +69,16 @@ class TensorParallelGroup {
  protected:
   virtual Tensor all_reduce_impl(const Tensor& tensor) = 0;
   virtual Tensor all_gather_impl(const Tensor& tensor) = 0;
+  // By default all_reduce_impl, then this rank's part (right, but every rank receives the
+  // whole sum): the in-process group keeps it; process groups override it with the real one.
+  virtual Tensor reduce_scatter_impl(const Tensor& tensor);
 
  private:
   void check(const char* collective, const Tensor& tensor) const;
 
   std::atomic<int64_t> all_reduces_{0}, all_gathers_{0};
   std::atomic<int64_t> all_reduce_bytes_{0}, all_gather_bytes_{0};
+  std::atomic<int64_t> reduce_scatters_{0}, reduce_scatter_bytes_{0};
 };
 
 using TensorParallelGroupPtr = std::shared_ptr<TensorParallelGroup>;

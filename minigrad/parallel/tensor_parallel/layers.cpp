@@ -7,6 +7,7 @@
 #include <minigrad/core/fault_injection.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/parallel/tensor_parallel/functions.h>
+#include <minigrad/parallel/tensor_parallel/sequence_parallel.h>
 
 namespace mg::nn {
 namespace {
@@ -62,8 +63,10 @@ Tensor ColumnParallelLinear::forward(const Tensor& input) {
            "ColumnParallelLinear({}, {}): expected an input of shape [..., {}], got {} ({})",
            in_features_, out_features_, in_features_,
            input.defined() ? input.shape().str() : "undefined", group_->describe());
-  // f: the whole input on every rank; its gradient is the sum of the ranks' parts.
-  const Tensor x = parallel::copy_to_parallel(input, group_);
+  // f: the whole input on every rank; its gradient is the sum of the ranks' parts. With
+  // sequence parallelism the whole input is first gathered from the ranks' positions.
+  const Tensor x = sequence_parallel_ ? parallel::gather_from_sequence_parallel(input, group_)
+                                      : parallel::copy_to_parallel(input, group_);
   const Tensor y = linear(x, weight(), has_bias_ ? bias() : Tensor());  // [.., out/n]
   return gather_output_ ? parallel::gather_from_parallel(y, group_) : y;
 }
@@ -112,8 +115,18 @@ Tensor RowParallelLinear::forward(const Tensor& input) {
   // parity fault: the bias added before the all-reduce, so once per rank.
   if (has_bias_ && testing::fault_is_on(testing::Fault::RowParallelBiasPerRank))
     return parallel::reduce_from_parallel(linear(x, weight(), bias()), group_);
-  const Tensor y = parallel::reduce_from_parallel(linear(x, weight()), group_);
+  const Tensor partial = linear(x, weight());
+  const Tensor y = sequence_parallel_
+                       ? parallel::reduce_scatter_to_sequence_parallel(partial, group_)
+                       : parallel::reduce_from_parallel(partial, group_);
   return has_bias_ ? y + bias() : y;
+}
+
+void RowParallelLinear::set_sequence_parallel(bool on) {
+  MG_CHECK(!on || input_is_parallel_,
+           "RowParallelLinear({}, {}): sequence parallelism needs input_is_parallel (the input "
+           "is the column layer's slice of the features)", in_features_, out_features_);
+  sequence_parallel_ = on;
 }
 
 std::string RowParallelLinear::extra_repr() const {

@@ -56,11 +56,17 @@ class ColumnParallelLinear : public Cloneable<ColumnParallelLinear> {
   int64_t out_features_per_rank() const { return out_features_ / group_->size(); }
   bool gather_output() const { return gather_output_; }
   const parallel::TensorParallelGroupPtr& group() const { return group_; }
+  // Sequence parallelism (sequence_parallel.h): the input is this rank's positions
+  // [B, T/n, in], all-gathered along T before the product in place of copy_to_parallel.
+  // Off by default.
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
+  bool sequence_parallel() const { return sequence_parallel_; }
 
  private:
   int64_t in_features_, out_features_;
   bool has_bias_, gather_output_;
   parallel::TensorParallelGroupPtr group_;
+  bool sequence_parallel_ = false;
 };
 
 class RowParallelLinear : public Cloneable<RowParallelLinear> {
@@ -86,11 +92,18 @@ class RowParallelLinear : public Cloneable<RowParallelLinear> {
   int64_t in_features_per_rank() const { return in_features_ / group_->size(); }
   bool input_is_parallel() const { return input_is_parallel_; }
   const parallel::TensorParallelGroupPtr& group() const { return group_; }
+  // Sequence parallelism (sequence_parallel.h): the partial sums [B, T, out] are
+  // reduce-scattered along T in place of the all-reduce, so the output is this rank's
+  // positions [B, T/n, out] (the bias added to them). Needs input_is_parallel. Off by
+  // default.
+  void set_sequence_parallel(bool on);
+  bool sequence_parallel() const { return sequence_parallel_; }
 
  private:
   int64_t in_features_, out_features_;
   bool has_bias_, input_is_parallel_;
   parallel::TensorParallelGroupPtr group_;
+  bool sequence_parallel_ = false;
 };
 
 }  // namespace mg::nn

@@ -1,0 +1,273 @@
+// TensorParallelGPT (gpt_tensor_parallel.h): the GPT's blocks rebuilt from the generic
+// tensor-parallel layers, and the map from each single-device parameter to its shard.
+#include <minigrad/models/gpt_tensor_parallel.h>
+
+#include <minigrad/autograd/functions.h>
+#include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/fault_injection.h>
+#include <minigrad/core/ops.h>
+#include <minigrad/parallel/tensor_parallel/functions.h>
+#include <minigrad/parallel/tensor_parallel/layers.h>
+#include <minigrad/parallel/tensor_parallel/sequence_parallel.h>
+#include <minigrad/parallel/tensor_parallel/vocab_parallel.h>
+
+namespace mg::models {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// What every sharded module needs to know.
+struct Context {
+  parallel::TensorParallelGroupPtr group;
+  GPTConfig config;
+  bool sequence_parallel = false;
+  std::shared_ptr<Generator> sharded_generator;
+  // Dropout outside attention: on sequence shards with sequence parallelism (each rank its
+  // own positions, its own mask), else on a replicated activation (one mask: the default
+  // generator, which every rank advances alike).
+  Generator* residual_generator() const {
+    return sequence_parallel ? sharded_generator.get() : nullptr;
+  }
+};
+
+const nn::Linear& linear_of(const nn::Module& parent, const std::string& name) {
+  return static_cast<const nn::Linear&>(*parent.child(name));
+}
+
+std::shared_ptr<nn::ColumnParallelLinear> column(const nn::Module& parent, const std::string& name,
+                                                 const Context& ctx) {
+  auto layer = std::make_shared<nn::ColumnParallelLinear>(linear_of(parent, name), ctx.group);
+  layer->set_sequence_parallel(ctx.sequence_parallel);
+  return layer;
+}
+
+std::shared_ptr<nn::RowParallelLinear> row(const nn::Module& parent, const std::string& name,
+                                           const Context& ctx) {
+  auto layer = std::make_shared<nn::RowParallelLinear>(linear_of(parent, name), ctx.group,
+                                                       /*input_is_parallel=*/true);
+  layer->set_sequence_parallel(ctx.sequence_parallel);
+  return layer;
+}
+
+// Causal self-attention on this rank's n_head/n heads.
+class ParallelAttention : public nn::Cloneable<ParallelAttention> {
+ public:
+  ParallelAttention(const nn::Module& attn, Context ctx)
+      : nn::Cloneable<ParallelAttention>("ParallelAttention"), ctx_(std::move(ctx)) {
+    // c_attn's contiguous shard is replaced by q, k and v rows of this rank's heads once
+    // the whole model is built (TensorParallelGPT's constructor, shard_of).
+    register_module("c_attn", column(attn, "c_attn", ctx_));
+    register_module("c_proj", row(attn, "c_proj", ctx_));
+  }
+
+  Tensor forward(const Tensor& x) override {
+    const int64_t heads = ctx_.config.n_head / ctx_.group->size();
+    const int64_t hs = ctx_.config.n_embd / ctx_.config.n_head, width = heads * hs;
+    const Tensor qkv = child("c_attn")->forward(x);  // [B, T, 3 * width]: q, k, v of my heads
+    const int64_t B = qkv.size(0), T = qkv.size(1);
+    const std::vector<Tensor> parts = split(qkv, width, 2);
+    const auto split_heads = [&](const Tensor& t) {
+      return transpose(reshape(t, {B, T, heads, hs}), 1, 2);
+    };
+    // Per head, so a sharded region: each rank draws its own attention-dropout mask.
+    const Tensor y = scaled_dot_product_attention(
+        split_heads(parts[0]), split_heads(parts[1]), split_heads(parts[2]), /*is_causal=*/true,
+        is_training() ? ctx_.config.dropout : 0.0, ctx_.sharded_generator.get());
+    const Tensor merged = reshape(contiguous(transpose(y, 1, 2)), {B, T, width});
+    return dropout(child("c_proj")->forward(merged), ctx_.config.dropout, is_training(),
+                   ctx_.residual_generator());
+  }
+
+ private:
+  Context ctx_;
+};
+
+class ParallelMLP : public nn::Cloneable<ParallelMLP> {
+ public:
+  ParallelMLP(const nn::Module& mlp, Context ctx)
+      : nn::Cloneable<ParallelMLP>("ParallelMLP"), ctx_(std::move(ctx)) {
+    register_module("c_fc", column(mlp, "c_fc", ctx_));
+    register_module("c_proj", row(mlp, "c_proj", ctx_));
+  }
+
+  Tensor forward(const Tensor& x) override {
+    const Tensor h = gelu(child("c_fc")->forward(x));  // [B, T, 4C/n]: GELU acts on the slice
+    return dropout(child("c_proj")->forward(h), ctx_.config.dropout, is_training(),
+                   ctx_.residual_generator());
+  }
+
+ private:
+  Context ctx_;
+};
+
+class ParallelBlock : public nn::Cloneable<ParallelBlock> {
+ public:
+  ParallelBlock(const nn::Module& block, const Context& ctx) : nn::Cloneable<ParallelBlock>("ParallelBlock") {
+    register_module("ln_1", block.child("ln_1")->clone(ctx.group->device()));
+    register_module("attn", std::make_shared<ParallelAttention>(*block.child("attn"), ctx));
+    register_module("ln_2", block.child("ln_2")->clone(ctx.group->device()));
+    register_module("mlp", std::make_shared<ParallelMLP>(*block.child("mlp"), ctx));
+  }
+
+  Tensor forward(const Tensor& x) override {
+    const Tensor x1 = x + child("attn")->forward(child("ln_1")->forward(x));
+    return x1 + child("mlp")->forward(child("ln_2")->forward(x1));
+  }
+};
+
+// nanoGPT's `transformer`, sharded: [B, T] -> ln_f's output.
+class ParallelTransformer : public nn::Cloneable<ParallelTransformer> {
+ public:
+  ParallelTransformer(const nn::Module& transformer, Context ctx)
+      : nn::Cloneable<ParallelTransformer>("ModuleDict"), ctx_(std::move(ctx)) {
+    auto wte = std::make_shared<nn::VocabParallelEmbedding>(
+        static_cast<const nn::Embedding&>(*transformer.child("wte")), ctx_.group);
+    wte->set_sequence_parallel(ctx_.sequence_parallel);
+    register_module("wte", wte);
+    register_module("wpe", transformer.child("wpe")->clone(ctx_.group->device()));
+    auto h = std::make_shared<nn::Sequential>();
+    for (const nn::ModulePtr& block : transformer.child("h")->children())
+      h->push_back(std::make_shared<ParallelBlock>(*block, ctx_));
+    register_module("h", h);
+    register_module("ln_f", transformer.child("ln_f")->clone(ctx_.group->device()));
+  }
+
+  Tensor forward(const Tensor& idx) override {
+    MG_CHECK(idx.defined() && idx.dim() == 2 && idx.dtype() == DType::Int64,
+             "TensorParallelGPT: expected token indices int64 [B, T], got {}",
+             idx.defined() ? idx.shape().str() : "undefined");
+    const int64_t T = idx.size(1), n = ctx_.group->size();
+    MG_CHECK(T <= ctx_.config.block_size,
+             "TensorParallelGPT: cannot forward a sequence of length {}, block_size is only {}", T,
+             ctx_.config.block_size);
+    MG_CHECK(!ctx_.sequence_parallel || T % n == 0,
+             "TensorParallelGPT: with sequence parallelism the sequence length T = {} must divide "
+             "over the {} tensor-parallel ranks (each holds T/{} positions)", T, n, n);
+    const Tensor tok = child("wte")->forward(idx);  // [B, T, C], or [B, T/n, C]
+    Tensor pos = child("wpe")->forward(arange(static_cast<double>(T), DType::Int64, idx.device()));
+    if (ctx_.sequence_parallel) pos = narrow(pos, 0, ctx_.group->rank() * (T / n), T / n);
+    Tensor x = dropout(tok + pos, ctx_.config.dropout, is_training(), ctx_.residual_generator());
+    x = child("h")->forward(x);
+    return child("ln_f")->forward(x);
+  }
+
+ private:
+  Context ctx_;
+};
+
+int64_t checked_divide(int64_t size, int parts, const char* what, const GPTConfig& config) {
+  MG_CHECK(size % parts == 0,
+           "parallelize_gpt: {} = {} is not divisible by the tensor-parallel size {} ({}); "
+           "minigrad refuses uneven shards rather than padding them",
+           what, size, parts, config.str());
+  return size / parts;
+}
+
+}  // namespace
+
+TensorParallelGPT::TensorParallelGPT(const GPT& gpt, parallel::TensorParallelGroupPtr group,
+                                     TensorParallelGPTOptions options)
+    : nn::Cloneable<TensorParallelGPT>("TensorParallelGPT"),
+      config_(gpt.config()),
+      group_(std::move(group)),
+      options_(options) {
+  MG_CHECK(group_ != nullptr, "parallelize_gpt: the tensor-parallel group is null");
+  const int n = group_->size();
+  checked_divide(config_.n_head, n, "n_head (attention is split by heads)", config_);
+  checked_divide(config_.vocab_size, n,
+                 "vocab_size (the embedding and the logits are split by vocabulary; choose a "
+                 "multiple, as nanoGPT pads 50257 to 50304)", config_);
+  checked_divide(4 * config_.n_embd, n, "4 * n_embd (the MLP's hidden width)", config_);
+  sharded_generator_ = std::make_shared<Generator>(options_.seed + 2718 + static_cast<uint64_t>(group_->rank()));
+  Context ctx{group_, config_, options_.sequence_parallel, sharded_generator_};
+  register_module("transformer", std::make_shared<ParallelTransformer>(*gpt.child("transformer"), ctx));
+  // Every parameter becomes exactly this rank's part of the GPT's (c_attn's rows are not
+  // the contiguous slice the column layer took).
+  NoGradGuard no_grad;
+  for (auto& [name, p] : named_parameters()) {
+    const Tensor shard = shard_of(name, gpt.parameter(name));
+    MG_CHECK(shard.shape() == p.shape(), "parallelize_gpt: {} is {} here but its shard is {}", name,
+             p.shape(), shard.shape());
+    ops::copy_(p, shard);
+  }
+  train(gpt.is_training());
+}
+
+Tensor TensorParallelGPT::shard_of(const std::string& name, const Tensor& full) const {
+  NoGradGuard no_grad;
+  const int n = group_->size(), r = group_->rank();
+  const auto rows = [&](const Tensor& t, int64_t count) {
+    return ops::narrow(t, 0, r * (count / n), count / n);
+  };
+  Tensor out;
+  if (name == "transformer.wte.weight") {
+    out = rows(full, full.size(0));
+  } else if (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias")) {
+    // [q; k; v] stacked, each C rows: the rows of this rank's heads in each.
+    const int64_t C = full.size(0) / 3;
+    out = cat({rows(ops::narrow(full, 0, 0, C), C), rows(ops::narrow(full, 0, C, C), C),
+                    rows(ops::narrow(full, 0, 2 * C, C), C)},
+                   0);
+  } else if (ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_fc.bias")) {
+    out = rows(full, full.size(0));
+  } else if (ends_with(name, "c_proj.weight")) {
+    const int64_t in = full.size(1);
+    out = ops::narrow(full, 1, r * (in / n), in / n);
+  } else {
+    MG_CHECK(is_replicated(name), "TensorParallelGPT::shard_of: no parameter named '{}'", name);
+    out = full;
+  }
+  out = ops::clone(out);
+  return out.device() == group_->device() ? out : ops::copy_to(out, group_->device());
+}
+
+bool TensorParallelGPT::is_replicated(const std::string& name) {
+  return name == "transformer.wpe.weight" || name.find(".ln_") != std::string::npos ||
+         ends_with(name, "c_proj.bias");
+}
+
+Tensor TensorParallelGPT::hidden(const Tensor& idx) { return child("transformer")->forward(idx); }
+
+Tensor TensorParallelGPT::forward(const Tensor& idx) {
+  const Tensor x = hidden(idx);
+  // The head is the sharded embedding: each rank's logits over its vocabulary. Its input
+  // is replicated (f: the backward sums the ranks' parts of dx), or gathered along T.
+  const Tensor whole = options_.sequence_parallel ? parallel::gather_from_sequence_parallel(x, group_)
+                                                  : parallel::copy_to_parallel(x, group_);
+  return linear(whole, parameter("transformer.wte.weight"));  // [B, T, V/n]
+}
+
+Tensor TensorParallelGPT::loss(const Tensor& logits, const Tensor& targets, double divide_by) const {
+  return parallel::vocab_parallel_cross_entropy(logits, targets, group_, -1, divide_by);
+}
+
+void TensorParallelGPT::finish_gradients() {
+  if (!options_.sequence_parallel || group_->size() == 1) return;
+  // parity fault: each rank keeps the gradient of its own positions only.
+  if (testing::fault_is_on(testing::Fault::SequenceParallelGradsNotReduced)) return;
+  NoGradGuard no_grad;
+  std::vector<Tensor> grads, flat;
+  for (const auto& [name, p] : named_parameters()) {
+    if (!is_replicated(name) || !p.grad().defined()) continue;
+    grads.push_back(p.grad());
+    flat.push_back(ops::view(ops::contiguous(p.grad()), Shape{p.numel()}));
+  }
+  if (grads.empty()) return;
+  const Tensor summed = group_->all_reduce(cat(flat, 0));  // one coalesced all-reduce
+  int64_t at = 0;
+  for (Tensor& g : grads) {
+    ops::copy_(g, ops::view(ops::narrow(summed, 0, at, g.numel()), g.shape()));
+    at += g.numel();
+  }
+}
+
+std::shared_ptr<TensorParallelGPT> parallelize_gpt(const GPT& gpt, const parallel::DeviceMesh& mesh,
+                                                   TensorParallelGPTOptions options) {
+  MG_CHECK(mesh.has_dim("tp"), "parallelize_gpt: the mesh {} has no tp dimension", mesh.str());
+  return std::make_shared<TensorParallelGPT>(gpt, parallel::tensor_parallel_group(mesh.group("tp")),
+                                             options);
+}
+
+}  // namespace mg::models

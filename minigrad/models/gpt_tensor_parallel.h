@@ -1,0 +1,102 @@
+// How the GPT (gpt.h) is split over a tensor-parallel group: Megatron-LM's recipe for a
+// transformer, as torchtitan's parallelize_llama says it for Llama. docs/gpt-tensor-parallel.md
+// walks through it: which tensor each rank holds, every collective of a step and its bytes.
+//
+//   wte              VocabParallelEmbedding: rows V/n; also the head, tied: logits_local =
+//                    copy_to_parallel(x) @ wte_shard^T, [B, T, V/n], never gathered
+//   attn.c_attn      ColumnParallelLinear by heads: rank r holds the q, k and v rows of its
+//                    n_head/n heads ([3C/n, C]); attention runs on those heads alone
+//   attn.c_proj      RowParallelLinear: the columns of rank r's heads ([C, C/n]), all-reduced
+//   mlp.c_fc         ColumnParallelLinear ([4C/n, C]), GELU on the slice
+//   mlp.c_proj       RowParallelLinear ([C, 4C/n]), all-reduced
+//   wpe, ln_*, biases of the row layers: whole on every rank (replicated)
+//   loss             vocab_parallel_cross_entropy on the local logits
+//
+// Sequence parallelism (options.sequence_parallel, Megatron's): between the blocks'
+// column and row layers every rank holds positions T/n of the activations instead of all
+// of them; LayerNorm, dropout and the residual adds run on that slice. An all-gather along
+// T enters each column layer and a reduce-scatter along T leaves each row layer in place
+// of the all-reduce; the replicated parameters then see only their positions, so their
+// gradients are all-reduced over the group after backward (finish_gradients()).
+//
+// Dropout: where activations are replicated every rank must draw the same mask (they are
+// one activation), where they are sharded each rank draws its own (Megatron's
+// model-parallel RNG tracker). Replicated regions draw from the default generator, which
+// ranks seeded alike advance alike; sharded regions (attention's probabilities, which are
+// per head; with sequence parallelism also the embedding's and the residual branches'
+// dropout) draw from sharded_generator(), seeded options.seed + 2718 + rank. So the masks
+// cannot equal the single-device GPT's: compare against it with dropout 0.
+//
+// A trainer's step, for one rank of a dp x tp DeviceMesh:
+//   auto model = models::parallelize_gpt(gpt, mesh, {});      // gpt: built with the seed
+//   Tensor logits = model->forward(x_rows);                   // [b, T, V/tp]
+//   Tensor loss = model->loss(logits, y_rows, n_targets);     // n_targets: the dp batch's
+//   loss.backward();
+//   model->finish_gradients();                                // sequence parallel: tp sums
+//   ... all-reduce (sum) every gradient over mesh.group("dp"), optimizer.step()
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <minigrad/core/generator.h>
+#include <minigrad/models/gpt.h>
+#include <minigrad/parallel/c10d/device_mesh.h>
+#include <minigrad/parallel/tensor_parallel/group.h>
+
+namespace mg::models {
+
+struct TensorParallelGPTOptions {
+  bool sequence_parallel = false;
+  // The sharded regions' dropout generator of rank r is seeded seed + 2718 + r.
+  uint64_t seed = 1337;
+};
+
+class TensorParallelGPT : public nn::Cloneable<TensorParallelGPT> {
+ public:
+  // Rank group->rank()'s shards of `gpt` (copied onto group->device(); `gpt` is left as it
+  // is). mg::Error when n_head, the vocabulary or 4 * n_embd does not divide by the size.
+  TensorParallelGPT(const GPT& gpt, parallel::TensorParallelGroupPtr group,
+                    TensorParallelGPTOptions options = {});
+
+  // idx [B, T] int64 (the whole batch's tokens on every rank of the group) -> this rank's
+  // slice of the logits [B, T, V/n], vocabulary rank*V/n ... With sequence parallelism T
+  // must divide by n.
+  Tensor forward(const Tensor& idx) override;
+  // ln_f's output: [B, T, C], the same on every rank; [B, T/n, C] with sequence
+  // parallelism (this rank's positions).
+  Tensor hidden(const Tensor& idx);
+  // vocab_parallel_cross_entropy(logits, targets, group, -1, divide_by): the mean over the
+  // targets that are not -1, as GPT::loss, or their sum / divide_by when divide_by > 0
+  // (with data parallelism: the whole batch's count of targets, or that count / dp_size
+  // under DistributedDataParallel, which averages).
+  Tensor loss(const Tensor& logits, const Tensor& targets, double divide_by = 0) const;
+  // After backward, before any data-parallel reduction: with sequence parallelism sums
+  // the replicated parameters' gradients over the group (one coalesced all-reduce).
+  // Nothing otherwise.
+  void finish_gradients();
+
+  // The part of the single-device GPT's tensor `full` (named as in GPT::named_parameters)
+  // that this rank holds under the same name: rows, columns, or q/k/v rows of its heads.
+  Tensor shard_of(const std::string& name, const Tensor& full) const;
+  // True for parameters every rank holds whole (wpe, LayerNorms, the row layers' biases).
+  static bool is_replicated(const std::string& name);
+
+  Generator& sharded_generator() { return *sharded_generator_; }
+  const GPTConfig& config() const { return config_; }
+  const parallel::TensorParallelGroupPtr& group() const { return group_; }
+  const TensorParallelGPTOptions& options() const { return options_; }
+
+ private:
+  GPTConfig config_;
+  parallel::TensorParallelGroupPtr group_;
+  TensorParallelGPTOptions options_;
+  std::shared_ptr<Generator> sharded_generator_;
+};
+
+// The trainer's entry: the shards for this rank's place in mesh.group("tp") (the mesh
+// must have a tp dimension; size 1 gives the whole GPT on every rank).
+std::shared_ptr<TensorParallelGPT> parallelize_gpt(const GPT& gpt, const parallel::DeviceMesh& mesh,
+                                                   TensorParallelGPTOptions options = {});
+
+}  // namespace mg::models
