@@ -19,6 +19,8 @@ std::string_view fault_name(Fault fault) {
     case Fault::PipelineLossesSummed: return "pipeline: micro-batch losses summed, not averaged";
     case Fault::RowParallelBiasPerRank: return "tensor parallel: the row-parallel bias added once per rank";
     case Fault::SamplerRankLikeNeighbour: return "DistributedSampler: a rank takes its neighbour's shard";
+    case Fault::RingAttentionFutureBlocksSeen: return "ring attention: off-diagonal causal blocks taken as full";
+    case Fault::ContextParallelGradsNotReduced: return "context parallel: gradients not summed over the cp group";
   }
   return "unknown";
 }

@@ -42,6 +42,15 @@ enum class Fault {
   // no form seeds a random generator per rank yet, and this is the closest real case of
   // a per-rank choice that must differ (DistributedSampler::indices).
   SamplerRankLikeNeighbour,
+  // Context parallelism (caught by tests/distributed/test_ring_attention.cpp and
+  // test_gpt_context_parallel.cpp, not by the parity table, which has no cp row yet; so
+  // neither is in kAllFaults below):
+  // ring attention treats every off-diagonal causal block as full, so queries also see
+  // the keys of later chunks (context_parallel/ring_attention.cpp: block_mask).
+  RingAttentionFutureBlocksSeen,
+  // the GPT's parameter gradients are left each cp rank's own, never summed over the
+  // group (context_parallel/context_parallel_loss.cpp: all_reduce_gradients).
+  ContextParallelGradsNotReduced,
 };
 
 // Every fault but None, in declaration order.
