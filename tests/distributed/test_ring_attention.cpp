@@ -117,6 +117,33 @@ TEST_CASE("ring attention on 3 Gloo ranks equals attention on the whole sequence
   run_for(3);
 }
 
+TEST_CASE("ring attention: with the balanced layout every rank computes the same at every step", "[ring_attention]") {
+  for (int cp : {1, 2, 3, 4, 8}) {
+    int64_t total = 0;
+    for (int rank = 0; rank < cp; ++rank) {
+      const std::vector<RingStepWork> steps = ring_attention_work(rank, cp, true);
+      REQUIRE(steps.size() == static_cast<size_t>(cp));
+      // Step 0: the rank's own block, two diagonals and one full pair; later steps: two
+      // full pairs (one query chunk sees both key chunks, or both query chunks one).
+      REQUIRE(steps[0].full == 1);
+      REQUIRE(steps[0].causal == 2);
+      for (int s = 1; s < cp; ++s) {
+        INFO("cp " << cp << ", rank " << rank << ", step " << s);
+        REQUIRE(steps[static_cast<size_t>(s)].full == 2);
+        REQUIRE(steps[static_cast<size_t>(s)].causal == 0);
+      }
+      for (const RingStepWork& w : steps) total += 2 * w.full + w.causal;
+      for (const RingStepWork& w : ring_attention_work(rank, cp, false)) {
+        REQUIRE(w.full == 4);
+        REQUIRE(w.causal == 0);
+      }
+    }
+    // In half-pair units (a full pair 2, a diagonal 1), what the causal mask leaves of the
+    // (2 cp)^2 pairs: 2 cp (2 cp - 1) / 2 full ones and 2 cp diagonals, (2 cp)^2 in all.
+    REQUIRE(total == (2 * cp) * (2 * cp));
+  }
+}
+
 TEST_CASE("context parallel layout: chunks, positions, and sequences that do not split", "[ring_attention]") {
   REQUIRE(chunks_of_rank(0, 2) == std::vector<int64_t>{0, 3});
   REQUIRE(chunks_of_rank(1, 3) == std::vector<int64_t>{1, 4});

@@ -216,6 +216,22 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   return out;
 }
 
+std::vector<RingStepWork> ring_attention_work(int rank, int cp, bool is_causal) {
+  const std::vector<int64_t> mine = chunks_of_rank(rank, cp);
+  std::vector<RingStepWork> steps(static_cast<size_t>(cp));
+  for (int step = 0; step < cp; ++step) {
+    const std::vector<int64_t> theirs = chunks_of_rank((rank - step + cp) % cp, cp);
+    for (int64_t a : mine) {
+      for (int64_t b : theirs) {
+        const BlockMask mask = block_mask(a, b, is_causal);
+        if (mask == BlockMask::Full) ++steps[static_cast<size_t>(step)].full;
+        if (mask == BlockMask::Causal) ++steps[static_cast<size_t>(step)].causal;
+      }
+    }
+  }
+  return steps;
+}
+
 std::function<Tensor(const Tensor&, const Tensor&, const Tensor&, double)> ring_attention_function(
     std::shared_ptr<ProcessGroup> group, bool is_causal) {
   return [group = std::move(group), is_causal](const Tensor& q, const Tensor& k, const Tensor& v,

@@ -18,6 +18,7 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include <minigrad/core/tensor.h>
 #include <minigrad/parallel/c10d/process_group.h>
@@ -36,6 +37,16 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v,
 // attention does not have (an mg::Error unless it is 0: train with dropout 0 or eval()).
 std::function<Tensor(const Tensor&, const Tensor&, const Tensor&, double)> ring_attention_function(
     std::shared_ptr<ProcessGroup> group, bool is_causal = true);
+
+// The work of rank `rank` at each of the cp ring steps (the same in forward and in
+// backward): how many (query chunk, key chunk) pairs it computes in full and how many on
+// the diagonal (causal, half the work); the empty pairs are skipped. With the balanced
+// layout and a causal mask every rank does 2 full-pair equivalents per step
+// (docs/context-parallel.md); without a mask, 4 full pairs.
+struct RingStepWork {
+  int full = 0, causal = 0;
+};
+std::vector<RingStepWork> ring_attention_work(int rank, int cp, bool is_causal);
 
 // The message tags ring attention uses on the group (forward blocks, backward blocks,
 // backward gradients), kept clear of other users' small tags.
