@@ -1,4 +1,4 @@
-// Ring attention (parallel/context_parallel/) on 2 and 3 Gloo ranks: each rank's
+// Ring attention (parallel/context_parallel/) on 1, 2 and 3 Gloo ranks: each rank's
 // sequence shard attends round the ring, and the output and dq, dk, dv, gathered back in
 // global order, equal scaled_dot_product_attention on the whole sequence (float64, odd
 // head sizes, causal and not). A wrong causal mask across ring steps (every off-diagonal
@@ -109,6 +109,10 @@ void run_for(int cp) {
 
 }  // namespace
 
+TEST_CASE("ring attention on 1 Gloo rank (a ring of one, no messages) equals attention", "[ring_attention]") {
+  run_for(1);
+}
+
 TEST_CASE("ring attention on 2 Gloo ranks equals attention on the whole sequence", "[ring_attention]") {
   run_for(2);
 }
@@ -154,6 +158,12 @@ TEST_CASE("context parallel layout: chunks, positions, and sequences that do not
   REQUIRE(shard_sequence(x, 0, 1).to_vector<int64_t>() == x.to_vector<int64_t>());
   REQUIRE(shard_sequence(arange(12.0).reshape({1, 12}), 0, 3).to_vector<int64_t>() ==
           std::vector<int64_t>{0, 1, 10, 11});
+  const Tensor q = randn({1, 2, 4, 3});
+  REQUIRE_THROWS_WITH(ring_attention_function(nullptr)(q, q, q, 0.1),
+                      MG_CONTAINS("ring_attention: no attention dropout under context "
+                                  "parallelism, got dropout_p 0.1"));
+  REQUIRE_THROWS_WITH(ring_attention(q, q, q, nullptr, true),
+                      MG_CONTAINS("ring_attention: the context-parallel group is null"));
   REQUIRE_THROWS_WITH(shard_sequence(x, 0, 3),
                       MG_CONTAINS(
                           "shard_sequence: a sequence of length 10 does not cut into 2 * cp = 6 "
