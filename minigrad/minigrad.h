@@ -28,6 +28,7 @@
 #include <minigrad/data/text_dataset.h>
 #include <minigrad/data/token_file.h>
 #include <minigrad/models/gpt.h>
+#include <minigrad/models/gpt_context_parallel.h>
 #include <minigrad/models/gpt_tensor_parallel.h>
 #include <minigrad/nn/fusion.h>
 #include <minigrad/nn/init.h>
@@ -50,6 +51,9 @@
 #include <minigrad/parallel/c10d/store/tcp_store.h>
 #include <minigrad/parallel/c10d/store/torch_store_client.h>
 #include <minigrad/parallel/comm.h>
+#include <minigrad/parallel/context_parallel/context_parallel_loss.h>
+#include <minigrad/parallel/context_parallel/ring_attention.h>
+#include <minigrad/parallel/context_parallel/sequence_layout.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/ddp/distributed_data_parallel.h>
 #include <minigrad/parallel/devices/communicator.h>

@@ -21,6 +21,8 @@ std::string_view fault_name(Fault fault) {
     case Fault::SamplerRankLikeNeighbour: return "DistributedSampler: a rank takes its neighbour's shard";
     case Fault::VocabParallelLossNotReduced: return "vocab-parallel cross-entropy: the sum of exponentials not all-reduced";
     case Fault::SequenceParallelGradsNotReduced: return "sequence parallel: replicated parameters' gradients not all-reduced";
+    case Fault::RingAttentionFutureBlocksSeen: return "ring attention: off-diagonal causal blocks taken as full";
+    case Fault::ContextParallelGradsNotReduced: return "context parallel: gradients not summed over the cp group";
   }
   return "unknown";
 }

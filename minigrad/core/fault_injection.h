@@ -51,10 +51,19 @@ enum class Fault {
   // row layers' biases) are not all-reduced over the tensor-parallel group, so each rank
   // keeps the part from its own positions (TensorParallelGPT::finish_gradients).
   SequenceParallelGradsNotReduced,
+  // Context parallelism (caught by tests/distributed/test_ring_attention.cpp and
+  // test_gpt_context_parallel.cpp, not by the parity table, which has no cp row yet; so
+  // neither is in kAllFaults below):
+  // ring attention treats every off-diagonal causal block as full, so queries also see
+  // the keys of later chunks (context_parallel/ring_attention.cpp: block_mask).
+  RingAttentionFutureBlocksSeen,
+  // the GPT's parameter gradients are left each cp rank's own, never summed over the
+  // group (context_parallel/context_parallel_loss.cpp: all_reduce_gradients).
+  ContextParallelGradsNotReduced,
 };
 
-// Every fault the parity table catches, in declaration order (all but None and the two
-// GPT tensor-parallel faults above).
+// Every fault the parity table catches, in declaration order (all but None and the GPT's
+// tensor- and context-parallel faults above).
 inline constexpr Fault kAllFaults[] = {
     Fault::DataParallelGradsAveraged, Fault::DdpLastBucketNotReduced,
     Fault::ZeroAllGatherSkipped,      Fault::ShardPaddingInArithmetic,

@@ -61,9 +61,11 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   // matrix exists only in the composed path; the fused kernel never stores it. The
   // attention dropout acts on that matrix, so it is the op's dropout_p (attn_dropout
   // stands for it, as in nanoGPT's flash path).
-  const Tensor y = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
-                                                /*is_causal=*/true,
-                                                is_training() ? dropout_ : 0.0);
+  const double dropout_p = is_training() ? dropout_ : 0.0;
+  const Tensor y = attention_ ? attention_(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), dropout_p)
+                              : scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]),
+                                                             heads(qkv[2]), /*is_causal=*/true,
+                                                             dropout_p);
   // The heads side by side again: [B, T, C].
   const Tensor merged = reshape(contiguous(transpose(y, 1, 2)), {B, T, C});
   return child("resid_dropout")->forward(child("c_proj")->forward(merged));

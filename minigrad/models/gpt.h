@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,9 +56,17 @@ class CausalSelfAttention : public nn::Cloneable<CausalSelfAttention> {
   explicit CausalSelfAttention(const GPTConfig& config);
   Tensor forward(const Tensor& x) override;
 
+  // How the heads attend: q, k, v [B, nh, T, hs] and the attention dropout -> [B, nh, T, hs].
+  // Unset (the default): scaled_dot_product_attention, causal. Context parallelism sets
+  // ring attention here (models/gpt_context_parallel.h).
+  using AttentionFunction =
+      std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p)>;
+  void set_attention_function(AttentionFunction attention) { attention_ = std::move(attention); }
+
  private:
   int64_t n_head_, n_embd_;
   double dropout_;
+  AttentionFunction attention_;
 };
 
 // The feed-forward part: [B, T, C] -> [B, T, C] through 4C.

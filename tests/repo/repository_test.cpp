@@ -421,14 +421,16 @@ TEST_CASE("repository: the library's includes point down the layers") {
 // parallelism; the store knows nothing but itself; the one-process plumbing (devices/)
 // knows no process group; DDP and sharding do not include each other.
 TEST_CASE("repository: inside parallel/, includes point from the algorithms to the machinery") {
-  const std::vector<std::string> algorithms{"ddp/", "sharded/", "pipeline/", "tensor_parallel/"};
+  const std::vector<std::string> algorithms{"ddp/", "sharded/", "pipeline/", "tensor_parallel/",
+                                            "context_parallel/"};
   // folder -> the folders of parallel/ it may not include
   const std::vector<std::pair<std::string, std::vector<std::string>>> rules{
       {"c10d/store/", {"c10d/process_group", "c10d/rendezvous", "c10d/device_mesh",
                        "c10d/gloo/", "c10d/nccl/", "devices/", "ddp/", "sharded/", "pipeline/",
-                       "tensor_parallel/"}},
+                       "tensor_parallel/", "context_parallel/"}},
       {"c10d/", algorithms},
-      {"devices/", {"c10d/", "ddp/", "sharded/", "pipeline/", "tensor_parallel/"}},
+      {"devices/", {"c10d/", "ddp/", "sharded/", "pipeline/", "tensor_parallel/",
+                    "context_parallel/"}},
       {"ddp/", {"sharded/", "pipeline/", "tensor_parallel/"}},
       {"sharded/", {"ddp/", "pipeline/", "tensor_parallel/"}},
   };
