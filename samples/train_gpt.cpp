@@ -7,6 +7,8 @@
 //   build/bin/train_gpt --save gpt.safetensors; build/bin/train_gpt --resume gpt.safetensors
 //   build/bin/train_gpt --metrics run.csv --plot run.svg --trace t.json
 //   build/bin/train_gpt --devices cpu,cpu                            # DataParallel, 2 replicas
+//   build/bin/minigrad-run --nproc-per-node 4 build/bin/train_gpt --devices cpu --dp 2 --tp 2
+//   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_gpt --devices cpu --cp 2
 //
 // The loop is nanoGPT's train.py: every --eval-interval steps the mean loss of
 // --eval-iters batches of the training and the validation text (eval mode, no gradient);
@@ -22,6 +24,12 @@
 // so tests/models/reference/gpt_reference.py --load loads one into PyTorch's nanoGPT
 // with strict=True; --resume continues bit for bit (the windows of step s are drawn from
 // (--seed, s), the dropout generator's state is saved).
+//
+// --dp/--tp/--cp (under minigrad-run, one process per rank): the GPT split over a mesh of
+// data, tensor and context parallelism; support/gpt_parallel.h holds the split (which rows,
+// shards and positions a rank takes, how the gradients are reduced), and this loop calls it
+// in three places: the loss, the gradients' reduction, the clip. Rank 0 prints the numbers
+// the single-device run prints, writes the files and the sample.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -51,6 +59,8 @@
 #include <minigrad/parallel/data_parallel.h>
 #include "support/command_line.h"
 #include "support/devices.h"
+#include "support/distributed_run.h"
+#include "support/gpt_parallel.h"
 #include "support/progress.h"
 #include "support/run_files.h"
 #include "support/stop_signal.h"
@@ -81,6 +91,10 @@ struct Options {
   double temperature = 0.8;
   int64_t top_k = 0;
   samples::TraceOptions trace;
+  // The split over ranks (--dp, --tp, --cp, --sequence-parallel); distributed when given.
+  samples::GPTSplit split;
+  bool distributed = false;
+  double dist_timeout = 300;
 };
 
 std::optional<int> parse_options(int argc, char** argv, Options& o) {
@@ -115,6 +129,11 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   app.add_option("--temperature", o.temperature, "Sampling temperature")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--top-k", o.top_k, "Sample among the k likeliest characters (0: all)")->check(samples::non_negative_integer())->capture_default_str();
   samples::add_trace_options(app, o.trace, "training step");
+  CLI::Option* dp = app.add_option("--dp", o.split.dp, "Data-parallel ranks (under minigrad-run): the batch's windows cut over them")->check(positive);
+  CLI::Option* tp = app.add_option("--tp", o.split.tp, "Tensor-parallel ranks: every layer split over them (Megatron's)")->check(positive);
+  CLI::Option* cp = app.add_option("--cp", o.split.cp, "Context-parallel ranks: every window's positions split over them (ring attention)")->check(positive);
+  CLI::Option* sp = app.add_flag("--sequence-parallel", o.split.sequence_parallel, "With --tp: the activations between the layers split along the sequence too");
+  app.add_option("--dist-timeout", o.dist_timeout, "Seconds to wait for the other ranks (--dp/--tp/--cp)")->check(CLI::PositiveNumber)->capture_default_str();
   if (const std::optional<int> exit_code = samples::parse_command_line(app, kProgram, argc, argv))
     return exit_code;
   try {
@@ -124,6 +143,14 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     if (warmup->count() == 0) o.warmup = std::min(o.warmup, o.decay_iters);
     MG_CHECK(o.warmup <= o.decay_iters, "--warmup {} is past --decay-iters {}", o.warmup, o.decay_iters);
     o.device_list = samples::parse_devices(o.devices);
+    o.distributed = dp->count() + tp->count() + cp->count() + sp->count() > 0;
+    if (o.distributed) {
+      samples::check_split(o.split, o.batch_size, o.block_size, o.dropout);
+      if (o.split.tp > 1 && (!o.save.empty() || !o.resume.empty()))
+        throw samples::OptionError(fmt::format(
+            "--{} under --tp {}: checkpoints of the sharded model are not written or read yet; "
+            "train without --tp, or with --dp/--cp, to save", o.save.empty() ? "resume" : "save", o.split.tp));
+    }
     samples::check_file_flags(kProgram, {{"--save", o.save}, {"--metrics", o.metrics}, {"--plot", o.plot}},
                               {{"--resume", o.resume}});
   } catch (const Error& e) {
@@ -155,6 +182,8 @@ std::string config_json(const models::GPTConfig& c) {
 
 struct Run {
   Options options;
+  samples::DistributedRun dist;             // --dp/--tp/--cp: this rank of the job
+  std::unique_ptr<samples::SplitGPT> split;  // ... and its part of the GPT; null otherwise
   std::shared_ptr<models::GPT> model;
   nn::ModulePtr forward;  // the model, or a DataParallel over it
   std::unique_ptr<optim::AdamW> optimizer;
@@ -208,15 +237,26 @@ int64_t load_checkpoint(Run& run) {
 std::pair<double, double> estimate_loss(Run& run) {
   NoGradGuard no_grad;
   run.model->eval();
-  double means[2] = {0, 0};
+  const int64_t n = run.options.eval_iters;
   const data::TokenWindows* splits[2] = {run.splits.train.get(), run.splits.val.get()};
+  std::vector<float> losses;  // each batch's mean loss, the train split's then the val split's
   for (int s = 0; s < 2; ++s) {
-    for (int64_t k = 0; k < run.options.eval_iters; ++k) {
+    for (int64_t k = 0; k < n; ++k) {
       const data::Batch b = splits[s]->get_batch(data::random_windows(
           run.options.batch_size, splits[s]->size(), run.options.seed ^ 0x5EEDE7A1u, k)).to(run.device);
-      means[s] += models::GPT::loss(run.forward->forward(b.data), b.target).item<float>();
+      losses.push_back(run.split ? run.split->loss_share(b.data, b.target).item<float>()
+                                 : models::GPT::loss(run.forward->forward(b.data), b.target).item<float>());
     }
-    means[s] /= static_cast<double>(run.options.eval_iters);
+  }
+  if (run.split) {  // the dp ranks' shares of each batch's mean, summed
+    Tensor shares = ops::copy_to(from_vector(losses, Shape{2 * n}), run.device);
+    run.split->sum_over_dp(shares);
+    losses = ops::copy_to(shares, Device::cpu()).to_vector<float>();
+  }
+  double means[2] = {0, 0};
+  for (int s = 0; s < 2; ++s) {
+    for (int64_t k = 0; k < n; ++k) means[s] += losses[static_cast<size_t>(s * n + k)];
+    means[s] /= static_cast<double>(n);
   }
   run.model->train();
   return {means[0], means[1]};
@@ -225,7 +265,9 @@ std::pair<double, double> estimate_loss(Run& run) {
 int train(Options options) {
   Run run;
   run.options = options;
-  const Options& o = run.options;
+  Options& o = run.options;
+  if (o.distributed) run.dist = samples::join_split_run(o.dist_timeout, o.device_list);
+  const bool rank0 = run.dist.rank == 0;
   run.device = o.device_list.front();
   manual_seed(o.seed);
 
@@ -246,26 +288,37 @@ int train(Options options) {
   run.model->to(run.device);
   run.forward = run.model;
   if (o.device_list.size() > 1) run.forward = std::make_shared<parallel::DataParallel>(run.model, o.device_list);
+  if (o.distributed) run.split = std::make_unique<samples::SplitGPT>(run.model, o.split, run.dist, o.seed);
+  const std::vector<Tensor> trained = run.split ? run.split->parameters() : run.model->parameters();
   // nanoGPT's configure_optimizers: weight decay on the matmul and embedding weights only;
   // shakespeare_char's betas (0.9, 0.99), as the batches are small.
   run.optimizer = std::make_unique<optim::AdamW>(optim::weight_decay_groups(
-      run.model->parameters(), optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay)));
+      trained, optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay)));
   const optim::WarmupCosine schedule(o.lr, o.min_lr, o.warmup, o.decay_iters);
 
   int64_t step = 0;
   if (!o.resume.empty()) step = load_checkpoint(run);
-  fmt::print("fortunes: {} characters, a vocabulary of {}; {} to train on, {} to validate ({:.1f} s)\n",
-             n_tokens, vocab, run.splits.train->token_count(), run.splits.val->token_count(),
-             seconds_since(load_start));
-  fmt::print("GPT: {}; {:.2f}M parameters on {}\n", config.str(),
-             static_cast<double>(run.model->num_parameters()) / 1e6, samples::devices_str(o.device_list));
-  fmt::print("AdamW lr {} (warmup {}, cosine to {} at step {}), weight decay {}; {} steps of {} x {} x {} tokens{}\n",
-             o.lr, o.warmup, o.min_lr, o.decay_iters, o.weight_decay, o.iters, o.grad_accum,
-             o.batch_size, o.block_size, step > 0 ? fmt::format(", resumed at step {}", step) : "");
-  std::fflush(stdout);
+  if (rank0) {
+    fmt::print("fortunes: {} characters, a vocabulary of {}; {} to train on, {} to validate ({:.1f} s)\n",
+               n_tokens, vocab, run.splits.train->token_count(), run.splits.val->token_count(),
+               seconds_since(load_start));
+    fmt::print("GPT: {}; {:.2f}M parameters on {}\n", config.str(),
+               static_cast<double>(run.model->num_parameters()) / 1e6, samples::devices_str(o.device_list));
+    fmt::print("AdamW lr {} (warmup {}, cosine to {} at step {}), weight decay {}; {} steps of {} x {} x {} tokens{}\n",
+               o.lr, o.warmup, o.min_lr, o.decay_iters, o.weight_decay, o.iters, o.grad_accum,
+               o.batch_size, o.block_size, step > 0 ? fmt::format(", resumed at step {}", step) : "");
+    if (run.split) {
+      size_t held = 0;
+      for (const Tensor& p : trained) held += static_cast<size_t>(p.numel());
+      fmt::print("split: {} over {} ranks ({}); {} parameters on each rank (of {})\n",
+                 o.split.str(), run.dist.world_size, run.dist.group->backend_name(), held,
+                 run.model->num_parameters());
+    }
+    std::fflush(stdout);
+  }
 
   samples::install_stop_handlers();
-  samples::StepTracer tracer(o.trace);
+  samples::StepTracer tracer(o.trace, run.dist.group);
   const auto run_start = Clock::now();
   const int64_t tokens_per_step = o.grad_accum * o.batch_size * o.block_size;
   auto window_start = Clock::now();
@@ -273,6 +326,7 @@ int train(Options options) {
   double last_loss = 0.0;
   const auto evaluate = [&](int64_t at) {
     const auto [train_loss, val_loss] = estimate_loss(run);
+    if (!rank0) return;
     fmt::print("step {}: train loss {:.4f}, val loss {:.4f}\n", at, train_loss, val_loss);
     std::fflush(stdout);
     run.history.push_back({static_cast<double>(at), train_loss, val_loss});
@@ -283,7 +337,7 @@ int train(Options options) {
     if (!o.save.empty()) save_checkpoint(run, at);
   };
 
-  samples::ProgressBar bar("train", o.iters);
+  samples::ProgressBar bar("train", o.iters, rank0 && samples::stdout_is_terminal());
   for (; step < o.iters; ++step) {
     if (step % o.eval_interval == 0) {
       bar.finish();
@@ -298,16 +352,23 @@ int train(Options options) {
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
       const data::Batch b = run.splits.train->get_batch(data::random_windows(
           o.batch_size, run.splits.train->size(), o.seed, step * o.grad_accum + micro)).to(run.device);
-      Tensor loss = models::GPT::loss(run.forward->forward(b.data), b.target);
+      Tensor loss = run.split ? run.split->loss_share(b.data, b.target)
+                              : models::GPT::loss(run.forward->forward(b.data), b.target);
       Tensor scaled = loss * (1.0 / static_cast<double>(o.grad_accum));
       scaled.backward();
       step_loss = micro == 0 ? scaled.detach() : step_loss + scaled.detach();
     }
-    if (o.grad_clip > 0) nn::utils::clip_grad_norm_(run.model->parameters(), o.grad_clip);
+    if (run.split) run.split->reduce_gradients(step_loss);  // now the whole batch's
+    if (o.grad_clip > 0) {
+      if (run.split) run.split->clip_grad_norm_(o.grad_clip);
+      else nn::utils::clip_grad_norm_(run.model->parameters(), o.grad_clip);
+    }
     run.optimizer->step();
     tracer.end_step();
     ++window_steps;
-    if (bar.due(step + 1) || step + 1 == o.iters) {
+    // Every rank checks every step under the split (they hold the same loss and must
+    // agree to stop); alone, only when the bar shows it (a device sync).
+    if (bar.due(step + 1) || step + 1 == o.iters || run.split) {
       last_loss = step_loss.item<float>();
       MG_CHECK(std::isfinite(last_loss), "the loss is {} at step {}", last_loss, step + 1);
       const double tokens_per_s = static_cast<double>(window_steps * tokens_per_step) / seconds_since(window_start);
@@ -316,10 +377,10 @@ int train(Options options) {
       window_start = Clock::now();
       window_steps = 0;
     }
-    if (const int signo = samples::agreed_stop_signal({}, run.device)) {
+    if (const int signo = samples::agreed_stop_signal(run.dist, run.device)) {
       bar.finish();
-      if (!o.save.empty()) save_checkpoint(run, step + 1);
-      fmt::print("stopped by {} after step {}{}\n", samples::signal_name(signo), step + 1,
+      if (!o.save.empty() && rank0) save_checkpoint(run, step + 1);
+      if (rank0) fmt::print("stopped by {} after step {}{}\n", samples::signal_name(signo), step + 1,
                  o.save.empty() ? "" : fmt::format("; --resume {} continues", o.save));
       return 128 + signo;
     }
@@ -328,10 +389,11 @@ int train(Options options) {
   tracer.finish();
   evaluate(o.iters);
   const double seconds = seconds_since(run_start);
-  fmt::print("trained {} steps in {:.1f} s: {:.0f} tokens/s\n", o.iters, seconds,
+  if (rank0) fmt::print("trained {} steps in {:.1f} s: {:.0f} tokens/s\n", o.iters, seconds,
              static_cast<double>(o.iters * tokens_per_step) / seconds);
 
-  if (o.sample_chars > 0) {
+  if (run.split && o.sample_chars > 0) run.split->gather_whole_model();  // every rank
+  if (o.sample_chars > 0 && rank0) {
     run.model->eval();
     Generator sampler(o.seed);
     // The sample starts after a newline, where a fortune starts (token 0 if the corpus

@@ -1,0 +1,199 @@
+#include "gpt_parallel.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include <minigrad/autograd/functions.h>
+#include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/generator.h>
+#include <minigrad/core/ops.h>
+#include <minigrad/models/gpt_context_parallel.h>
+#include <minigrad/nn/utils/clip_grad.h>
+#include <minigrad/parallel/c10d/rendezvous.h>
+#include <minigrad/parallel/context_parallel/context_parallel_loss.h>
+#include <minigrad/parallel/context_parallel/ring_attention.h>
+#include <minigrad/parallel/context_parallel/sequence_layout.h>
+#include <minigrad/parallel/tensor_parallel/group.h>
+
+#include "command_line.h"
+
+namespace mg::samples {
+
+namespace cp = parallel::context_parallel;
+
+std::string GPTSplit::str() const {
+  return fmt::format("dp {} x tp {} x cp {}{}", dp, tp, cp, sequence_parallel ? ", sequence parallel" : "");
+}
+
+void check_split(const GPTSplit& s, int64_t batch_size, int64_t block_size, double dropout) {
+  const char* env = std::getenv("WORLD_SIZE");
+  const int world = env != nullptr ? std::atoi(env) : 1;
+  if (s.ranks() != world)
+    throw OptionError(fmt::format(
+        "--dp {} x --tp {} x --cp {} = {} ranks, but the job has {} (WORLD_SIZE{}); start {} "
+        "processes, e.g. minigrad-run --nproc-per-node {} train_gpt ...",
+        s.dp, s.tp, s.cp, s.ranks(), world, env != nullptr ? "" : " unset: not under minigrad-run",
+        s.ranks(), s.ranks()));
+  if (s.tp > 1 && s.cp > 1)
+    throw OptionError(fmt::format(
+        "--tp {} with --cp {}: tensor and context parallelism together are not supported yet "
+        "(the tensor-parallel GPT has no ring-attention hook); use one of them with --dp",
+        s.tp, s.cp));
+  if (s.sequence_parallel && s.tp == 1)
+    throw OptionError("--sequence-parallel splits the tensor-parallel layers' activations: it needs --tp 2 or more");
+  if (batch_size < s.dp)
+    throw OptionError(fmt::format("--batch-size {} cannot be cut over --dp {}: each data-parallel "
+                                  "rank needs a window at least", batch_size, s.dp));
+  if (s.sequence_parallel && block_size % s.tp != 0)
+    throw OptionError(fmt::format("--sequence-parallel: --block-size {} must divide by --tp {} "
+                                  "(each rank holds block_size / tp positions)", block_size, s.tp));
+  if (s.cp > 1 && block_size % (2 * s.cp) != 0)
+    throw OptionError(fmt::format("--cp {}: --block-size {} must divide into 2 x cp = {} chunks "
+                                  "(ring attention's balanced layout)", s.cp, block_size, 2 * s.cp));
+  if (s.cp > 1 && dropout != 0.0)
+    throw OptionError(fmt::format("--cp {}: ring attention has no dropout; train with --dropout 0 "
+                                  "(not {})", s.cp, dropout));
+}
+
+DistributedRun join_split_run(double timeout_seconds, std::vector<Device>& devices) {
+  const parallel::DistributedEnv env = parallel::DistributedEnv::from_environment();
+  const Device device = devices[static_cast<size_t>(env.local_rank) % devices.size()];
+  devices = {device};
+  parallel::ProcessGroupOptions options;
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
+  options.device_index = device.is_cuda() ? device.index() : -1;
+  DistributedRun run;
+  run.group = parallel::init_process_group(device.is_cuda() ? "nccl" : "gloo", options);
+  run.rank = run.group->rank();
+  run.world_size = run.group->size();
+  return run;
+}
+
+SplitGPT::SplitGPT(std::shared_ptr<models::GPT> gpt, const GPTSplit& split, const DistributedRun& dist,
+                   uint64_t seed)
+    : gpt_(std::move(gpt)), split_(split) {
+  // Every dimension, size 1 included, so that every group exists.
+  mesh_ = std::make_unique<parallel::DeviceMesh>(
+      dist.group, std::vector<parallel::MeshDim>{{"dp", split.dp}, {"cp", split.cp}, {"tp", split.tp}});
+  if (split.tp > 1) {
+    models::TensorParallelGPTOptions options;
+    options.sequence_parallel = split.sequence_parallel;
+    options.seed = seed;
+    tp_model_ = models::parallelize_gpt(*gpt_, *mesh_, options);
+  }
+  if (split.cp > 1) models::set_attention_function(*gpt_, cp::ring_attention_function(mesh_->group("cp")));
+  // Dropout: other rows, other masks. Rank 0 of dp keeps the single-device run's stream;
+  // the ranks of one dp row (a tp group) stay alike, as replicated regions need.
+  if (mesh_->rank("dp") > 0) manual_seed(seed + 7919 * static_cast<uint64_t>(mesh_->rank("dp")));
+}
+
+nn::Module& SplitGPT::trained() const {
+  return tp_model_ ? static_cast<nn::Module&>(*tp_model_) : static_cast<nn::Module&>(*gpt_);
+}
+
+std::vector<Tensor> SplitGPT::parameters() const { return trained().parameters(); }
+
+Tensor SplitGPT::loss_share(const Tensor& x, const Tensor& y) {
+  const int64_t B = x.size(0), T = x.size(1);
+  const int dp = mesh_->size("dp"), dp_rank = mesh_->rank("dp");
+  const int64_t base = B / dp, extra = B % dp;
+  const int64_t start = dp_rank * base + std::min<int64_t>(dp_rank, extra);
+  const int64_t rows = base + (dp_rank < extra ? 1 : 0);
+  const Tensor xs = dp > 1 ? ops::contiguous(ops::narrow(x, 0, start, rows)) : x;
+  const Tensor ys = dp > 1 ? ops::contiguous(ops::narrow(y, 0, start, rows)) : y;
+  // Tensor parallel: this dp rank's token losses summed / the global batch's tokens.
+  if (tp_model_) return tp_model_->loss(tp_model_->forward(xs), ys, static_cast<double>(B * T));
+  // Otherwise the mean over this rank's rows (whole or over the cp group), weighted by
+  // their part of the batch. Context parallel: two chunks of every row's positions.
+  Tensor mean;
+  if (split_.cp > 1) {
+    const int c = mesh_->rank("cp");
+    const Tensor logits = models::forward_at_positions(
+        *gpt_, cp::shard_sequence(xs, c, split_.cp), cp::sequence_positions(T, c, split_.cp, xs.device()));
+    mean = cp::context_parallel_cross_entropy(logits, cp::shard_sequence(ys, c, split_.cp), *mesh_->group("cp"));
+  } else {
+    mean = models::GPT::loss(gpt_->forward(xs), ys);
+  }
+  return rows == B ? mean : mean * (static_cast<double>(rows) / static_cast<double>(B));
+}
+
+void SplitGPT::reduce_gradients(Tensor& step_loss) {
+  if (tp_model_) tp_model_->finish_gradients();
+  const std::vector<Tensor> params = parameters();
+  if (split_.cp > 1) cp::all_reduce_gradients(params, *mesh_->group("cp"));
+  if (split_.dp > 1) {
+    std::vector<Tensor> tensors;
+    for (const Tensor& p : params) {
+      MG_CHECK(p.grad().defined(), "train_gpt --dp: a parameter of shape {} has no gradient", p.shape());
+      tensors.push_back(p.grad());
+    }
+    step_loss = ops::clone(step_loss);
+    tensors.push_back(step_loss);
+    mesh_->group("dp")->allreduce(tensors)->wait();
+  }
+}
+
+void SplitGPT::sum_over_dp(Tensor& shares) {
+  if (split_.dp > 1) mesh_->group("dp")->allreduce({shares})->wait();
+}
+
+Tensor SplitGPT::clip_grad_norm_(double max_norm) {
+  if (!tp_model_) return nn::utils::clip_grad_norm_(parameters(), max_norm);
+  NoGradGuard no_grad;
+  std::vector<Tensor> sharded, replicated;
+  for (const auto& [name, p] : tp_model_->named_parameters())
+    if (p.grad().defined())
+      (models::TensorParallelGPT::is_replicated(name) ? replicated : sharded).push_back(p.grad());
+  const auto& tp_group = mesh_->group("tp");
+  const Device device = tp_group->device();
+  const auto sum_over_tp = [&](Tensor& partial, nn::utils::NormReduction) {
+    partial = ops::clone(partial);
+    tp_group->allreduce({partial})->wait();
+  };
+  const Tensor s = nn::utils::get_total_norm(sharded, 2.0, false, sum_over_tp, device);
+  const Tensor r = nn::utils::get_total_norm(replicated, 2.0, false, nullptr, device);
+  const double sv = s.item<float>(), rv = r.item<float>();
+  const Tensor total = full({}, std::sqrt(sv * sv + rv * rv), DType::Float32, device);
+  nn::utils::clip_grads_with_norm_(parameters(), max_norm, total);
+  return total;
+}
+
+void SplitGPT::gather_whole_model() {
+  if (split_.cp > 1) models::set_attention_function(*gpt_, {});
+  if (!tp_model_) return;
+  NoGradGuard no_grad;
+  const auto& tp_group = mesh_->group("tp");
+  const int n = tp_group->size();
+  for (const auto& [name, shard] : tp_model_->named_parameters()) {
+    const Tensor whole = gpt_->parameter(name);
+    if (models::TensorParallelGPT::is_replicated(name)) {
+      ops::copy_(whole, shard);
+      continue;
+    }
+    // Which elements of the whole tensor this rank holds: shard_of a tensor of their
+    // indices (exact in float32 below 2^24), gathered with the values.
+    const int64_t count = whole.numel();
+    MG_CHECK(count < (int64_t{1} << 24), "gather_whole_model: {} has {} elements", name, count);
+    std::vector<float> index(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) index[static_cast<size_t>(i)] = static_cast<float>(i);
+    const Tensor mine = tp_model_->shard_of(name, from_vector(index, whole.shape()));
+    const int64_t m = mine.numel();
+    Tensor local = ops::contiguous(cat({reshape(shard, {m}), reshape(ops::copy_to(mine, shard.device()), {m})}, 0));
+    Tensor all = zeros({n * 2 * m}, DType::Float32, local.device());
+    tp_group->all_gather(all, local)->wait();
+    const std::vector<float> got = ops::copy_to(all, Device::cpu()).to_vector<float>();
+    std::vector<float> values(static_cast<size_t>(count), 0.0f);
+    for (int r = 0; r < n; ++r)
+      for (int64_t i = 0; i < m; ++i) {
+        const size_t at = static_cast<size_t>(r * 2 * m);
+        values[static_cast<size_t>(got[at + m + i])] = got[at + i];
+      }
+    ops::copy_(whole, ops::copy_to(from_vector(values, whole.shape()), whole.device()));
+  }
+}
+
+}  // namespace mg::samples

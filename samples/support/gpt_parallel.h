@@ -1,0 +1,107 @@
+// train_gpt --dp D --tp T --cp C [--sequence-parallel]: one rank's part of the GPT split over
+// a DeviceMesh of D x C x T processes started by minigrad-run (docs/gpt.md, "The split GPT").
+//
+//   minigrad-run --nproc-per-node 4 build/bin/train_gpt --devices cpu --dp 2 --tp 2
+//
+// Every rank builds the same GPT from the same seed and draws the same global windows of
+// each step; the split decides which part of that work is its own:
+//   dp  the rows of the global batch (--batch-size windows cut over dp; the first B % dp
+//       ranks take one row more), so a step is the single-device step on the same windows;
+//   tp  the shards of every layer (models::parallelize_gpt, Megatron's split; with
+//       --sequence-parallel the activations between the layers split along T too);
+//   cp  two chunks of every window's positions (ring attention; every rank holds the whole
+//       model, the position embedding taken at its global positions).
+// tp and cp together are refused: TensorParallelGPT has no attention hook for ring
+// attention yet. The place to add it is SplitGPT::local_loss (the tp branch taking cp's
+// shard_sequence and positions) and the check in check_split.
+//
+// The loss. Each rank's loss is its share of the whole batch's mean: its tokens' summed
+// losses / the global batch's B * T tokens (vocab-parallel cross-entropy with divide_by
+// under tp; the cp group's mean scaled by the dp rank's rows / B under cp, and likewise
+// the plain GPT::loss under dp alone). The shares add up over dp to the mean, and so do
+// their gradients.
+//
+// The gradients: after the step's micro-batches (gradient accumulation included),
+//   tp  finish_gradients(): with sequence parallelism, the replicated parameters' sums over tp;
+//   cp  the sum over the cp group (each rank's positions' share);
+//   dp  the sum over the dp group: one all-reduce, with the step's loss riding along.
+// A plain all-reduce rather than DistributedDataParallel: DDP averages (it would need
+// divide_by / dp, and no_sync() for gradient accumulation), while the sum of the shares is
+// the mean as it stands, the same kind of reduction as cp's; one all-reduce per step after
+// accumulation is what DDP's no_sync would give, and on the CPU there is no overlap with
+// backward to lose. The ranks start equal because they build the model from one seed.
+//
+// Clipping under tp counts every element once: the sharded gradients' squared norms
+// summed over tp, plus the replicated ones (the same on every tp rank) once.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <minigrad/core/device.h>
+#include <minigrad/core/tensor.h>
+#include <minigrad/models/gpt.h>
+#include <minigrad/models/gpt_tensor_parallel.h>
+#include <minigrad/parallel/c10d/device_mesh.h>
+#include <minigrad/parallel/c10d/process_group.h>
+
+#include "distributed_run.h"
+
+namespace mg::samples {
+
+struct GPTSplit {
+  int dp = 1, tp = 1, cp = 1;
+  bool sequence_parallel = false;
+  int ranks() const { return dp * tp * cp; }
+  // "dp 2 x tp 2 x cp 1, sequence parallel"
+  std::string str() const;
+};
+
+// What the flags ask, checked before any rank joins: dp * tp * cp against WORLD_SIZE (the
+// launcher's; 1 without one), tp with cp, --sequence-parallel without tp, the batch over dp,
+// the block over tp (sequence parallel) and over 2 * cp, dropout under cp. OptionError
+// naming the numbers.
+void check_split(const GPTSplit& split, int64_t batch_size, int64_t block_size, double dropout);
+
+// Joins the job (Gloo on the CPU, NCCL on GPUs; this rank's device: `devices` at
+// LOCAL_RANK, which becomes the list's only entry).
+DistributedRun join_split_run(double timeout_seconds, std::vector<Device>& devices);
+
+class SplitGPT {
+ public:
+  // `gpt`: the whole model, built from the seed on this rank's device, the same on every
+  // rank. Makes the mesh (dp, cp, tp) over dist.group and this rank's model: `gpt` itself
+  // (dp, cp: ring attention set on its blocks) or its tp shards.
+  SplitGPT(std::shared_ptr<models::GPT> gpt, const GPTSplit& split, const DistributedRun& dist,
+           uint64_t seed);
+
+  // The parameters this rank trains, in the order of trained().named_parameters().
+  std::vector<Tensor> parameters() const;
+  nn::Module& trained() const;
+  const parallel::DeviceMesh& mesh() const { return *mesh_; }
+  const GPTSplit& split() const { return split_; }
+
+  // The global batch x, y [B, T] (every rank the same) -> this rank's share of the batch's
+  // mean loss (see above): differentiable; summed over dp it is the mean.
+  Tensor loss_share(const Tensor& x, const Tensor& y);
+  // After the step's backward passes: the gradients reduced as above, and `step_loss`
+  // (the sum of this rank's shares) summed over dp, in place: the step's loss.
+  void reduce_gradients(Tensor& step_loss);
+  // The shares of several evaluation batches [n] summed over dp, in place.
+  void sum_over_dp(Tensor& shares);
+  // clip_grad_norm_ of the whole model's gradient (each element once), the same on every rank.
+  Tensor clip_grad_norm_(double max_norm);
+  // Every rank: the trained parameters copied into `gpt` (tp: the shards all-gathered),
+  // ring attention unset; `gpt` is then the single-device model (for a sample, a checkpoint).
+  void gather_whole_model();
+
+ private:
+  std::shared_ptr<models::GPT> gpt_;
+  GPTSplit split_;
+  std::unique_ptr<parallel::DeviceMesh> mesh_;
+  std::shared_ptr<models::TensorParallelGPT> tp_model_;  // null without tp
+};
+
+}  // namespace mg::samples
