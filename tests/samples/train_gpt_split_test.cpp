@@ -1,0 +1,184 @@
+// build/bin/train_gpt split over ranks under build/bin/minigrad-run (--dp, --tp, --cp,
+// --sequence-parallel; samples/support/gpt_parallel.h): tiny runs whose printed losses,
+// metrics and sample equal the single-device run's on the same windows (float32 rounding
+// apart), a checkpoint written under cp that equals the single-device one, a merged trace,
+// and the combinations that are refused, with their messages.
+#include "catch_compat.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <minigrad/minigrad.h>
+
+#include "samples/run_program.h"
+#include "temp_dir.h"
+
+#if MINIGRAD_WITH_GLOO
+
+using mg::testing::run_program;
+using mg::testing::TempDir;
+
+namespace {
+
+const std::string kProgram = mg::testing::program_path("train_gpt");
+const std::string kRun = mg::testing::program_path("minigrad-run");
+// Two blocks, two heads, a batch of 5 (uneven over dp 2), two micro-batches per step.
+const std::string kRunFlags = " --devices cpu --n-layer 2 --n-head 2 --n-embd 16 --grad-accum 2 "
+                              "--eval-iters 2 --iters 6 --eval-interval 3 --warmup 2 --sample-chars 30";
+const std::string kTiny = kRunFlags + " --block-size 16 --batch-size 5";
+
+std::string read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// A few "fortunes" (a vocabulary of 34, even for tp 2).
+std::string make_corpus(const TempDir& dir) {
+  const std::string root = dir / "fortunes";
+  std::filesystem::create_directory(root);
+  std::string text;
+  for (int i = 0; i < 60; ++i)
+    text += "A fortune a day keeps the doctor away, said number " + std::to_string(i) + ".\n%\n";
+  std::ofstream(root + "/wisdom", std::ios::binary) << text;
+  return root;
+}
+
+// train_loss, val_loss of every row of a --metrics CSV.
+std::vector<double> losses(const std::string& path) {
+  std::vector<double> values;
+  std::istringstream csv(read(path));
+  std::string line;
+  std::getline(csv, line);
+  while (std::getline(csv, line)) {
+    double train = 0, val = 0;
+    if (std::sscanf(line.c_str(), "%*d,%lf,%lf", &train, &val) == 2) values.insert(values.end(), {train, val});
+  }
+  return values;
+}
+
+// The sample's text, as printed after the "---- a sample" line (rank 0's, prefix removed).
+std::string sample_of(const std::string& output) {
+  const size_t at = output.find("---- a sample");
+  if (at == std::string::npos) return "";
+  std::string text = output.substr(output.find('\n', at) + 1);
+  for (size_t p; (p = text.find("[rank 0] ")) != std::string::npos;) text.erase(p, 9);
+  return text;
+}
+
+struct Runs {
+  TempDir dir;
+  std::string flags;
+  mg::testing::ProgramResult single;
+  Runs() {
+    flags = kTiny + " --data-dir " + make_corpus(dir);
+    single = run_program(kProgram + flags + " --metrics " + (dir / "single.csv"));
+  }
+  // The split run on `ranks` processes; its metrics next to the single-device ones.
+  mg::testing::ProgramResult split(int ranks, const std::string& split_flags, const std::string& csv) {
+    return run_program(kRun + " --nproc-per-node " + std::to_string(ranks) + " " + kProgram + flags +
+                       " " + split_flags + " --metrics " + (dir / csv));
+  }
+};
+
+void require_same_run(Runs& runs, const mg::testing::ProgramResult& split, const std::string& csv) {
+  INFO(runs.single.output);
+  REQUIRE(runs.single.exit_code == 0);
+  INFO(split.output);
+  REQUIRE(split.exit_code == 0);
+  const std::vector<double> got = losses(runs.dir / csv), want = losses(runs.dir / "single.csv");
+  REQUIRE(want.size() == 6);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == Approx(want[i]).margin(1e-4));
+  // Rank 0 alone prints the evaluations; the sample is the single-device model's.
+  REQUIRE_THAT(split.output, MG_CONTAINS("[rank 0] step 6: train loss "));
+  REQUIRE_THAT(split.output, !MG_CONTAINS("[rank 1] step "));
+  REQUIRE(!sample_of(runs.single.output).empty());
+  REQUIRE(sample_of(split.output) == sample_of(runs.single.output));
+}
+
+}  // namespace
+
+TEST_CASE("train_gpt --dp 2 --tp 2 on 4 ranks prints the single-device run's losses and sample") {
+  Runs runs;
+  const auto split = runs.split(4, "--dp 2 --tp 2 --trace " + (runs.dir / "t.json") +
+                                       " --trace-warmup 1 --trace-steps 2", "split.csv");
+  REQUIRE_THAT(split.output, MG_CONTAINS("[rank 0] split: dp 2 x tp 2 x cp 1 over 4 ranks (gloo); "
+                                         "3936 parameters on each rank (of 7136)"));
+  require_same_run(runs, split, "split.csv");
+  // Each rank's trace, and rank 0's merge of them.
+  for (int r = 0; r < 4; ++r) REQUIRE(std::filesystem::exists(runs.dir / ("t.rank" + std::to_string(r) + ".json")));
+  REQUIRE_THAT(read(runs.dir / "t.json"), MG_CONTAINS("step 2"));
+}
+
+TEST_CASE("train_gpt --tp 2 --sequence-parallel on 2 ranks prints the single-device run's losses") {
+  Runs runs;
+  require_same_run(runs, runs.split(2, "--tp 2 --sequence-parallel", "sp.csv"), "sp.csv");
+}
+
+TEST_CASE("train_gpt --cp 2 on 2 ranks prints the single-device run's losses; its checkpoint is the "
+          "single-device one") {
+  Runs runs;
+  const auto single = run_program(kProgram + runs.flags + " --save " + (runs.dir / "single.safetensors"));
+  REQUIRE(single.exit_code == 0);
+  const auto split = runs.split(2, "--cp 2 --save " + (runs.dir / "cp.safetensors"), "cp.csv");
+  require_same_run(runs, split, "cp.csv");
+  const auto a = mg::nn::load_tensors(runs.dir / "single.safetensors").get("model.");
+  const auto b = mg::nn::load_tensors(runs.dir / "cp.safetensors").get("model.");
+  REQUIRE(a.size() == b.size());
+  for (const auto& [name, t] : a) {
+    INFO(name);
+    const std::vector<float> x = t.to_vector<float>(), y = b.at(name).to_vector<float>();
+    REQUIRE(x.size() == y.size());
+    for (size_t i = 0; i < x.size(); ++i) REQUIRE(y[i] == Approx(x[i]).margin(1e-5));
+  }
+}
+
+TEST_CASE("train_gpt --dp/--tp/--cp: impossible splits are refused, naming the numbers") {
+  TempDir dir;
+  // The block and the batch are left to each case.
+  const std::string flags = kRunFlags + " --data-dir " + make_corpus(dir);
+  const auto two = [&](const std::string& more) {
+    return run_program(kRun + " --nproc-per-node 2 " + kProgram + flags + " " + more);
+  };
+  const auto alone = run_program(kProgram + flags + " --dp 2");  // no launcher
+  CHECK(alone.exit_code == 2);
+  CHECK_THAT(alone.output, MG_CONTAINS("train_gpt: error: --dp 2 x --tp 1 x --cp 1 = 2 ranks, but "
+                                       "the job has 1 (WORLD_SIZE unset: not under minigrad-run)"));
+  const auto count = two("--dp 2 --tp 2 --block-size 16");
+  CHECK(count.exit_code != 0);
+  CHECK_THAT(count.output, MG_CONTAINS("--dp 2 x --tp 2 x --cp 1 = 4 ranks, but the job has 2 (WORLD_SIZE)"));
+  const auto both = run_program(kRun + " --nproc-per-node 4 " + kProgram + flags + " --tp 2 --cp 2 --block-size 16");
+  CHECK(both.exit_code != 0);
+  CHECK_THAT(both.output, MG_CONTAINS("--tp 2 with --cp 2: tensor and context parallelism together "
+                                      "are not supported yet"));
+  const auto sp = two("--dp 2 --sequence-parallel --block-size 16");
+  CHECK(sp.exit_code != 0);
+  CHECK_THAT(sp.output, MG_CONTAINS("--sequence-parallel splits the tensor-parallel layers' "
+                                    "activations: it needs --tp 2 or more"));
+  const auto rows = two("--dp 2 --batch-size 1");
+  CHECK(rows.exit_code != 0);
+  CHECK_THAT(rows.output, MG_CONTAINS("--batch-size 1 cannot be cut over --dp 2"));
+  const auto chunks = two("--cp 2 --block-size 18");
+  CHECK(chunks.exit_code != 0);
+  CHECK_THAT(chunks.output, MG_CONTAINS("--cp 2: --block-size 18 must divide into 2 x cp = 4 chunks"));
+  const auto sp_block = two("--tp 2 --sequence-parallel --block-size 15");
+  CHECK(sp_block.exit_code != 0);
+  CHECK_THAT(sp_block.output, MG_CONTAINS("--sequence-parallel: --block-size 15 must divide by --tp 2"));
+  const auto dropout = two("--cp 2 --dropout 0.1 --block-size 16");
+  CHECK(dropout.exit_code != 0);
+  CHECK_THAT(dropout.output, MG_CONTAINS("--cp 2: ring attention has no dropout; train with --dropout 0"));
+  const auto save = two("--tp 2 --block-size 16 --save " + (dir / "x.safetensors"));
+  CHECK(save.exit_code != 0);
+  CHECK_THAT(save.output, MG_CONTAINS("--save under --tp 2: checkpoints of the sharded model are not "
+                                      "written or read yet"));
+  const auto heads = run_program(kRun + " --nproc-per-node 4 " + kProgram + flags + " --tp 4 --block-size 16");
+  CHECK(heads.exit_code != 0);
+  CHECK_THAT(heads.output, MG_CONTAINS("parallelize_gpt: n_head (attention is split by heads) = 2 is "
+                                       "not divisible by the tensor-parallel size 4"));
+}
+
+#endif
