@@ -29,11 +29,14 @@
 // data, tensor and context parallelism; support/gpt_parallel.h holds the split (which rows,
 // shards and positions a rank takes, how the gradients are reduced), and this loop calls it
 // in three places: the loss, the gradients' reduction, the clip. Rank 0 prints the numbers
-// the single-device run prints, writes the files and the sample.
+// the single-device run prints, writes the files and the sample. Checkpoints keep the
+// single-device layout under any split (under --tp the shards of the model and of AdamW's
+// state are gathered first), so a run saved under one split resumes under another.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -146,12 +149,13 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     o.distributed = dp->count() + tp->count() + cp->count() + sp->count() > 0;
     if (o.distributed) {
       samples::check_split(o.split, o.batch_size, o.block_size, o.dropout);
-      if (o.split.tp > 1 && (!o.save.empty() || !o.resume.empty()))
-        throw samples::OptionError(fmt::format(
-            "--{} under --tp {}: checkpoints of the sharded model are not written or read yet; "
-            "train without --tp, or with --dp/--cp, to save", o.save.empty() ? "resume" : "save", o.split.tp));
     }
-    samples::check_file_flags(kProgram, {{"--save", o.save}, {"--metrics", o.metrics}, {"--plot", o.plot}},
+    // Under --dp/--tp/--cp rank 0 alone writes the files (the others would see its
+    // checkpoint's temporary file as a stale one).
+    const char* rank = std::getenv("RANK");
+    const bool elsewhere = o.distributed && rank != nullptr && std::string(rank) != "0";
+    samples::check_file_flags(kProgram, {{"--save", o.save, elsewhere}, {"--metrics", o.metrics, elsewhere},
+                                         {"--plot", o.plot, elsewhere}},
                               {{"--resume", o.resume}});
   } catch (const Error& e) {
     return samples::report_error(kProgram, samples::OptionError(e.what()));
@@ -187,16 +191,25 @@ struct Run {
   std::shared_ptr<models::GPT> model;
   nn::ModulePtr forward;  // the model, or a DataParallel over it
   std::unique_ptr<optim::AdamW> optimizer;
+  // Under --tp: an optimizer over the whole model, grouped alike, that holds the gathered
+  // state for a checkpoint in the single-device layout (and a resumed one's, to shard).
+  std::unique_ptr<optim::AdamW> whole_optimizer;
   data::TokenSplits splits;
   std::vector<samples::LossPoint> history;
   std::string metrics_csv = "step,train_loss,val_loss,lr,seconds\n";
   Device device = Device::cpu();
 };
 
-void save_checkpoint(const Run& run, int64_t step) {
+// Every rank calls it (under --tp the shards are gathered first); rank 0 writes.
+void save_checkpoint(Run& run, int64_t step) {
+  if (run.whole_optimizer) {
+    run.split->gather_whole_model();
+    run.split->gather_optimizer(*run.optimizer, *run.whole_optimizer);
+  }
+  if (run.dist.rank != 0) return;
   nn::Checkpoint ck;
   ck.put("model.", run.model->state_dict());
-  ck.put("optim.", run.optimizer->state_dict());
+  ck.put("optim.", (run.whole_optimizer ? run.whole_optimizer : run.optimizer)->state_dict());
   const Generator::State gen = default_generator().state();
   ck.metadata = {{"step", std::to_string(step)},
                  {"gpt_config", config_json(run.model->config())},
@@ -207,7 +220,8 @@ void save_checkpoint(const Run& run, int64_t step) {
   nn::save_tensors(ck, run.options.save);
 }
 
-// Loads --resume into the model, the optimizer and the generator; returns its step.
+// Loads --resume into the model, the optimizer and the generator; returns its step. Every
+// rank reads the file (under --tp each takes its shards of the model and of the state).
 int64_t load_checkpoint(Run& run) {
   const std::string& path = run.options.resume;
   const nn::Checkpoint ck = nn::load_tensors(path);
@@ -223,10 +237,12 @@ int64_t load_checkpoint(Run& run) {
   MG_CHECK(meta("seed") == std::to_string(run.options.seed),
            "--resume {}: written with --seed {}, not {}", path, meta("seed"), run.options.seed);
   const nn::TensorDict model_state = ck.get("model."), optim_state = ck.get("optim.");
+  optim::AdamW& optimizer = run.whole_optimizer ? *run.whole_optimizer : *run.optimizer;
   run.model->check_state_dict(model_state, path);
-  run.optimizer->check_state_dict(optim_state, path);
+  optimizer.check_state_dict(optim_state, path);
   run.model->load_state_dict(model_state, path);
-  run.optimizer->load_state_dict(optim_state, path);
+  optimizer.load_state_dict(optim_state, path);
+  if (run.whole_optimizer) run.split->scatter_whole_state(optimizer, *run.optimizer);
   default_generator().set_state({std::stoull(meta("generator_seed")), std::stoull(meta("generator_offset"))});
   run.metrics_csv = meta("metrics");
   return std::stoll(meta("step"));
@@ -236,7 +252,8 @@ int64_t load_checkpoint(Run& run) {
 // mode and without gradients. The windows are the same at every evaluation.
 std::pair<double, double> estimate_loss(Run& run) {
   NoGradGuard no_grad;
-  run.model->eval();
+  nn::Module& model = run.split ? run.split->trained() : *run.model;
+  model.eval();
   const int64_t n = run.options.eval_iters;
   const data::TokenWindows* splits[2] = {run.splits.train.get(), run.splits.val.get()};
   std::vector<float> losses;  // each batch's mean loss, the train split's then the val split's
@@ -258,7 +275,7 @@ std::pair<double, double> estimate_loss(Run& run) {
     for (int64_t k = 0; k < n; ++k) means[s] += losses[static_cast<size_t>(s * n + k)];
     means[s] /= static_cast<double>(n);
   }
-  run.model->train();
+  model.train();
   return {means[0], means[1]};
 }
 
@@ -292,8 +309,12 @@ int train(Options options) {
   const std::vector<Tensor> trained = run.split ? run.split->parameters() : run.model->parameters();
   // nanoGPT's configure_optimizers: weight decay on the matmul and embedding weights only;
   // shakespeare_char's betas (0.9, 0.99), as the batches are small.
-  run.optimizer = std::make_unique<optim::AdamW>(optim::weight_decay_groups(
-      trained, optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay)));
+  const auto adamw = [&](const std::vector<Tensor>& params) {
+    return std::make_unique<optim::AdamW>(optim::weight_decay_groups(
+        params, optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay)));
+  };
+  run.optimizer = adamw(trained);
+  if (o.split.tp > 1 && (!o.save.empty() || !o.resume.empty())) run.whole_optimizer = adamw(run.model->parameters());
   const optim::WarmupCosine schedule(o.lr, o.min_lr, o.warmup, o.decay_iters);
 
   int64_t step = 0;
@@ -326,14 +347,15 @@ int train(Options options) {
   double last_loss = 0.0;
   const auto evaluate = [&](int64_t at) {
     const auto [train_loss, val_loss] = estimate_loss(run);
-    if (!rank0) return;
-    fmt::print("step {}: train loss {:.4f}, val loss {:.4f}\n", at, train_loss, val_loss);
-    std::fflush(stdout);
-    run.history.push_back({static_cast<double>(at), train_loss, val_loss});
-    run.metrics_csv += fmt::format("{},{:.6f},{:.6f},{:.6g},{:.2f}\n", at, train_loss, val_loss,
-                                   run.optimizer->lr(), seconds_since(run_start));
-    if (!o.metrics.empty()) files::write_atomically("--metrics", o.metrics, run.metrics_csv);
-    if (!o.plot.empty()) samples::write_loss_plot(o.plot, run.history, "step", "train_gpt: " + config.str());
+    if (rank0) {
+      fmt::print("step {}: train loss {:.4f}, val loss {:.4f}\n", at, train_loss, val_loss);
+      std::fflush(stdout);
+      run.history.push_back({static_cast<double>(at), train_loss, val_loss});
+      run.metrics_csv += fmt::format("{},{:.6f},{:.6f},{:.6g},{:.2f}\n", at, train_loss, val_loss,
+                                     run.optimizer->lr(), seconds_since(run_start));
+      if (!o.metrics.empty()) files::write_atomically("--metrics", o.metrics, run.metrics_csv);
+      if (!o.plot.empty()) samples::write_loss_plot(o.plot, run.history, "step", "train_gpt: " + config.str());
+    }
     if (!o.save.empty()) save_checkpoint(run, at);
   };
 
@@ -379,7 +401,7 @@ int train(Options options) {
     }
     if (const int signo = samples::agreed_stop_signal(run.dist, run.device)) {
       bar.finish();
-      if (!o.save.empty() && rank0) save_checkpoint(run, step + 1);
+      if (!o.save.empty()) save_checkpoint(run, step + 1);
       if (rank0) fmt::print("stopped by {} after step {}{}\n", samples::signal_name(signo), step + 1,
                  o.save.empty() ? "" : fmt::format("; --resume {} continues", o.save));
       return 128 + signo;
@@ -392,7 +414,7 @@ int train(Options options) {
   if (rank0) fmt::print("trained {} steps in {:.1f} s: {:.0f} tokens/s\n", o.iters, seconds,
              static_cast<double>(o.iters * tokens_per_step) / seconds);
 
-  if (run.split && o.sample_chars > 0) run.split->gather_whole_model();  // every rank
+  if (run.split && o.sample_chars > 0) run.split->finish_for_sampling();  // every rank
   if (o.sample_chars > 0 && rank0) {
     run.model->eval();
     Generator sampler(o.seed);

@@ -162,37 +162,86 @@ Tensor SplitGPT::clip_grad_norm_(double max_norm) {
   return total;
 }
 
-void SplitGPT::gather_whole_model() {
-  if (split_.cp > 1) models::set_attention_function(*gpt_, {});
-  if (!tp_model_) return;
+Tensor SplitGPT::gather(const std::string& name, const Tensor& part) {
+  const Tensor whole = gpt_->parameter(name);
+  if (models::TensorParallelGPT::is_replicated(name)) return part;
   NoGradGuard no_grad;
   const auto& tp_group = mesh_->group("tp");
   const int n = tp_group->size();
-  for (const auto& [name, shard] : tp_model_->named_parameters()) {
-    const Tensor whole = gpt_->parameter(name);
-    if (models::TensorParallelGPT::is_replicated(name)) {
-      ops::copy_(whole, shard);
-      continue;
-    }
-    // Which elements of the whole tensor this rank holds: shard_of a tensor of their
-    // indices (exact in float32 below 2^24), gathered with the values.
-    const int64_t count = whole.numel();
-    MG_CHECK(count < (int64_t{1} << 24), "gather_whole_model: {} has {} elements", name, count);
-    std::vector<float> index(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) index[static_cast<size_t>(i)] = static_cast<float>(i);
-    const Tensor mine = tp_model_->shard_of(name, from_vector(index, whole.shape()));
-    const int64_t m = mine.numel();
-    Tensor local = ops::contiguous(cat({reshape(shard, {m}), reshape(ops::copy_to(mine, shard.device()), {m})}, 0));
-    Tensor all = zeros({n * 2 * m}, DType::Float32, local.device());
-    tp_group->all_gather(all, local)->wait();
-    const std::vector<float> got = ops::copy_to(all, Device::cpu()).to_vector<float>();
-    std::vector<float> values(static_cast<size_t>(count), 0.0f);
-    for (int r = 0; r < n; ++r)
-      for (int64_t i = 0; i < m; ++i) {
-        const size_t at = static_cast<size_t>(r * 2 * m);
-        values[static_cast<size_t>(got[at + m + i])] = got[at + i];
-      }
-    ops::copy_(whole, ops::copy_to(from_vector(values, whole.shape()), whole.device()));
+  // Which elements of the whole tensor this rank holds: shard_of a tensor of their
+  // indices (exact in float32 below 2^24), gathered with the values.
+  const int64_t count = whole.numel();
+  MG_CHECK(count < (int64_t{1} << 24), "SplitGPT::gather: {} has {} elements", name, count);
+  std::vector<float> index(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) index[static_cast<size_t>(i)] = static_cast<float>(i);
+  const Tensor mine = tp_model_->shard_of(name, from_vector(index, whole.shape()));
+  const int64_t m = mine.numel();
+  MG_CHECK(part.numel() == m, "SplitGPT::gather: {}: {} elements here, a shard holds {}", name, part.numel(), m);
+  const Tensor local = ops::contiguous(cat({reshape(part, {m}), reshape(ops::copy_to(mine, part.device()), {m})}, 0));
+  Tensor all = zeros({n * 2 * m}, DType::Float32, local.device());
+  tp_group->all_gather(all, local)->wait();
+  const std::vector<float> got = ops::copy_to(all, Device::cpu()).to_vector<float>();
+  std::vector<float> values(static_cast<size_t>(count), 0.0f);
+  for (int r = 0; r < n; ++r) {
+    const size_t at = static_cast<size_t>(r) * static_cast<size_t>(2 * m);
+    for (size_t i = 0; i < static_cast<size_t>(m); ++i)
+      values[static_cast<size_t>(got[at + static_cast<size_t>(m) + i])] = got[at + i];
+  }
+  return ops::copy_to(from_vector(values, whole.shape()), part.device());
+}
+
+void SplitGPT::gather_whole_model() {
+  if (!tp_model_) return;
+  NoGradGuard no_grad;
+  for (const auto& [name, shard] : tp_model_->named_parameters()) ops::copy_(gpt_->parameter(name), gather(name, shard));
+}
+
+void SplitGPT::finish_for_sampling() {
+  gather_whole_model();
+  if (split_.cp > 1) models::set_attention_function(*gpt_, {});
+}
+
+std::string SplitGPT::name_of(const Tensor& p) const {
+  for (const auto& [name, q] : trained().named_parameters())
+    if (q.is_same(p)) return name;
+  MG_CHECK(false, "SplitGPT: the optimizer holds a tensor of shape {} that is no parameter of the model", p.shape());
+  return "";
+}
+
+size_t SplitGPT::whole_index(const optim::Optimizer& whole, const std::string& name) const {
+  const Tensor p = gpt_->parameter(name);
+  const std::vector<Tensor>& params = whole.parameters();
+  for (size_t j = 0; j < params.size(); ++j)
+    if (params[j].is_same(p)) return j;
+  MG_CHECK(false, "SplitGPT: the whole model's optimizer has no parameter {}", name);
+  return 0;
+}
+
+void SplitGPT::gather_optimizer(const optim::Optimizer& shards, optim::Optimizer& whole) {
+  MG_CHECK(tp_model_ != nullptr, "SplitGPT::gather_optimizer: only under tp");
+  const std::vector<Tensor>& params = shards.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string name = name_of(params[i]);
+    optim::TensorDict state;
+    // A state tensor of the parameter's shape (exp_avg, exp_avg_sq) is split as it is.
+    for (const auto& [key, t] : shards.state(i))
+      state[key] = t.shape() == params[i].shape() ? gather(name, t) : t;
+    whole.set_state(whole_index(whole, name), state, "the gathered shards");
+  }
+}
+
+void SplitGPT::scatter_whole_state(const optim::Optimizer& whole, optim::Optimizer& shards) {
+  MG_CHECK(tp_model_ != nullptr, "SplitGPT::scatter_whole_state: only under tp");
+  NoGradGuard no_grad;
+  for (const auto& [name, p] : tp_model_->named_parameters()) ops::copy_(p, tp_model_->shard_of(name, gpt_->parameter(name)));
+  const std::vector<Tensor>& params = shards.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string name = name_of(params[i]);
+    const Tensor full = gpt_->parameter(name);
+    optim::TensorDict state;
+    for (const auto& [key, t] : whole.state(whole_index(whole, name)))
+      state[key] = t.shape() == full.shape() ? tp_model_->shard_of(name, t) : t;
+    shards.set_state(i, state, "the checkpoint's shards");
   }
 }
 

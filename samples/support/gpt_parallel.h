@@ -44,6 +44,7 @@
 #include <minigrad/core/tensor.h>
 #include <minigrad/models/gpt.h>
 #include <minigrad/models/gpt_tensor_parallel.h>
+#include <minigrad/nn/optim/optimizer.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
 #include <minigrad/parallel/c10d/process_group.h>
 
@@ -93,11 +94,28 @@ class SplitGPT {
   void sum_over_dp(Tensor& shares);
   // clip_grad_norm_ of the whole model's gradient (each element once), the same on every rank.
   Tensor clip_grad_norm_(double max_norm);
-  // Every rank: the trained parameters copied into `gpt` (tp: the shards all-gathered),
-  // ring attention unset; `gpt` is then the single-device model (for a sample, a checkpoint).
+  // Every rank: under tp the shards all-gathered into `gpt`, which is then the
+  // single-device model (nothing to do otherwise: `gpt` is the trained model).
   void gather_whole_model();
+  // gather_whole_model, and the attention back to the single-device one (cp): for a sample.
+  void finish_for_sampling();
+
+  // Checkpoints under tp keep the single-device layout (nanoGPT's names; the state of an
+  // optimizer `whole` over gpt's parameters, grouped as the trained one). Every rank:
+  // gather_optimizer writes the state of `shards` (this rank's optimizer) gathered into
+  // `whole`; scatter_whole_state, after a resume loaded `gpt` and `whole`, sets this
+  // rank's shards of the parameters and of their state from them.
+  void gather_optimizer(const optim::Optimizer& shards, optim::Optimizer& whole);
+  void scatter_whole_state(const optim::Optimizer& whole, optim::Optimizer& shards);
 
  private:
+  // The whole tensor of parameter `name` (or a tensor of its shape) from this rank's part
+  // (all-gathered over tp with the indices each rank holds); the part itself when replicated.
+  Tensor gather(const std::string& name, const Tensor& part);
+  // The name of trained() parameter `p` and its index among `whole`'s parameters.
+  std::string name_of(const Tensor& p) const;
+  size_t whole_index(const optim::Optimizer& whole, const std::string& name) const;
+
   std::shared_ptr<models::GPT> gpt_;
   GPTSplit split_;
   std::unique_ptr<parallel::DeviceMesh> mesh_;
