@@ -36,7 +36,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -59,6 +58,7 @@
 #include <minigrad/nn/optim/lr_schedule.h>
 #include <minigrad/nn/serialize.h>
 #include <minigrad/nn/utils/clip_grad.h>
+#include <minigrad/parallel/c10d/launch_environment.h>
 #include <minigrad/parallel/data_parallel.h>
 #include "support/command_line.h"
 #include "support/devices.h"
@@ -146,14 +146,14 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     if (warmup->count() == 0) o.warmup = std::min(o.warmup, o.decay_iters);
     MG_CHECK(o.warmup <= o.decay_iters, "--warmup {} is past --decay-iters {}", o.warmup, o.decay_iters);
     o.device_list = samples::parse_devices(o.devices);
-    o.distributed = dp->count() + tp->count() + cp->count() + sp->count() > 0;
-    if (o.distributed) {
+    if (dp->count() + tp->count() + cp->count() + sp->count() > 0) {
       samples::check_split(o.split, o.batch_size, o.block_size, o.dropout);
+      // --dp 1 alone is the single-device run; under a launcher a job of one rank.
+      o.distributed = o.split.ranks() > 1 || parallel::in_launched_job();
     }
     // Under --dp/--tp/--cp rank 0 alone writes the files (the others would see its
     // checkpoint's temporary file as a stale one).
-    const char* rank = std::getenv("RANK");
-    const bool elsewhere = o.distributed && rank != nullptr && std::string(rank) != "0";
+    const bool elsewhere = o.distributed && parallel::LaunchEnvironment::from_environment().rank != 0;
     samples::check_file_flags(kProgram, {{"--save", o.save, elsewhere}, {"--metrics", o.metrics, elsewhere},
                                          {"--plot", o.plot, elsewhere}},
                               {{"--resume", o.resume}});

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -13,6 +12,7 @@
 #include <minigrad/core/ops.h>
 #include <minigrad/models/gpt_context_parallel.h>
 #include <minigrad/nn/utils/clip_grad.h>
+#include <minigrad/parallel/c10d/launch_environment.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
 #include <minigrad/parallel/context_parallel/context_parallel_loss.h>
 #include <minigrad/parallel/context_parallel/ring_attention.h>
@@ -30,13 +30,15 @@ std::string GPTSplit::str() const {
 }
 
 void check_split(const GPTSplit& s, int64_t batch_size, int64_t block_size, double dropout) {
-  const char* env = std::getenv("WORLD_SIZE");
-  const int world = env != nullptr ? std::atoi(env) : 1;
+  const bool launched = parallel::in_launched_job();
+  const int world = launched ? parallel::LaunchEnvironment::from_environment().world_size : 1;
   if (s.ranks() != world)
     throw OptionError(fmt::format(
-        "--dp {} x --tp {} x --cp {} = {} ranks, but the job has {} (WORLD_SIZE{}); start {} "
-        "processes, e.g. minigrad-run --nproc-per-node {} train_gpt ...",
-        s.dp, s.tp, s.cp, s.ranks(), world, env != nullptr ? "" : " unset: not under minigrad-run",
+        "--dp {} x --tp {} x --cp {} = {} ranks, but the job has {} ({}); start {} processes, "
+        "e.g. minigrad-run --nproc-per-node {} train_gpt ...",
+        s.dp, s.tp, s.cp, s.ranks(), world,
+        launched ? parallel::launcher_name(parallel::LaunchEnvironment::from_environment().launcher)
+                 : "not started by a launcher",
         s.ranks(), s.ranks()));
   if (s.tp > 1 && s.cp > 1)
     throw OptionError(fmt::format(

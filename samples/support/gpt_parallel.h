@@ -60,8 +60,8 @@ struct GPTSplit {
   std::string str() const;
 };
 
-// What the flags ask, checked before any rank joins: dp * tp * cp against WORLD_SIZE (the
-// launcher's; 1 without one), tp with cp, --sequence-parallel without tp, the batch over dp,
+// What the flags ask, checked before any rank joins: dp * tp * cp against the launcher's
+// world size (1 without one), tp with cp, --sequence-parallel without tp, the batch over dp,
 // the block over tp (sequence parallel) and over 2 * cp, dropout under cp. OptionError
 // naming the numbers.
 void check_split(const GPTSplit& split, int64_t batch_size, int64_t block_size, double dropout);

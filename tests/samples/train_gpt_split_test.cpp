@@ -194,10 +194,10 @@ TEST_CASE("train_gpt --dp/--tp/--cp: impossible splits are refused, naming the n
   const auto alone = run_program(kProgram + flags + " --dp 2");  // no launcher
   CHECK(alone.exit_code == 2);
   CHECK_THAT(alone.output, MG_CONTAINS("train_gpt: error: --dp 2 x --tp 1 x --cp 1 = 2 ranks, but "
-                                       "the job has 1 (WORLD_SIZE unset: not under minigrad-run)"));
+                                       "the job has 1 (not started by a launcher)"));
   const auto count = two("--dp 2 --tp 2 --block-size 16");
   CHECK(count.exit_code != 0);
-  CHECK_THAT(count.output, MG_CONTAINS("--dp 2 x --tp 2 x --cp 1 = 4 ranks, but the job has 2 (WORLD_SIZE)"));
+  CHECK_THAT(count.output, MG_CONTAINS("--dp 2 x --tp 2 x --cp 1 = 4 ranks, but the job has 2 (minigrad-run)"));
   const auto both = run_program(kRun + " --nproc-per-node 4 " + kProgram + flags + " --tp 2 --cp 2 --block-size 16");
   CHECK(both.exit_code != 0);
   CHECK_THAT(both.output, MG_CONTAINS("--tp 2 with --cp 2: tensor and context parallelism together "
