@@ -93,7 +93,7 @@ void require_same_run(Runs& runs, const mg::testing::ProgramResult& split, const
   const std::vector<double> got = losses(runs.dir / csv), want = losses(runs.dir / "single.csv");
   REQUIRE(want.size() == 6);
   REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == Approx(want[i]).margin(1e-4));
+  for (size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == Approx(want[i]).margin(2e-5));  // seen: 1e-6
   // Rank 0 alone prints the evaluations; the sample is the single-device model's.
   REQUIRE_THAT(split.output, MG_CONTAINS("[rank 0] step 6: train loss "));
   REQUIRE_THAT(split.output, !MG_CONTAINS("[rank 1] step "));
