@@ -12,8 +12,10 @@
 //   cp  two chunks of every window's positions (ring attention; every rank holds the whole
 //       model, the position embedding taken at its global positions).
 // tp and cp together are refused: TensorParallelGPT has no attention hook for ring
-// attention yet. The place to add it is SplitGPT::local_loss (the tp branch taking cp's
-// shard_sequence and positions) and the check in check_split.
+// attention yet. Adding it takes a few lines: in SplitGPT::loss_share the tp branch takes
+// cp's shard_sequence and positions (and the cp group's share of the loss), cp's gradient
+// sum runs for the tp shards too (it already does: it sums parameters()), and check_split
+// lets the pair through.
 //
 // The loss. Each rank's loss is its share of the whole batch's mean: its tokens' summed
 // losses / the global batch's B * T tokens (vocab-parallel cross-entropy with divide_by
