@@ -329,11 +329,12 @@ int train(Options options) {
                o.lr, o.warmup, o.min_lr, o.decay_iters, o.weight_decay, o.iters, o.grad_accum,
                o.batch_size, o.block_size, step > 0 ? fmt::format(", resumed at step {}", step) : "");
     if (run.split) {
-      size_t held = 0;
-      for (const Tensor& p : trained) held += static_cast<size_t>(p.numel());
+      // Counted with the position embedding (num_parameters(), nanoGPT's count, leaves it out).
+      int64_t held = 0, whole = 0;
+      for (const Tensor& p : trained) held += p.numel();
+      for (const Tensor& p : run.model->parameters()) whole += p.numel();
       fmt::print("split: {} over {} ranks ({}); {} parameters on each rank (of {})\n",
-                 o.split.str(), run.dist.world_size, run.dist.group->backend_name(), held,
-                 run.model->num_parameters());
+                 o.split.str(), run.dist.world_size, run.dist.group->backend_name(), held, whole);
     }
     std::fflush(stdout);
   }

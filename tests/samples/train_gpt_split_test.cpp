@@ -108,7 +108,7 @@ TEST_CASE("train_gpt --dp 2 --tp 2 on 4 ranks prints the single-device run's los
   const auto split = runs.split(4, "--dp 2 --tp 2 --trace " + (runs.dir / "t.json") +
                                        " --trace-warmup 1 --trace-steps 2", "split.csv");
   REQUIRE_THAT(split.output, MG_CONTAINS("[rank 0] split: dp 2 x tp 2 x cp 1 over 4 ranks (gloo); "
-                                         "3936 parameters on each rank (of 7136)"));
+                                         "3936 parameters on each rank (of 7392)"));
   require_same_run(runs, split, "split.csv");
   // Each rank's trace, and rank 0's merge of them.
   for (int r = 0; r < 4; ++r) REQUIRE(std::filesystem::exists(runs.dir / ("t.rank" + std::to_string(r) + ".json")));
