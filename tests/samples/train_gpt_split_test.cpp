@@ -138,6 +138,13 @@ TEST_CASE("train_gpt --cp 2 on 2 ranks prints the single-device run's losses; it
   }
 }
 
+TEST_CASE("train_gpt --dp 4 (5 windows: rows 2, 1, 1, 1) and --dp 2 --cp 2 on 4 ranks print the "
+          "single-device run's losses") {
+  Runs runs;
+  require_same_run(runs, runs.split(4, "--dp 4", "dp4.csv"), "dp4.csv");
+  require_same_run(runs, runs.split(4, "--dp 2 --cp 2", "dpcp.csv"), "dpcp.csv");
+}
+
 // Every tensor of two checkpoints' dicts (the model's or the optimizer's) equal up to rounding.
 void require_close(const mg::nn::TensorDict& a, const mg::nn::TensorDict& b) {
   REQUIRE(a.size() == b.size());
