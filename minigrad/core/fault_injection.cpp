@@ -19,6 +19,7 @@ std::string_view fault_name(Fault fault) {
     case Fault::PipelineLossesSummed: return "pipeline: micro-batch losses summed, not averaged";
     case Fault::RowParallelBiasPerRank: return "tensor parallel: the row-parallel bias added once per rank";
     case Fault::SamplerRankLikeNeighbour: return "DistributedSampler: a rank takes its neighbour's shard";
+    case Fault::CheckpointFreshDropout: return "checkpoint: the recomputed forward draws fresh dropout masks";
   }
   return "unknown";
 }

@@ -42,6 +42,11 @@ enum class Fault {
   // no form seeds a random generator per rank yet, and this is the closest real case of
   // a per-rank choice that must differ (DistributedSampler::indices).
   SamplerRankLikeNeighbour,
+  // Not in kAllFaults (the parity table has no row for it): its own test proves it,
+  // tests/nn/checkpoint_test.cpp. Activation checkpointing reruns a region from the
+  // generator's current state, so its dropout masks differ from forward's
+  // (nn/checkpoint.cpp, CheckpointBackward).
+  CheckpointFreshDropout,
 };
 
 // Every fault but None, in declaration order.

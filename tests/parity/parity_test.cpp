@@ -43,6 +43,7 @@ std::vector<Form> forms_of(Fault fault) {
     case Fault::PipelineLossesSummed: return {Form::Pipe};
     case Fault::RowParallelBiasPerRank: return {Form::TensorParallel, Form::TensorParallelRanks};
     case Fault::SamplerRankLikeNeighbour: return {Form::DDP};
+    case Fault::CheckpointFreshDropout:  // no parity row: tests/nn/checkpoint_test.cpp
     case Fault::None: break;
   }
   return {};
