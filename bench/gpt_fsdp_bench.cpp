@@ -1,4 +1,4 @@
-// gpt-fsdp-bench: what FSDP with a GPT block per unit (models/gpt_fsdp.h) holds per rank,
+// gpt-fsdp-bench: what FSDP with a GPT block per unit (parallel/sharded/gpt_fsdp.h) holds per rank,
 // against DDP on the same GPT, with and without recomputing the blocks' activations;
 // held against the arithmetic of docs/gpt-fsdp.md. Under minigrad-run (Gloo ranks):
 //
@@ -26,7 +26,8 @@
 
 #include <minigrad/core/allocator.h>
 #include <minigrad/minigrad.h>
-#include <minigrad/models/gpt_fsdp.h>
+#include <minigrad/models/gpt_checkpointing.h>
+#include <minigrad/parallel/sharded/gpt_fsdp.h>
 #include <minigrad/nn/checkpoint.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
 #include <minigrad/parallel/ddp/distributed_data_parallel.h>
@@ -63,7 +64,7 @@ Measure measure(const models::GPTConfig& config, bool fsdp, bool recompute, int6
   std::shared_ptr<parallel::DistributedDataParallel> ddp;
   std::vector<Tensor> params;
   if (fsdp) {
-    sharded = models::fully_shard_gpt(gpt, pg);
+    sharded = parallel::fully_shard_gpt(gpt, pg);
     params = sharded->parameters();
   } else {
     ddp = std::make_shared<parallel::DistributedDataParallel>(gpt, pg);

@@ -123,7 +123,7 @@ Tensor GPTTransformer::forward(const Tensor& idx) {
   const Tensor tok_emb = (*child("wte"))(idx);                                    // [B, T, C]
   const Tensor pos_emb = (*child("wpe"))(pos);                                    // [T, C]
   // Children are called with their hooks (operator()), as PyTorch calls them: FSDP's
-  // units and activation checkpointing act there (models/gpt_fsdp.h).
+  // units and activation checkpointing act there (parallel/sharded/gpt_fsdp.h).
   Tensor x = (*child("drop"))(tok_emb + pos_emb);  // broadcast over B
   x = (*child("h"))(x);                             // n_layer blocks
   return (*child("ln_f"))(x);

@@ -10,7 +10,8 @@
 
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/models/gpt.h>
-#include <minigrad/models/gpt_fsdp.h>
+#include <minigrad/models/gpt_checkpointing.h>
+#include <minigrad/parallel/sharded/gpt_fsdp.h>
 #include <minigrad/nn/checkpoint.h>
 #include <minigrad/parallel/ddp/distributed_data_parallel.h>
 #include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
@@ -119,7 +120,7 @@ void train_fsdp(RankContext& ctx, const Setup& setup) {
   auto pg = setup.variant == Variant::NoCommunication ? single_process_group() : ctx.gloo();
   auto gpt = make_gpt(11 + static_cast<uint64_t>(ctx.rank));  // rank 0's weights win
   if (setup.checkpointing) models::set_block_checkpointing(*gpt);
-  auto fsdp = models::fully_shard_gpt(gpt, pg);
+  auto fsdp = fully_shard_gpt(gpt, pg);
   MG_CHECK(fsdp->num_units() == 5, "expected 5 units, got {}", fsdp->num_units());
   auto opt = gpt_adamw()(fsdp->parameters());
   std::vector<float> losses;
@@ -297,11 +298,11 @@ TEST_CASE("GPT FSDP and ZeRO: a missing reduction or averaged means fail the com
 TEST_CASE("GPT FSDP: units must hold every parameter, each once") {
   auto pg = single_process_group();
   auto gpt = make_gpt(1);
-  std::vector<FSDPUnit> units = models::gpt_fsdp_units(*gpt);
+  std::vector<FSDPUnit> units = gpt_fsdp_units(*gpt);
   units.pop_back();  // ln_f left out
   REQUIRE_THROWS_WITH(fully_shard(gpt, pg, units),
                       MG_CONTAINS("'transformer.ln_f.weight' is in no unit"));
-  units = models::gpt_fsdp_units(*gpt);
+  units = gpt_fsdp_units(*gpt);
   units.push_back({{gpt->child("transformer")->child("h")->children()[0]}, {}});
   REQUIRE_THROWS_WITH(fully_shard(gpt, pg, units),
                       MG_CONTAINS("is in units 1 and 5"));

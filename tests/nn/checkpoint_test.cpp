@@ -12,7 +12,7 @@
 #include <minigrad/core/allocator.h>
 #include <minigrad/core/fault_injection.h>
 #include <minigrad/minigrad.h>
-#include <minigrad/models/gpt_fsdp.h>
+#include <minigrad/models/gpt_checkpointing.h>
 #include <minigrad/nn/checkpoint.h>
 
 namespace nn = mg::nn;

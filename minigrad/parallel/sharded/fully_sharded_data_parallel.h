@@ -33,7 +33,7 @@
 // So a rank holds, besides its shards, the gathered parameters of at most two units (the
 // one computing and the one being prefetched).
 //
-// Units named by the caller (an auto-wrap policy, e.g. models::fully_shard_gpt): each
+// Units named by the caller (an auto-wrap policy, e.g. gpt_fsdp.h): each
 // FSDPUnit lists the submodules whose parameters form it; the hooks go on each of them.
 // A unit stays gathered from its first module's forward until another unit's forward
 // begins (so one unit of two modules, wte and wpe, is gathered once), and the unit in use
