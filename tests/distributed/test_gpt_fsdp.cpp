@@ -2,13 +2,15 @@
 // activation checkpointing, and under ZeRO-1 (with DDP) and ZeRO-2, on 2 and 3 Gloo ranks
 // with an uneven split of the batch: the loss, every gradient (put back together from the
 // shards) and the parameters after 3 AdamW steps equal the single-process GPT on the
-// whole batch; a missing reduction, or averaging the ranks' means where their rows must be
-// summed, fails the comparison.
+// whole batch, with at most two units gathered at once; a missing reduction, or averaging
+// the ranks' means where their rows must be summed, fails the comparison; with dropout,
+// recomputed blocks under FSDP take the same steps as stored ones.
 #ifdef MINIGRAD_WITH_GLOO
 
 #include "sharding_helpers.h"
 
 #include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/fault_injection.h>
 #include <minigrad/models/gpt.h>
 #include <minigrad/models/gpt_checkpointing.h>
 #include <minigrad/parallel/sharded/gpt_fsdp.h>
@@ -41,9 +43,11 @@ GPTConfig config() {
   return c;
 }
 
-std::shared_ptr<GPT> make_gpt(uint64_t seed) {
+std::shared_ptr<GPT> make_gpt(uint64_t seed, double dropout = 0.0) {
   manual_seed(seed);
-  return std::make_shared<GPT>(config());
+  GPTConfig c = config();
+  c.dropout = dropout;
+  return std::make_shared<GPT>(c);
 }
 
 MakeOptimizer gpt_adamw() {
@@ -109,6 +113,7 @@ struct Setup {
   Variant variant = Variant::Right;
   bool checkpointing = false;
   int zero_stage = 0;  // 0: FSDP; 1: ZeRO-1 with DDP; 2: ZeRO-2
+  double dropout = 0.0;
 };
 
 Tensor rank_loss(const Tensor& logits, const Local& local, Variant variant) {
@@ -118,9 +123,10 @@ Tensor rank_loss(const Tensor& logits, const Local& local, Variant variant) {
 
 void train_fsdp(RankContext& ctx, const Setup& setup) {
   auto pg = setup.variant == Variant::NoCommunication ? single_process_group() : ctx.gloo();
-  auto gpt = make_gpt(11 + static_cast<uint64_t>(ctx.rank));  // rank 0's weights win
+  auto gpt = make_gpt(11 + static_cast<uint64_t>(ctx.rank), setup.dropout);  // rank 0's win
   if (setup.checkpointing) models::set_block_checkpointing(*gpt);
   auto fsdp = fully_shard_gpt(gpt, pg);
+  manual_seed(1000 + static_cast<uint64_t>(ctx.rank));  // each rank's dropout masks
   MG_CHECK(fsdp->num_units() == 5, "expected 5 units, got {}", fsdp->num_units());
   auto opt = gpt_adamw()(fsdp->parameters());
   std::vector<float> losses;
@@ -134,6 +140,10 @@ void train_fsdp(RankContext& ctx, const Setup& setup) {
     // At rest again: only the shards (every unit freed after its reduce-scatter).
     MG_CHECK(fsdp->stats().gathered_bytes == 0, "{} bytes still gathered after backward",
              fsdp->stats().gathered_bytes);
+    // At most two units at once: the one computing and the one prefetched.
+    MG_CHECK(fsdp->stats().peak_gathered_bytes <= 2 * fsdp->stats().largest_unit_bytes,
+             "{} bytes gathered at once, more than two units of at most {}",
+             fsdp->stats().peak_gathered_bytes, fsdp->stats().largest_unit_bytes);
     if (step == 0)
       for (size_t u = 0; u < fsdp->num_units(); ++u) {
         ctx.report(fmt::format("grad.{}", u), fsdp->unit(u).shard().grad());
@@ -295,6 +305,28 @@ TEST_CASE("GPT FSDP and ZeRO: a missing reduction or averaged means fail the com
   }
 }
 
+TEST_CASE("GPT FSDP: with dropout, recomputed blocks take the same steps as stored ones") {
+  // Each rank draws its own masks, so no single-process run compares; but the recompute
+  // must draw the very masks of the forward, under FSDP's gathering as without it.
+  Setup stored;
+  stored.dropout = 0.2;
+  Setup recomputed = stored;
+  recomputed.checkpointing = true;
+  const auto a = run(3, stored);
+  const auto b = run(3, recomputed);
+  REQUIRE(b[0].floats("recomputed")[0] == 3.0f * kSteps);
+  CHECK(a[0].floats("losses") == b[0].floats("losses"));
+  CHECK(a[0].floats("params") == b[0].floats("params"));
+  for (size_t u = 0; u < 5; ++u)
+    for (size_t r = 0; r < 3; ++r)
+      CHECK(a[r].floats(fmt::format("grad.{}", u)) == b[r].floats(fmt::format("grad.{}", u)));
+  // A recompute with fresh masks (the test-only fault; the forked ranks inherit it) differs.
+  mg::testing::FaultGuard fault(mg::testing::Fault::CheckpointFreshDropout);
+  const auto c = run(3, recomputed);
+  CHECK(c[0].floats("losses")[0] == a[0].floats("losses")[0]);  // the first forward is untouched
+  CHECK(c[0].floats("params") != a[0].floats("params"));
+}
+
 TEST_CASE("GPT FSDP: units must hold every parameter, each once") {
   auto pg = single_process_group();
   auto gpt = make_gpt(1);
@@ -306,6 +338,8 @@ TEST_CASE("GPT FSDP: units must hold every parameter, each once") {
   units.push_back({{gpt->child("transformer")->child("h")->children()[0]}, {}});
   REQUIRE_THROWS_WITH(fully_shard(gpt, pg, units),
                       MG_CONTAINS("is in units 1 and 5"));
+  auto mlp = make_uneven_mlp(1);
+  REQUIRE_THROWS_WITH(gpt_fsdp_units(*mlp), MG_CONTAINS("the module has no 'transformer'"));
 }
 
 #endif  // MINIGRAD_WITH_GLOO
