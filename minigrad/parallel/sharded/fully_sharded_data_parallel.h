@@ -18,9 +18,11 @@
 //   forward of unit u:  (a forward pre-hook on the unit's module, nn/module.h) allocate
 //                       the flat buffer, all_gather the shards into it (and start
 //                       gathering unit u+1: forward_prefetch); the module's own forward
-//                       runs; (its forward hook) free the buffer (Storage::resize_(0));
-//                       the output passes through an UnshardBeforeBackward node. The last unit stays gathered when a
-//                       backward is to follow: its backward comes first, at once;
+//                       runs; (its forward hook) the output passes through an
+//                       UnshardBeforeBackward node, and the buffer is freed
+//                       (Storage::resize_(0)) as unit u+1's forward begins. The last unit
+//                       stays gathered when a backward is to follow: its backward comes
+//                       first, at once;
 //   backward of unit u: that node runs as soon as u's output gradient is in, before any of
 //                       u's own backward: it gathers u's parameters again into the same
 //                       storage block -- so the views that u's autograd nodes saved in
