@@ -134,12 +134,17 @@ void train_fsdp(RankContext& ctx, const Setup& setup) {
   for (int step = 0; step < kSteps; ++step) {
     const Local local = local_batch(step, ctx.rank, ctx.world_size);
     opt->zero_grad();
+    fsdp->reset_peak_stats();
     const Tensor loss = rank_loss(fsdp->forward(local.batch.idx), local, setup.variant);
     losses.push_back(loss.item<float>());
     loss.backward();
     // At rest again: only the shards (every unit freed after its reduce-scatter).
     MG_CHECK(fsdp->stats().gathered_bytes == 0, "{} bytes still gathered after backward",
              fsdp->stats().gathered_bytes);
+    // Every unit gathered once in forward and once in backward, the embeddings' unit once
+    // more in forward for the head (which then stays gathered for the head's backward).
+    MG_CHECK(fsdp->stats().all_gathers == 2 * fsdp->num_units() + 1,
+             "{} all-gathers in a step of {} units", fsdp->stats().all_gathers, fsdp->num_units());
     // At most two units at once: the one computing and the one prefetched.
     MG_CHECK(fsdp->stats().peak_gathered_bytes <= 2 * fsdp->stats().largest_unit_bytes,
              "{} bytes gathered at once, more than two units of at most {}",
