@@ -19,6 +19,8 @@ std::string_view fault_name(Fault fault) {
     case Fault::PipelineLossesSummed: return "pipeline: micro-batch losses summed, not averaged";
     case Fault::RowParallelBiasPerRank: return "tensor parallel: the row-parallel bias added once per rank";
     case Fault::SamplerRankLikeNeighbour: return "DistributedSampler: a rank takes its neighbour's shard";
+    case Fault::PipelineTiedGradNotSummed: return "GPT pipeline: the tied embedding's gradient not summed between first and last stage";
+    case Fault::PipelineMicroBatchCountedTwice: return "pipeline: the last micro-batch's loss counted twice";
   }
   return "unknown";
 }

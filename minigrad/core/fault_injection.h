@@ -42,9 +42,18 @@ enum class Fault {
   // no form seeds a random generator per rank yet, and this is the closest real case of
   // a per-rank choice that must differ (DistributedSampler::indices).
   SamplerRankLikeNeighbour,
+  // The GPT's pipeline (models/gpt_pipeline.h): the tied embedding's gradient is not
+  // summed between the first and the last stage, so each copy of wte steps with its own
+  // share (GPTPipeline::reduce_tied_gradients).
+  PipelineTiedGradNotSummed,
+  // Pipelines: the last micro-batch's loss counted twice, weight 2 rows_j / rows
+  // (MicroBatches::weight).
+  PipelineMicroBatchCountedTwice,
 };
 
-// Every fault but None, in declaration order.
+// Every fault of the parity table (the MLP's rows) but None, in declaration order. The
+// last two are caught by tests/distributed/test_gpt_pipeline.cpp; they join here when the
+// table has the GPT's rows.
 inline constexpr Fault kAllFaults[] = {
     Fault::DataParallelGradsAveraged, Fault::DdpLastBucketNotReduced,
     Fault::ZeroAllGatherSkipped,      Fault::ShardPaddingInArithmetic,

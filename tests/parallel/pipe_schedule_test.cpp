@@ -75,6 +75,70 @@ TEST_CASE("schedules: every stage's list runs to its end, in queue order, within
       }
 }
 
+// The same play for the interleaved schedule, over virtual stages: rank r's chunk c is
+// virtual stage c p + r of v p; a forward waits for the previous virtual stage's forward
+// of that micro-batch (on the previous rank, or on the last rank's previous chunk for
+// rank 0), a backward for the next virtual stage's backward. Every rank's list must run
+// to its end, hold every (micro-batch, chunk) pass once, and keep at most max_in_flight
+// micro-batch-chunks alive. (Hand-offs are matched by tag, not queued, so no order.)
+TEST_CASE("schedules: interleaved 1F1B runs to its end on every rank, within its in-flight bound") {
+  REQUIRE(actions_str(mg::parallel::rank_actions(Schedule::Interleaved1F1B, 0, 2, 2, 4)) ==
+          "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0");
+  REQUIRE(actions_str(mg::parallel::rank_actions(Schedule::Interleaved1F1B, 1, 2, 2, 4)) ==
+          "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0");
+  REQUIRE_THROWS_WITH(mg::parallel::rank_actions(Schedule::OneFOneB, 0, 2, 2, 4),
+                      MG_CONTAINS("the 1f1b schedule runs one model chunk per rank, got 2"));
+  REQUIRE(mg::parallel::parse_schedule("interleaved") == Schedule::Interleaved1F1B);
+  REQUIRE(mg::parallel::ideal_bubble_fraction(4, 8, 2) == Approx(3.0 / 19));
+  for (int p = 1; p <= 5; ++p)
+    for (int v = 1; v <= 4; ++v)
+      for (int64_t m = 1; m <= 11; ++m) {
+        INFO(fmt::format("interleaved p={} v={} m={}", p, v, m));
+        const int virtual_stages = p * v;
+        std::vector<std::vector<Action>> lists;
+        for (int r = 0; r < p; ++r)
+          lists.push_back(mg::parallel::rank_actions(Schedule::Interleaved1F1B, r, p, v, m));
+        std::vector<size_t> next(static_cast<size_t>(p), 0);
+        // done[k][j]: virtual stage k's forward (or backward) of micro-batch j has run.
+        std::vector<std::vector<int>> forward_done(virtual_stages, std::vector<int>(m, 0)),
+            backward_done(virtual_stages, std::vector<int>(m, 0));
+        std::vector<int64_t> alive(static_cast<size_t>(p), 0), most(static_cast<size_t>(p), 0);
+        for (bool progress = true; progress;) {
+          progress = false;
+          for (int r = 0; r < p; ++r) {
+            if (next[r] == lists[r].size()) continue;
+            const Action a = lists[r][next[r]];
+            const auto j = static_cast<size_t>(a.micro_batch);
+            const int k = a.chunk * p + r;
+            if (a.pass == Pass::Forward) {
+              if (k > 0 && !forward_done[k - 1][j]) continue;
+              ++forward_done[k][j];
+              most[r] = std::max(most[r], ++alive[r]);
+            } else {
+              if (!forward_done[k][j] || (k + 1 < virtual_stages && !backward_done[k + 1][j])) continue;
+              ++backward_done[k][j];
+              --alive[r];
+            }
+            ++next[r];
+            progress = true;
+          }
+        }
+        for (int r = 0; r < p; ++r) {
+          REQUIRE(next[r] == lists[r].size());
+          REQUIRE(static_cast<int64_t>(lists[r].size()) == 2 * m * v);
+          REQUIRE(most[r] == mg::parallel::max_in_flight(Schedule::Interleaved1F1B, r, p, m, v));
+          // Whole groups: the fill plus the one forward before each backward.
+          if (m <= p || m % p == 0)
+            REQUIRE(most[r] == std::min<int64_t>(2 * (p - 1 - r) + (v - 1) * std::min<int64_t>(p, m) + 1, v * m));
+        }
+        for (int k = 0; k < virtual_stages; ++k)
+          for (int64_t j = 0; j < m; ++j) {
+            REQUIRE(forward_done[k][j] == 1);
+            REQUIRE(backward_done[k][j] == 1);
+          }
+      }
+}
+
 TEST_CASE("Pipe: 1F1B keeps at most p - s micro-batches alive per stage, GPipe all of them") {
   mg::manual_seed(41);
   for (int p : {2, 3, 4}) {

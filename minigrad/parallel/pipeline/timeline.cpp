@@ -44,8 +44,8 @@ double TimelineRecorder::now() const {
 }
 
 void TimelineRecorder::record(int stage, int64_t micro_batch, Pass pass, double start,
-                              double end) {
-  per_stage_[static_cast<size_t>(stage)].push_back({stage, micro_batch, pass, start, end});
+                              double end, int chunk) {
+  per_stage_[static_cast<size_t>(stage)].push_back({stage, micro_batch, pass, start, end, chunk});
   // The same span in a trace (core/profiler.h), on the stage's thread: one mechanism
   // times the pipeline, the trace shows it beside everything else.
   if (profiler::is_enabled()) {

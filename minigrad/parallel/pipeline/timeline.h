@@ -23,6 +23,7 @@ struct PipeSpan {
   int64_t micro_batch = 0;
   Pass pass = Pass::Forward;
   double start = 0.0, end = 0.0;  // seconds since the timeline began
+  int chunk = 0;                  // the rank's model chunk (interleaved schedule)
 };
 
 struct PipeTimeline {
@@ -49,7 +50,8 @@ class TimelineRecorder {
   using Clock = std::chrono::steady_clock;
   explicit TimelineRecorder(int stages);
   double now() const;  // seconds since construction
-  void record(int stage, int64_t micro_batch, Pass pass, double start, double end);
+  void record(int stage, int64_t micro_batch, Pass pass, double start, double end,
+              int chunk = 0);
   // Marks an interval in which the pipeline ran (called by the owner only).
   void add_window(double start, double end);
   PipeTimeline timeline() const;
