@@ -139,6 +139,33 @@ TEST_CASE("schedules: interleaved 1F1B runs to its end on every rank, within its
       }
 }
 
+// The schedules' bubble, on the ideal timeline (equal stages, free messages, backward
+// twice the forward): GPipe's and 1F1B's (p - 1) / (m + p - 1); interleaving v chunks
+// divides the fill and drain by v, (p - 1) / (v m + p - 1), when m is a multiple of p (or
+// equal to it), and still beats 1F1B when it is not.
+TEST_CASE("schedules: the ideal timeline's bubble is the formula's") {
+  for (int p = 1; p <= 5; ++p)
+    for (int64_t m = 1; m <= 10; ++m) {
+      INFO(fmt::format("p={} m={}", p, m));
+      for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB})
+        REQUIRE(mg::parallel::ideal_timeline(schedule, p, m).bubble_fraction() ==
+                Approx(mg::parallel::ideal_bubble_fraction(p, m)));
+      const double one_f_one_b = mg::parallel::ideal_bubble_fraction(p, m);
+      for (int v = 2; v <= 4; ++v) {
+        INFO(fmt::format("v={}", v));
+        const double bubble =
+            mg::parallel::ideal_timeline(Schedule::Interleaved1F1B, p, m, v).bubble_fraction();
+        if (m % p == 0)
+          REQUIRE(bubble == Approx(mg::parallel::ideal_bubble_fraction(p, m, v)));
+        else
+          REQUIRE(bubble <= one_f_one_b + 1e-12);
+      }
+    }
+  const mg::parallel::PipeTimeline t = mg::parallel::ideal_timeline(Schedule::Interleaved1F1B, 4, 8, 2);
+  REQUIRE(t.spans.size() == 4 * 8 * 2 * 2);
+  REQUIRE(t.bubble_fraction() == Approx(3.0 / 19));
+}
+
 TEST_CASE("Pipe: 1F1B keeps at most p - s micro-batches alive per stage, GPipe all of them") {
   mg::manual_seed(41);
   for (int p : {2, 3, 4}) {

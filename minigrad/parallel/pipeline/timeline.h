@@ -43,6 +43,17 @@ struct PipeTimeline {
 // backward orange, each labelled with its micro-batch), a time axis in milliseconds.
 std::string timeline_svg(const PipeTimeline& timeline, const std::string& title);
 
+// The timeline of an ideal pipeline: every rank follows its list (rank_actions), a pass
+// starts once its rank is free and its input has arrived (no time to send it), each
+// chunk's forward takes forward_seconds / v and its backward backward_seconds / v (a
+// stage's work cut into v equal chunks). Its bubble_fraction() is the schedule's own
+// bubble: (p - 1) / (m + p - 1) for GPipe and 1F1B; (p - 1) / (v m + p - 1) for the
+// interleaved schedule when m is a multiple of p (more otherwise). A stage of the spans is
+// a rank; the spans carry their chunk.
+PipeTimeline ideal_timeline(Schedule schedule, int stages, int64_t micro_batches,
+                            int model_chunks = 1, double forward_seconds = 1.0,
+                            double backward_seconds = 2.0);
+
 // Collects spans from the stages' threads. Each stage writes only its own list, so
 // recording takes no lock; the owner reads them after the threads have been joined.
 class TimelineRecorder {
