@@ -3,6 +3,7 @@
 #include "catch_compat.h"
 
 #include <algorithm>
+#include <fstream>
 
 #include "core/host_backed_cuda.h"
 #include "parallel/pipe_check.h"
@@ -164,6 +165,22 @@ TEST_CASE("schedules: the ideal timeline's bubble is the formula's") {
   const mg::parallel::PipeTimeline t = mg::parallel::ideal_timeline(Schedule::Interleaved1F1B, 4, 8, 2);
   REQUIRE(t.spans.size() == 4 * 8 * 2 * 2);
   REQUIRE(t.bubble_fraction() == Approx(3.0 / 19));
+}
+
+// Not part of the suite (hidden): the pictures of docs/gpt-pipeline.md, ideal timelines of
+// 4 ranks and 8 micro-batches (a forward 1 ms, a backward 2 ms).
+TEST_CASE("schedules: write docs/gpt-pipeline-*.svg", "[.][write-docs]") {
+  const std::string docs = std::string(MINIGRAD_SOURCE_DIR) + "/docs/";
+  const auto write = [&](const std::string& name, const std::string& svg) {
+    std::ofstream(docs + name) << svg;
+  };
+  write("gpt-pipeline-1f1b.svg",
+        mg::parallel::timeline_svg(mg::parallel::ideal_timeline(Schedule::OneFOneB, 4, 8, 1, 1e-3, 2e-3),
+                                   "1F1B, 4 stages, 8 micro-batches: bubble 3/11 = 27%"));
+  write("gpt-pipeline-interleaved.svg",
+        mg::parallel::timeline_svg(
+            mg::parallel::ideal_timeline(Schedule::Interleaved1F1B, 4, 8, 2, 1e-3, 2e-3),
+            "interleaved 1F1B, 2 chunks per rank (chunk 1 lighter): bubble 3/19 = 16%"));
 }
 
 TEST_CASE("Pipe: 1F1B keeps at most p - s micro-batches alive per stage, GPipe all of them") {

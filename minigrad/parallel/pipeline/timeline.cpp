@@ -166,7 +166,11 @@ std::string timeline_svg(const PipeTimeline& timeline, const std::string& title)
         "<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\" "
         "stroke=\"white\" stroke-width=\"0.5\"><title>stage {} {} {}: {:.3f}-{:.3f} "
         "ms</title></rect>\n",
-        x0, y, std::max(x1 - x0, 0.5), row - 10, forward ? "#4c78a8" : "#f58518", s.stage,
+        x0, y, std::max(x1 - x0, 0.5), row - 10,
+        // Odd model chunks (interleaved schedule) in lighter shades.
+        forward ? (s.chunk % 2 == 0 ? "#4c78a8" : "#9ecae9")
+                : (s.chunk % 2 == 0 ? "#f58518" : "#ffbf79"),
+        s.stage,
         forward ? "F" : "B", s.micro_batch, 1e3 * s.start, 1e3 * s.end);
     if (x1 - x0 > 14)
       svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"white\" text-anchor=\"middle\" "

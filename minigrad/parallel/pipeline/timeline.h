@@ -40,7 +40,8 @@ struct PipeTimeline {
 };
 
 // An SVG picture of `timeline`: a row per stage, a box per span (forward blue,
-// backward orange, each labelled with its micro-batch), a time axis in milliseconds.
+// backward orange, lighter for odd model chunks, each labelled with its micro-batch), a
+// time axis in milliseconds.
 std::string timeline_svg(const PipeTimeline& timeline, const std::string& title);
 
 // The timeline of an ideal pipeline: every rank follows its list (rank_actions), a pass
