@@ -51,14 +51,14 @@ enum class Fault {
   PipelineMicroBatchCountedTwice,
 };
 
-// Every fault of the parity table (the MLP's rows) but None, in declaration order. The
-// last two are caught by tests/distributed/test_gpt_pipeline.cpp; they join here when the
-// table has the GPT's rows.
+// Every fault that a row of the parity table (the MLP's) catches, in declaration order:
+// all but None and PipelineTiedGradNotSummed, which is the GPT's (caught by
+// tests/distributed/test_gpt_pipeline.cpp; it joins when the table has the GPT's rows).
 inline constexpr Fault kAllFaults[] = {
     Fault::DataParallelGradsAveraged, Fault::DdpLastBucketNotReduced,
     Fault::ZeroAllGatherSkipped,      Fault::ShardPaddingInArithmetic,
     Fault::PipelineLossesSummed,      Fault::RowParallelBiasPerRank,
-    Fault::SamplerRankLikeNeighbour,
+    Fault::SamplerRankLikeNeighbour,  Fault::PipelineMicroBatchCountedTwice,
 };
 
 std::string_view fault_name(Fault fault);
