@@ -15,8 +15,12 @@ namespace {
 constexpr int64_t kMaxRank = 8;
 constexpr int64_t kHeaderLength = 4 + kMaxRank;
 
-// The tags of the boundary between virtual stages k and k + 1 for micro-batch j.
+// The tags of the boundary between virtual stages k and k + 1 for micro-batch j: each
+// (micro-batch, boundary, kind) has one of its own (train_step checks they fit an int).
 constexpr int kHeaderTag = 0, kActivationTag = 1, kGradientTag = 2;
+int message_tag(int64_t j, int boundary, int virtual_stages, int kind) {
+  return static_cast<int>(3 * (j * virtual_stages + boundary) + kind);
+}
 
 }  // namespace
 
@@ -53,8 +57,8 @@ PipeTimeline PipelineStage::last_timeline() const {
 PipelineStage::Header PipelineStage::receive_header(int64_t micro_batch, int virtual_stage) {
   const int p = num_stages(), from = virtual_stage - 1;
   Tensor raw = empty({kHeaderLength}, DType::Int64, group_->device());
-  const int tag = static_cast<int>(3 * (micro_batch * p * num_model_chunks() + from) + kHeaderTag);
-  group_->recv(raw, from % p, tag)->wait();
+  group_->recv(raw, from % p, message_tag(micro_batch, from, p * num_model_chunks(), kHeaderTag))
+      ->wait();
   const std::vector<int64_t> v = raw.to_vector<int64_t>();
   MG_CHECK(v[3] >= 1 && v[3] <= kMaxRank && (v[2] == static_cast<int64_t>(DType::Float32) ||
                                              v[2] == static_cast<int64_t>(DType::Float64) ||
@@ -107,11 +111,12 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
            "than an int holds",
            m, virtual_stages);
   auto tag_of = [&](int64_t j, int boundary, int kind) {
-    return static_cast<int>(3 * (j * virtual_stages + boundary) + kind);
+    return message_tag(j, boundary, virtual_stages, kind);
   };
 
   // One runner per chunk: virtual stage k = c p + s.
   std::vector<StageRunner> runners;
+  runners.reserve(static_cast<size_t>(v));
   for (int c = 0; c < v; ++c) {
     const int k = c * p + s;
     StageRunner::Options o;
