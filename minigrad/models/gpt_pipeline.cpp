@@ -127,6 +127,11 @@ std::vector<std::shared_ptr<GPTStage>> split_gpt(GPT& model, int rank, int stage
                                                  int model_chunks) {
   const std::vector<int64_t> balance = gpt_pipeline_balance(model.config(), stages, model_chunks);
   MG_CHECK(rank >= 0 && rank < stages, "split_gpt: rank {} of {} stages", rank, stages);
+  // One rank would hold wte in its first chunk and the head, reading the same tensor, in
+  // its last: two modules sharing a parameter, which moving them to a device would untie.
+  MG_CHECK(stages > 1 || model_chunks == 1,
+           "GPT pipeline: {} model chunks on one rank; interleaving needs at least two ranks",
+           model_chunks);
   const int virtual_stages = stages * model_chunks;
   std::vector<std::shared_ptr<GPTStage>> chunks;
   for (int c = 0; c < model_chunks; ++c) {

@@ -68,7 +68,8 @@ std::vector<int64_t> gpt_pipeline_balance(const GPTConfig& config, int stages,
 
 // Rank `rank`'s model chunks of `model` cut into `stages` ranks of `model_chunks` chunks:
 // chunk c is virtual stage c stages + rank. The last virtual stage's head is a copy of wte
-// unless it sits on the rank of the first (one rank), then wte itself.
+// unless it sits on the rank of the first (one rank, one chunk), then wte itself.
+// mg::Error for several chunks on one rank.
 std::vector<std::shared_ptr<GPTStage>> split_gpt(GPT& model, int rank, int stages,
                                                  int model_chunks = 1);
 

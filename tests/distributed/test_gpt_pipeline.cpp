@@ -272,6 +272,9 @@ TEST_CASE("GPT pipeline: fewer blocks than stages x model chunks is refused", "[
   REQUIRE(gpt_pipeline_balance(config_of(5), 2, 2) == std::vector<int64_t>{2, 1, 1, 1});
   GPT model(config_of(3));
   REQUIRE_THROWS_WITH(split_gpt(model, 0, 4), MG_CONTAINS("3 blocks (n_layer) cannot fill 4 stages"));
+  REQUIRE_THROWS_WITH(split_gpt(model, 0, 1, 2),
+                      MG_CONTAINS("GPT pipeline: 2 model chunks on one rank; interleaving needs "
+                                  "at least two ranks"));
   // Two chunks per rank need the interleaved schedule.
   const auto results = run_ranks(2, [](RankContext& ctx) {
     manual_seed(1);
