@@ -33,6 +33,7 @@
 #include <minigrad/nn/optim/adam.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
 #include <minigrad/parallel/context_parallel/wire.h>
+#include <minigrad/parallel/ddp/distributed_data_parallel.h>
 
 using namespace mg;
 using namespace mg::test;
@@ -75,9 +76,11 @@ void sum_over_dp(const std::vector<Tensor>& parameters, parallel::ProcessGroup& 
 }
 
 // One rank's check: the composed model on its rows and its cp chunks against the single-
-// device GPT on the whole batch [B, T].
+// device GPT on the whole batch [B, T]. With `ddp` the dp sum is DistributedDataParallel's
+// average during backward (float32: the buckets' all-reduce), each rank dividing by the
+// count of targets / dp.
 Outcome against_single_device(const parallel::DeviceMesh& mesh, const GPTConfig& config,
-                              int64_t B, int64_t T, bool sp, DType dtype) {
+                              int64_t B, int64_t T, bool sp, DType dtype, bool ddp = false) {
   manual_seed(1234);
   GPT gpt(config);
   if (dtype != DType::Float32)
@@ -103,7 +106,9 @@ Outcome against_single_device(const parallel::DeviceMesh& mesh, const GPTConfig&
   const Tensor y_local = model->local_sequence(ops::contiguous(y.narrow(0, start, rows)));
   // Without dp the loss's own mean (the count summed over cp); with dp each rank divides
   // by the whole batch's count and the dp ranks' gradients are summed.
-  const double divide_by = dp > 1 ? static_cast<double>(targets) : 0.0;
+  const double divide_by = dp > 1 ? static_cast<double>(targets) / (ddp ? dp : 1) : 0.0;
+  std::shared_ptr<parallel::DistributedDataParallel> wrapped;
+  if (ddp) wrapped = std::make_shared<parallel::DistributedDataParallel>(model, mesh.group("dp"));
 
   optim::AdamW ref_opt(ref->parameters(), optim::AdamWOptions(1e-3));
   optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
@@ -113,12 +118,14 @@ Outcome against_single_device(const parallel::DeviceMesh& mesh, const GPTConfig&
     const Tensor ref_loss = GPT::loss(ref->forward(x), y);
     ref_loss.backward();
     opt.zero_grad();
-    Tensor loss = model->loss(model->forward(x_local), y_local, divide_by);
+    Tensor loss =
+        model->loss(wrapped ? wrapped->forward(x_local) : model->forward(x_local), y_local, divide_by);
     loss.backward();
-    model->finish_gradients();  // tp (with SP) and cp sums
+    model->finish_gradients();  // tp (with SP) and cp sums (after DDP's: they commute)
     if (dp > 1) {
-      sum_over_dp(model->parameters(), *mesh.group("dp"));
+      if (!ddp) sum_over_dp(model->parameters(), *mesh.group("dp"));
       loss = parallel::context_parallel::sum_over_group(loss.detach(), *mesh.group("dp"));
+      if (ddp) loss = loss / static_cast<double>(dp);
     }
     if (step == 0) {
       out.loss_error = std::abs(value(loss) - value(ref_loss)) / std::abs(value(ref_loss));
@@ -261,6 +268,8 @@ TEST_CASE("GPT dp2 x cp2 x tp2 on 8 Gloo ranks (uneven batch rows) equals the si
     // B = 5: dp rank 0 takes 3 rows, dp rank 1 takes 2; T = 12: cp chunks of 3, SP 3 each.
     report(ctx, "3d", against_single_device(mesh, tiny(), 5, 12, false, DType::Float64));
     report(ctx, "3d sp", against_single_device(mesh, tiny(), 5, 12, true, DType::Float64));
+    report(ctx, "3d ddp f32",
+           against_single_device(mesh, tiny(false), 5, 12, true, DType::Float32, true));
     testing::FaultGuard fault(testing::Fault::ContextParallelGradsNotReduced);
     report(ctx, "3d fault", against_single_device(mesh, tiny(), 5, 12, true, DType::Float64));
   });
@@ -269,6 +278,7 @@ TEST_CASE("GPT dp2 x cp2 x tp2 on 8 Gloo ranks (uneven batch rows) equals the si
     REQUIRE(r.ok());
     require_equal(r, "3d", 1e-10f, 1e-12f);
     require_equal(r, "3d sp", 1e-10f, 1e-12f);
+    require_equal(r, "3d ddp f32", 1e-5f, 2e-5f);
     require_caught(r, "3d fault");
   }
 }
