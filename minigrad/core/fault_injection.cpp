@@ -23,6 +23,7 @@ std::string_view fault_name(Fault fault) {
     case Fault::SequenceParallelGradsNotReduced: return "sequence parallel: replicated parameters' gradients not all-reduced";
     case Fault::RingAttentionFutureBlocksSeen: return "ring attention: off-diagonal causal blocks taken as full";
     case Fault::ContextParallelGradsNotReduced: return "context parallel: gradients not summed over the cp group";
+    case Fault::CheckpointFreshDropout: return "checkpoint: the recomputed forward draws fresh dropout masks";
   }
   return "unknown";
 }

@@ -60,10 +60,15 @@ enum class Fault {
   // the GPT's parameter gradients are left each cp rank's own, never summed over the
   // group (context_parallel/context_parallel_loss.cpp: all_reduce_gradients).
   ContextParallelGradsNotReduced,
+  // Not in kAllFaults (the parity table has no row for it): its own test proves it,
+  // tests/nn/checkpoint_test.cpp. Activation checkpointing reruns a region from the
+  // generator's current state, so its dropout masks differ from forward's
+  // (nn/checkpoint.cpp, CheckpointBackward).
+  CheckpointFreshDropout,
 };
 
-// Every fault the parity table catches, in declaration order (all but None and the GPT's
-// tensor- and context-parallel faults above).
+// Every fault the parity table catches, in declaration order (all but None and the faults
+// above that their own tests catch: the GPT's tensor and context parallelism, checkpointing).
 inline constexpr Fault kAllFaults[] = {
     Fault::DataParallelGradsAveraged, Fault::DdpLastBucketNotReduced,
     Fault::ZeroAllGatherSkipped,      Fault::ShardPaddingInArithmetic,
