@@ -23,6 +23,9 @@ std::string_view fault_name(Fault fault) {
     case Fault::SequenceParallelGradsNotReduced: return "sequence parallel: replicated parameters' gradients not all-reduced";
     case Fault::RingAttentionFutureBlocksSeen: return "ring attention: off-diagonal causal blocks taken as full";
     case Fault::ContextParallelGradsNotReduced: return "context parallel: gradients not summed over the cp group";
+    case Fault::CheckpointFreshDropout: return "checkpoint: the recomputed forward draws fresh dropout masks";
+    case Fault::PipelineTiedGradNotSummed: return "GPT pipeline: the tied embedding's gradient not summed between first and last stage";
+    case Fault::PipelineMicroBatchCountedTwice: return "pipeline: the last micro-batch's loss counted twice";
   }
   return "unknown";
 }

@@ -60,15 +60,28 @@ enum class Fault {
   // the GPT's parameter gradients are left each cp rank's own, never summed over the
   // group (context_parallel/context_parallel_loss.cpp: all_reduce_gradients).
   ContextParallelGradsNotReduced,
+  // Not in kAllFaults (the parity table has no row for it): its own test proves it,
+  // tests/nn/checkpoint_test.cpp. Activation checkpointing reruns a region from the
+  // generator's current state, so its dropout masks differ from forward's
+  // (nn/checkpoint.cpp, CheckpointBackward).
+  CheckpointFreshDropout,
+  // The GPT's pipeline (models/gpt_pipeline.h): the tied embedding's gradient is not
+  // summed between the first and the last stage, so each copy of wte steps with its own
+  // share (GPTPipeline::reduce_tied_gradients).
+  PipelineTiedGradNotSummed,
+  // Pipelines: the last micro-batch's loss counted twice, weight 2 rows_j / rows
+  // (MicroBatches::weight).
+  PipelineMicroBatchCountedTwice,
 };
 
-// Every fault the parity table catches, in declaration order (all but None and the GPT's
-// tensor- and context-parallel faults above).
+// Every fault that a row of the parity table (the MLP's) catches, in declaration order:
+// all but None and the GPT's faults above, which their own tests catch (they join when
+// the table has the GPT's rows).
 inline constexpr Fault kAllFaults[] = {
     Fault::DataParallelGradsAveraged, Fault::DdpLastBucketNotReduced,
     Fault::ZeroAllGatherSkipped,      Fault::ShardPaddingInArithmetic,
     Fault::PipelineLossesSummed,      Fault::RowParallelBiasPerRank,
-    Fault::SamplerRankLikeNeighbour,
+    Fault::SamplerRankLikeNeighbour,  Fault::PipelineMicroBatchCountedTwice,
 };
 
 std::string_view fault_name(Fault fault);

@@ -122,11 +122,13 @@ Tensor GPTTransformer::forward(const Tensor& idx) {
            "GPT: cannot forward a sequence of length {}, block_size is only {}", T,
            wpe.num_embeddings());
   const Tensor pos = arange(static_cast<double>(T), DType::Int64, idx.device());  // [T]
-  const Tensor tok_emb = child("wte")->forward(idx);                              // [B, T, C]
-  const Tensor pos_emb = child("wpe")->forward(pos);                              // [T, C]
-  Tensor x = child("drop")->forward(tok_emb + pos_emb);  // broadcast over B
-  x = child("h")->forward(x);                            // n_layer blocks
-  return child("ln_f")->forward(x);
+  const Tensor tok_emb = (*child("wte"))(idx);                                    // [B, T, C]
+  const Tensor pos_emb = (*child("wpe"))(pos);                                    // [T, C]
+  // Children are called with their hooks (operator()), as PyTorch calls them: FSDP's
+  // units and activation checkpointing act there (parallel/sharded/gpt_fsdp.h).
+  Tensor x = (*child("drop"))(tok_emb + pos_emb);  // broadcast over B
+  x = (*child("h"))(x);                             // n_layer blocks
+  return (*child("ln_f"))(x);
 }
 
 // ---------------------------------------------------------------- GPT
@@ -153,7 +155,7 @@ GPT::GPT(GPTConfig config) : nn::Cloneable<GPT>("GPT"), config_(config) {
 Tensor& GPT::wte_weight() { return parameter("transformer.wte.weight"); }
 
 Tensor GPT::forward(const Tensor& idx) {
-  const Tensor x = child("transformer")->forward(idx);  // [B, T, C]
+  const Tensor x = (*child("transformer"))(idx);  // [B, T, C]
   // The head is the token embedding: logits = x wte^T, [B, T, V].
   return linear(x, parameter("transformer.wte.weight"));
 }

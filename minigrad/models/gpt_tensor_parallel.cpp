@@ -6,6 +6,10 @@
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/fault_injection.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/parallel/context_parallel/context_parallel_loss.h>
+#include <minigrad/parallel/context_parallel/ring_attention.h>
+#include <minigrad/parallel/context_parallel/sequence_layout.h>
+#include <minigrad/parallel/context_parallel/wire.h>
 #include <minigrad/parallel/tensor_parallel/functions.h>
 #include <minigrad/parallel/tensor_parallel/layers.h>
 #include <minigrad/parallel/tensor_parallel/sequence_parallel.h>
@@ -24,6 +28,7 @@ struct Context {
   GPTConfig config;
   bool sequence_parallel = false;
   std::shared_ptr<Generator> sharded_generator;
+  std::shared_ptr<parallel::ProcessGroup> cp;  // context parallelism's group, or null
   // Dropout outside attention: on sequence shards with sequence parallelism (each rank its
   // own positions, its own mask), else on a replicated activation (one mask: the default
   // generator, which every rank advances alike).
@@ -71,10 +76,13 @@ class ParallelAttention : public nn::Cloneable<ParallelAttention> {
     const auto split_heads = [&](const Tensor& t) {
       return transpose(reshape(t, {B, T, heads, hs}), 1, 2);
     };
-    // Per head, so a sharded region: each rank draws its own attention-dropout mask.
-    const Tensor y = scaled_dot_product_attention(
-        split_heads(parts[0]), split_heads(parts[1]), split_heads(parts[2]), /*is_causal=*/true,
-        is_training() ? ctx_.config.dropout : 0.0, ctx_.sharded_generator.get());
+    // Per head, so a sharded region: each rank draws its own attention-dropout mask. Under
+    // cp the other positions' keys and values (of these heads) come round the cp ring.
+    const Tensor q = split_heads(parts[0]), k = split_heads(parts[1]), v = split_heads(parts[2]);
+    const Tensor y = ctx_.cp ? parallel::context_parallel::ring_attention(q, k, v, ctx_.cp, true)
+                             : scaled_dot_product_attention(q, k, v, /*is_causal=*/true,
+                                                            is_training() ? ctx_.config.dropout : 0.0,
+                                                            ctx_.sharded_generator.get());
     const Tensor merged = reshape(contiguous(transpose(y, 1, 2)), {B, T, width});
     return dropout(child("c_proj")->forward(merged), ctx_.config.dropout, is_training(),
                    ctx_.residual_generator());
@@ -138,15 +146,30 @@ class ParallelTransformer : public nn::Cloneable<ParallelTransformer> {
     MG_CHECK(idx.defined() && idx.dim() == 2 && idx.dtype() == DType::Int64,
              "TensorParallelGPT: expected token indices int64 [B, T], got {}",
              idx.defined() ? idx.shape().str() : "undefined");
-    const int64_t T = idx.size(1), n = ctx_.group->size();
-    MG_CHECK(T <= ctx_.config.block_size,
-             "TensorParallelGPT: cannot forward a sequence of length {}, block_size is only {}", T,
-             ctx_.config.block_size);
+    // T: this rank's positions (the cp-local sequence under cp); the whole sequence's
+    // length is cp times that.
+    const int64_t T = idx.size(1), n = ctx_.group->size(), cp = ctx_.cp ? ctx_.cp->size() : 1;
+    MG_CHECK(T * cp <= ctx_.config.block_size,
+             "TensorParallelGPT: cannot forward a sequence of length {}, block_size is only {}",
+             T * cp, ctx_.config.block_size);
+    if (cp > 1) parallel::context_parallel::chunk_length(T * cp, static_cast<int>(cp),
+                                                         "TensorParallelGPT under context parallelism");
     MG_CHECK(!ctx_.sequence_parallel || T % n == 0,
              "TensorParallelGPT: with sequence parallelism the sequence length T = {} must divide "
-             "over the {} tensor-parallel ranks (each holds T/{} positions)", T, n, n);
+             "over the {} tensor-parallel ranks (each holds T/{} positions){}", T, n, n,
+             cp > 1 ? fmt::format(" (T is this rank's part of a sequence split over cp = {})", cp)
+                    : std::string());
+    MG_CHECK(cp == 1 || !is_training() || ctx_.config.dropout == 0.0,
+             "TensorParallelGPT: no dropout under context parallelism (cp = {}), got dropout {}: "
+             "ring attention has no attention dropout (set dropout to 0, or call eval())", cp,
+             ctx_.config.dropout);
     const Tensor tok = child("wte")->forward(idx);  // [B, T, C], or [B, T/n, C]
-    Tensor pos = child("wpe")->forward(arange(static_cast<double>(T), DType::Int64, idx.device()));
+    // Under cp the positions of this rank's two chunks, else 0 .. T-1.
+    const Tensor positions =
+        cp > 1 ? parallel::context_parallel::sequence_positions(T * cp, ctx_.cp->rank(),
+                                                                static_cast<int>(cp), idx.device())
+               : arange(static_cast<double>(T), DType::Int64, idx.device());
+    Tensor pos = child("wpe")->forward(positions);
     if (ctx_.sequence_parallel) pos = narrow(pos, 0, ctx_.group->rank() * (T / n), T / n);
     Tensor x = dropout(tok + pos, ctx_.config.dropout, is_training(), ctx_.residual_generator());
     x = child("h")->forward(x);
@@ -168,10 +191,12 @@ int64_t checked_divide(int64_t size, int parts, const char* what, const GPTConfi
 }  // namespace
 
 TensorParallelGPT::TensorParallelGPT(const GPT& gpt, parallel::TensorParallelGroupPtr group,
-                                     TensorParallelGPTOptions options)
+                                     TensorParallelGPTOptions options,
+                                     std::shared_ptr<parallel::ProcessGroup> cp)
     : nn::Cloneable<TensorParallelGPT>("TensorParallelGPT"),
       config_(gpt.config()),
       group_(std::move(group)),
+      cp_(cp != nullptr && cp->size() > 1 ? std::move(cp) : nullptr),
       options_(options) {
   MG_CHECK(group_ != nullptr, "parallelize_gpt: the tensor-parallel group is null");
   const int n = group_->size();
@@ -181,7 +206,10 @@ TensorParallelGPT::TensorParallelGPT(const GPT& gpt, parallel::TensorParallelGro
                  "multiple, as nanoGPT pads 50257 to 50304)", config_);
   checked_divide(4 * config_.n_embd, n, "4 * n_embd (the MLP's hidden width)", config_);
   sharded_generator_ = std::make_shared<Generator>(options_.seed + 2718 + static_cast<uint64_t>(group_->rank()));
-  Context ctx{group_, config_, options_.sequence_parallel, sharded_generator_};
+  MG_CHECK(cp_ == nullptr || cp_->device() == group_->device(),
+           "parallelize_gpt: the context-parallel group works on {}, the tensor-parallel group "
+           "on {}", cp_ ? cp_->device() : group_->device(), group_->device());
+  Context ctx{group_, config_, options_.sequence_parallel, sharded_generator_, cp_};
   register_module("transformer", std::make_shared<ParallelTransformer>(*gpt.child("transformer"), ctx));
   // Every parameter becomes exactly this rank's part of the GPT's (c_attn's rows are not
   // the contiguous slice the column layer took).
@@ -240,10 +268,32 @@ Tensor TensorParallelGPT::forward(const Tensor& idx) {
 }
 
 Tensor TensorParallelGPT::loss(const Tensor& logits, const Tensor& targets, double divide_by) const {
-  return parallel::vocab_parallel_cross_entropy(logits, targets, group_, -1, divide_by);
+  if (!cp_) return parallel::vocab_parallel_cross_entropy(logits, targets, group_, -1, divide_by);
+  // Under cp: this rank's tokens' summed loss / the divisor, summed over cp in value. The
+  // mean's divisor is the count of targets over the whole sequences (an int64 all-reduce).
+  if (divide_by <= 0) {
+    int64_t counted = 0;
+    for (int64_t t : ops::copy_to(targets, Device::cpu()).to_vector<int64_t>()) counted += t != -1;
+    const Tensor count = parallel::context_parallel::sum_over_group(
+        from_vector(std::vector<int64_t>{counted}, Shape{1}, cp_->device()), *cp_);
+    divide_by = static_cast<double>(ops::copy_to(count, Device::cpu()).to_vector<int64_t>()[0]);
+  }
+  return parallel::context_parallel::context_parallel_sum(
+      parallel::vocab_parallel_cross_entropy(logits, targets, group_, -1, divide_by), *cp_);
+}
+
+Tensor TensorParallelGPT::local_sequence(const Tensor& x) const {
+  return cp_ ? parallel::context_parallel::shard_sequence(x, cp_->rank(), cp_->size()) : x;
 }
 
 void TensorParallelGPT::finish_gradients() {
+  reduce_sequence_parallel_gradients();
+  // Under cp every gradient holds this rank's tokens' share: summed over cp (after the tp
+  // sum, with which it commutes), as context parallelism alone does.
+  if (cp_) parallel::context_parallel::all_reduce_gradients(parameters(), *cp_);
+}
+
+void TensorParallelGPT::reduce_sequence_parallel_gradients() {
   if (!options_.sequence_parallel || group_->size() == 1) return;
   // parity fault: each rank keeps the gradient of its own positions only.
   if (testing::fault_is_on(testing::Fault::SequenceParallelGradsNotReduced)) return;
@@ -266,8 +316,10 @@ void TensorParallelGPT::finish_gradients() {
 std::shared_ptr<TensorParallelGPT> parallelize_gpt(const GPT& gpt, const parallel::DeviceMesh& mesh,
                                                    TensorParallelGPTOptions options) {
   MG_CHECK(mesh.has_dim("tp"), "parallelize_gpt: the mesh {} has no tp dimension", mesh.str());
+  std::shared_ptr<parallel::ProcessGroup> cp;
+  if (mesh.has_dim("cp") && mesh.size("cp") > 1) cp = mesh.group("cp");
   return std::make_shared<TensorParallelGPT>(gpt, parallel::tensor_parallel_group(mesh.group("tp")),
-                                             options);
+                                             options, cp);
 }
 
 }  // namespace mg::models

@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include <minigrad/autograd/grad_mode.h>
+#include <minigrad/nn/checkpoint.h>
 #include <minigrad/core/ops.h>
 
 namespace mg::nn {
@@ -23,6 +24,8 @@ uint64_t next_hook_id() {
 }  // namespace
 
 Tensor Module::operator()(const Tensor& input) {
+  // A module set to checkpointing (nn/checkpoint.h) keeps only its input for backward.
+  if (GradMode::is_enabled() && is_checkpointing(*this)) return checkpoint(*this, input);
   if (!has_forward_hooks()) return forward(input);
   return call_with_hooks(input, [this](const Tensor& x) { return forward(x); });
 }

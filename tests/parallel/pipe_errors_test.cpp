@@ -152,7 +152,11 @@ TEST_CASE("Pipe: errors in its arguments name what is wrong") {
   REQUIRE_THROWS_WITH(ofob.forward(mg::randn({9, 4})),
                       MG_CONTAINS("Pipe: forward() with grad mode on runs the gpipe schedule only"));
   REQUIRE_THROWS_WITH(mg::parallel::parse_schedule("zb"),
-                      MG_CONTAINS("unknown pipeline schedule 'zb' (expected gpipe or 1f1b)"));
+                      MG_CONTAINS("unknown pipeline schedule 'zb' (expected gpipe, 1f1b or interleaved)"));
+  o.schedule = Schedule::Interleaved1F1B;
+  REQUIRE_THROWS_WITH(Pipe(mlp(), cpus, o),
+                      MG_CONTAINS("Pipe: the interleaved schedule needs several model chunks per "
+                                  "rank, which PipelineStage holds"));
   REQUIRE_THROWS_WITH(mg::parallel::parse_checkpoint("sometimes"),
                       MG_CONTAINS("unknown checkpoint mode 'sometimes'"));
   REQUIRE_THROWS_WITH(pipe.clone(), MG_CONTAINS("Pipe: a Pipe cannot be cloned or replicated"));

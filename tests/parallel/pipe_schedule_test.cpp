@@ -3,6 +3,7 @@
 #include "catch_compat.h"
 
 #include <algorithm>
+#include <fstream>
 
 #include "core/host_backed_cuda.h"
 #include "parallel/pipe_check.h"
@@ -73,6 +74,113 @@ TEST_CASE("schedules: every stage's list runs to its end, in queue order, within
           REQUIRE(most[s] == mg::parallel::max_in_flight(schedule, s, p, m));
         }
       }
+}
+
+// The same play for the interleaved schedule, over virtual stages: rank r's chunk c is
+// virtual stage c p + r of v p; a forward waits for the previous virtual stage's forward
+// of that micro-batch (on the previous rank, or on the last rank's previous chunk for
+// rank 0), a backward for the next virtual stage's backward. Every rank's list must run
+// to its end, hold every (micro-batch, chunk) pass once, and keep at most max_in_flight
+// micro-batch-chunks alive. (Hand-offs are matched by tag, not queued, so no order.)
+TEST_CASE("schedules: interleaved 1F1B runs to its end on every rank, within its in-flight bound") {
+  REQUIRE(actions_str(mg::parallel::rank_actions(Schedule::Interleaved1F1B, 0, 2, 2, 4)) ==
+          "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0");
+  REQUIRE(actions_str(mg::parallel::rank_actions(Schedule::Interleaved1F1B, 1, 2, 2, 4)) ==
+          "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0");
+  REQUIRE_THROWS_WITH(mg::parallel::rank_actions(Schedule::OneFOneB, 0, 2, 2, 4),
+                      MG_CONTAINS("the 1f1b schedule runs one model chunk per rank, got 2"));
+  REQUIRE(mg::parallel::parse_schedule("interleaved") == Schedule::Interleaved1F1B);
+  REQUIRE(mg::parallel::ideal_bubble_fraction(4, 8, 2) == Approx(3.0 / 19));
+  for (int p = 1; p <= 5; ++p)
+    for (int v = 1; v <= 4; ++v)
+      for (int64_t m = 1; m <= 11; ++m) {
+        INFO(fmt::format("interleaved p={} v={} m={}", p, v, m));
+        const int virtual_stages = p * v;
+        std::vector<std::vector<Action>> lists;
+        for (int r = 0; r < p; ++r)
+          lists.push_back(mg::parallel::rank_actions(Schedule::Interleaved1F1B, r, p, v, m));
+        std::vector<size_t> next(static_cast<size_t>(p), 0);
+        // done[k][j]: virtual stage k's forward (or backward) of micro-batch j has run.
+        std::vector<std::vector<int>> forward_done(virtual_stages, std::vector<int>(m, 0)),
+            backward_done(virtual_stages, std::vector<int>(m, 0));
+        std::vector<int64_t> alive(static_cast<size_t>(p), 0), most(static_cast<size_t>(p), 0);
+        for (bool progress = true; progress;) {
+          progress = false;
+          for (int r = 0; r < p; ++r) {
+            if (next[r] == lists[r].size()) continue;
+            const Action a = lists[r][next[r]];
+            const auto j = static_cast<size_t>(a.micro_batch);
+            const int k = a.chunk * p + r;
+            if (a.pass == Pass::Forward) {
+              if (k > 0 && !forward_done[k - 1][j]) continue;
+              ++forward_done[k][j];
+              most[r] = std::max(most[r], ++alive[r]);
+            } else {
+              if (!forward_done[k][j] || (k + 1 < virtual_stages && !backward_done[k + 1][j])) continue;
+              ++backward_done[k][j];
+              --alive[r];
+            }
+            ++next[r];
+            progress = true;
+          }
+        }
+        for (int r = 0; r < p; ++r) {
+          REQUIRE(next[r] == lists[r].size());
+          REQUIRE(static_cast<int64_t>(lists[r].size()) == 2 * m * v);
+          REQUIRE(most[r] == mg::parallel::max_in_flight(Schedule::Interleaved1F1B, r, p, m, v));
+          // Whole groups: the fill plus the one forward before each backward.
+          if (m <= p || m % p == 0)
+            REQUIRE(most[r] == std::min<int64_t>(2 * (p - 1 - r) + (v - 1) * std::min<int64_t>(p, m) + 1, v * m));
+        }
+        for (int k = 0; k < virtual_stages; ++k)
+          for (int64_t j = 0; j < m; ++j) {
+            REQUIRE(forward_done[k][j] == 1);
+            REQUIRE(backward_done[k][j] == 1);
+          }
+      }
+}
+
+// The schedules' bubble, on the ideal timeline (equal stages, free messages, backward
+// twice the forward): GPipe's and 1F1B's (p - 1) / (m + p - 1); interleaving v chunks
+// divides the fill and drain by v, (p - 1) / (v m + p - 1), when m is a multiple of p (or
+// equal to it), and still beats 1F1B when it is not.
+TEST_CASE("schedules: the ideal timeline's bubble is the formula's") {
+  for (int p = 1; p <= 5; ++p)
+    for (int64_t m = 1; m <= 10; ++m) {
+      INFO(fmt::format("p={} m={}", p, m));
+      for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB})
+        REQUIRE(mg::parallel::ideal_timeline(schedule, p, m).bubble_fraction() ==
+                Approx(mg::parallel::ideal_bubble_fraction(p, m)));
+      const double one_f_one_b = mg::parallel::ideal_bubble_fraction(p, m);
+      for (int v = 2; v <= 4; ++v) {
+        INFO(fmt::format("v={}", v));
+        const double bubble =
+            mg::parallel::ideal_timeline(Schedule::Interleaved1F1B, p, m, v).bubble_fraction();
+        if (m % p == 0)
+          REQUIRE(bubble == Approx(mg::parallel::ideal_bubble_fraction(p, m, v)));
+        else
+          REQUIRE(bubble <= one_f_one_b + 1e-12);
+      }
+    }
+  const mg::parallel::PipeTimeline t = mg::parallel::ideal_timeline(Schedule::Interleaved1F1B, 4, 8, 2);
+  REQUIRE(t.spans.size() == 4 * 8 * 2 * 2);
+  REQUIRE(t.bubble_fraction() == Approx(3.0 / 19));
+}
+
+// Not part of the suite (hidden): the pictures of docs/gpt-pipeline.md, ideal timelines of
+// 4 ranks and 8 micro-batches (a forward 1 ms, a backward 2 ms).
+TEST_CASE("schedules: write docs/gpt-pipeline-*.svg", "[.][write-docs]") {
+  const std::string docs = std::string(MINIGRAD_SOURCE_DIR) + "/docs/";
+  const auto write = [&](const std::string& name, const std::string& svg) {
+    std::ofstream(docs + name) << svg;
+  };
+  write("gpt-pipeline-1f1b.svg",
+        mg::parallel::timeline_svg(mg::parallel::ideal_timeline(Schedule::OneFOneB, 4, 8, 1, 1e-3, 2e-3),
+                                   "1F1B, 4 stages, 8 micro-batches: bubble 3/11 = 27%"));
+  write("gpt-pipeline-interleaved.svg",
+        mg::parallel::timeline_svg(
+            mg::parallel::ideal_timeline(Schedule::Interleaved1F1B, 4, 8, 2, 1e-3, 2e-3),
+            "interleaved 1F1B, 2 chunks per rank (chunk 1 lighter): bubble 3/19 = 16%"));
 }
 
 TEST_CASE("Pipe: 1F1B keeps at most p - s micro-batches alive per stage, GPipe all of them") {

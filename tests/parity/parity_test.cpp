@@ -43,12 +43,16 @@ std::vector<Form> forms_of(Fault fault) {
     case Fault::PipelineLossesSummed: return {Form::Pipe};
     case Fault::RowParallelBiasPerRank: return {Form::TensorParallel, Form::TensorParallelRanks};
     case Fault::SamplerRankLikeNeighbour: return {Form::DDP};
+    case Fault::PipelineMicroBatchCountedTwice: return {Form::Pipe};
+    // The GPT's pipeline has no row yet: tests/distributed/test_gpt_pipeline.cpp catches it.
+    case Fault::PipelineTiedGradNotSummed:
     case Fault::VocabParallelLossNotReduced:  // not parity rows: test_gpt_tensor_parallel
     case Fault::SequenceParallelGradsNotReduced:
     // Context parallelism has no row yet: tests/distributed/test_ring_attention.cpp and
     // test_gpt_context_parallel.cpp catch these two.
     case Fault::RingAttentionFutureBlocksSeen:
     case Fault::ContextParallelGradsNotReduced:
+    case Fault::CheckpointFreshDropout:  // no parity row: tests/nn/checkpoint_test.cpp
     case Fault::None: break;
   }
   return {};
@@ -152,6 +156,10 @@ TEST_CASE("parity faults: replicas' gradients averaged instead of summed fail a 
 
 TEST_CASE("parity faults: a pipeline's micro-batch losses summed instead of averaged fail a row") {
   require_caught(Fault::PipelineLossesSummed);
+}
+
+TEST_CASE("parity faults: a pipeline's micro-batch counted twice fails a row") {
+  require_caught(Fault::PipelineMicroBatchCountedTwice);
 }
 
 TEST_CASE("parity faults: a row-parallel bias added once per rank fails a row") {

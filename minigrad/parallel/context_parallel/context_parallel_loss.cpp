@@ -26,11 +26,13 @@ Tensor context_parallel_cross_entropy(const Tensor& logits, const Tensor& target
   const Tensor count = sum_over_group(from_vector(std::vector<int64_t>{counted}, Shape{1},
                                                   group.device()), group);
   const auto global_count = static_cast<double>(count.to_vector<int64_t>()[0]);
-  const Tensor global_sum = sum_over_group(local_sum.detach(), group);
-  // The value is the global mean; the gradient is that of local_sum / count alone
-  // (local - local.detach() is exactly zero, and carries local's gradient).
-  const Tensor local_mean = local_sum / global_count;
-  return (local_mean - local_mean.detach()) + global_sum / global_count;
+  return context_parallel_sum(local_sum / global_count, group);
+}
+
+Tensor context_parallel_sum(const Tensor& local, ProcessGroup& group) {
+  // The value is the group's sum; the gradient is that of local alone (local -
+  // local.detach() is exactly zero, and carries local's gradient).
+  return (local - local.detach()) + sum_over_group(local.detach(), group);
 }
 
 void all_reduce_gradients(const std::vector<Tensor>& parameters, ProcessGroup& group) {

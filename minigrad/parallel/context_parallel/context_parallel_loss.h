@@ -30,6 +30,13 @@ namespace mg::parallel::context_parallel {
 Tensor context_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
                                       ProcessGroup& group);
 
+// A loss term over the whole group from this rank's part `local` (0-dim, differentiable):
+// the value is the sum of every rank's `local`, the gradient reaches `local` alone (each
+// rank's tokens count once, in its own backward). context_parallel_cross_entropy is this
+// of the local sum over the global count; the tensor-parallel GPT's loss under cp is it of
+// the vocabulary-parallel loss (models/gpt_tensor_parallel.h).
+Tensor context_parallel_sum(const Tensor& local, ProcessGroup& group);
+
 // Sums every parameter's gradient over the group, in place (a parameter without one gets
 // zeros first, so every rank reduces the same list). float32 in one coalesced all-reduce;
 // float64 through sum_over_group (wire.h).

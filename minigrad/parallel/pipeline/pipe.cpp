@@ -218,6 +218,9 @@ Pipe::Pipe(nn::ModulePtr module, std::vector<Device> devices, PipeOptions option
              "Pipe: devices[{}] is {}, but {} CUDA device{} visible", s, devices_[s], count,
              count == 1 ? " is" : "s are");
   MG_CHECK(options_.chunks >= 1, "Pipe: chunks must be at least 1, got {}", options_.chunks);
+  MG_CHECK(options_.schedule != Schedule::Interleaved1F1B,
+           "Pipe: the interleaved schedule needs several model chunks per rank, which "
+           "PipelineStage holds; Pipe runs gpipe or 1f1b");
   const auto layers = static_cast<int64_t>(sequential->size());
   const auto stages = static_cast<int64_t>(devices_.size());
   MG_CHECK(layers >= stages,

@@ -1,5 +1,6 @@
 #include <minigrad/parallel/pipeline/pipeline_stage.h>
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -14,8 +15,12 @@ namespace {
 constexpr int64_t kMaxRank = 8;
 constexpr int64_t kHeaderLength = 4 + kMaxRank;
 
-int tag_of(int64_t micro_batch, int kind) { return static_cast<int>(3 * micro_batch + kind); }
+// The tags of the boundary between virtual stages k and k + 1 for micro-batch j: each
+// (micro-batch, boundary, kind) has one of its own (train_step checks they fit an int).
 constexpr int kHeaderTag = 0, kActivationTag = 1, kGradientTag = 2;
+int message_tag(int64_t j, int boundary, int virtual_stages, int kind) {
+  return static_cast<int>(3 * (j * virtual_stages + boundary) + kind);
+}
 
 }  // namespace
 
@@ -27,25 +32,38 @@ struct PipelineStage::Header {
 
 PipelineStage::PipelineStage(nn::ModulePtr module, std::shared_ptr<ProcessGroup> group,
                              PipelineStageOptions options)
-    : module_(std::move(module)), group_(std::move(group)), options_(options) {
-  MG_CHECK(module_ != nullptr, "PipelineStage: the module is null");
+    : PipelineStage(std::vector<nn::ModulePtr>{std::move(module)}, std::move(group), options) {}
+
+PipelineStage::PipelineStage(std::vector<nn::ModulePtr> model_chunks,
+                             std::shared_ptr<ProcessGroup> group, PipelineStageOptions options)
+    : chunks_(std::move(model_chunks)), group_(std::move(group)), options_(options) {
+  MG_CHECK(!chunks_.empty(), "PipelineStage: no model chunks; a rank needs at least one");
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    MG_CHECK(chunks_[c] != nullptr, "PipelineStage: the module{} is null",
+             chunks_.size() == 1 ? std::string() : fmt::format(" of model chunk {}", c));
   MG_CHECK(group_ != nullptr, "PipelineStage: the process group is null");
   MG_CHECK(options_.chunks >= 1, "PipelineStage: chunks must be at least 1, got {}",
            options_.chunks);
-  module_->to(group_->device());
+  MG_CHECK(chunks_.size() == 1 || options_.schedule == Schedule::Interleaved1F1B,
+           "PipelineStage: {} model chunks on a rank need the interleaved schedule, not {}",
+           chunks_.size(), schedule_name(options_.schedule));
+  for (const nn::ModulePtr& chunk : chunks_) chunk->to(group_->device());
 }
 
 PipeTimeline PipelineStage::last_timeline() const {
   return recorder_ ? recorder_->timeline() : PipeTimeline{};
 }
 
-PipelineStage::Header PipelineStage::receive_header(int64_t micro_batch) {
+PipelineStage::Header PipelineStage::receive_header(int64_t micro_batch, int virtual_stage) {
+  const int p = num_stages(), from = virtual_stage - 1;
   Tensor raw = empty({kHeaderLength}, DType::Int64, group_->device());
-  group_->recv(raw, stage() - 1, tag_of(micro_batch, kHeaderTag))->wait();
+  group_->recv(raw, from % p, message_tag(micro_batch, from, p * num_model_chunks(), kHeaderTag))
+      ->wait();
   const std::vector<int64_t> v = raw.to_vector<int64_t>();
   MG_CHECK(v[3] >= 1 && v[3] <= kMaxRank && (v[2] == static_cast<int64_t>(DType::Float32) ||
+                                             v[2] == static_cast<int64_t>(DType::Float64) ||
                                              v[2] == static_cast<int64_t>(DType::Int64)),
-           "a malformed activation header from stage {}", stage() - 1);
+           "a malformed activation header from stage {}", from);
   Header h;
   h.micro_batches = v[0];
   h.rows = v[1];
@@ -58,7 +76,8 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
                                  const PipeLoss& loss_fn) {
   MG_CHECK(GradMode::is_enabled(), "PipelineStage::train_step runs backward, but grad mode is "
            "off (called under NoGradGuard?)");
-  const int s = stage(), p = num_stages();
+  const int s = stage(), p = num_stages(), v = num_model_chunks();
+  const int virtual_stages = p * v;
   const bool first = s == 0, last = s + 1 == p;
   const Device device = group_->device();
   MG_CHECK(!first || (input.defined() && input.dim() > 0),
@@ -75,7 +94,7 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
   if (first) {
     rows = input.size(0);
   } else {
-    first_header = receive_header(0);
+    first_header = receive_header(0, s);
     rows = first_header->rows;
   }
   const MicroBatches micro(rows, options_.chunks, "PipelineStage");
@@ -86,14 +105,28 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
   MG_CHECK(!last || target.size(0) == rows,
            "PipelineStage: the targets have {} rows, but the batch has {}", target.size(0), rows);
   const int64_t m = micro.count();
+  // Every (micro-batch, boundary, kind) has a tag of its own: 3 m v p of them.
+  MG_CHECK(m <= (int64_t{1} << 30) / (3 * int64_t{virtual_stages}),
+           "PipelineStage: {} micro-batches over {} virtual stages need more message tags "
+           "than an int holds",
+           m, virtual_stages);
+  auto tag_of = [&](int64_t j, int boundary, int kind) {
+    return message_tag(j, boundary, virtual_stages, kind);
+  };
 
-  StageRunner::Options o;
-  o.stage = s;
-  o.first = first;
-  o.last = last;
-  o.checkpoint = options_.checkpoint;
-  o.micro_batches = m;
-  StageRunner runner(module_, o);
+  // One runner per chunk: virtual stage k = c p + s.
+  std::vector<StageRunner> runners;
+  runners.reserve(static_cast<size_t>(v));
+  for (int c = 0; c < v; ++c) {
+    const int k = c * p + s;
+    StageRunner::Options o;
+    o.stage = k;
+    o.first = k == 0;
+    o.last = k + 1 == virtual_stages;
+    o.checkpoint = options_.checkpoint;
+    o.micro_batches = m;
+    runners.emplace_back(chunks_[static_cast<size_t>(c)], o);
+  }
   if (last) {
     NoGradGuard no_grad;
     const Tensor on_device = target.device() == device ? target : target.to(device);
@@ -104,72 +137,88 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
                                          micro.sizes[static_cast<size_t>(j)]));
       weights.push_back(micro.weight(j));
     }
-    runner.set_loss(loss_fn, std::move(targets), std::move(weights));
+    runners.back().set_loss(loss_fn, std::move(targets), std::move(weights));
   }
 
   recorder_ = std::make_shared<TimelineRecorder>(p);
   const double start = recorder_->now();
   // Sends in flight, with the tensors they read: kept until the step's end.
   std::vector<std::pair<std::shared_ptr<Work>, Tensor>> sends;
-  std::vector<Shape> sent_shapes(static_cast<size_t>(m));
+  // What each (chunk, micro-batch) handed on: its gradient comes back in that form.
+  std::vector<std::pair<Shape, DType>> sent(static_cast<size_t>(v * m));
   auto send = [&](const Tensor& t, int peer, int tag) {
     const Tensor contiguous = t.is_contiguous() ? t : ops::contiguous(t);
     sends.emplace_back(group_->send(contiguous, peer, tag), contiguous);
   };
+  int64_t stashed = 0;
+  last_max_stashed_ = 0;
 
-  for (const Action& a : stage_actions(options_.schedule, s, p, m)) {
+  for (const Action& a : rank_actions(options_.schedule, s, p, v, m)) {
     const int64_t j = a.micro_batch;
+    const int c = a.chunk, k = c * p + s;
+    const bool first_k = k == 0, last_k = k + 1 == virtual_stages;
+    StageRunner& runner = runners[static_cast<size_t>(c)];
+    auto& handed_on = sent[static_cast<size_t>(c * m + j)];
     try {
       if (a.pass == Pass::Forward) {
         Tensor x;
-        if (first) {
+        if (first_k) {
           NoGradGuard no_grad;
           const Tensor piece = input.detach().narrow(0, micro.offsets[static_cast<size_t>(j)],
                                                      micro.sizes[static_cast<size_t>(j)]);
           x = piece.device() == device ? ops::contiguous(piece) : piece.to(device);
         } else {
-          const Header h = j == 0 ? *first_header : receive_header(j);
+          const Header h = j == 0 && c == 0 ? *first_header : receive_header(j, k);
+          MG_CHECK(h.micro_batches == m && h.rows == rows,
+                   "virtual stage {} sent a header for {} rows in {} micro-batches, but this "
+                   "step has {} rows in {}",
+                   k - 1, h.rows, h.micro_batches, rows, m);
           x = empty(h.shape, h.dtype, device);
-          group_->recv(x, s - 1, tag_of(j, kActivationTag))->wait();
+          group_->recv(x, (k - 1) % p, tag_of(j, k - 1, kActivationTag))->wait();
         }
         const double t0 = recorder_->now();
         const Tensor y = runner.forward(j, x);
-        recorder_->record(s, j, a.pass, t0, recorder_->now());
-        if (!last) {
+        recorder_->record(s, j, a.pass, t0, recorder_->now(), c);
+        last_max_stashed_ = std::max(last_max_stashed_, ++stashed);
+        if (!last_k) {
           MG_CHECK(y.dim() >= 1 && y.dim() <= kMaxRank,
                    "the output has shape {}; a stage hands on tensors of 1 to {} dimensions",
                    y.shape(), kMaxRank);
           std::vector<int64_t> header{m, rows, static_cast<int64_t>(y.dtype()), y.dim()};
           for (int64_t d : y.shape().sizes()) header.push_back(d);
           header.resize(static_cast<size_t>(kHeaderLength), 0);
-          send(from_vector(header, {kHeaderLength}, device), s + 1, tag_of(j, kHeaderTag));
-          send(y, s + 1, tag_of(j, kActivationTag));
-          sent_shapes[static_cast<size_t>(j)] = y.shape();
+          const int next = (k + 1) % p;
+          send(from_vector(header, {kHeaderLength}, device), next, tag_of(j, k, kHeaderTag));
+          send(y, next, tag_of(j, k, kActivationTag));
+          handed_on = {y.shape(), y.dtype()};
         }
       } else {
         Tensor g;
-        if (!last) {
-          g = empty(sent_shapes[static_cast<size_t>(j)], DType::Float32, device);
-          group_->recv(g, s + 1, tag_of(j, kGradientTag))->wait();
+        if (!last_k) {
+          g = empty(handed_on.first, handed_on.second, device);
+          group_->recv(g, (k + 1) % p, tag_of(j, k, kGradientTag))->wait();
         }
         const double t0 = recorder_->now();
         const Tensor grad_input = runner.backward(j, g);
-        recorder_->record(s, j, a.pass, t0, recorder_->now());
-        if (!first) send(grad_input, s - 1, tag_of(j, kGradientTag));
+        recorder_->record(s, j, a.pass, t0, recorder_->now(), c);
+        --stashed;
+        if (!first_k) send(grad_input, (k - 1) % p, tag_of(j, k - 1, kGradientTag));
       }
     } catch (const std::exception& e) {
-      MG_FAIL("PipelineStage: stage {} (rank {}) failed in the {} of micro-batch {}: {}", s,
-              group_->rank(), a.pass == Pass::Forward ? "forward" : "backward", j, e.what());
+      MG_FAIL("PipelineStage: stage {} (rank {}{}) failed in the {} of micro-batch {}: {}",
+              v == 1 ? s : k, group_->rank(),
+              v == 1 ? std::string() : fmt::format(", model chunk {}", c),
+              a.pass == Pass::Forward ? "forward" : "backward", j, e.what());
     }
   }
   for (auto& [work, tensor] : sends) work->wait();
   recorder_->add_window(start, recorder_->now());
-  last_max_stashed_ = runner.max_stashed();
 
   if (!last) return {};
   NoGradGuard no_grad;
-  Tensor loss = runner.loss(0);
-  for (int64_t j = 1; j < m; ++j) loss = loss + runner.loss(j);
+  const StageRunner& loss_runner = runners.back();
+  Tensor loss = loss_runner.loss(0);
+  for (int64_t j = 1; j < m; ++j) loss = loss + loss_runner.loss(j);
   return loss;
 }
 

@@ -21,6 +21,14 @@
 //             micro-batch count from micro-batch 0's header;
 //   s -> s+1  the activation, tag 3j + 1;
 //   s+1 -> s  its gradient, tag 3j + 2 (of the shape s sent, which s knows).
+//
+// Model chunks (virtual stages, for the interleaved schedule): a rank may hold v modules,
+// rank r's chunk c being virtual stage k = c p + r of v p; the input enters virtual stage
+// 0 (rank 0's chunk 0) and the loss is the last one's (rank p-1's chunk v-1). The same
+// messages then run between virtual stages k and k + 1 -- on ranks k mod p and
+// (k + 1) mod p, rank p-1 handing on to rank 0 between rounds -- with tags
+// 3 (j v p + k) + 0, 1, 2, so that every boundary of every micro-batch has tags of its
+// own. One chunk per rank is the case above (k = s).
 // Sends are asynchronous and kept until the end of the step; receives wait. Because
 // every rank follows its list in order and every list is deadlock-free against the
 // others (tests/parallel/pipe_schedule_test.cpp plays them against each other), a step
@@ -29,6 +37,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include <minigrad/nn/module.h>
 #include <minigrad/parallel/c10d/process_group.h>
@@ -39,7 +48,7 @@
 namespace mg::parallel {
 
 struct PipelineStageOptions {
-  int64_t chunks = 1;  // every rank must give the same
+  int64_t chunks = 1;  // micro-batches per step (torchgpipe's word); every rank the same
   Schedule schedule = Schedule::GPipe;
   Checkpoint checkpoint = Checkpoint::Never;
 };
@@ -48,6 +57,10 @@ class PipelineStage {
  public:
   // `module`: this rank's layers (split_stage), moved to the group's device.
   PipelineStage(nn::ModulePtr module, std::shared_ptr<ProcessGroup> group,
+                PipelineStageOptions options = {});
+  // `model_chunks`: this rank's v chunks, chunk c being virtual stage c p + r (every rank
+  // gives the same v). More than one needs the interleaved schedule.
+  PipelineStage(std::vector<nn::ModulePtr> model_chunks, std::shared_ptr<ProcessGroup> group,
                 PipelineStageOptions options = {});
 
   // One training step of the whole pipeline; every rank calls it. `input` (the batch) is
@@ -58,17 +71,19 @@ class PipelineStage {
 
   int stage() const { return group_->rank(); }
   int num_stages() const { return group_->size(); }
-  const nn::ModulePtr& module() const { return module_; }
+  int num_model_chunks() const { return static_cast<int>(chunks_.size()); }
+  const nn::ModulePtr& module() const { return chunks_.front(); }  // chunk 0
+  const std::vector<nn::ModulePtr>& model_chunks() const { return chunks_; }
   // This rank's spans of the last step (the other stages' are theirs).
   PipeTimeline last_timeline() const;
+  // The most micro-batch-chunks whose activations this rank held at once.
   int64_t last_max_stashed() const { return last_max_stashed_; }
 
  private:
   struct Header;
-  Header receive_header(int64_t micro_batch);
-  void run_action(const Action& action);
+  Header receive_header(int64_t micro_batch, int virtual_stage);
 
-  nn::ModulePtr module_;
+  std::vector<nn::ModulePtr> chunks_;
   std::shared_ptr<ProcessGroup> group_;
   PipelineStageOptions options_;
   std::shared_ptr<TimelineRecorder> recorder_;

@@ -44,7 +44,11 @@ MicroBatches::MicroBatches(int64_t rows_, int64_t chunks, const char* what) : ro
 double MicroBatches::weight(int64_t j) const {
   // parity fault: every micro-batch's loss weighted 1, i.e. summed instead of averaged.
   if (testing::fault_is_on(testing::Fault::PipelineLossesSummed)) return 1.0;
-  return static_cast<double>(sizes[static_cast<size_t>(j)]) / static_cast<double>(rows);
+  const double share = static_cast<double>(sizes[static_cast<size_t>(j)]) / static_cast<double>(rows);
+  // parity fault: the last micro-batch's loss counted twice.
+  if (testing::fault_is_on(testing::Fault::PipelineMicroBatchCountedTwice) && j + 1 == count())
+    return 2.0 * share;
+  return share;
 }
 
 StageRunner::StageRunner(nn::ModulePtr module, Options options)

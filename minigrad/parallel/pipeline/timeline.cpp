@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <minigrad/core/error.h>
 #include <minigrad/core/profiler.h>
 
 namespace mg::parallel {
@@ -44,8 +45,8 @@ double TimelineRecorder::now() const {
 }
 
 void TimelineRecorder::record(int stage, int64_t micro_batch, Pass pass, double start,
-                              double end) {
-  per_stage_[static_cast<size_t>(stage)].push_back({stage, micro_batch, pass, start, end});
+                              double end, int chunk) {
+  per_stage_[static_cast<size_t>(stage)].push_back({stage, micro_batch, pass, start, end, chunk});
   // The same span in a trace (core/profiler.h), on the stage's thread: one mechanism
   // times the pipeline, the trace shows it beside everything else.
   if (profiler::is_enabled()) {
@@ -69,6 +70,60 @@ PipeTimeline TimelineRecorder::timeline() const {
   t.stages = static_cast<int>(per_stage_.size());
   for (const auto& spans : per_stage_) t.spans.insert(t.spans.end(), spans.begin(), spans.end());
   t.windows = windows_;
+  return t;
+}
+
+PipeTimeline ideal_timeline(Schedule schedule, int stages, int64_t micro_batches,
+                            int model_chunks, double forward_seconds, double backward_seconds) {
+  const int p = stages, v = model_chunks, virtual_stages = stages * model_chunks;
+  std::vector<std::vector<Action>> lists;
+  for (int r = 0; r < p; ++r) lists.push_back(rank_actions(schedule, r, p, v, micro_batches));
+  // finished[pass][k][j]: when virtual stage k's pass of micro-batch j ended (< 0: not yet).
+  const auto m = static_cast<size_t>(micro_batches);
+  std::vector<std::vector<std::vector<double>>> finished(
+      2, std::vector<std::vector<double>>(static_cast<size_t>(virtual_stages), std::vector<double>(m, -1.0)));
+  std::vector<double> free_at(static_cast<size_t>(p), 0.0);
+  std::vector<size_t> next(static_cast<size_t>(p), 0);
+  PipeTimeline t;
+  t.stages = p;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < p; ++r) {
+      auto& list = lists[static_cast<size_t>(r)];
+      for (size_t& i = next[static_cast<size_t>(r)]; i < list.size(); ++i) {
+        const Action& a = list[i];
+        const int k = a.chunk * p + r;
+        const auto j = static_cast<size_t>(a.micro_batch);
+        const bool forward = a.pass == Pass::Forward;
+        // What the pass waits for: the previous virtual stage's forward, or this stage's
+        // forward and the next one's backward.
+        double ready = free_at[static_cast<size_t>(r)];
+        bool waiting = false;
+        auto after = [&](int pass, int stage) {
+          const double when = finished[static_cast<size_t>(pass)][static_cast<size_t>(stage)][j];
+          if (when < 0) waiting = true;
+          ready = std::max(ready, when);
+        };
+        if (forward && k > 0) after(0, k - 1);
+        if (!forward) {
+          after(0, k);
+          if (k + 1 < virtual_stages) after(1, k + 1);
+        }
+        if (waiting) break;
+        const double end = ready + (forward ? forward_seconds : backward_seconds) / v;
+        finished[forward ? 0 : 1][static_cast<size_t>(k)][j] = end;
+        free_at[static_cast<size_t>(r)] = end;
+        t.spans.push_back({r, a.micro_batch, a.pass, ready, end, a.chunk});
+        progress = true;
+      }
+    }
+  }
+  for (int r = 0; r < p; ++r)
+    MG_CHECK(next[static_cast<size_t>(r)] == lists[static_cast<size_t>(r)].size(),
+             "ideal_timeline: the {} schedule deadlocks on rank {} of {} ({} chunks, {} "
+             "micro-batches)",
+             schedule_name(schedule), r, p, v, micro_batches);
+  t.windows.emplace_back(0.0, *std::max_element(free_at.begin(), free_at.end()));
   return t;
 }
 
@@ -111,7 +166,11 @@ std::string timeline_svg(const PipeTimeline& timeline, const std::string& title)
         "<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\" "
         "stroke=\"white\" stroke-width=\"0.5\"><title>stage {} {} {}: {:.3f}-{:.3f} "
         "ms</title></rect>\n",
-        x0, y, std::max(x1 - x0, 0.5), row - 10, forward ? "#4c78a8" : "#f58518", s.stage,
+        x0, y, std::max(x1 - x0, 0.5), row - 10,
+        // Odd model chunks (interleaved schedule) in lighter shades.
+        forward ? (s.chunk % 2 == 0 ? "#4c78a8" : "#9ecae9")
+                : (s.chunk % 2 == 0 ? "#f58518" : "#ffbf79"),
+        s.stage,
         forward ? "F" : "B", s.micro_batch, 1e3 * s.start, 1e3 * s.end);
     if (x1 - x0 > 14)
       svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"white\" text-anchor=\"middle\" "

@@ -1,13 +1,16 @@
 #include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
 
 #include <algorithm>
+#include <limits>
 #include <functional>
 #include <unordered_set>
+#include <utility>
 
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/autograd/node.h>
 #include <minigrad/autograd/version_counter.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/nn/checkpoint.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/parallel/c10d/same_model.h>
 #include <minigrad/parallel/sharded/sharded_grad_norm.h>
@@ -31,6 +34,10 @@ struct FullyShardedDataParallel::Units {
   // its own still finds its parameters freed, and says so.
   std::vector<std::pair<nn::ModulePtr, nn::Module::HookHandle>> hooks;
   bool in_forward = false;
+  // The unit whose forward use ended last: it stays gathered until another unit's use
+  // begins, or the forward ends without a backward to follow.
+  static constexpr size_t kNone = std::numeric_limits<size_t>::max();
+  size_t held = kNone;
   std::string failure;             // a gather that failed: the shards can no longer be trusted
   FSDPStats stats;
 
@@ -101,6 +108,12 @@ struct FullyShardedDataParallel::Units {
     unshard(u);
     if (options.backward_prefetch && u > 0) start_gather(u - 1);
   }
+
+  // A forward use of unit u begins: the unit used before is no longer needed.
+  void begin_use(size_t u) {
+    if (held != kNone && held != u) reshard(held);
+    held = u;
+  }
 };
 
 namespace {
@@ -130,9 +143,35 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::ModulePtr module,
       process_group_(std::move(process_group)),
       units_(std::make_shared<Units>()) {
   MG_CHECK(module_ != nullptr, "FullyShardedDataParallel: module is null");
+  // The units: the children of a Sequential that have parameters, or the whole module.
+  std::vector<FSDPUnit> units;
+  if (dynamic_cast<nn::Sequential*>(module_.get()) != nullptr) {
+    for (const auto& [child_name, child] : module_->named_children())
+      if (!child->named_parameters().empty()) units.push_back(FSDPUnit{{child}, {}});
+  } else {
+    units.push_back(FSDPUnit{{module_}, {}});
+  }
+  units_->options = options;
+  build(std::move(units));
+}
+
+FullyShardedDataParallel::FullyShardedDataParallel(nn::ModulePtr module,
+                                                   std::shared_ptr<ProcessGroup> process_group,
+                                                   std::vector<FSDPUnit> units,
+                                                   FSDPOptions options)
+    : nn::Module("FullyShardedDataParallel"),
+      module_(std::move(module)),
+      process_group_(std::move(process_group)),
+      units_(std::make_shared<Units>()) {
+  MG_CHECK(module_ != nullptr, "FullyShardedDataParallel: module is null");
+  MG_CHECK(!units.empty(), "FullyShardedDataParallel: an empty list of units");
+  units_->options = options;
+  build(std::move(units));
+}
+
+void FullyShardedDataParallel::build(std::vector<FSDPUnit> specs) {
   MG_CHECK(process_group_ != nullptr, "FullyShardedDataParallel: process group is null");
   units_->group = process_group_;
-  units_->options = options;
 
   // Every parameter is sharded and trained, each exactly once.
   const std::vector<nn::NamedTensor> named = module_->named_parameters();
@@ -156,36 +195,48 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::ModulePtr module,
              named[it->second].first, name);
   }
 
+  // Each unit's parameters, under the wrapped module's names; each in one unit only.
+  std::vector<std::vector<size_t>> unit_params(specs.size());
+  std::vector<int> unit_of(named.size(), -1);
+  for (size_t u = 0; u < specs.size(); ++u) {
+    MG_CHECK(!specs[u].modules.empty(), "FullyShardedDataParallel: unit {} names no module", u);
+    for (const nn::ModulePtr& m : specs[u].modules) {
+      MG_CHECK(m != nullptr, "FullyShardedDataParallel: unit {} names a null module", u);
+      for (const Tensor& p : m->parameters()) {
+        const auto it = index_of.find(p.impl());
+        MG_CHECK(it != index_of.end(),
+                 "FullyShardedDataParallel: unit {} ({}) has a parameter that is not the "
+                 "wrapped module's",
+                 u, m->type_name());
+        const size_t i = it->second;
+        if (unit_of[i] == static_cast<int>(u)) continue;  // two of its modules share it
+        MG_CHECK(unit_of[i] < 0,
+                 "FullyShardedDataParallel: parameter '{}' is in units {} and {}; each "
+                 "parameter belongs to one unit",
+                 named[i].first, unit_of[i], u);
+        unit_of[i] = static_cast<int>(u);
+        unit_params[u].push_back(i);
+      }
+    }
+    MG_CHECK(!unit_params[u].empty(), "FullyShardedDataParallel: unit {} has no parameters", u);
+  }
+  for (size_t i = 0; i < named.size(); ++i)
+    MG_CHECK(unit_of[i] >= 0,
+             "FullyShardedDataParallel: parameter '{}' is in no unit; the units must hold "
+             "every parameter",
+             named[i].first);
+
   // Every rank starts from rank 0's model.
   sync_module_states(*process_group_, *module_, "FullyShardedDataParallel");
 
-  // The units: the children of a Sequential that have parameters, or the whole module.
-  std::vector<std::vector<nn::NamedTensor>> unit_params;
-  std::vector<nn::ModulePtr> unit_modules;
-  if (dynamic_cast<nn::Sequential*>(module_.get()) != nullptr) {
-    for (const auto& [child_name, child] : module_->named_children()) {
-      std::vector<nn::NamedTensor> params;
-      for (const auto& [name, p] : child->named_parameters())
-        params.emplace_back(child_name + "." + name, p);
-      if (params.empty()) continue;
-      unit_params.push_back(std::move(params));
-      unit_modules.push_back(child);
-    }
-  } else {
-    unit_params.push_back(named);
-    unit_modules.push_back(module_);
-  }
-
-  for (size_t u = 0; u < unit_params.size(); ++u) {
+  for (size_t u = 0; u < specs.size(); ++u) {
     Units::Unit unit;
     std::vector<Tensor> params;
-    std::vector<size_t> indices;
-    for (const auto& [name, p] : unit_params[u]) {
-      unit.names.push_back(name);
-      params.push_back(p);
-      indices.push_back(index_of.at(p.impl()));
+    for (size_t i : unit_params[u]) {
+      unit.names.push_back(named[i].first);
+      params.push_back(named[i].second);
     }
-    unit.flat = std::make_unique<FlatParameter>(std::move(params), std::move(indices),
+    unit.flat = std::make_unique<FlatParameter>(std::move(params), unit_params[u],
                                                 process_group_->rank(), process_group_->size(),
                                                 ShardStorage::Separate);
     register_parameter(fmt::format("flat_shard_{}", u), unit.flat->shard());
@@ -195,7 +246,13 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::ModulePtr module,
     units_->list.push_back(std::move(unit));
   }
 
-  for (size_t u = 0; u < unit_modules.size(); ++u) register_unit_hooks(unit_modules[u], u);
+  for (size_t u = 0; u < specs.size(); ++u) {
+    for (const nn::ModulePtr& m : specs[u].modules) register_unit_hooks(m, u);
+    for (const nn::ModulePtr& m : specs[u].used_after) {
+      MG_CHECK(m != nullptr, "FullyShardedDataParallel: unit {} is used after a null module", u);
+      register_use_after(m, u);
+    }
+  }
 
   // Gradients are ready last unit first: that is the launch order of their reductions.
   const size_t n = units_->list.size();
@@ -217,24 +274,29 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
 }
 
 // Unit u around its module's own forward (PyTorch's FSDP does the same with hooks):
-// gathered just before, freed just after (but the last unit, when a backward follows); in
-// backward, gathered again by a node on its output before the unit's own nodes run.
+// gathered just before; kept after it until another unit's forward begins (or the forward
+// ends without a backward); in backward, gathered again by a node on its output before the
+// unit's own nodes run. A checkpointed module's rerun in backward gathers it as well.
 void FullyShardedDataParallel::register_unit_hooks(const nn::ModulePtr& module, size_t u) {
   const size_t last = units_->list.size() - 1;
   std::weak_ptr<Units> weak = units_;
   auto gather_before = [weak, u, last](nn::Module&, const Tensor&) {
-    if (auto units = weak.lock(); units && units->in_forward) {
+    std::shared_ptr<Units> units = weak.lock();
+    if (!units) return Tensor();
+    if (nn::is_recomputing()) {  // backward reruns u: the unit before it comes next
+      units->before_backward(u);
+    } else if (units->in_forward) {
+      units->begin_use(u);
       units->unshard(u);
       if (units->options.forward_prefetch && u < last) units->start_gather(u + 1);
     }
     return Tensor();
   };
-  auto free_after = [weak, u, last](nn::Module&, const Tensor&, const Tensor& y) {
+  auto mark_after = [weak, u](nn::Module&, const Tensor&, const Tensor& y) {
     std::shared_ptr<Units> units = weak.lock();
-    if (!units || !units->in_forward) return Tensor();
-    const bool backward_follows = GradMode::is_enabled() && y.requires_grad();
-    if (u != last || !backward_follows) units->reshard(u);
-    if (!backward_follows) return Tensor();
+    if (!units || !units->in_forward || nn::is_recomputing()) return Tensor();
+    units->held = u;
+    if (!(GradMode::is_enabled() && y.requires_grad())) return Tensor();
     auto node = std::make_shared<UnshardBeforeBackward>([weak, u] {
       if (auto alive = weak.lock()) alive->before_backward(u);
     });
@@ -243,7 +305,28 @@ void FullyShardedDataParallel::register_unit_hooks(const nn::ModulePtr& module, 
     return out;
   };
   units_->hooks.emplace_back(module, module->register_forward_pre_hook(gather_before));
-  units_->hooks.emplace_back(module, module->register_forward_hook(free_after));
+  units_->hooks.emplace_back(module, module->register_forward_hook(mark_after));
+}
+
+// Unit u read again after `module`'s forward, outside any module (GPT's head is wte):
+// gathered there; in backward, once that use's gradient has gone through (the node sits
+// on `module`'s output, which the use read), freed until u's own modules need it.
+void FullyShardedDataParallel::register_use_after(const nn::ModulePtr& module, size_t u) {
+  std::weak_ptr<Units> weak = units_;
+  auto gather_after = [weak, u](nn::Module&, const Tensor&, const Tensor& y) {
+    std::shared_ptr<Units> units = weak.lock();
+    if (!units || !units->in_forward || nn::is_recomputing()) return Tensor();
+    units->begin_use(u);
+    units->unshard(u);
+    if (!(GradMode::is_enabled() && y.requires_grad())) return Tensor();
+    auto node = std::make_shared<UnshardBeforeBackward>([weak, u] {
+      if (auto alive = weak.lock()) alive->reshard(u);
+    });
+    Tensor out = alias_for_node(y);
+    connect_node(node, {y}, {out});
+    return out;
+  };
+  units_->hooks.emplace_back(module, module->register_forward_hook(gather_after));
 }
 
 size_t FullyShardedDataParallel::num_units() const { return units_->list.size(); }
@@ -259,13 +342,29 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
   reducer_->check("at forward");
   module_->train(is_training());
   units_->reshard_all();
+  units_->held = Units::kNone;
   units_->in_forward = true;
   try {
     Tensor out = (*module_)(input);  // each unit's hooks gather and free it around its forward
     units_->in_forward = false;
-    return out;
+    const size_t held = std::exchange(units_->held, Units::kNone);
+    if (held == Units::kNone) return out;
+    if (!(GradMode::is_enabled() && out.requires_grad())) {
+      units_->reshard(held);
+      return out;
+    }
+    // The unit in use at the end stays gathered: backward begins with it. (A node makes
+    // sure of it, should something have freed it in between: a backward run twice.)
+    std::weak_ptr<Units> weak = units_;
+    auto node = std::make_shared<UnshardBeforeBackward>([weak, held] {
+      if (auto alive = weak.lock()) alive->unshard(held);
+    });
+    Tensor last = alias_for_node(out);
+    connect_node(node, {out}, {last});
+    return last;
   } catch (...) {
     units_->in_forward = false;
+    units_->held = Units::kNone;
     units_->reshard_all();
     throw;
   }
@@ -333,6 +432,14 @@ std::shared_ptr<FullyShardedDataParallel> fully_shard(nn::ModulePtr module,
                                                       FSDPOptions options) {
   return std::make_shared<FullyShardedDataParallel>(std::move(module), std::move(process_group),
                                                     options);
+}
+
+std::shared_ptr<FullyShardedDataParallel> fully_shard(nn::ModulePtr module,
+                                                      std::shared_ptr<ProcessGroup> process_group,
+                                                      std::vector<FSDPUnit> units,
+                                                      FSDPOptions options) {
+  return std::make_shared<FullyShardedDataParallel>(std::move(module), std::move(process_group),
+                                                    std::move(units), options);
 }
 
 }  // namespace mg::parallel

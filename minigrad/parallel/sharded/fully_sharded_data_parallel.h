@@ -18,9 +18,11 @@
 //   forward of unit u:  (a forward pre-hook on the unit's module, nn/module.h) allocate
 //                       the flat buffer, all_gather the shards into it (and start
 //                       gathering unit u+1: forward_prefetch); the module's own forward
-//                       runs; (its forward hook) free the buffer (Storage::resize_(0));
-//                       the output passes through an UnshardBeforeBackward node. The last unit stays gathered when a
-//                       backward is to follow: its backward comes first, at once;
+//                       runs; (its forward hook) the output passes through an
+//                       UnshardBeforeBackward node, and the buffer is freed
+//                       (Storage::resize_(0)) as unit u+1's forward begins. The last unit
+//                       stays gathered when a backward is to follow: its backward comes
+//                       first, at once;
 //   backward of unit u: that node runs as soon as u's output gradient is in, before any of
 //                       u's own backward: it gathers u's parameters again into the same
 //                       storage block -- so the views that u's autograd nodes saved in
@@ -32,6 +34,19 @@
 //
 // So a rank holds, besides its shards, the gathered parameters of at most two units (the
 // one computing and the one being prefetched).
+//
+// Units named by the caller (an auto-wrap policy, e.g. gpt_fsdp.h): each
+// FSDPUnit lists the submodules whose parameters form it; the hooks go on each of them.
+// A unit stays gathered from its first module's forward until another unit's forward
+// begins (so one unit of two modules, wte and wpe, is gathered once), and the unit in use
+// when the forward ends stays for the backward that begins with it. A weight read again
+// outside any module -- GPT's head, which is wte -- names the module after whose forward
+// it is read (used_after): the unit is gathered again there, and after the backward of
+// that use it is freed until its own modules' backward gathers it once more.
+//
+// With activation checkpointing (nn/checkpoint.h) on a unit's module, its forward runs
+// without a graph and is rerun in backward; the hooks gather the unit for that rerun
+// too (nn::is_recomputing()), and the reduce-scatter of its gradients frees it again.
 //
 // Why a freed storage block and not re-running the unit in backward (activation
 // checkpointing): the autograd graph built in forward stays the graph backward runs, and
@@ -69,6 +84,14 @@ struct FSDPOptions {
   bool forward_prefetch = true;
 };
 
+// A unit of an explicit wrapping: the parameters of `modules` (submodules of the wrapped
+// module), one FlatParameter; `used_after`: modules after whose forward these parameters
+// are read again outside any module (a tied head).
+struct FSDPUnit {
+  std::vector<nn::ModulePtr> modules;
+  std::vector<nn::ModulePtr> used_after;
+};
+
 // What a rank has held and sent, for benchmarks and memory checks.
 struct FSDPStats {
   size_t shard_bytes = 0;          // every unit's shard: the parameters at rest
@@ -83,6 +106,11 @@ class FullyShardedDataParallel : public nn::Module {
  public:
   FullyShardedDataParallel(nn::ModulePtr module, std::shared_ptr<ProcessGroup> process_group,
                            FSDPOptions options = {});
+  // The units given: together they must hold every parameter, each exactly once; their
+  // order is the forward order (prefetching follows it, and the gradients are
+  // reduce-scattered in the reverse).
+  FullyShardedDataParallel(nn::ModulePtr module, std::shared_ptr<ProcessGroup> process_group,
+                           std::vector<FSDPUnit> units, FSDPOptions options = {});
   ~FullyShardedDataParallel() override;
 
   Tensor forward(const Tensor& input) override;
@@ -116,7 +144,9 @@ class FullyShardedDataParallel : public nn::Module {
 
  private:
   struct Units;  // the units and their gathering; autograd nodes and hooks hold it weakly
+  void build(std::vector<FSDPUnit> specs);
   void register_unit_hooks(const nn::ModulePtr& module, size_t u);
+  void register_use_after(const nn::ModulePtr& module, size_t u);
 
   nn::ModulePtr module_;
   std::shared_ptr<ProcessGroup> process_group_;
@@ -127,6 +157,11 @@ class FullyShardedDataParallel : public nn::Module {
 // FSDP2's spelling: shards `module` over `process_group` (see above).
 std::shared_ptr<FullyShardedDataParallel> fully_shard(nn::ModulePtr module,
                                                       std::shared_ptr<ProcessGroup> process_group,
+                                                      FSDPOptions options = {});
+// The same with the units given (an auto-wrap policy's choice).
+std::shared_ptr<FullyShardedDataParallel> fully_shard(nn::ModulePtr module,
+                                                      std::shared_ptr<ProcessGroup> process_group,
+                                                      std::vector<FSDPUnit> units,
                                                       FSDPOptions options = {});
 
 }  // namespace mg::parallel

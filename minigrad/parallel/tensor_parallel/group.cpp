@@ -3,6 +3,7 @@
 #include <minigrad/core/ops.h>
 #include <minigrad/core/profiler.h>
 #include <minigrad/parallel/c10d/process_group.h>
+#include <minigrad/parallel/context_parallel/wire.h>
 
 namespace mg::parallel {
 
@@ -94,7 +95,11 @@ class ProcessGroupTensorParallel final : public TensorParallelGroup {
   }
 
  protected:
+  // Float64: process groups (Gloo, NCCL) reduce float32 and int64 only, so its bits
+  // travel as int64 (an all-gather, context_parallel/wire.h) and every rank adds the parts
+  // in rank order, getting the same sum; the composed mesh's tests check in float64.
   Tensor all_reduce_impl(const Tensor& tensor) override {
+    if (tensor.dtype() == DType::Float64) return sum_in_rank_order(all_gather_impl(tensor));
     Tensor out = ops::clone(tensor);  // allreduce works in place; the input stays as it was
     group_->allreduce(out)->wait();
     return out;
@@ -104,11 +109,13 @@ class ProcessGroupTensorParallel final : public TensorParallelGroup {
     std::vector<int64_t> sizes{size()};
     for (int64_t s : tensor.shape().sizes()) sizes.push_back(s);
     Tensor out = empty(Shape(sizes), tensor.dtype(), device());
-    group_->all_gather(out, ops::contiguous(tensor))->wait();
+    group_->all_gather(context_parallel::wire_view(out),
+                       context_parallel::wire_view(ops::contiguous(tensor)))->wait();
     return out;
   }
 
   Tensor reduce_scatter_impl(const Tensor& tensor) override {
+    if (tensor.dtype() == DType::Float64) return TensorParallelGroup::reduce_scatter_impl(tensor);
     std::vector<int64_t> sizes = tensor.shape().sizes();
     sizes[0] /= size();
     Tensor out = empty(Shape(sizes), tensor.dtype(), device());
@@ -117,6 +124,16 @@ class ProcessGroupTensorParallel final : public TensorParallelGroup {
   }
 
  private:
+  // [size, ...] -> the sum over dimension 0, rank 0's part first.
+  static Tensor sum_in_rank_order(const Tensor& parts) {
+    std::vector<int64_t> sizes = parts.shape().sizes();
+    sizes.erase(sizes.begin());
+    const auto part = [&](int64_t r) { return ops::view(ops::narrow(parts, 0, r, 1), Shape(sizes)); };
+    Tensor sum = ops::clone(part(0));
+    for (int64_t r = 1; r < parts.size(0); ++r) sum = ops::binary(BinaryOp::Add, sum, part(r));
+    return sum;
+  }
+
   std::shared_ptr<ProcessGroup> group_;
 };
 

@@ -1,0 +1,135 @@
+// gpt-pipeline-bench: the bubble of the GPT's pipeline (models/gpt_pipeline.h), read from
+// the ranks' timelines, against the arithmetic of docs/gpt-pipeline.md: 1F1B's
+// (p - 1) / (m + p - 1) and interleaved 1F1B's (p - 1) / (v m + p - 1). Under minigrad-run,
+// one Gloo rank per stage:
+//
+//   build/bin/minigrad-run --nproc-per-node 2 build/bin/gpt-pipeline-bench
+//
+// For each schedule (1F1B, then interleaved with --model-chunks chunks per rank) it runs
+// --warmup untimed steps and --steps timed ones, and rank 0 prints per step the measured
+// bubble (1 - the mean over ranks of busy / step time, a rank's busy time being its
+// forward and backward spans), the median over the steps, the ideal timeline's (equal
+// chunks, free messages: parallel::ideal_timeline) and the formula. A rank's spans are
+// its own process's work, so on a machine with fewer cores than ranks the ranks take
+// turns and the bubble reads larger. Numbers for reading, not for asserting.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <minigrad/minigrad.h>
+#include <minigrad/models/gpt_pipeline.h>
+#include <minigrad/parallel/c10d/rendezvous.h>
+
+#include "samples/support/command_line.h"
+
+namespace {
+
+using namespace mg;
+
+struct Measured {
+  std::vector<double> bubbles;  // one per timed step
+  double median() const {
+    std::vector<double> b = bubbles;
+    std::sort(b.begin(), b.end());
+    return b.empty() ? 0.0 : b[b.size() / 2];
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"The GPT's pipeline: the bubble of 1F1B and interleaved 1F1B, measured on the "
+               "ranks' timelines against the formula"};
+  int64_t n_layer = 8, n_embd = 64, n_head = 4, vocab = 96, seq = 32, batch = 16, chunks = 8;
+  int model_chunks = 2, steps = 5, warmup = 2;
+  double timeout_s = 300.0;
+  using mg::samples::integer_in;
+  app.add_option("--layers", n_layer, "GPT blocks")->check(integer_in(1, 1 << 10))->capture_default_str();
+  app.add_option("--embd", n_embd, "n_embd")->check(integer_in(1, 1 << 14))->capture_default_str();
+  app.add_option("--heads", n_head, "n_head")->check(integer_in(1, 1 << 10))->capture_default_str();
+  app.add_option("--vocab", vocab, "vocabulary")->check(integer_in(1, 1 << 20))->capture_default_str();
+  app.add_option("--seq", seq, "tokens per row (block_size)")->check(integer_in(1, 1 << 14))->capture_default_str();
+  app.add_option("--batch", batch, "rows per step")->check(integer_in(1, 1 << 20))->capture_default_str();
+  app.add_option("--chunks", chunks, "micro-batches per step")->check(integer_in(1, 1 << 16))->capture_default_str();
+  app.add_option("--model-chunks", model_chunks, "model chunks per rank, interleaved")
+      ->check(integer_in(2, 64))->capture_default_str();
+  app.add_option("--steps", steps, "timed steps")->check(integer_in(1, 1 << 20))->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps first")->check(integer_in(0, 1 << 20))->capture_default_str();
+  app.add_option("--timeout", timeout_s, "process group timeout, seconds")->check(mg::samples::seconds());
+  if (const auto exit_code = mg::samples::parse_command_line(app, "gpt-pipeline-bench", argc, argv))
+    return *exit_code;
+
+  try {
+    MG_CHECK(parallel::in_launched_job(),
+             "gpt-pipeline-bench runs one rank per stage: start it with minigrad-run "
+             "--nproc-per-node P");
+    parallel::ProcessGroupOptions group_options;
+    group_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    const auto pg = parallel::init_process_group("gloo", group_options);
+    const int p = pg->size(), rank = pg->rank();
+
+    models::GPTConfig config;
+    config.n_layer = n_layer;
+    config.n_embd = n_embd;
+    config.n_head = n_head;
+    config.vocab_size = vocab;
+    config.block_size = seq;
+    config.dropout = 0.0;
+    config.validate();
+
+    auto run = [&](parallel::Schedule schedule, int v) {
+      manual_seed(1);
+      models::GPT model(config);
+      models::GPTPipelineOptions options;
+      options.micro_batches = chunks;
+      options.schedule = schedule;
+      options.model_chunks = v;
+      models::GPTPipeline pipe(model, pg, options);
+      optim::AdamW opt(optim::weight_decay_groups(pipe.parameters(), optim::AdamWOptions(1e-3)));
+      Measured measured;
+      for (int step = 0; step < warmup + steps; ++step) {
+        manual_seed(100 + static_cast<uint64_t>(step));
+        const Tensor idx = randint(0, vocab, {batch, seq});
+        const Tensor targets = randint(0, vocab, {batch, seq});
+        pipe.zero_grad();
+        pg->barrier()->wait();  // the ranks start the step together
+        pipe.train_step(idx, targets);
+        opt.step();
+        const parallel::PipeTimeline t = pipe.stage().last_timeline();
+        // Every rank's busy fraction, summed on every rank.
+        Tensor busy = from_vector(std::vector<float>{static_cast<float>(t.busy_fraction(rank))}, {1});
+        pg->allreduce(busy)->wait();
+        if (step >= warmup) measured.bubbles.push_back(1.0 - busy.item<float>() / p);
+      }
+      return measured;
+    };
+
+    const int64_t m = parallel::MicroBatches(batch, chunks, "gpt-pipeline-bench").count();
+    struct Row {
+      const char* name;
+      parallel::Schedule schedule;
+      int v;
+    };
+    if (rank == 0)
+      fmt::print("GPT n_layer={} n_embd={} n_head={} vocab={} T={}, batch {} in {} micro-batches, "
+                 "{} ranks\n\n| schedule | v | measured bubble (median of {}) | per step | ideal "
+                 "timeline | formula |\n|---|---|---|---|---|---|\n",
+                 n_layer, n_embd, n_head, vocab, seq, batch, m, p, steps);
+    for (const Row& row : {Row{"1f1b", parallel::Schedule::OneFOneB, 1},
+                           Row{"interleaved", parallel::Schedule::Interleaved1F1B, model_chunks}}) {
+      const Measured measured = run(row.schedule, row.v);
+      if (rank != 0) continue;
+      std::string per_step;
+      for (double b : measured.bubbles) per_step += fmt::format("{}{:.3f}", per_step.empty() ? "" : " ", b);
+      fmt::print("| {} | {} | {:.3f} | {} | {:.3f} | {:.3f} |\n", row.name, row.v, measured.median(),
+                 per_step, parallel::ideal_timeline(row.schedule, p, m, row.v).bubble_fraction(),
+                 parallel::ideal_bubble_fraction(p, m, row.v));
+    }
+  } catch (const std::exception& e) {
+    return mg::samples::report_error("gpt-pipeline-bench", e);
+  }
+  return 0;
+}

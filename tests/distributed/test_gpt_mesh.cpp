@@ -1,0 +1,286 @@
+// The GPT on a composed mesh (issue 22): tensor parallelism x context parallelism on 4 Gloo
+// ranks (cp2 x tp2) and data x context x tensor parallelism on 8 (dp2 x cp2 x tp2), one
+// entry point (models::parallelize_gpt over the DeviceMesh), with and without sequence
+// parallelism. Every rank builds the GPT with the same seed, keeps a copy as the single-
+// device reference on the whole batch, and runs 3 AdamW steps on both: the loss, every
+// gradient of the first step (each rank's shard against the matching slice of the
+// reference's gradient, TensorParallelGPT::shard_of) and the parameters after the last
+// step must agree. The dp split of the batch rows is uneven (5 rows: 3 and 2).
+//
+// Float64: the tensor-parallel Gloo group carries float64 as int64 bits and sums in rank
+// order (tensor_parallel/group.cpp), the cp group likewise (context_parallel/wire.h), and
+// AdamW steps float64; so only the order of sums differs: gradients agree to ~1e-15
+// relative (held to 1e-10), parameters after 3 steps to ~1e-16 absolute (held to 1e-12;
+// the key bias's exact gradient is 0, its float64 noise of ~1e-18 moves Adam by
+// lr * 1e-18 / eps = 1e-13 at most). One float32 run (the coalesced float32 all-reduces)
+// holds the existing tensor-parallel tolerances (1e-5 gradients, 2e-5 parameters),
+// without biases for the reason test_gpt_context_parallel.cpp gives. The wrong variants
+// (gradients not summed over cp; with SP, LayerNorm gradients not summed over tp) move
+// things by 1e-3 or more and must fail.
+#ifdef MINIGRAD_WITH_GLOO
+
+#include <algorithm>
+#include <cmath>
+
+#include "catch_compat.h"
+#include "multiprocess.h"
+
+#include <minigrad/autograd/grad_mode.h>
+#include <minigrad/core/fault_injection.h>
+#include <minigrad/core/ops.h>
+#include <minigrad/models/gpt.h>
+#include <minigrad/models/gpt_tensor_parallel.h>
+#include <minigrad/nn/optim/adam.h>
+#include <minigrad/parallel/c10d/device_mesh.h>
+#include <minigrad/parallel/context_parallel/wire.h>
+#include <minigrad/parallel/ddp/distributed_data_parallel.h>
+
+using namespace mg;
+using namespace mg::test;
+using models::GPT;
+using models::GPTConfig;
+
+namespace {
+
+GPTConfig tiny(bool bias = true, double dropout = 0.0) {
+  GPTConfig c;
+  c.block_size = 16;
+  c.vocab_size = 18;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 10;  // heads of 5
+  c.bias = bias;
+  c.dropout = dropout;
+  return c;
+}
+
+double value(const Tensor& t) { return ops::to_dtype(t, DType::Float64).item<double>(); }
+double max_abs(const Tensor& t) { return value(ops::abs_max(t)); }
+
+struct Outcome {
+  double loss_error = 0, grad_error = 0, param_error = 0;
+  std::string worst_grad, worst_param;
+};
+
+// The rows of the batch dp rank `dp_rank` of `dp` takes (the first B % dp take one more).
+std::pair<int64_t, int64_t> rows_of(int64_t B, int dp, int dp_rank) {
+  const int64_t base = B / dp, extra = B % dp;
+  return {dp_rank * base + std::min<int64_t>(dp_rank, extra), base + (dp_rank < extra ? 1 : 0)};
+}
+
+// Sums every gradient over the dp group in place (float64 through the wire's bits).
+void sum_over_dp(const std::vector<Tensor>& parameters, parallel::ProcessGroup& dp) {
+  NoGradGuard no_grad;
+  for (const Tensor& p : parameters)
+    ops::copy_(p.grad(), parallel::context_parallel::sum_over_group(p.grad(), dp));
+}
+
+// One rank's check: the composed model on its rows and its cp chunks against the single-
+// device GPT on the whole batch [B, T]. With `ddp` the dp sum is DistributedDataParallel's
+// average during backward (float32: the buckets' all-reduce), each rank dividing by the
+// count of targets / dp.
+Outcome against_single_device(const parallel::DeviceMesh& mesh, const GPTConfig& config,
+                              int64_t B, int64_t T, bool sp, DType dtype, bool ddp = false) {
+  manual_seed(1234);
+  GPT gpt(config);
+  if (dtype != DType::Float32)
+    for (const auto& [name, p] : gpt.named_parameters()) {
+      Tensor wide = ops::to_dtype(p, dtype);
+      wide.set_requires_grad(true);
+      gpt.set_parameter(name, wide);
+    }
+  const Tensor x = randint(0, config.vocab_size, {B, T});
+  std::vector<int64_t> yv = randint(0, config.vocab_size, {B, T}).to_vector<int64_t>();
+  int64_t targets = 0;
+  for (size_t i = 2; i < yv.size(); i += 5) yv[i] = -1;  // ignored, unevenly over the ranks
+  for (int64_t t : yv) targets += t != -1 ? 1 : 0;
+  const Tensor y = from_vector(yv, Shape{B, T});
+
+  auto ref = std::static_pointer_cast<GPT>(gpt.clone());
+  models::TensorParallelGPTOptions options;
+  options.sequence_parallel = sp;
+  auto model = models::parallelize_gpt(gpt, mesh, options);
+  const int dp = mesh.size("dp");
+  const auto [start, rows] = rows_of(B, dp, mesh.rank("dp"));
+  const Tensor x_local = model->local_sequence(ops::contiguous(x.narrow(0, start, rows)));
+  const Tensor y_local = model->local_sequence(ops::contiguous(y.narrow(0, start, rows)));
+  // Without dp the loss's own mean (the count summed over cp); with dp each rank divides
+  // by the whole batch's count and the dp ranks' gradients are summed.
+  const double divide_by = dp > 1 ? static_cast<double>(targets) / (ddp ? dp : 1) : 0.0;
+  std::shared_ptr<parallel::DistributedDataParallel> wrapped;
+  if (ddp) wrapped = std::make_shared<parallel::DistributedDataParallel>(model, mesh.group("dp"));
+
+  optim::AdamW ref_opt(ref->parameters(), optim::AdamWOptions(1e-3));
+  optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
+  Outcome out;
+  for (int step = 0; step < 3; ++step) {
+    ref_opt.zero_grad();
+    const Tensor ref_loss = GPT::loss(ref->forward(x), y);
+    ref_loss.backward();
+    opt.zero_grad();
+    Tensor loss =
+        model->loss(wrapped ? wrapped->forward(x_local) : model->forward(x_local), y_local, divide_by);
+    loss.backward();
+    model->finish_gradients();  // tp (with SP) and cp sums (after DDP's: they commute)
+    if (dp > 1) {
+      if (!ddp) sum_over_dp(model->parameters(), *mesh.group("dp"));
+      loss = parallel::context_parallel::sum_over_group(loss.detach(), *mesh.group("dp"));
+      if (ddp) loss = loss / static_cast<double>(dp);
+    }
+    if (step == 0) {
+      out.loss_error = std::abs(value(loss) - value(ref_loss)) / std::abs(value(ref_loss));
+      for (const auto& [name, p] : model->named_parameters()) {
+        const Tensor expected = model->shard_of(name, ref->parameter(name).grad());
+        const double err = max_abs(p.grad() - expected) / std::max(max_abs(expected), 1e-6);
+        if (err >= out.grad_error) {
+          out.grad_error = err;
+          out.worst_grad = name;
+        }
+      }
+    }
+    ref_opt.step();
+    opt.step();
+  }
+  NoGradGuard no_grad;
+  for (const auto& [name, p] : model->named_parameters()) {
+    const double err = max_abs(p - model->shard_of(name, ref->parameter(name)));
+    if (err >= out.param_error) {
+      out.param_error = err;
+      out.worst_param = name;
+    }
+  }
+  return out;
+}
+
+void report(RankContext& ctx, const std::string& prefix, const Outcome& o) {
+  ctx.report(prefix + " errors", std::vector<float>{static_cast<float>(o.loss_error),
+                                                    static_cast<float>(o.grad_error),
+                                                    static_cast<float>(o.param_error)});
+  ctx.report(prefix + " where",
+             fmt::format("loss {:.2e}, gradient {:.2e} ({}), parameter {:.2e} ({})", o.loss_error,
+                         o.grad_error, o.worst_grad, o.param_error, o.worst_param));
+}
+
+void require_equal(const RankResult& r, const std::string& prefix, float grads, float params) {
+  INFO("rank " << r.rank << ", " << prefix << ": " << r.text(prefix + " where"));
+  const std::vector<float> e = r.floats(prefix + " errors");
+  REQUIRE(e[0] <= grads);
+  REQUIRE(e[1] <= grads);
+  REQUIRE(e[2] <= params);
+}
+
+void require_caught(const RankResult& r, const std::string& prefix) {
+  INFO("rank " << r.rank << ", " << prefix << ": " << r.text(prefix + " where"));
+  const std::vector<float> e = r.floats(prefix + " errors");
+  REQUIRE((e[0] >= 1e-3f || e[1] >= 1e-3f || e[2] >= 1e-3f));
+}
+
+// The tensor-parallel collectives of one float32 step (forward, loss, backward,
+// finish_gradients) of the composed model on [B, T].
+std::vector<float> tp_collectives(const parallel::DeviceMesh& mesh, int64_t B, int64_t T, bool sp) {
+  manual_seed(7);
+  GPT gpt(tiny());
+  const Tensor x = randint(0, 18, {B, T}), y = randint(0, 18, {B, T});
+  models::TensorParallelGPTOptions options;
+  options.sequence_parallel = sp;
+  auto model = models::parallelize_gpt(gpt, mesh, options);
+  model->group()->reset_stats();
+  model->loss(model->forward(model->local_sequence(x)), model->local_sequence(y)).backward();
+  model->finish_gradients();
+  const parallel::TensorParallelStats s = model->group()->stats();
+  return {static_cast<float>(s.all_reduces),     static_cast<float>(s.all_reduce_bytes),
+          static_cast<float>(s.all_gathers),     static_cast<float>(s.all_gather_bytes),
+          static_cast<float>(s.reduce_scatters), static_cast<float>(s.reduce_scatter_bytes)};
+}
+
+// The message of what `f` throws, or "" when it does not.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("GPT cp2 x tp2 on 4 Gloo ranks equals the single-device GPT; unsummed gradients "
+          "are caught; impossible splits refused", "[gpt_mesh]") {
+  auto results = run_ranks(4, [](RankContext& ctx) {
+    parallel::DeviceMesh mesh(ctx.gloo(), {{"cp", 2}, {"tp", 2}});
+    report(ctx, "cp2tp2", against_single_device(mesh, tiny(), 3, 8, false, DType::Float64));
+    report(ctx, "cp2tp2 sp", against_single_device(mesh, tiny(), 3, 12, true, DType::Float64));
+    report(ctx, "cp2tp2 f32",
+           against_single_device(mesh, tiny(false), 3, 8, true, DType::Float32));
+    {
+      testing::FaultGuard fault(testing::Fault::ContextParallelGradsNotReduced);
+      report(ctx, "cp fault", against_single_device(mesh, tiny(), 3, 8, false, DType::Float64));
+    }
+    {
+      testing::FaultGuard fault(testing::Fault::SequenceParallelGradsNotReduced);
+      report(ctx, "sp fault", against_single_device(mesh, tiny(), 3, 8, true, DType::Float64));
+    }
+    ctx.report("collectives", tp_collectives(mesh, 3, 8, false));
+    ctx.report("collectives sp", tp_collectives(mesh, 3, 8, true));
+    // Errors are raised before any collective, on every rank alike.
+    manual_seed(5);
+    GPT gpt(tiny(true, 0.1));
+    auto model = models::parallelize_gpt(gpt, mesh, {});
+    ctx.report("odd chunks", error_of([&] { model->forward(randint(0, 18, {2, 3})); }));
+    ctx.report("dropout", error_of([&] { model->forward(randint(0, 18, {2, 4})); }));
+    ctx.report("shard", error_of([&] { model->local_sequence(randint(0, 18, {2, 6})); }));
+  });
+  INFO(describe(results));
+  for (const RankResult& r : results) {
+    REQUIRE(r.ok());
+    require_equal(r, "cp2tp2", 1e-10f, 1e-12f);
+    require_equal(r, "cp2tp2 sp", 1e-10f, 1e-12f);
+    require_equal(r, "cp2tp2 f32", 1e-5f, 2e-5f);
+    require_caught(r, "cp fault");
+    require_caught(r, "sp fault");
+    // The tp group's traffic is tensor parallelism's alone (test_gpt_tensor_parallel.cpp
+    // derives the counts) on this rank's rows B x T/cp = 3 x 4: cp adds nothing to it.
+    // L = 2 blocks, C = 10, float32; with SP the replicated parameters: wpe 16 x 10, per
+    // block 2 LayerNorms (2 x 20) and 2 row biases (2 x 10), ln_f 20.
+    const float L = 2, rows = 3 * 4, C = 10, replicated = 16 * 10 + L * (40 + 20) + 20;
+    REQUIRE(r.floats("collectives") ==
+            std::vector<float>{4 * L + 3, 4 * ((2 * L + 1) * rows * C * 2 + 2 * rows), 1,
+                               4 * rows, 0, 0});
+    REQUIRE(r.floats("collectives sp") ==
+            std::vector<float>{2, 4 * (2 * rows + replicated), 4 * L + 3,
+                               4 * ((4 * L + 2) * rows / 2 * C + rows), 4 * L + 2,
+                               4 * ((4 * L + 2) * rows * C)});
+    REQUIRE_THAT(r.text("odd chunks"),
+                 MG_CONTAINS("TensorParallelGPT under context parallelism: a sequence of length "
+                             "6 does not cut into 2 * cp = 4 equal chunks"));
+    REQUIRE_THAT(r.text("dropout"),
+                 MG_CONTAINS("TensorParallelGPT: no dropout under context parallelism (cp = 2)"));
+    REQUIRE_THAT(r.text("shard"), MG_CONTAINS("shard_sequence: a sequence of length 6"));
+  }
+}
+
+TEST_CASE("GPT dp2 x cp2 x tp2 on 8 Gloo ranks (uneven batch rows) equals the single-device "
+          "GPT; unsummed cp gradients are caught", "[gpt_mesh]") {
+  auto results = run_ranks(8, [](RankContext& ctx) {
+    parallel::DeviceMesh mesh(ctx.gloo(), {{"dp", 2}, {"cp", 2}, {"tp", 2}});
+    // B = 5: dp rank 0 takes 3 rows, dp rank 1 takes 2; T = 12: cp chunks of 3, SP 3 each.
+    report(ctx, "3d", against_single_device(mesh, tiny(), 5, 12, false, DType::Float64));
+    report(ctx, "3d sp", against_single_device(mesh, tiny(), 5, 12, true, DType::Float64));
+    report(ctx, "3d ddp f32",
+           against_single_device(mesh, tiny(false), 5, 12, true, DType::Float32, true));
+    testing::FaultGuard fault(testing::Fault::ContextParallelGradsNotReduced);
+    report(ctx, "3d fault", against_single_device(mesh, tiny(), 5, 12, true, DType::Float64));
+  });
+  INFO(describe(results));
+  for (const RankResult& r : results) {
+    REQUIRE(r.ok());
+    require_equal(r, "3d", 1e-10f, 1e-12f);
+    require_equal(r, "3d sp", 1e-10f, 1e-12f);
+    require_equal(r, "3d ddp f32", 1e-5f, 2e-5f);
+    require_caught(r, "3d fault");
+  }
+}
+
+#endif  // MINIGRAD_WITH_GLOO
