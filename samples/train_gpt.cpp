@@ -9,6 +9,7 @@
 //   build/bin/train_gpt --devices cpu,cpu                            # DataParallel, 2 replicas
 //   build/bin/minigrad-run --nproc-per-node 4 build/bin/train_gpt --devices cpu --dp 2 --tp 2
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_gpt --devices cpu --cp 2
+//   build/bin/minigrad-run --nproc-per-node 8 build/bin/train_gpt --devices cpu --dp 2 --tp 2 --cp 2
 //
 // The loop is nanoGPT's train.py: every --eval-interval steps the mean loss of
 // --eval-iters batches of the training and the validation text (eval mode, no gradient);

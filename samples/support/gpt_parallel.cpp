@@ -40,22 +40,20 @@ void check_split(const GPTSplit& s, int64_t batch_size, int64_t block_size, doub
         launched ? parallel::launcher_name(parallel::LaunchEnvironment::from_environment().launcher)
                  : "not started by a launcher",
         s.ranks(), s.ranks()));
-  if (s.tp > 1 && s.cp > 1)
-    throw OptionError(fmt::format(
-        "--tp {} with --cp {}: tensor and context parallelism together are not supported yet "
-        "(the tensor-parallel GPT has no ring-attention hook); use one of them with --dp",
-        s.tp, s.cp));
   if (s.sequence_parallel && s.tp == 1)
     throw OptionError("--sequence-parallel splits the tensor-parallel layers' activations: it needs --tp 2 or more");
   if (batch_size < s.dp)
     throw OptionError(fmt::format("--batch-size {} cannot be cut over --dp {}: each data-parallel "
                                   "rank needs a window at least", batch_size, s.dp));
-  if (s.sequence_parallel && block_size % s.tp != 0)
-    throw OptionError(fmt::format("--sequence-parallel: --block-size {} must divide by --tp {} "
-                                  "(each rank holds block_size / tp positions)", block_size, s.tp));
   if (s.cp > 1 && block_size % (2 * s.cp) != 0)
     throw OptionError(fmt::format("--cp {}: --block-size {} must divide into 2 x cp = {} chunks "
                                   "(ring attention's balanced layout)", s.cp, block_size, 2 * s.cp));
+  if (s.sequence_parallel && (block_size / s.cp) % s.tp != 0)
+    throw OptionError(fmt::format(
+        "--sequence-parallel: {} must divide by --tp {} (each rank holds that / tp positions)",
+        s.cp > 1 ? fmt::format("the --block-size {} / --cp {} = {} positions of a cp rank", block_size, s.cp, block_size / s.cp)
+                 : fmt::format("--block-size {}", block_size),
+        s.tp));
   if (s.cp > 1 && dropout != 0.0)
     throw OptionError(fmt::format("--cp {}: ring attention has no dropout; train with --dropout 0 "
                                   "(not {})", s.cp, dropout));
@@ -81,13 +79,15 @@ SplitGPT::SplitGPT(std::shared_ptr<models::GPT> gpt, const GPTSplit& split, cons
   // Every dimension, size 1 included, so that every group exists.
   mesh_ = std::make_unique<parallel::DeviceMesh>(
       dist.group, std::vector<parallel::MeshDim>{{"dp", split.dp}, {"cp", split.cp}, {"tp", split.tp}});
+  // Under tp the tensor-parallel GPT runs cp itself (mesh.group("cp"): ring attention on
+  // its heads, the loss and the gradients summed over cp); cp alone runs on `gpt`.
   if (split.tp > 1) {
     models::TensorParallelGPTOptions options;
     options.sequence_parallel = split.sequence_parallel;
     options.seed = seed;
     tp_model_ = models::parallelize_gpt(*gpt_, *mesh_, options);
   }
-  if (split.cp > 1) models::set_attention_function(*gpt_, cp::ring_attention_function(mesh_->group("cp")));
+  if (split.cp > 1 && !tp_model_) models::set_attention_function(*gpt_, cp::ring_attention_function(mesh_->group("cp")));
   // Dropout: other rows, other masks. Rank 0 of dp keeps the single-device run's stream;
   // the ranks of one dp row (a tp group) stay alike, as replicated regions need.
   if (mesh_->rank("dp") > 0) manual_seed(seed + 7919 * static_cast<uint64_t>(mesh_->rank("dp")));
@@ -107,8 +107,12 @@ Tensor SplitGPT::loss_share(const Tensor& x, const Tensor& y) {
   const int64_t rows = base + (dp_rank < extra ? 1 : 0);
   const Tensor xs = dp > 1 ? ops::contiguous(ops::narrow(x, 0, start, rows)) : x;
   const Tensor ys = dp > 1 ? ops::contiguous(ops::narrow(y, 0, start, rows)) : y;
-  // Tensor parallel: this dp rank's token losses summed / the global batch's tokens.
-  if (tp_model_) return tp_model_->loss(tp_model_->forward(xs), ys, static_cast<double>(B * T));
+  // Tensor parallel: this dp rank's token losses summed (over cp too: each cp rank's part
+  // of every row, local_sequence) / the global batch's tokens.
+  if (tp_model_) {
+    const Tensor x_local = tp_model_->local_sequence(xs), y_local = tp_model_->local_sequence(ys);
+    return tp_model_->loss(tp_model_->forward(x_local), y_local, static_cast<double>(B * T));
+  }
   // Otherwise the mean over this rank's rows (whole or over the cp group), weighted by
   // their part of the batch. Context parallel: two chunks of every row's positions.
   Tensor mean;
@@ -124,9 +128,9 @@ Tensor SplitGPT::loss_share(const Tensor& x, const Tensor& y) {
 }
 
 void SplitGPT::reduce_gradients(Tensor& step_loss) {
-  if (tp_model_) tp_model_->finish_gradients();
+  if (tp_model_) tp_model_->finish_gradients();  // with SP the tp sums, under cp the cp sum
   const std::vector<Tensor> params = parameters();
-  if (split_.cp > 1) cp::all_reduce_gradients(params, *mesh_->group("cp"));
+  if (split_.cp > 1 && !tp_model_) cp::all_reduce_gradients(params, *mesh_->group("cp"));
   if (split_.dp > 1) {
     std::vector<Tensor> tensors;
     for (const Tensor& p : params) {

@@ -1,5 +1,5 @@
 // train_gpt --dp D --tp T --cp C [--sequence-parallel]: one rank's part of the GPT split over
-// a DeviceMesh of D x C x T processes started by minigrad-run (docs/gpt.md, "The split GPT").
+// a DeviceMesh of D x C x T processes started by minigrad-run (docs/gpt-split-training.md).
 //
 //   minigrad-run --nproc-per-node 4 build/bin/train_gpt --devices cpu --dp 2 --tp 2
 //
@@ -11,11 +11,9 @@
 //       --sequence-parallel the activations between the layers split along T too);
 //   cp  two chunks of every window's positions (ring attention; every rank holds the whole
 //       model, the position embedding taken at its global positions).
-// tp and cp together are refused: TensorParallelGPT has no attention hook for ring
-// attention yet. Adding it takes a few lines: in SplitGPT::loss_share the tp branch takes
-// cp's shard_sequence and positions (and the cp group's share of the loss), cp's gradient
-// sum runs for the tp shards too (it already does: it sums parameters()), and check_split
-// lets the pair through.
+// tp and cp compose: the tensor-parallel GPT takes the cp group from the mesh (ring
+// attention on its heads, models/gpt_tensor_parallel.h); cp alone runs on the whole GPT
+// with ring attention as its attention function (models/gpt_context_parallel.h).
 //
 // The loss. Each rank's loss is its share of the whole batch's mean: its tokens' summed
 // losses / the global batch's B * T tokens (vocab-parallel cross-entropy with divide_by
@@ -25,7 +23,8 @@
 //
 // The gradients: after the step's micro-batches (gradient accumulation included),
 //   tp  finish_gradients(): with sequence parallelism, the replicated parameters' sums over tp;
-//   cp  the sum over the cp group (each rank's positions' share);
+//   cp  the sum over the cp group (each rank's positions' share; under tp inside
+//       finish_gradients);
 //   dp  the sum over the dp group: one all-reduce, with the step's loss riding along.
 // A plain all-reduce rather than DistributedDataParallel: DDP averages (it would need
 // divide_by / dp, and no_sync() for gradient accumulation), while the sum of the shares is
@@ -63,8 +62,8 @@ struct GPTSplit {
 };
 
 // What the flags ask, checked before any rank joins: dp * tp * cp against the launcher's
-// world size (1 without one), tp with cp, --sequence-parallel without tp, the batch over dp,
-// the block over tp (sequence parallel) and over 2 * cp, dropout under cp. OptionError
+// world size (1 without one), --sequence-parallel without tp, the batch over dp,
+// the block over 2 * cp and (sequence parallel) its cp part over tp, dropout under cp. OptionError
 // naming the numbers.
 void check_split(const GPTSplit& split, int64_t batch_size, int64_t block_size, double dropout);
 

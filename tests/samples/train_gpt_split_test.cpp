@@ -1,9 +1,9 @@
 // build/bin/train_gpt split over ranks under build/bin/minigrad-run (--dp, --tp, --cp,
-// --sequence-parallel; samples/support/gpt_parallel.h): tiny runs whose printed losses,
-// metrics and sample equal the single-device run's on the same windows (float32 rounding
-// apart), checkpoints written under cp and tp that equal the single-device ones (and resume
-// under another split), a merged trace,
-// and the combinations that are refused, with their messages.
+// --sequence-parallel; samples/support/gpt_parallel.h): tiny runs (dp, tp, tp + SP, cp and
+// their compositions up to dp2 x tp2 x cp2) whose printed losses, metrics and sample equal
+// the single-device run's on the same windows (float32 rounding apart), checkpoints written
+// under cp and tp that equal the single-device ones (and resume under another split), a
+// merged trace, and the splits that are refused, with their messages.
 #include "catch_compat.h"
 
 #include <cstdio>
@@ -138,6 +138,13 @@ TEST_CASE("train_gpt --cp 2 on 2 ranks prints the single-device run's losses; it
   }
 }
 
+TEST_CASE("train_gpt --tp 2 --cp 2 --sequence-parallel on 4 ranks and --dp 2 --tp 2 --cp 2 on 8 print "
+          "the single-device run's losses and sample") {
+  Runs runs;
+  require_same_run(runs, runs.split(4, "--tp 2 --cp 2 --sequence-parallel", "tpcp.csv"), "tpcp.csv");
+  require_same_run(runs, runs.split(8, "--dp 2 --tp 2 --cp 2", "3d.csv"), "3d.csv");
+}
+
 TEST_CASE("train_gpt --dp 4 (5 windows: rows 2, 1, 1, 1) and --dp 2 --cp 2 on 4 ranks print the "
           "single-device run's losses") {
   Runs runs;
@@ -162,7 +169,7 @@ void require_close(const mg::nn::TensorDict& a, const mg::nn::TensorDict& b) {
 }
 
 TEST_CASE("train_gpt --save under --dp 2 --tp 2 writes the whole model in nanoGPT's names; --tp 2 "
-          "--sequence-parallel resumes it to the uninterrupted single-device run's weights") {
+          "--cp 2 --sequence-parallel resumes it to the uninterrupted single-device run's weights") {
   TempDir dir;
   // One schedule for every run (warmup and decay would otherwise follow --iters).
   const std::string flags = kModel + " --block-size 16 --batch-size 5 --sample-chars 0 --eval-interval 4 --warmup 2 --decay-iters 8 --data-dir " +
@@ -181,7 +188,7 @@ TEST_CASE("train_gpt --save under --dp 2 --tp 2 writes the whole model in nanoGP
   REQUIRE(half.tensors.count("model.lm_head.weight") == 1);
   require_close(mg::nn::load_tensors(dir / "single-half.safetensors").get("model."), half.get("model."));
   require_close(mg::nn::load_tensors(dir / "single-half.safetensors").get("optim."), half.get("optim."));
-  const auto second = run_program(kRun + " --nproc-per-node 2 " + kProgram + flags + " --tp 2 --sequence-parallel "
+  const auto second = run_program(kRun + " --nproc-per-node 4 " + kProgram + flags + " --tp 2 --cp 2 --sequence-parallel "
                                   "--iters 8 --resume " + (dir / "half.safetensors") + " --save " +
                                   (dir / "resumed.safetensors"));
   INFO(second.output);
@@ -205,10 +212,6 @@ TEST_CASE("train_gpt --dp/--tp/--cp: impossible splits are refused, naming the n
   const auto count = two("--dp 2 --tp 2 --block-size 16");
   CHECK(count.exit_code != 0);
   CHECK_THAT(count.output, MG_CONTAINS("--dp 2 x --tp 2 x --cp 1 = 4 ranks, but the job has 2 (minigrad-run)"));
-  const auto both = run_program(kRun + " --nproc-per-node 4 " + kProgram + flags + " --tp 2 --cp 2 --block-size 16");
-  CHECK(both.exit_code != 0);
-  CHECK_THAT(both.output, MG_CONTAINS("--tp 2 with --cp 2: tensor and context parallelism together "
-                                      "are not supported yet"));
   const auto sp = two("--dp 2 --sequence-parallel --block-size 16");
   CHECK(sp.exit_code != 0);
   CHECK_THAT(sp.output, MG_CONTAINS("--sequence-parallel splits the tensor-parallel layers' "
