@@ -155,9 +155,9 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     // Under --dp/--tp/--cp rank 0 alone writes the files (the others would see its
     // checkpoint's temporary file as a stale one).
     const bool elsewhere = o.distributed && parallel::LaunchEnvironment::from_environment().rank != 0;
-    samples::check_file_flags(kProgram, {{"--save", o.save, elsewhere}, {"--metrics", o.metrics, elsewhere},
-                                         {"--plot", o.plot, elsewhere}},
-                              {{"--resume", o.resume}});
+    samples::check_file_flags(kProgram, {{"--save", o.save, elsewhere, ""}, {"--metrics", o.metrics, elsewhere, ""},
+                                         {"--plot", o.plot, elsewhere, ""}},
+                              {{"--resume", o.resume, false, ""}});
   } catch (const Error& e) {
     return samples::report_error(kProgram, samples::OptionError(e.what()));
   }
