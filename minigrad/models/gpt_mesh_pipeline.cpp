@@ -98,6 +98,12 @@ GPTMeshPipeline::GPTMeshPipeline(const GPT& gpt, const parallel::DeviceMesh& mes
   pp_ = mesh.group("pp");
   if (mesh.size("dp") > 1) dp_ = mesh.group("dp");
   if (mesh.size("cp") > 1) cp_ = mesh.group("cp");
+  // Refused here, on every rank, rather than in the first stage's forward while the
+  // other stages wait for its activations.
+  MG_CHECK(cp_ == nullptr || config_.dropout == 0.0,
+           "GPTMeshPipeline: no dropout under context parallelism (cp = {}), got dropout {}: "
+           "ring attention has no attention dropout (set dropout to 0)", mesh.size("cp"),
+           config_.dropout);
   dp_size_ = mesh.size("dp");
   dp_rank_ = mesh.rank("dp");
   tp_ = parallel::tensor_parallel_group(mesh.group("tp"));
@@ -156,7 +162,7 @@ Tensor GPTMeshPipeline::train_step(const Tensor& idx, const Tensor& targets, dou
     return cp_ ? parallel::context_parallel::context_parallel_sum(part, *cp_) : part;
   };
   const Tensor loss = stage_->train_step(first ? idx : Tensor(), last ? targets : Tensor(), loss_fn);
-  finish_gradients();
+  if (options_.finish_gradients) finish_gradients();
   // The loss on every rank: broadcast from the last stage over pp (as its bits, whatever
   // the dtype), then this dp rank's part summed over dp.
   NoGradGuard no_grad;
@@ -177,7 +183,7 @@ void GPTMeshPipeline::finish_gradients() {
     TensorParallelGPT::sum_replicated_gradients(named_parameters(), *tp_);
   // Context parallelism: every gradient holds this cp rank's tokens' share.
   if (cp_) parallel::context_parallel::all_reduce_gradients(params, *cp_);
-  if (options_.pipeline.sum_tied_gradient) sum_tied_gradient();
+  sum_tied_gradient();
   // Data parallelism: the loss divides by the whole batch's count, so a plain sum.
   if (dp_) parallel::context_parallel::all_reduce_gradients(params, *dp_);
 }

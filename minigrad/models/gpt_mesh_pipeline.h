@@ -71,10 +71,15 @@ class TensorParallelGPTStage : public nn::Cloneable<TensorParallelGPTStage> {
 };
 
 struct GPTMeshPipelineOptions {
-  // micro_batches, schedule, model_chunks, checkpoint, sum_tied_gradient (gpt_pipeline.h)
+  // micro_batches, schedule, model_chunks, checkpoint (gpt_pipeline.h); its
+  // sum_tied_gradient is not read here: finish_gradients below covers the tied sum.
   GPTPipelineOptions pipeline;
   // sequence_parallel, seed (gpt_tensor_parallel.h)
   TensorParallelGPTOptions tensor_parallel;
+  // train_step ends with finish_gradients(). Gradient accumulation over several
+  // train_steps turns this off and calls finish_gradients() once before the optimizer
+  // step (summing after every step would add the earlier steps' sums again).
+  bool finish_gradients = true;
 };
 
 class GPTMeshPipeline {
@@ -82,7 +87,8 @@ class GPTMeshPipeline {
   // Every rank of the mesh calls it with the same GPT (config, seed) and options. The mesh
   // needs a pp and a tp dimension (either may be of size 1; dp and cp may be absent). mg::Error where the GPT
   // does not split: fewer blocks than pp x model chunks, n_head, vocab_size or 4 n_embd
-  // not divisible by tp. `gpt` is left as it is; this rank copies its shards.
+  // not divisible by tp, dropout under cp (ring attention has none). `gpt` is left as it
+  // is; this rank copies its shards.
   GPTMeshPipeline(const GPT& gpt, const parallel::DeviceMesh& mesh,
                   GPTMeshPipelineOptions options = {});
 
@@ -98,8 +104,8 @@ class GPTMeshPipeline {
   // divide_by) on every rank, a scalar of the parameters' dtype.
   Tensor train_step(const Tensor& idx, const Tensor& targets, double divide_by = 0);
 
-  // The sums after backward (train_step calls it; a trainer accumulating gradients over
-  // several train_steps would call it once).
+  // The sums after backward, in the header's order (train_step calls it unless
+  // options.finish_gradients is off).
   void finish_gradients();
 
   // This rank's parameters, nanoGPT's names (the last stage's head copy "lm_head.weight").

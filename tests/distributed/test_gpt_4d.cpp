@@ -167,6 +167,23 @@ void require_caught_somewhere(const std::vector<RankResult>& results, const std:
   REQUIRE(caught);
 }
 
+// The tp group's collectives in one float32 step of this rank's stage on 5 rows of T = 8
+// in 2 micro-batches (3 + 2): all-reduces, all-gathers, reduce-scatters.
+std::vector<float> tp_collectives(const parallel::DeviceMesh& mesh, bool sp) {
+  manual_seed(7);
+  GPT gpt(tiny(3));
+  const Tensor x = randint(0, 18, {5, 8}), y = randint(0, 18, {5, 8});
+  models::GPTMeshPipelineOptions options;
+  options.pipeline.micro_batches = 2;
+  options.tensor_parallel.sequence_parallel = sp;
+  auto model = models::pipeline_gpt_on_mesh(gpt, mesh, options);
+  model->tp_group()->reset_stats();
+  model->train_step(model->local_batch(x), model->local_batch(y));
+  const parallel::TensorParallelStats s = model->tp_group()->stats();
+  return {static_cast<float>(s.all_reduces), static_cast<float>(s.all_gathers),
+          static_cast<float>(s.reduce_scatters)};
+}
+
 template <typename F>
 std::string error_of(F&& f) {
   try {
@@ -180,7 +197,8 @@ std::string error_of(F&& f) {
 }  // namespace
 
 TEST_CASE("GPT tp2 x pp2 on 4 Gloo ranks equals the single-device GPT (1F1B, SP, interleaved); "
-          "the tied shard's gradient unsummed is caught; impossible splits refused", "[gpt_4d]") {
+          "the tied shard's gradient unsummed is caught; each stage's tp collectives counted; "
+          "impossible splits refused", "[gpt_4d]") {
   auto results = run_ranks(4, [](RankContext& ctx) {
     parallel::DeviceMesh mesh(ctx.gloo(), {{"pp", 2}, {"tp", 2}});
     // n_layer 3: blocks 2 and 1; 5 rows in 2 micro-batches (3 + 2).
@@ -199,6 +217,8 @@ TEST_CASE("GPT tp2 x pp2 on 4 Gloo ranks equals the single-device GPT (1F1B, SP,
       testing::FaultGuard fault(testing::Fault::PipelineTiedGradNotSummed);
       report(ctx, "tied fault", against_single_device(mesh, {}));
     }
+    ctx.report("collectives", tp_collectives(mesh, false));
+    ctx.report("collectives sp", tp_collectives(mesh, true));
     // Refused on every rank alike, before any collective.
     manual_seed(5);
     GPT three(tiny(3));
@@ -221,6 +241,17 @@ TEST_CASE("GPT tp2 x pp2 on 4 Gloo ranks equals the single-device GPT (1F1B, SP,
     require_equal(r, "tp2pp2");
     require_equal(r, "tp2pp2 sp");
     require_equal(r, "tp2pp2 interleaved");
+    // docs/gpt-tensor-parallel.md's table, cut between the stages, per micro-batch (m = 2):
+    // stage 0 (2 blocks) the embedding's all-reduce and 4 per block; stage 1 (1 block) 4
+    // per block, the head's in backward and the loss's all-reduce and all-gather. With SP
+    // each block's 4 all-gathers and 4 reduce-scatters, the embedding's reduce-scatter
+    // (all-gather in backward), the head's all-gather (reduce-scatter in backward), and
+    // once per step the replicated parameters' gradient sum.
+    const bool first = r.rank / 2 == 0;
+    REQUIRE(r.floats("collectives") ==
+            (first ? std::vector<float>{2 * 9, 0, 0} : std::vector<float>{2 * 6, 2 * 1, 0}));
+    REQUIRE(r.floats("collectives sp") == (first ? std::vector<float>{1, 2 * 9, 2 * 9}
+                                                 : std::vector<float>{2 * 1 + 1, 2 * 6, 2 * 5}));
     REQUIRE_THAT(r.text("too few blocks"),
                  MG_CONTAINS("GPT pipeline: 3 blocks (n_layer) cannot fill 2 stages x 2 model "
                              "chunks = 4 virtual stages"));
@@ -272,7 +303,8 @@ TEST_CASE("GPT dp2 x tp2 x pp2 on 8 Gloo ranks equals the single-device GPT (wit
   require_caught_somewhere(results, "3d fault");
 }
 
-TEST_CASE("GPT dp2 x pp2 x cp2 x tp2 on 16 Gloo ranks equals the single-device GPT",
+TEST_CASE("GPT dp2 x pp2 x cp2 x tp2 on 16 Gloo ranks equals the single-device GPT (with and "
+          "without SP); dropout under cp refused",
           "[gpt_4d]") {
   auto results = run_ranks(16, [](RankContext& ctx) {
     parallel::DeviceMesh mesh(ctx.gloo(), {{"dp", 2}, {"pp", 2}, {"cp", 2}, {"tp", 2}});
@@ -283,12 +315,18 @@ TEST_CASE("GPT dp2 x pp2 x cp2 x tp2 on 16 Gloo ranks equals the single-device G
     run.sp = true;
     run.micro_batches = 3;
     report(ctx, "4d sp", against_single_device(mesh, run));
+    GPTConfig dropping = tiny(2);
+    dropping.dropout = 0.1;
+    GPT gpt(dropping);
+    ctx.report("dropout", error_of([&] { models::pipeline_gpt_on_mesh(gpt, mesh, {}); }));
   });
   INFO(describe(results));
   for (const RankResult& r : results) {
     REQUIRE(r.ok());
     require_equal(r, "4d");
     require_equal(r, "4d sp");
+    REQUIRE_THAT(r.text("dropout"),
+                 MG_CONTAINS("GPTMeshPipeline: no dropout under context parallelism (cp = 2)"));
   }
 }
 
