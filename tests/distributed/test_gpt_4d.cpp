@@ -264,16 +264,25 @@ TEST_CASE("GPT tp2 x pp2 on 4 Gloo ranks equals the single-device GPT (1F1B, SP,
   require_caught_somewhere(results, "tied fault");
 }
 
-TEST_CASE("GPT dp2 x pp2 on 4 Gloo ranks (uneven batch rows) equals the single-device GPT",
-          "[gpt_4d]") {
+TEST_CASE("GPT dp2 x pp2 on 4 Gloo ranks (uneven batch rows) equals the single-device GPT; "
+          "so does dp2 x pp1 x tp2 (one stage: the head reads wte itself)", "[gpt_4d]") {
   auto results = run_ranks(4, [](RankContext& ctx) {
     parallel::DeviceMesh mesh(ctx.gloo(), {{"dp", 2}, {"pp", 2}, {"tp", 1}});
     report(ctx, "dp2pp2", against_single_device(mesh, {}));  // rows 3 and 2
+    parallel::DeviceMesh one_stage(ctx.gloo(), {{"dp", 2}, {"pp", 1}, {"tp", 2}});
+    report(ctx, "dp2tp2", against_single_device(one_stage, {}));
+    const auto named = models::pipeline_gpt_on_mesh(GPT(tiny()), one_stage, {})->named_parameters();
+    ctx.report("head copies",
+               std::vector<float>{static_cast<float>(std::count_if(
+                   named.begin(), named.end(),
+                   [](const nn::NamedTensor& p) { return p.first == "lm_head.weight"; }))});
   });
   INFO(describe(results));
   for (const RankResult& r : results) {
     REQUIRE(r.ok());
     require_equal(r, "dp2pp2");
+    require_equal(r, "dp2tp2");
+    REQUIRE(r.floats("head copies") == std::vector<float>{0});
   }
 }
 
