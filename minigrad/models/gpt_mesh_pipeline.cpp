@@ -148,6 +148,9 @@ Tensor GPTMeshPipeline::local_batch(const Tensor& x) const {
 Tensor GPTMeshPipeline::train_step(const Tensor& idx, const Tensor& targets, double divide_by) {
   const int p = pp_->size();
   const bool first = pp_->rank() == 0, last = pp_->rank() + 1 == p;
+  MG_CHECK(!last || (targets.defined() && targets.dim() == 2),
+           "GPTMeshPipeline: the last stage (pp rank {}) needs this rank's targets [B, T/cp] "
+           "int64; got {}", pp_->rank(), targets.defined() ? targets.shape().str() : "an undefined tensor");
   if (last && divide_by <= 0) {
     // The whole batch's count of targets: this rank's, summed over cp and dp (int64).
     Tensor count = from_vector(std::vector<int64_t>{count_targets(targets)}, Shape{1}, pp_->device());
