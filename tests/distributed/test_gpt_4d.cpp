@@ -196,8 +196,10 @@ std::string error_of(F&& f) {
 
 }  // namespace
 
-TEST_CASE("GPT tp2 x pp2 on 4 Gloo ranks equals the single-device GPT (1F1B, SP, interleaved); "
-          "the tied shard's gradient unsummed is caught; each stage's tp collectives counted; "
+// No ';' in the test cases' names: CTest's test lists would cut a name there, and the
+// pieces would run no test.
+TEST_CASE("GPT tp2 x pp2 on 4 Gloo ranks equals the single-device GPT (1F1B, SP, interleaved), "
+          "the tied shard's gradient unsummed is caught, each stage's tp collectives counted, "
           "impossible splits refused", "[gpt_4d]") {
   auto results = run_ranks(4, [](RankContext& ctx) {
     parallel::DeviceMesh mesh(ctx.gloo(), {{"pp", 2}, {"tp", 2}});
@@ -264,8 +266,8 @@ TEST_CASE("GPT tp2 x pp2 on 4 Gloo ranks equals the single-device GPT (1F1B, SP,
   require_caught_somewhere(results, "tied fault");
 }
 
-TEST_CASE("GPT dp2 x pp2 on 4 Gloo ranks (uneven batch rows) equals the single-device GPT; "
-          "so does dp2 x pp1 x tp2 (one stage: the head reads wte itself)", "[gpt_4d]") {
+TEST_CASE("GPT dp2 x pp2 on 4 Gloo ranks (uneven batch rows) equals the single-device GPT, "
+          "and so does dp2 x pp1 x tp2 (one stage: the head reads wte itself)", "[gpt_4d]") {
   auto results = run_ranks(4, [](RankContext& ctx) {
     parallel::DeviceMesh mesh(ctx.gloo(), {{"dp", 2}, {"pp", 2}, {"tp", 1}});
     report(ctx, "dp2pp2", against_single_device(mesh, {}));  // rows 3 and 2
@@ -287,7 +289,7 @@ TEST_CASE("GPT dp2 x pp2 on 4 Gloo ranks (uneven batch rows) equals the single-d
 }
 
 TEST_CASE("GPT dp2 x tp2 x pp2 on 8 Gloo ranks equals the single-device GPT (with and without "
-          "SP); the tied shard's gradient unsummed is caught", "[gpt_4d]") {
+          "SP), the tied shard's gradient unsummed is caught", "[gpt_4d]") {
   auto results = run_ranks(8, [](RankContext& ctx) {
     parallel::DeviceMesh mesh(ctx.gloo(), {{"dp", 2}, {"pp", 2}, {"tp", 2}});
     report(ctx, "3d", against_single_device(mesh, {}));
@@ -313,7 +315,7 @@ TEST_CASE("GPT dp2 x tp2 x pp2 on 8 Gloo ranks equals the single-device GPT (wit
 }
 
 TEST_CASE("GPT dp2 x pp2 x cp2 x tp2 on 16 Gloo ranks equals the single-device GPT (with and "
-          "without SP); dropout under cp refused",
+          "without SP), dropout under cp refused",
           "[gpt_4d]") {
   auto results = run_ranks(16, [](RankContext& ctx) {
     parallel::DeviceMesh mesh(ctx.gloo(), {{"dp", 2}, {"pp", 2}, {"cp", 2}, {"tp", 2}});
