@@ -125,24 +125,48 @@ class ParallelBlock : public nn::Cloneable<ParallelBlock> {
   }
 };
 
-// nanoGPT's `transformer`, sharded: [B, T] -> ln_f's output.
+// nanoGPT's `transformer`, sharded: [B, T] -> ln_f's output; or a pipeline stage's piece
+// of it (TensorParallelPiece): some blocks, the embedding in front, ln_f behind.
 class ParallelTransformer : public nn::Cloneable<ParallelTransformer> {
  public:
-  ParallelTransformer(const nn::Module& transformer, Context ctx)
-      : nn::Cloneable<ParallelTransformer>("ModuleDict"), ctx_(std::move(ctx)) {
-    auto wte = std::make_shared<nn::VocabParallelEmbedding>(
-        static_cast<const nn::Embedding&>(*transformer.child("wte")), ctx_.group);
-    wte->set_sequence_parallel(ctx_.sequence_parallel);
-    register_module("wte", wte);
-    register_module("wpe", transformer.child("wpe")->clone(ctx_.group->device()));
+  ParallelTransformer(const nn::Module& transformer, Context ctx, TensorParallelPiece piece)
+      : nn::Cloneable<ParallelTransformer>("ModuleDict"), ctx_(std::move(ctx)), piece_(piece) {
+    if (piece_.embedding) {
+      auto wte = std::make_shared<nn::VocabParallelEmbedding>(
+          static_cast<const nn::Embedding&>(*transformer.child("wte")), ctx_.group);
+      wte->set_sequence_parallel(ctx_.sequence_parallel);
+      register_module("wte", wte);
+      register_module("wpe", transformer.child("wpe")->clone(ctx_.group->device()));
+    }
+    // The blocks keep their numbers (h.<i>), so every name is the GPT's.
     auto h = std::make_shared<nn::Sequential>();
-    for (const nn::ModulePtr& block : transformer.child("h")->children())
-      h->push_back(std::make_shared<ParallelBlock>(*block, ctx_));
+    const auto& blocks = transformer.child("h")->named_children();
+    const int64_t count = piece_.blocks < 0 ? static_cast<int64_t>(blocks.size()) - piece_.first_block
+                                            : piece_.blocks;
+    MG_CHECK(piece_.first_block >= 0 && count >= 0 &&
+                 piece_.first_block + count <= static_cast<int64_t>(blocks.size()),
+             "TensorParallelGPT: blocks [{}, {}) of a GPT of {} blocks", piece_.first_block,
+             piece_.first_block + count, blocks.size());
+    for (int64_t i = piece_.first_block; i < piece_.first_block + count; ++i) {
+      const auto& [name, block] = blocks[static_cast<size_t>(i)];
+      h->register_module(name, std::make_shared<ParallelBlock>(*block, ctx_));
+    }
     register_module("h", h);
-    register_module("ln_f", transformer.child("ln_f")->clone(ctx_.group->device()));
+    if (piece_.ln_f) register_module("ln_f", transformer.child("ln_f")->clone(ctx_.group->device()));
   }
 
-  Tensor forward(const Tensor& idx) override {
+  Tensor forward(const Tensor& input) override {
+    if (!piece_.embedding) {
+      // A later pipeline stage: the previous stage's activations [B, T', C] (T' the
+      // cp-local positions, or this rank's T'/n of them with sequence parallelism).
+      MG_CHECK(input.defined() && input.dim() == 3 && input.size(2) == ctx_.config.n_embd,
+               "TensorParallelGPT stage: expected activations [B, T, {}] from the previous "
+               "stage, got {}", ctx_.config.n_embd,
+               input.defined() ? input.shape().str() : "undefined");
+      const Tensor x = child("h")->forward(input);
+      return piece_.ln_f ? child("ln_f")->forward(x) : x;
+    }
+    const Tensor& idx = input;
     MG_CHECK(idx.defined() && idx.dim() == 2 && idx.dtype() == DType::Int64,
              "TensorParallelGPT: expected token indices int64 [B, T], got {}",
              idx.defined() ? idx.shape().str() : "undefined");
@@ -173,11 +197,12 @@ class ParallelTransformer : public nn::Cloneable<ParallelTransformer> {
     if (ctx_.sequence_parallel) pos = narrow(pos, 0, ctx_.group->rank() * (T / n), T / n);
     Tensor x = dropout(tok + pos, ctx_.config.dropout, is_training(), ctx_.residual_generator());
     x = child("h")->forward(x);
-    return child("ln_f")->forward(x);
+    return piece_.ln_f ? child("ln_f")->forward(x) : x;
   }
 
  private:
   Context ctx_;
+  TensorParallelPiece piece_;
 };
 
 int64_t checked_divide(int64_t size, int parts, const char* what, const GPTConfig& config) {
@@ -190,6 +215,40 @@ int64_t checked_divide(int64_t size, int parts, const char* what, const GPTConfi
 
 }  // namespace
 
+nn::ModulePtr tensor_parallel_transformer(const GPT& gpt,
+                                          const parallel::TensorParallelGroupPtr& group,
+                                          const TensorParallelGPTOptions& options,
+                                          std::shared_ptr<Generator> sharded_generator,
+                                          std::shared_ptr<parallel::ProcessGroup> cp,
+                                          TensorParallelPiece piece) {
+  MG_CHECK(group != nullptr, "parallelize_gpt: the tensor-parallel group is null");
+  const GPTConfig& config = gpt.config();
+  const int n = group->size();
+  checked_divide(config.n_head, n, "n_head (attention is split by heads)", config);
+  checked_divide(config.vocab_size, n,
+                 "vocab_size (the embedding and the logits are split by vocabulary; choose a "
+                 "multiple, as nanoGPT pads 50257 to 50304)", config);
+  checked_divide(4 * config.n_embd, n, "4 * n_embd (the MLP's hidden width)", config);
+  if (cp != nullptr && cp->size() == 1) cp = nullptr;
+  MG_CHECK(cp == nullptr || cp->device() == group->device(),
+           "parallelize_gpt: the context-parallel group works on {}, the tensor-parallel group "
+           "on {}", cp ? cp->device() : group->device(), group->device());
+  Context ctx{group, config, options.sequence_parallel, std::move(sharded_generator), std::move(cp)};
+  auto transformer = std::make_shared<ParallelTransformer>(*gpt.child("transformer"), ctx, piece);
+  // Every parameter becomes exactly this rank's part of the GPT's (c_attn's rows are not
+  // the contiguous slice the column layer took).
+  NoGradGuard no_grad;
+  for (auto& [local, p] : transformer->named_parameters()) {
+    const std::string name = "transformer." + local;
+    const Tensor shard = TensorParallelGPT::shard_of(name, gpt.parameter(name), *group);
+    MG_CHECK(shard.shape() == p.shape(), "parallelize_gpt: {} is {} here but its shard is {}", name,
+             p.shape(), shard.shape());
+    ops::copy_(p, shard);
+  }
+  transformer->train(gpt.is_training());
+  return transformer;
+}
+
 TensorParallelGPT::TensorParallelGPT(const GPT& gpt, parallel::TensorParallelGroupPtr group,
                                      TensorParallelGPTOptions options,
                                      std::shared_ptr<parallel::ProcessGroup> cp)
@@ -199,38 +258,25 @@ TensorParallelGPT::TensorParallelGPT(const GPT& gpt, parallel::TensorParallelGro
       cp_(cp != nullptr && cp->size() > 1 ? std::move(cp) : nullptr),
       options_(options) {
   MG_CHECK(group_ != nullptr, "parallelize_gpt: the tensor-parallel group is null");
-  const int n = group_->size();
-  checked_divide(config_.n_head, n, "n_head (attention is split by heads)", config_);
-  checked_divide(config_.vocab_size, n,
-                 "vocab_size (the embedding and the logits are split by vocabulary; choose a "
-                 "multiple, as nanoGPT pads 50257 to 50304)", config_);
-  checked_divide(4 * config_.n_embd, n, "4 * n_embd (the MLP's hidden width)", config_);
   sharded_generator_ = std::make_shared<Generator>(options_.seed + 2718 + static_cast<uint64_t>(group_->rank()));
-  MG_CHECK(cp_ == nullptr || cp_->device() == group_->device(),
-           "parallelize_gpt: the context-parallel group works on {}, the tensor-parallel group "
-           "on {}", cp_ ? cp_->device() : group_->device(), group_->device());
-  Context ctx{group_, config_, options_.sequence_parallel, sharded_generator_, cp_};
-  register_module("transformer", std::make_shared<ParallelTransformer>(*gpt.child("transformer"), ctx));
-  // Every parameter becomes exactly this rank's part of the GPT's (c_attn's rows are not
-  // the contiguous slice the column layer took).
-  NoGradGuard no_grad;
-  for (auto& [name, p] : named_parameters()) {
-    const Tensor shard = shard_of(name, gpt.parameter(name));
-    MG_CHECK(shard.shape() == p.shape(), "parallelize_gpt: {} is {} here but its shard is {}", name,
-             p.shape(), shard.shape());
-    ops::copy_(p, shard);
-  }
+  register_module("transformer", tensor_parallel_transformer(gpt, group_, options_,
+                                                             sharded_generator_, cp_, {}));
   train(gpt.is_training());
 }
 
 Tensor TensorParallelGPT::shard_of(const std::string& name, const Tensor& full) const {
+  return shard_of(name, full, *group_);
+}
+
+Tensor TensorParallelGPT::shard_of(const std::string& name, const Tensor& full,
+                                   const parallel::TensorParallelGroup& group) {
   NoGradGuard no_grad;
-  const int n = group_->size(), r = group_->rank();
+  const int n = group.size(), r = group.rank();
   const auto rows = [&](const Tensor& t, int64_t count) {
     return ops::narrow(t, 0, r * (count / n), count / n);
   };
   Tensor out;
-  if (name == "transformer.wte.weight") {
+  if (name == "transformer.wte.weight" || name == "lm_head.weight") {
     out = rows(full, full.size(0));
   } else if (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias")) {
     // [q; k; v] stacked, each C rows: the rows of this rank's heads in each.
@@ -248,7 +294,7 @@ Tensor TensorParallelGPT::shard_of(const std::string& name, const Tensor& full) 
     out = full;
   }
   out = ops::clone(out);
-  return out.device() == group_->device() ? out : ops::copy_to(out, group_->device());
+  return out.device() == group.device() ? out : ops::copy_to(out, group.device());
 }
 
 bool TensorParallelGPT::is_replicated(const std::string& name) {
@@ -294,18 +340,23 @@ void TensorParallelGPT::finish_gradients() {
 }
 
 void TensorParallelGPT::reduce_sequence_parallel_gradients() {
-  if (!options_.sequence_parallel || group_->size() == 1) return;
+  if (options_.sequence_parallel) sum_replicated_gradients(named_parameters(), *group_);
+}
+
+void TensorParallelGPT::sum_replicated_gradients(const std::vector<nn::NamedTensor>& parameters,
+                                                 parallel::TensorParallelGroup& group) {
+  if (group.size() == 1) return;
   // parity fault: each rank keeps the gradient of its own positions only.
   if (testing::fault_is_on(testing::Fault::SequenceParallelGradsNotReduced)) return;
   NoGradGuard no_grad;
   std::vector<Tensor> grads, flat;
-  for (const auto& [name, p] : named_parameters()) {
+  for (const auto& [name, p] : parameters) {
     if (!is_replicated(name) || !p.grad().defined()) continue;
     grads.push_back(p.grad());
     flat.push_back(ops::view(ops::contiguous(p.grad()), Shape{p.numel()}));
   }
   if (grads.empty()) return;
-  const Tensor summed = group_->all_reduce(cat(flat, 0));  // one coalesced all-reduce
+  const Tensor summed = group.all_reduce(cat(flat, 0));  // one coalesced all-reduce
   int64_t at = 0;
   for (Tensor& g : grads) {
     ops::copy_(g, ops::view(ops::narrow(summed, 0, at, g.numel()), g.shape()));

@@ -49,6 +49,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <minigrad/core/generator.h>
 #include <minigrad/models/gpt.h>
@@ -101,6 +102,14 @@ class TensorParallelGPT : public nn::Cloneable<TensorParallelGPT> {
   // The part of the single-device GPT's tensor `full` (named as in GPT::named_parameters)
   // that this rank holds under the same name: rows, columns, or q/k/v rows of its heads.
   Tensor shard_of(const std::string& name, const Tensor& full) const;
+  // The same for rank group.rank() of `group` (a pipeline's head copy "lm_head.weight"
+  // is cut as wte).
+  static Tensor shard_of(const std::string& name, const Tensor& full,
+                         const parallel::TensorParallelGroup& group);
+  // Sequence parallelism's gradient sum: the replicated parameters' gradients (is_replicated
+  // by name) summed over `group`, in place, in one coalesced all-reduce.
+  static void sum_replicated_gradients(const std::vector<nn::NamedTensor>& parameters,
+                                       parallel::TensorParallelGroup& group);
   // True for parameters every rank holds whole (wpe, LayerNorms, the row layers' biases).
   static bool is_replicated(const std::string& name);
 
@@ -120,6 +129,30 @@ class TensorParallelGPT : public nn::Cloneable<TensorParallelGPT> {
   TensorParallelGPTOptions options_;
   std::shared_ptr<Generator> sharded_generator_;
 };
+
+// What a pipeline stage of the sharded GPT holds (gpt_mesh_pipeline.h): blocks
+// [first_block, first_block + blocks) (blocks < 0: all from first_block on), the
+// embedding (wte, wpe, dropout) in front when `embedding`, ln_f behind when `ln_f`.
+struct TensorParallelPiece {
+  int64_t first_block = 0;
+  int64_t blocks = -1;
+  bool embedding = true;
+  bool ln_f = true;
+};
+
+// That piece of nanoGPT's `transformer`, sharded for this rank of `group` (with context
+// parallelism over `cp` when non-null and of size > 1), each parameter already its shard
+// (names as the GPT's without "transformer."). Its forward: token ids [B, T] int64 (with
+// the embedding) or the previous piece's activations [B, T', C] -> the last block's (or
+// ln_f's) output, [B, T', C]; T' the cp-local positions, divided by the group's size with
+// sequence parallelism. TensorParallelGPT holds the whole piece; mg::Error as its
+// constructor for sizes that do not divide.
+nn::ModulePtr tensor_parallel_transformer(const GPT& gpt,
+                                          const parallel::TensorParallelGroupPtr& group,
+                                          const TensorParallelGPTOptions& options,
+                                          std::shared_ptr<Generator> sharded_generator,
+                                          std::shared_ptr<parallel::ProcessGroup> cp,
+                                          TensorParallelPiece piece);
 
 // The trainer's entry: the shards for this rank's place in mesh.group("tp") (the mesh
 // must have a tp dimension; size 1 gives the whole GPT on every rank), with context

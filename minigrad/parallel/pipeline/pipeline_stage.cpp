@@ -7,6 +7,7 @@
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/parallel/context_parallel/wire.h>
 
 namespace mg::parallel {
 namespace {
@@ -135,7 +136,7 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
     for (int64_t j = 0; j < m; ++j) {
       targets.push_back(on_device.narrow(0, micro.offsets[static_cast<size_t>(j)],
                                          micro.sizes[static_cast<size_t>(j)]));
-      weights.push_back(micro.weight(j));
+      weights.push_back(options_.weight_by_rows ? micro.weight(j) : 1.0);
     }
     runners.back().set_loss(loss_fn, std::move(targets), std::move(weights));
   }
@@ -148,7 +149,7 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
   std::vector<std::pair<Shape, DType>> sent(static_cast<size_t>(v * m));
   auto send = [&](const Tensor& t, int peer, int tag) {
     const Tensor contiguous = t.is_contiguous() ? t : ops::contiguous(t);
-    sends.emplace_back(group_->send(contiguous, peer, tag), contiguous);
+    sends.emplace_back(group_->send(context_parallel::wire_view(contiguous), peer, tag), contiguous);
   };
   int64_t stashed = 0;
   last_max_stashed_ = 0;
@@ -174,7 +175,8 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
                    "step has {} rows in {}",
                    k - 1, h.rows, h.micro_batches, rows, m);
           x = empty(h.shape, h.dtype, device);
-          group_->recv(x, (k - 1) % p, tag_of(j, k - 1, kActivationTag))->wait();
+          group_->recv(context_parallel::wire_view(x), (k - 1) % p,
+                       tag_of(j, k - 1, kActivationTag))->wait();
         }
         const double t0 = recorder_->now();
         const Tensor y = runner.forward(j, x);
@@ -196,7 +198,8 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
         Tensor g;
         if (!last_k) {
           g = empty(handed_on.first, handed_on.second, device);
-          group_->recv(g, (k + 1) % p, tag_of(j, k, kGradientTag))->wait();
+          group_->recv(context_parallel::wire_view(g), (k + 1) % p,
+                       tag_of(j, k, kGradientTag))->wait();
         }
         const double t0 = recorder_->now();
         const Tensor grad_input = runner.backward(j, g);

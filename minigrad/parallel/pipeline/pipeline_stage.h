@@ -28,7 +28,9 @@
 // messages then run between virtual stages k and k + 1 -- on ranks k mod p and
 // (k + 1) mod p, rank p-1 handing on to rank 0 between rounds -- with tags
 // 3 (j v p + k) + 0, 1, 2, so that every boundary of every micro-batch has tags of its
-// own. One chunk per rank is the case above (k = s).
+// own. One chunk per rank is the case above (k = s). Float64 activations and gradients
+// travel as the bits of int64 (context_parallel/wire.h): process groups carry float32
+// and int64.
 // Sends are asynchronous and kept until the end of the step; receives wait. Because
 // every rank follows its list in order and every list is deadlock-free against the
 // others (tests/parallel/pipe_schedule_test.cpp plays them against each other), a step
@@ -51,6 +53,11 @@ struct PipelineStageOptions {
   int64_t chunks = 1;  // micro-batches per step (torchgpipe's word); every rank the same
   Schedule schedule = Schedule::GPipe;
   Checkpoint checkpoint = Checkpoint::Never;
+  // true: each micro-batch's loss is a mean over its rows, weighted by its share of the
+  // batch's rows. false: it is already its share of the batch's loss (a sum over its
+  // tokens divided by the whole batch's count, as under data or context parallelism) and
+  // the micro-batches' losses are added as they are.
+  bool weight_by_rows = true;
 };
 
 class PipelineStage {

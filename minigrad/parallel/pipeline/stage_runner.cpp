@@ -96,7 +96,8 @@ Tensor StageRunner::forward(int64_t j, const Tensor& input) {
   // The stage's own graph starts here: a leaf that collects the input's gradient.
   entry.input = input.detach();
   const bool wants_grad = options_.first ? options_.input_requires_grad
-                                         : input.dtype() == DType::Float32;
+                                         : input.dtype() == DType::Float32 ||
+                                               input.dtype() == DType::Float64;
   if (wants_grad) entry.input.set_requires_grad(true);
   if (checkpointed(j)) {
     NoGradGuard no_grad;  // kept: the input only; backward computes the rest again
