@@ -14,7 +14,7 @@
 using namespace mg;
 using mg::testing::random_input;
 
-TEST_CASE("dropout: p = 0 and eval are the identity; one seed, one mask", "[dropout]") {
+TEST_CASE("dropout: p = 0 and eval are the identity, one seed, one mask", "[dropout]") {
   const Tensor x = random_input({5, 7}, 1);
   CHECK(dropout(x, 0.0, true).is_same(x));
   CHECK(dropout(x, 0.5, false).is_same(x));
@@ -144,7 +144,7 @@ TEST_CASE("gelu, tanh, softmax, masked_fill, permute: values and errors", "[gelu
   REQUIRE_THROWS_WITH(m.permute({0, 2}), MG_CONTAINS("permute"));
 }
 
-TEST_CASE("split, chunk and cat along inner dims; split by size", "[split]") {
+TEST_CASE("split, chunk and cat along inner dims, split by size", "[split]") {
   const Tensor m = from_vector(std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {2, 5});
   const auto pieces = split(m, 2, 1);
   REQUIRE(pieces.size() == 3);

@@ -32,7 +32,7 @@ Tensor ints(std::vector<int64_t> v) {
 }
 }  // namespace
 
-TEST_CASE("NaN: relu keeps it, as PyTorch; the other values are unchanged") {
+TEST_CASE("NaN: relu keeps it, as PyTorch, the other values are unchanged") {
   const std::vector<float> out =
       relu(from_vector(std::vector<float>{kNaN, -1.0f, 2.0f, -kInf, kInf, -0.0f, 0.0f}, {7})).to_vector<float>();
   CHECK(std::isnan(out[0]));

@@ -150,7 +150,7 @@ TEST_CASE("profiler: a span still open when the session stops is not recorded") 
   REQUIRE(spans == 1);
 }
 
-TEST_CASE("profiler: starting a session while one records is an error; stop without one is not") {
+TEST_CASE("profiler: starting a session while one records is an error, stop without one is not") {
   profiler::stop();
   {
     Session session;

@@ -92,7 +92,7 @@ TEST_CASE("IDX: a FIFO is refused at once, by the reader and by FashionMNIST") {
   CHECK(dataset_seconds < 2.0);
 }
 
-TEST_CASE("write_idx_ubyte: a target that is not a regular file is refused; a link is followed") {
+TEST_CASE("write_idx_ubyte: a target that is not a regular file is refused, a link is followed") {
   TempDir dir;
   const std::string fifo = dir / "fifo";
   testing::make_fifo(fifo);

@@ -169,7 +169,7 @@ TEST_CASE("read_fortunes: the fortune files in name order, '%' lines made empty"
   CHECK(data::read_fortunes(dir.path()) == "first\n\nsecond\n\nthird\n");
 }
 
-TEST_CASE("TokenWindows: x and y are the window and the window shifted by one; 90/10 split") {
+TEST_CASE("TokenWindows: x and y are the window and the window shifted by one, 90/10 split") {
   std::vector<uint8_t> tokens(100);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint8_t>(i);
   const auto split = data::split_tokens(tokens, 4);

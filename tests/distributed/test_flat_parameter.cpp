@@ -15,7 +15,7 @@
 using namespace mg;
 using namespace mg::parallel;
 
-TEST_CASE("ShardLayout: equal padded shards; pieces may split a tensor, a shard may be padding") {
+TEST_CASE("ShardLayout: equal padded shards, pieces may split a tensor, a shard may be padding") {
   // w0 [2,3], b0 [2], w1 [1,2]: 10 elements on 4 ranks, shards of 3, 2 of padding.
   const ShardLayout layout = make_shard_layout({6, 2, 2}, 4);
   CHECK(layout.numel == 10);

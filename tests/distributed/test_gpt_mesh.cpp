@@ -206,8 +206,8 @@ std::string error_of(F&& f) {
 
 }  // namespace
 
-TEST_CASE("GPT cp2 x tp2 on 4 Gloo ranks equals the single-device GPT; unsummed gradients "
-          "are caught; impossible splits refused", "[gpt_mesh]") {
+TEST_CASE("GPT cp2 x tp2 on 4 Gloo ranks equals the single-device GPT, unsummed gradients "
+          "are caught, impossible splits refused", "[gpt_mesh]") {
   auto results = run_ranks(4, [](RankContext& ctx) {
     parallel::DeviceMesh mesh(ctx.gloo(), {{"cp", 2}, {"tp", 2}});
     report(ctx, "cp2tp2", against_single_device(mesh, tiny(), 3, 8, false, DType::Float64));
@@ -262,7 +262,7 @@ TEST_CASE("GPT cp2 x tp2 on 4 Gloo ranks equals the single-device GPT; unsummed 
 }
 
 TEST_CASE("GPT dp2 x cp2 x tp2 on 8 Gloo ranks (uneven batch rows) equals the single-device "
-          "GPT; unsummed cp gradients are caught", "[gpt_mesh]") {
+          "GPT, unsummed cp gradients are caught", "[gpt_mesh]") {
   auto results = run_ranks(8, [](RankContext& ctx) {
     parallel::DeviceMesh mesh(ctx.gloo(), {{"dp", 2}, {"cp", 2}, {"tp", 2}});
     // B = 5: dp rank 0 takes 3 rows, dp rank 1 takes 2; T = 12: cp chunks of 3, SP 3 each.

@@ -192,7 +192,7 @@ std::vector<float> step_collectives(const GPTConfig& config, int64_t B, int64_t 
 
 }  // namespace
 
-TEST_CASE("GPT tensor parallel over 2 Gloo ranks equals the single-device GPT; faults are caught",
+TEST_CASE("GPT tensor parallel over 2 Gloo ranks equals the single-device GPT, faults are caught",
           "[gpt_tp]") {
   const GPTConfig config = tiny(4, 16);
   auto results = run_ranks(2, [&](RankContext& ctx) {
@@ -225,7 +225,7 @@ TEST_CASE("GPT tensor parallel over 2 Gloo ranks equals the single-device GPT; f
   }
 }
 
-TEST_CASE("GPT tensor + sequence parallel over 2 Gloo ranks equals the single-device GPT; "
+TEST_CASE("GPT tensor + sequence parallel over 2 Gloo ranks equals the single-device GPT, "
           "unreduced LayerNorm gradients are caught", "[gpt_tp]") {
   const GPTConfig config = tiny(4, 16);
   auto results = run_ranks(2, [&](RankContext& ctx) {
@@ -283,7 +283,7 @@ TEST_CASE("GPT tensor parallel over 3 and 4 Gloo ranks equals the single-device 
   }
 }
 
-TEST_CASE("GPT dp2 x tp2 (uneven batch rows, gradients summed over the dp group; and "
+TEST_CASE("GPT dp2 x tp2 (uneven batch rows, gradients summed over the dp group, and "
           "DistributedDataParallel) equals the single-device GPT", "[gpt_tp]") {
   auto results = run_ranks(4, [](RankContext& ctx) {
     auto world = ctx.gloo();

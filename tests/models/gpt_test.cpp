@@ -226,7 +226,7 @@ TEST_CASE("GPT: equals PyTorch's nanoGPT from the same weights: logits, loss, ev
   }
 }
 
-TEST_CASE("GPT: eval() turns every dropout off; train() on again") {
+TEST_CASE("GPT: eval() turns every dropout off, train() on again") {
   GPTConfig c = small_config();
   c.dropout = 0.3;
   GPT model(c);
@@ -237,7 +237,7 @@ TEST_CASE("GPT: eval() turns every dropout off; train() on again") {
   CHECK(model(idx).to_vector<float>() != model(idx).to_vector<float>());
 }
 
-TEST_CASE("GPT: checkpoints with nanoGPT's keys round-trip; a head that is not the embedding is refused") {
+TEST_CASE("GPT: checkpoints with nanoGPT's keys round-trip, a head that is not the embedding is refused") {
   mg::testing::TempDir dir;
   GPT a(small_config());
   nn::save_tensors(a.state_dict(), dir / "gpt.safetensors");

@@ -307,7 +307,7 @@ TEST_CASE("Adam/AdamW: invalid options and parameters are refused with PyTorch's
   CHECK(adam.options().eps() == 1e-8);
 }
 
-TEST_CASE("Adam: skips parameters without a gradient; each parameter counts its own steps") {
+TEST_CASE("Adam: skips parameters without a gradient, each parameter counts its own steps") {
   const Case c = kCases[2];  // amsgrad: every state tensor
   Tensor a = problem_parameter(), b = problem_parameter();
   auto opt = make_optimizer(c, {a, b});
@@ -336,7 +336,7 @@ TEST_CASE("Adam: skips parameters without a gradient; each parameter counts its 
   REQUIRE_THROWS_WITH(adam.exp_avg(2), MG_CONTAINS("Adam::exp_avg: index 2 out of range for 2"));
 }
 
-TEST_CASE("Adam: a step through backward; the gradient is read, never written") {
+TEST_CASE("Adam: a step through backward, the gradient is read, never written") {
   mg::manual_seed(7);
   nn::Linear model(5, 3);
   const Tensor x = mg::randn(Shape{8, 5});

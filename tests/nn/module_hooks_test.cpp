@@ -48,7 +48,7 @@ TEST_CASE("Module hooks: a pre-hook may replace the input, a hook the output, in
   REQUIRE(y.to_vector<float>() == expected.to_vector<float>());
 }
 
-TEST_CASE("Module hooks: remove_hook removes one hook; a removed handle is ignored") {
+TEST_CASE("Module hooks: remove_hook removes one hook, a removed handle is ignored") {
   auto relu = std::make_shared<nn::ReLU>();
   int pre = 0, post = 0;
   const auto a = relu->register_forward_pre_hook([&](nn::Module&, const Tensor&) { ++pre; return Tensor(); });

@@ -181,7 +181,7 @@ TEST_CASE("Param groups: the per-group options are read back and changed one gro
       MG_CONTAINS("SGD: invalid learning rate: -0.5"));
 }
 
-TEST_CASE("Param groups: a tensor in two groups is refused; groups may be empty, not absent") {
+TEST_CASE("Param groups: a tensor in two groups is refused, groups may be empty, not absent") {
   const Tensor a = random_values({3}, 1).set_requires_grad(true);
   const Tensor b = random_values({2, 2}, 2).set_requires_grad(true);
   REQUIRE_THROWS_WITH(

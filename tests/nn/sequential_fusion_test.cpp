@@ -151,7 +151,7 @@ TEST_CASE("Sequential: a fused step's peak memory is no higher than the unfused 
 // The switch of nn/fusion.h: off, Sequential runs each module's own forward (no fused
 // call reaches the backend), a scope restores what was set before, and the setting is
 // one for the process, so a forward on another thread (a DataParallel replica's) follows it.
-TEST_CASE("Sequential with fusion off runs the modules one by one; FusionGuard restores it") {
+TEST_CASE("Sequential with fusion off runs the modules one by one, FusionGuard restores it") {
   mg::testing::ScopedHostBackedCuda scope;
   auto& fake = scope.stand_in();
   const Device gpu = Device::cuda(0);

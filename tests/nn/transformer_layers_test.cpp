@@ -14,7 +14,7 @@ namespace nn = mg::nn;
 using mg::Shape;
 using mg::Tensor;
 
-TEST_CASE("Embedding: rows of the table at [B, T] indices; N(0, 1) weights") {
+TEST_CASE("Embedding: rows of the table at [B, T] indices, N(0, 1) weights") {
   mg::manual_seed(3);
   nn::Embedding emb(50, 6);
   CHECK(emb.weight().shape() == Shape{50, 6});
@@ -46,7 +46,7 @@ TEST_CASE("Embedding: rows of the table at [B, T] indices; N(0, 1) weights") {
                                                        "embedding_dim must be positive, got 0 and 3"));
 }
 
-TEST_CASE("LayerNorm: normalises the last dimension, ones and zeros to start; bias optional") {
+TEST_CASE("LayerNorm: normalises the last dimension, ones and zeros to start, bias optional") {
   nn::LayerNorm ln(4);
   CHECK(ln.str() == "LayerNorm((4,), eps=1e-05, elementwise_affine=True)");
   CHECK(ln.parameter("weight").to_vector<float>() == std::vector<float>{1, 1, 1, 1});
@@ -68,7 +68,7 @@ TEST_CASE("LayerNorm: normalises the last dimension, ones and zeros to start; bi
                       MG_CONTAINS("LayerNorm: normalized_shape must be positive sizes, got [4, 0]"));
 }
 
-TEST_CASE("GELU: exact and tanh forms; bad approximate named") {
+TEST_CASE("GELU: exact and tanh forms, bad approximate named") {
   const Tensor x = mg::from_vector(std::vector<float>{-3.f, -1.f, 0.f, 0.5f, 2.f}, Shape{5});
   const std::vector<float> exact = nn::GELU()(x).to_vector<float>();
   const std::vector<float> approx = nn::GELU("tanh")(x).to_vector<float>();
@@ -84,7 +84,7 @@ TEST_CASE("GELU: exact and tanh forms; bad approximate named") {
                       MG_CONTAINS("GELU: approximate must be \"none\" or \"tanh\", got \"fast\""));
 }
 
-TEST_CASE("Dropout: zeroes about p and scales the rest in training; the identity in eval") {
+TEST_CASE("Dropout: zeroes about p and scales the rest in training, the identity in eval") {
   nn::Dropout drop(0.25);
   CHECK(drop.str() == "Dropout(p=0.25, inplace=False)");
   const Tensor x = mg::ones(Shape{4, 64, 32});

@@ -484,3 +484,25 @@ TEST_CASE("repository: every #include <minigrad/...> is a file of the repository
   CHECK(checked > 500);
   CHECK(problems.empty());
 }
+
+// catch_discover_tests makes each TEST_CASE a CTest test named after it, and CTest cuts a
+// name at ';' (a CMake list): each piece then runs a filter that matches no test and is
+// reported as passed, so the case itself never runs under make test.
+TEST_CASE("repository: no test case's name holds a ';'") {
+  static const std::regex test_case(R"re(TEST_CASE\(\s*((?:"(?:[^"\\]|\\.)*"\s*)+))re");
+  std::vector<std::string> problems;
+  int checked = 0;
+  for (const std::string& file : tracked_files()) {
+    if (file.rfind("tests/", 0) != 0 || fs::path(file).extension() != ".cpp") continue;
+    const std::string text = read_file(kRoot / file);
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), test_case);
+         it != std::sregex_iterator(); ++it) {
+      ++checked;
+      const std::string name = (*it)[1];
+      if (name.find(';') != std::string::npos) problems.push_back(file + ": " + name);
+    }
+  }
+  INFO(checked << " test cases checked" << join(problems));
+  CHECK(checked > 500);
+  CHECK(problems.empty());
+}

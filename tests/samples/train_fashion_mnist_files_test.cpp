@@ -318,7 +318,7 @@ TEST_CASE(
 }
 #endif
 
-TEST_CASE("train_fashion_mnist: checkpoint metadata out of range is named; a NaN right after "
+TEST_CASE("train_fashion_mnist: checkpoint metadata out of range is named, a NaN right after "
           "--resume blames the checkpoint, not the learning rate") {
   TempDir dir;
   mg::testing::write_synthetic_fashion_mnist(dir.path(), 300, 100, false);

@@ -120,7 +120,7 @@ TEST_CASE("train_gpt --tp 2 --sequence-parallel on 2 ranks prints the single-dev
   require_same_run(runs, runs.split(2, "--tp 2 --sequence-parallel", "sp.csv"), "sp.csv");
 }
 
-TEST_CASE("train_gpt --cp 2 on 2 ranks prints the single-device run's losses; its checkpoint is the "
+TEST_CASE("train_gpt --cp 2 on 2 ranks prints the single-device run's losses, its checkpoint is the "
           "single-device one") {
   Runs runs;
   const auto single = run_program(kProgram + runs.flags + " --save " + (runs.dir / "single.safetensors"));
@@ -168,7 +168,7 @@ void require_close(const mg::nn::TensorDict& a, const mg::nn::TensorDict& b) {
   }
 }
 
-TEST_CASE("train_gpt --save under --dp 2 --tp 2 writes the whole model in nanoGPT's names; --tp 2 "
+TEST_CASE("train_gpt --save under --dp 2 --tp 2 writes the whole model in nanoGPT's names, --tp 2 "
           "--cp 2 --sequence-parallel resumes it to the uninterrupted single-device run's weights") {
   TempDir dir;
   // One schedule for every run (warmup and decay would otherwise follow --iters).
