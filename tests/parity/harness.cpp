@@ -171,20 +171,39 @@ void report_flat_shard(StepReport& s, const std::string& holder, const parallel:
   }
 }
 
+// The index of the plain module's parameter named `name` (in named_parameters()).
+int32_t index_of(const std::vector<nn::NamedTensor>& plain, const std::string& name) {
+  size_t k = 0;
+  while (k < plain.size() && plain[k].first != name) ++k;
+  MG_CHECK(k < plain.size(), "parity: a form reports a parameter '{}' the plain module has not", name);
+  return static_cast<int32_t>(k);
+}
+
+// Parameters a process holds whole, found among the plain module's (`plain`) by name: for
+// a form whose module lists them in another order, or holds only some (a GPT's pipeline
+// stage would).
+void report_named(StepReport& s, const std::string& holder, const std::vector<nn::NamedTensor>& params,
+                  const std::vector<nn::NamedTensor>& plain, bool grad) {
+  for (const auto& [name, p] : params) {
+    Piece piece;
+    piece.holder = holder;
+    piece.param = index_of(plain, name);
+    piece.values = values_of(grad ? p.grad() : p);
+    s.pieces.push_back(std::move(piece));
+  }
+}
+
 // A tensor-parallel rank's pieces of the GPT: the replicated parameters whole, every other
 // one as the elements TensorParallelGPT::shard_of takes from the plain tensor (found by
-// letting it take them from a tensor of the elements' numbers). `names`: the plain GPT's.
+// letting it take them from a tensor of the elements' numbers). `plain`: the plain GPT's.
 void report_gpt_tensor_parallel(StepReport& s, const std::string& holder, const models::TensorParallelGPT& tp,
                                 const std::vector<nn::NamedTensor>& plain, bool grad) {
   for (const auto& [name, p] : tp.named_parameters()) {
-    size_t k = 0;
-    while (k < plain.size() && plain[k].first != name) ++k;
-    MG_CHECK(k < plain.size(), "parity: the tensor-parallel GPT has a parameter '{}' the GPT has not", name);
     Piece piece;
     piece.holder = holder;
-    piece.param = static_cast<int32_t>(k);
+    piece.param = index_of(plain, name);
     if (!models::TensorParallelGPT::is_replicated(name)) {
-      const Tensor& whole = plain[k].second;
+      const Tensor& whole = plain[static_cast<size_t>(piece.param)].second;
       const Tensor numbers = arange(static_cast<double>(whole.numel()), DType::Float64).reshape(whole.shape());
       piece.cut.kind = CutKind::Elements;
       for (double v : values_of(tp.shard_of(name, numbers))) piece.cut.elements.push_back(static_cast<int64_t>(v));
@@ -584,7 +603,9 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
         return scalar(loss) * share;
       };
       t.clip = [&] { nn::utils::clip_grad_norm_(gpt->parameters(), kMaxNorm); };
-      t.report = [&](StepReport& s, bool grad) { report_whole(s, me, gpt->parameters(), grad); };
+      t.report = [&, plain = gpt->named_parameters()](StepReport& s, bool grad) {
+        report_named(s, me, gpt->named_parameters(), plain, grad);
+      };
       t.optimizer = opt.get();
       return train(c, t);
     }

@@ -28,11 +28,13 @@ inline std::shared_ptr<nn::Sequential> make_model(const Config& c) {
   return std::static_pointer_cast<nn::Sequential>(mg::testing::make_mlp(kWidths));
 }
 
-// The GPT's rows train a tiny GPT, as tests/distributed's GPT tests do: 6 heads split over
-// tp 2 and 3, the vocabulary 24 too; sequences of 12 split into 2 cp chunks of 3 or 6 chunks
-// of 2... (T % (2 cp) == 0), over 2 sp ranks. No biases: the key bias's exact gradient is
-// zero (softmax ignores a constant per query), so in float32 it is rounding noise that
-// Adam divides by its own size into a whole step, a different one in every form.
+// The GPT's rows train a tiny GPT, as tests/distributed's GPT tests do: 6 heads of 2, so
+// that tp 2 and tp 3 split the heads, the vocabulary (24) and 4C (48); sequences of 12, so
+// that cp 2 and cp 3 cut them into 2 cp chunks of equal length (T % (2 cp) == 0) and
+// sequence parallelism over 2 ranks gives each 6 positions. No biases: the key bias's
+// exact gradient is zero (softmax ignores a constant per query), so in float32 it is
+// rounding noise that Adam divides by its own size into a whole step, a different one in
+// every form.
 inline models::GPTConfig gpt_config(const Config& c) {
   models::GPTConfig g;
   g.block_size = 12;
@@ -70,7 +72,8 @@ struct Batch {
 };
 
 // The whole batch of step `step`: every process draws the same. The MLP's: features and
-// classes; the GPT's: [batch, T] tokens and their targets.
+// classes; the GPT's: [batch, T] tokens and their targets, none ignored (-1), so that
+// every row holds as many targets and a rank's mean weighs as its rows do.
 inline Batch step_batch(const Config& c, int step) {
   manual_seed(1000 + static_cast<uint64_t>(step));
   if (c.model == "GPT")
@@ -100,6 +103,5 @@ inline std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, std::ve
     return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions(0.1).momentum(0.9));
   return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions().lr(c.model == "GPT" ? 1e-3 : 0.02));
 }
-
 
 }  // namespace mg::parity

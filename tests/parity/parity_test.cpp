@@ -94,7 +94,7 @@ TEST_CASE("parity table: has at least 40 rows, each named once; the MLP's in flo
     CHECK_FALSE(rows_of({f}, "MLP").empty());
   for (const Config& c : rows_of({}, "MLP")) CHECK(c.dtype == DType::Float32);
   for (Form f : {Form::Checkpointed, Form::TensorParallelRanks, Form::Mesh2D, Form::ContextParallel,
-                 Form::Zero1, Form::Zero2, Form::FSDP})
+                 Form::DDP, Form::Zero1, Form::Zero2, Form::FSDP})
     CHECK_FALSE(rows_of({f}, "GPT").empty());
   CHECK(std::any_of(rows.begin(), rows.end(), [](const Config& c) { return c.dtype == DType::Float64; }));
 }
@@ -151,9 +151,9 @@ TEST_CASE("parity table: the GPT's context parallelism equals the single device"
   require_rows_pass({Form::ContextParallel}, "GPT");
 }
 
-TEST_CASE("parity table: the GPT under ZeRO-1, ZeRO-2 and FSDP by block equals the single device",
-          "[gpt]") {
-  require_rows_pass({Form::Zero1, Form::Zero2, Form::FSDP}, "GPT");
+TEST_CASE("parity table: the GPT under DDP, ZeRO-1, ZeRO-2 and FSDP by block equals the single "
+          "device", "[gpt]") {
+  require_rows_pass({Form::DDP, Form::Zero1, Form::Zero2, Form::FSDP}, "GPT");
 }
 
 #endif

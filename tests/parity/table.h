@@ -150,13 +150,17 @@ inline void gpt_rows(std::vector<Config>& rows) {
   recomputed.dropout = 0.1;
   add(Form::TensorParallelRanks, 2, 3);
   add(Form::TensorParallelRanks, 3, 3);
-  add(Form::TensorParallelRanks, 2, 3).sequence_parallel = true;
+  Config& sp = add(Form::TensorParallelRanks, 2, 3);
+  sp.sequence_parallel = true;
+  sp.accumulation = 2;  // SP's sums over tp once, after the last micro-step
   add(Form::Mesh2D, 2, 5).degree2 = 2;
   Config& mesh_sp = add(Form::Mesh2D, 2, 5);
   mesh_sp.degree2 = 2;
   mesh_sp.sequence_parallel = true;
+  mesh_sp.accumulation = 2;
   add(Form::ContextParallel, 2, 3).accumulation = 2;
   add(Form::ContextParallel, 3, 3, DType::Float64);
+  add(Form::DDP, 2, 5).accumulation = 2;
   add(Form::Zero1, 2, 5);
   add(Form::Zero2, 2, 5);
   add(Form::FSDP, 2, 5);
