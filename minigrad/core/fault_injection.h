@@ -59,10 +59,10 @@ enum class Fault {
   // the GPT's parameter gradients are left each cp rank's own, never summed over the
   // group (context_parallel/context_parallel_loss.cpp: all_reduce_gradients).
   ContextParallelGradsNotReduced,
-  // The GPT's checkpointed-blocks row, with dropout on (also tests/nn/checkpoint_test.cpp):
-  // activation checkpointing reruns a region from the
-  // generator's current state, so its dropout masks differ from forward's
-  // (nn/checkpoint.cpp, CheckpointBackward).
+  // Activation checkpointing (the GPT's checkpointed-blocks row, dropout on; also
+  // tests/nn/checkpoint_test.cpp): the recomputation reruns a region from the generator's
+  // current state, so its dropout masks differ from forward's (nn/checkpoint.cpp,
+  // CheckpointBackward).
   CheckpointFreshDropout,
 };
 

@@ -408,6 +408,13 @@ void data_parallel_rows_and_weights(Trainer& t, int dp_rank, int dp_ranks) {
   };
 }
 
+// One rank of a multi-rank row. Each form sets up its model (the MLP's `mlp` or the GPT's
+// `gpt`, built alike on every rank), which rows the rank takes and how they weigh
+// (data-parallel rows: data_parallel_rows_and_weights), the loss (`loss_of`, `share`),
+// what follows backward, the clipping, and what it reports: whole parameters
+// (report_whole, report_named by name), slices (report_tensor_parallel,
+// report_gpt_tensor_parallel), or flat shards (report_flat_shard). The forms that compose
+// (the mesh: DDP over dp around tensor parallelism) share this setup.
 Report run_rank(const Config& c, mg::test::RankContext& ctx) {
   const GroupPtr world = ctx.gloo();
   const int rank = ctx.rank, n = ctx.world_size;

@@ -131,7 +131,8 @@ inline std::string label(const Config& c) {
 // (Gloo's groups reduce float32 only) unless the form carries float64. Batches of 5
 // sequences split unevenly over the data-parallel ranks (3+2, 2+2+1); tensor and context
 // parallelism give every rank all of the batch's sequences (3; 2+1 with 2 micro-steps).
-// A new form of the GPT is a line here and a case in harness.cpp's run_gpt_rank.
+// A new form of the GPT is a line here and a case (or a GPT branch) in harness.cpp's
+// run_rank; a new degree (a mesh's cp) a field of Config, named in degrees().
 inline void gpt_rows(std::vector<Config>& rows) {
   auto add = [&rows](Form form, int degree, int64_t batch, DType dtype = DType::Float32) -> Config& {
     Config c;
