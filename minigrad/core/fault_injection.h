@@ -42,8 +42,8 @@ enum class Fault {
   // no form seeds a random generator per rank yet, and this is the closest real case of
   // a per-rank choice that must differ (DistributedSampler::indices).
   SamplerRankLikeNeighbour,
-  // The GPT's tensor parallelism (tests/distributed/test_gpt_tensor_parallel.cpp catches
-  // these two; they are not parity rows, so kAllFaults leaves them out):
+  // The GPT's tensor parallelism (the GPT's tensor-parallel rows; also
+  // tests/distributed/test_gpt_tensor_parallel.cpp):
   // vocab_parallel_cross_entropy skips the all-reduce of the sum of exponentials and the
   // target logit, so each rank normalises over its own slice of the vocabulary.
   VocabParallelLossNotReduced,
@@ -51,19 +51,18 @@ enum class Fault {
   // row layers' biases) are not all-reduced over the tensor-parallel group, so each rank
   // keeps the part from its own positions (TensorParallelGPT::finish_gradients).
   SequenceParallelGradsNotReduced,
-  // Context parallelism (caught by tests/distributed/test_ring_attention.cpp and
-  // test_gpt_context_parallel.cpp, not by the parity table, which has no cp row yet; so
-  // neither is in kAllFaults below):
+  // Context parallelism (the GPT's context-parallel rows; also
+  // tests/distributed/test_ring_attention.cpp and test_gpt_context_parallel.cpp):
   // ring attention treats every off-diagonal causal block as full, so queries also see
   // the keys of later chunks (context_parallel/ring_attention.cpp: block_mask).
   RingAttentionFutureBlocksSeen,
   // the GPT's parameter gradients are left each cp rank's own, never summed over the
   // group (context_parallel/context_parallel_loss.cpp: all_reduce_gradients).
   ContextParallelGradsNotReduced,
-  // Not in kAllFaults (the parity table has no row for it): its own test proves it,
-  // tests/nn/checkpoint_test.cpp. Activation checkpointing reruns a region from the
-  // generator's current state, so its dropout masks differ from forward's
-  // (nn/checkpoint.cpp, CheckpointBackward).
+  // Activation checkpointing (the GPT's checkpointed-blocks row, dropout on; also
+  // tests/nn/checkpoint_test.cpp): the recomputation reruns a region from the generator's
+  // current state, so its dropout masks differ from forward's (nn/checkpoint.cpp,
+  // CheckpointBackward).
   CheckpointFreshDropout,
   // The GPT's pipeline (models/gpt_pipeline.h): the tied embedding's gradient is not
   // summed between the first and the last stage, so each copy of wte steps with its own
@@ -74,14 +73,17 @@ enum class Fault {
   PipelineMicroBatchCountedTwice,
 };
 
-// Every fault that a row of the parity table (the MLP's) catches, in declaration order:
-// all but None and the GPT's faults above, which their own tests catch (they join when
-// the table has the GPT's rows).
+// Every fault the parity table catches, in declaration order: all but None and
+// PipelineTiedGradNotSummed, the GPT pipeline's (tests/distributed/test_gpt_pipeline.cpp and
+// test_gpt_4d.cpp catch it; the table has no GPT pipeline row yet).
 inline constexpr Fault kAllFaults[] = {
-    Fault::DataParallelGradsAveraged, Fault::DdpLastBucketNotReduced,
-    Fault::ZeroAllGatherSkipped,      Fault::ShardPaddingInArithmetic,
-    Fault::PipelineLossesSummed,      Fault::RowParallelBiasPerRank,
-    Fault::SamplerRankLikeNeighbour,  Fault::PipelineMicroBatchCountedTwice,
+    Fault::DataParallelGradsAveraged,     Fault::DdpLastBucketNotReduced,
+    Fault::ZeroAllGatherSkipped,          Fault::ShardPaddingInArithmetic,
+    Fault::PipelineLossesSummed,          Fault::RowParallelBiasPerRank,
+    Fault::SamplerRankLikeNeighbour,      Fault::VocabParallelLossNotReduced,
+    Fault::SequenceParallelGradsNotReduced, Fault::RingAttentionFutureBlocksSeen,
+    Fault::ContextParallelGradsNotReduced,  Fault::CheckpointFreshDropout,
+    Fault::PipelineMicroBatchCountedTwice,
 };
 
 std::string_view fault_name(Fault fault);

@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "catch_compat.h"
+#include "models/module_dtype.h"
 #include "multiprocess.h"
 
 #include <minigrad/autograd/functions.h>
@@ -68,12 +69,7 @@ models::GPTConfig config(bool bias = true) {
 std::shared_ptr<models::GPT> make_gpt(DType dtype, bool bias) {
   manual_seed(7);  // the same weights for both models, on every rank
   auto gpt = std::make_shared<models::GPT>(config(bias));
-  if (dtype != DType::Float32)
-    for (const auto& [name, p] : gpt->named_parameters()) {
-      Tensor wide = to(p, dtype).detach();
-      wide.set_requires_grad(true);
-      gpt->set_parameter(name, wide);
-    }
+  if (dtype != DType::Float32) mg::test::set_parameters_dtype(*gpt, dtype);
   return gpt;
 }
 

@@ -4,6 +4,7 @@
 // and backward is smaller; and a recompute that draws fresh dropout masks (a test-only
 // fault) is caught by the same comparison.
 #include "catch_compat.h"
+#include "models/module_dtype.h"
 
 #include <memory>
 #include <string>
@@ -38,12 +39,7 @@ GPTConfig tiny_config(double dropout) {
 std::shared_ptr<GPT> make_gpt(const GPTConfig& config, DType dtype) {
   mg::manual_seed(11);
   auto gpt = std::make_shared<GPT>(config);
-  if (dtype != DType::Float32)
-    for (const auto& [name, p] : gpt->named_parameters()) {
-      Tensor q = p.detach().to(dtype);
-      q.set_requires_grad(true);
-      gpt->set_parameter(name, q);
-    }
+  if (dtype != DType::Float32) mg::test::set_parameters_dtype(*gpt, dtype);
   return gpt;
 }
 

@@ -7,6 +7,7 @@
 // below on the host.
 // With sequence parallelism this also runs the in-process group's reduce_scatter.
 #include "catch_compat.h"
+#include "models/module_dtype.h"
 
 #include <cmath>
 #include <thread>
@@ -72,11 +73,7 @@ std::vector<double> float64_against_single_device(int n, bool sequence_parallel)
   c.n_embd = 16;
   manual_seed(21);
   models::GPT gpt(c);
-  for (const auto& [name, p] : gpt.named_parameters()) {
-    Tensor wide = ops::to_dtype(p, DType::Float64);
-    wide.set_requires_grad(true);
-    gpt.set_parameter(name, wide);
-  }
+  mg::test::set_parameters_dtype(gpt, DType::Float64);
   const Tensor x = randint(0, c.vocab_size, {3, 8});
   std::vector<int64_t> yv = randint(0, c.vocab_size, {3, 8}).to_vector<int64_t>();
   yv[5] = -1;

@@ -11,10 +11,19 @@
 
 #include <fmt/format.h>
 
-#include "parallel/dp_check.h"  // make_mlp, cpus
+#include "parallel/dp_check.h"  // cpus
+#include "parity/models.h"
 #include "parallel/tp_check.h"  // shard_kinds: how parallelize_mlp splits each parameter
 
 #include <minigrad/minigrad.h>
+#include <minigrad/models/gpt.h>
+#include <minigrad/models/gpt_checkpointing.h>
+#include <minigrad/models/gpt_context_parallel.h>
+#include <minigrad/models/gpt_tensor_parallel.h>
+#include <minigrad/parallel/context_parallel/context_parallel_loss.h>
+#include <minigrad/parallel/context_parallel/ring_attention.h>
+#include <minigrad/parallel/context_parallel/sequence_layout.h>
+#include <minigrad/parallel/sharded/gpt_fsdp.h>
 #include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
 #include <minigrad/parallel/sharded/sharded_grad_norm.h>
 #include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
@@ -27,39 +36,6 @@ namespace mg::parity {
 
 namespace {
 
-// ---- the model, the data, the optimizers: the same for the plain module and every form ----
-
-// Linear(6,8) ReLU Linear(8,4) ReLU Linear(4,3): 107 parameters, so one flat bucket pads
-// on 2 and on 3 ranks, and so do FSDP's units of 56 (on 3) and 15 (on 2) elements;
-// parallelize_mlp splits the first pair over 2 ranks and leaves the last Linear whole.
-const std::vector<int64_t> kWidths{6, 8, 4, 3};
-constexpr uint64_t kModelSeed = 20240611;
-constexpr double kMaxNorm = 0.05;  // below the gradients' norm: every AdamW step clips (checked)
-
-std::shared_ptr<nn::Sequential> make_model(const Config& c) {
-  MG_CHECK(c.model == "MLP", "parity: no model '{}' yet", c.model);
-  manual_seed(kModelSeed);
-  return std::static_pointer_cast<nn::Sequential>(mg::testing::make_mlp(kWidths));
-}
-
-struct Batch {
-  Tensor x, y;
-};
-
-// The whole batch of step `step`: every process draws the same.
-Batch step_batch(const Config& c, int step) {
-  manual_seed(1000 + static_cast<uint64_t>(step));
-  Tensor x = randn(Shape{c.batch, kWidths.front()});
-  Tensor y = randint(0, kWidths.back(), Shape{c.batch});
-  return {x, y};
-}
-
-std::unique_ptr<optim::Optimizer> make_optimizer(Optimizer o, std::vector<Tensor> params) {
-  if (o == Optimizer::SGDMomentum)
-    return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions(0.1).momentum(0.9));
-  return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions().lr(0.02));
-}
-
 // n split into `parts` pieces as even as possible, larger first (never fewer pieces).
 std::vector<int64_t> even_split(int64_t n, int64_t parts) {
   MG_CHECK(n >= parts, "parity: {} rows cannot feed {} pieces", n, parts);
@@ -69,17 +45,12 @@ std::vector<int64_t> even_split(int64_t n, int64_t parts) {
 }
 
 Batch rows_at(const Batch& b, const std::vector<int64_t>& rows) {
-  const std::vector<float> x = b.x.contiguous().to_vector<float>();
-  const std::vector<int64_t> y = b.y.contiguous().to_vector<int64_t>();
-  const int64_t width = b.x.size(1);
-  std::vector<float> xs;
-  std::vector<int64_t> ys;
+  std::vector<Tensor> xs, ys;
   for (int64_t r : rows) {
-    xs.insert(xs.end(), x.begin() + r * width, x.begin() + (r + 1) * width);
-    ys.push_back(y[static_cast<size_t>(r)]);
+    xs.push_back(b.x.narrow(0, r, 1));
+    ys.push_back(b.y.narrow(0, r, 1));
   }
-  const auto n = static_cast<int64_t>(rows.size());
-  return {from_vector(xs, Shape{n, width}), from_vector(ys, Shape{n})};
+  return {cat(xs, 0), cat(ys, 0)};
 }
 
 Batch narrow_rows(const Batch& b, int64_t start, int64_t n) {
@@ -103,13 +74,14 @@ Batch data_parallel_rows(const Batch& whole, int rank, int ranks, int step) {
 
 // ---- what a form reports ----
 
-enum class CutKind : int32_t { Whole, Rows, Columns, Flat };
+enum class CutKind : int32_t { Whole, Rows, Columns, Flat, Elements };
 
 // Which piece of the plain module's tensor a reported piece is.
 struct Cut {
   CutKind kind = CutKind::Whole;
   int32_t part = 0, parts = 1;  // Rows, Columns: part `part` of `parts` equal ones
   int64_t offset = 0, numel = 0;  // Flat: elements [offset, offset + numel) of the flattened tensor
+  std::vector<int64_t> elements;  // Elements: these of the flattened tensor, in this order
 };
 
 // When a piece was reported: after backward, after clipping, after the optimizer step.
@@ -140,6 +112,8 @@ std::vector<double> values_of(const Tensor& t) {
   std::vector<double> out;
   if (c.dtype() == DType::Float32) {
     for (float v : c.to_vector<float>()) out.push_back(v);
+  } else if (c.dtype() == DType::Float64) {
+    out = c.to_vector<double>();
   } else {
     MG_FAIL("parity: cannot report a tensor of dtype {}", c.dtype());
   }
@@ -197,6 +171,48 @@ void report_flat_shard(StepReport& s, const std::string& holder, const parallel:
   }
 }
 
+// The index of the plain module's parameter named `name` (in named_parameters()).
+int32_t index_of(const std::vector<nn::NamedTensor>& plain, const std::string& name) {
+  size_t k = 0;
+  while (k < plain.size() && plain[k].first != name) ++k;
+  MG_CHECK(k < plain.size(), "parity: a form reports a parameter '{}' the plain module has not", name);
+  return static_cast<int32_t>(k);
+}
+
+// Parameters a process holds whole, found among the plain module's (`plain`) by name: for
+// a form whose module lists them in another order, or holds only some (a GPT's pipeline
+// stage would).
+void report_named(StepReport& s, const std::string& holder, const std::vector<nn::NamedTensor>& params,
+                  const std::vector<nn::NamedTensor>& plain, bool grad) {
+  for (const auto& [name, p] : params) {
+    Piece piece;
+    piece.holder = holder;
+    piece.param = index_of(plain, name);
+    piece.values = values_of(grad ? p.grad() : p);
+    s.pieces.push_back(std::move(piece));
+  }
+}
+
+// A tensor-parallel rank's pieces of the GPT: the replicated parameters whole, every other
+// one as the elements TensorParallelGPT::shard_of takes from the plain tensor (found by
+// letting it take them from a tensor of the elements' numbers). `plain`: the plain GPT's.
+void report_gpt_tensor_parallel(StepReport& s, const std::string& holder, const models::TensorParallelGPT& tp,
+                                const std::vector<nn::NamedTensor>& plain, bool grad) {
+  for (const auto& [name, p] : tp.named_parameters()) {
+    Piece piece;
+    piece.holder = holder;
+    piece.param = index_of(plain, name);
+    if (!models::TensorParallelGPT::is_replicated(name)) {
+      const Tensor& whole = plain[static_cast<size_t>(piece.param)].second;
+      const Tensor numbers = arange(static_cast<double>(whole.numel()), DType::Float64).reshape(whole.shape());
+      piece.cut.kind = CutKind::Elements;
+      for (double v : values_of(tp.shard_of(name, numbers))) piece.cut.elements.push_back(static_cast<int64_t>(v));
+    }
+    piece.values = values_of(grad ? p.grad() : p);
+    s.pieces.push_back(std::move(piece));
+  }
+}
+
 // ---- the training loop every form runs (the plain module runs it too) ----
 
 // What differs between forms: one micro-step (forward and backward of `b`, whose loss is
@@ -248,17 +264,17 @@ Report train(const Config& c, Trainer& t) {
 
 // The reference: the plain module on one device, the whole batch in one forward.
 Report run_plain(const Config& c) {
-  auto model = make_model(c);
-  auto opt = make_optimizer(c.optimizer, model->parameters());
+  auto model = make_module(c);
+  auto opt = make_optimizer(c, model->parameters());
   Trainer t;
   t.micro_step = [&](const Batch& b, double, bool) {
     MG_CHECK(b.x.size(0) == c.batch, "parity: the plain module takes the whole batch");
-    const Tensor loss = cross_entropy(model->forward(b.x), b.y);
+    const Tensor loss = model_loss(c, model->forward(b.x), b.y);
     loss.backward();
-    return static_cast<double>(loss.item<float>());
+    return scalar(loss);
   };
   t.clip = [&] {
-    const double norm = nn::utils::clip_grad_norm_(model->parameters(), kMaxNorm).item<float>();
+    const double norm = scalar(nn::utils::clip_grad_norm_(model->parameters(), kMaxNorm));
     MG_CHECK(norm > kMaxNorm, "parity: the gradient's norm {} is below max_norm {}, so the row "
              "would not test clipping", norm, kMaxNorm);
   };
@@ -269,9 +285,12 @@ Report run_plain(const Config& c) {
   return train(whole, t);
 }
 
-// A weighted cross-entropy: the micro-step's share of the step's mean loss.
+// A weighted loss: the micro-step's share of the step's mean loss.
 Tensor weighted_loss(const Tensor& out, const Tensor& y, double weight) {
   return mul(cross_entropy(out, y), weight);
+}
+Tensor weighted_loss(const Config& c, const Tensor& out, const Tensor& y, double weight) {
+  return mul(model_loss(c, out, y), weight);
 }
 
 // ---- the forms in one process ----
@@ -279,7 +298,7 @@ Tensor weighted_loss(const Tensor& out, const Tensor& y, double weight) {
 Report run_data_parallel(const Config& c) {
   auto plain = make_model(c);
   auto dp = std::make_shared<parallel::DataParallel>(plain, mg::testing::cpus(static_cast<size_t>(c.degree)));
-  auto opt = make_optimizer(c.optimizer, dp->parameters());
+  auto opt = make_optimizer(c, dp->parameters());
   Trainer t;
   t.micro_step = [&](const Batch& b, double w, bool) {
     const Tensor loss = weighted_loss(dp->forward(b.x), b.y, w);
@@ -298,7 +317,7 @@ Report run_pipe(const Config& c) {
   options.chunks = c.degree2;
   options.schedule = c.schedule == Schedule::GPipe ? parallel::Schedule::GPipe : parallel::Schedule::OneFOneB;
   auto pipe = std::make_shared<parallel::Pipe>(plain, mg::testing::cpus(static_cast<size_t>(c.degree)), options);
-  auto opt = make_optimizer(c.optimizer, pipe->parameters());
+  auto opt = make_optimizer(c, pipe->parameters());
   Trainer t;
   t.micro_step = [&](const Batch& b, double w, bool) {
     const parallel::PipeStep step = pipe->train_step(
@@ -311,14 +330,32 @@ Report run_pipe(const Config& c) {
   return train(c, t);
 }
 
+// The GPT with every block recomputed in backward (models/gpt_checkpointing.h): the
+// recomputation must draw forward's dropout masks again, so the plain GPT's step is
+// taken bit for bit.
+Report run_checkpointed(const Config& c) {
+  auto gpt = make_gpt(c);
+  models::set_block_checkpointing(*gpt);
+  auto opt = make_optimizer(c, gpt->parameters());
+  Trainer t;
+  t.micro_step = [&](const Batch& b, double w, bool) {
+    const Tensor loss = weighted_loss(c, gpt->forward(b.x), b.y, w);
+    loss.backward();
+    return scalar(loss);
+  };
+  t.clip = [&] { nn::utils::clip_grad_norm_(gpt->parameters(), kMaxNorm); };
+  t.optimizer = opt.get();
+  t.report = [&](StepReport& s, bool grad) { report_whole(s, "", gpt->parameters(), grad); };
+  return train(c, t);
+}
+
 // Clipping over tensor-parallel shards: the norm of the whole gradient counts a split
 // parameter's pieces once each and a whole one (every rank holds a copy) once.
 // `counted` are the gradients whose squares make up the norm (reduced by `reduce` when
 // they are spread over processes), `copies` the other ranks' whole ones, scaled alike.
 void clip_tensor_parallel(const std::vector<Tensor>& counted, const std::vector<Tensor>& copies,
                           const nn::utils::NormReducer& reduce) {
-  const double total =
-      nn::utils::clip_grad_norm_(counted, kMaxNorm, 2.0, false, reduce).item<float>();
+  const double total = scalar(nn::utils::clip_grad_norm_(counted, kMaxNorm, 2.0, false, reduce));
   const double coef = std::min(kMaxNorm / (total + 1e-6), 1.0);
   if (coef >= 1.0) return;
   for (const Tensor& p : copies)
@@ -329,7 +366,7 @@ Report run_tensor_parallel(const Config& c) {
   auto plain = make_model(c);
   const auto kinds = mg::testing::shard_kinds(*plain);
   auto tp = std::make_shared<parallel::TensorParallel>(*plain, mg::testing::cpus(static_cast<size_t>(c.degree)));
-  auto opt = make_optimizer(c.optimizer, tp->parameters());
+  auto opt = make_optimizer(c, tp->parameters());
   Trainer t;
   t.micro_step = [&](const Batch& b, double w, bool) {
     const Tensor loss = weighted_loss(tp->forward(b.x), b.y, w);
@@ -371,11 +408,23 @@ void data_parallel_rows_and_weights(Trainer& t, int dp_rank, int dp_ranks) {
   };
 }
 
+// One rank of a multi-rank row. Each form sets up its model (the MLP's `mlp` or the GPT's
+// `gpt`, built alike on every rank), which rows the rank takes and how they weigh
+// (data-parallel rows: data_parallel_rows_and_weights), the loss (`loss_of`, `share`),
+// what follows backward, the clipping, and what it reports: whole parameters
+// (report_whole, report_named by name), slices (report_tensor_parallel,
+// report_gpt_tensor_parallel), or flat shards (report_flat_shard). The forms that compose
+// (the mesh: DDP over dp around tensor parallelism) share this setup.
 Report run_rank(const Config& c, mg::test::RankContext& ctx) {
   const GroupPtr world = ctx.gloo();
   const int rank = ctx.rank, n = ctx.world_size;
   const std::string me = fmt::format("rank {}", rank);
-  auto model = make_model(c);
+  // The MLP's forms split `mlp`; the GPT's `gpt`. DDP and ZeRO take either as `model`.
+  const bool is_gpt = c.model == "GPT";
+  std::shared_ptr<nn::Sequential> mlp = is_gpt ? nullptr : make_model(c);
+  std::shared_ptr<models::GPT> gpt = is_gpt ? make_gpt(c) : nullptr;
+  const nn::ModulePtr model = is_gpt ? nn::ModulePtr(gpt) : nn::ModulePtr(mlp);
+  if (gpt && c.recompute) models::set_block_checkpointing(*gpt);
   Trainer t;
   std::unique_ptr<optim::Optimizer> opt;
   std::shared_ptr<parallel::DistributedDataParallel> ddp;
@@ -384,13 +433,20 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
   std::optional<parallel::DeviceMesh> mesh;
   std::unique_ptr<parallel::PipelineStage> stage;
   nn::ModulePtr shard;  // tensor parallelism: this rank's
-  const auto kinds = mg::testing::shard_kinds(*model);
+  std::shared_ptr<models::TensorParallelGPT> gpt_tp;  // the GPT's tensor parallelism: this rank's
+  const auto kinds = mlp ? mg::testing::shard_kinds(*mlp) : std::vector<mg::testing::ShardKind>{};
   nn::Module* forward = model.get();
   double share = 1.0 / n;  // of a weighted loss, this rank's part of the step's loss
+  // The loss of a micro-step's output (the model's own unless a form computes it its way),
+  // and what runs after each backward.
+  std::function<Tensor(const Tensor& out, const Tensor& y)> loss_of = [&c](const Tensor& out, const Tensor& y) {
+    return model_loss(c, out, y);
+  };
+  std::function<void(bool last_micro_step)> after_backward = [](bool) {};
 
   parallel::DDPOptions ddp_options;
   if (c.bucket_per_tensor) ddp_options.bucket_cap_mb = ddp_options.first_bucket_mb = 4.0 / (1 << 20);
-  auto make = [&c](std::vector<Tensor> shards) { return make_optimizer(c.optimizer, std::move(shards)); };
+  auto make = [&c](std::vector<Tensor> shards) { return make_optimizer(c, std::move(shards)); };
 
   switch (c.form) {
     case Form::DDP:
@@ -398,7 +454,7 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       ddp = std::make_shared<parallel::DistributedDataParallel>(model, world, ddp_options);
       forward = ddp.get();
       if (c.form == Form::DDP) {
-        opt = make_optimizer(c.optimizer, model->parameters());
+        opt = make_optimizer(c, model->parameters());
         t.clip = [&] { nn::utils::clip_grad_norm_(model->parameters(), kMaxNorm); };
       } else {
         parallel::ZeroOptions options;
@@ -426,9 +482,9 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       break;
     }
     case Form::FSDP: {
-      fsdp = parallel::fully_shard(model, world);
+      fsdp = gpt ? parallel::fully_shard_gpt(gpt, world) : parallel::fully_shard(model, world);
       forward = fsdp.get();
-      opt = make_optimizer(c.optimizer, fsdp->parameters());
+      opt = make_optimizer(c, fsdp->parameters());
       t.clip = [&] { fsdp->clip_grad_norm_(kMaxNorm); };
       data_parallel_rows_and_weights(t, rank, n);
       t.report = [&](StepReport& s, bool grad) {
@@ -442,16 +498,17 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
     case Form::PipelineStages: {
       // Rank s holds stage s: the layers even_balance gives it, and their parameters,
       // which are the plain module's from `first` on.
-      const std::vector<int64_t> balance = parallel::even_balance(static_cast<int64_t>(model->size()), n);
+      MG_CHECK(mlp, "parity: no pipeline of the {} yet", c.model);
+      const std::vector<int64_t> balance = parallel::even_balance(static_cast<int64_t>(mlp->size()), n);
       size_t first = 0;
       for (int64_t layer = 0, s = 0; s < rank; ++s)
         for (int64_t l = 0; l < balance[static_cast<size_t>(s)]; ++l, ++layer)
-          first += (*model)[static_cast<size_t>(layer)]->parameters().size();
+          first += (*mlp)[static_cast<size_t>(layer)]->parameters().size();
       parallel::PipelineStageOptions options;
       options.chunks = c.degree2;
       options.schedule = c.schedule == Schedule::GPipe ? parallel::Schedule::GPipe : parallel::Schedule::OneFOneB;
-      stage = std::make_unique<parallel::PipelineStage>(parallel::split_stage(model, balance, rank), world, options);
-      opt = make_optimizer(c.optimizer, stage->module()->parameters());
+      stage = std::make_unique<parallel::PipelineStage>(parallel::split_stage(mlp, balance, rank), world, options);
+      opt = make_optimizer(c, stage->module()->parameters());
       t.clip = [&] {  // every parameter lives on one rank: add the ranks' partial norms
         nn::utils::clip_grad_norm_(stage->module()->parameters(), kMaxNorm, 2.0, false,
                                    [&](Tensor& partial, nn::utils::NormReduction) {
@@ -488,7 +545,20 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
         tp_rank = mesh->tp_rank();
         tp_size = c.degree2;
       }
-      shard = parallel::parallelize_mlp(*model, parallel::tensor_parallel_group(tp_group));
+      if (gpt) {
+        models::TensorParallelGPTOptions options;
+        options.sequence_parallel = c.sequence_parallel;
+        gpt_tp = std::make_shared<models::TensorParallelGPT>(*gpt, parallel::tensor_parallel_group(tp_group), options);
+        shard = gpt_tp;
+        // The vocabulary-parallel loss over this rank's logits; with sequence parallelism
+        // the replicated parameters' gradients summed over tp after each backward.
+        loss_of = [&gpt_tp](const Tensor& out, const Tensor& y) { return gpt_tp->loss(out, y); };
+        after_backward = [&gpt_tp](bool last) {
+          if (last) gpt_tp->finish_gradients();  // once: the sum of the accumulated gradients
+        };
+      } else {
+        shard = parallel::parallelize_mlp(*mlp, parallel::tensor_parallel_group(tp_group));
+      }
       forward = shard.get();
       if (dp_group) {
         ddp = std::make_shared<parallel::DistributedDataParallel>(shard, dp_group, ddp_options);
@@ -498,20 +568,53 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       } else {
         share = 1.0 / tp_size;  // every rank computes the whole loss
       }
-      opt = make_optimizer(c.optimizer, shard->parameters());
+      opt = make_optimizer(c, shard->parameters());
       t.clip = [&, tp_group, tp_rank] {
         std::vector<Tensor> counted, copies;
-        const auto params = shard->parameters();
-        for (size_t k = 0; k < params.size(); ++k)
-          (kinds[k] == mg::testing::ShardKind::Whole && tp_rank > 0 ? copies : counted).push_back(params[k]);
+        const auto params = shard->named_parameters();
+        for (size_t k = 0; k < params.size(); ++k) {
+          const bool whole = gpt ? models::TensorParallelGPT::is_replicated(params[k].first)
+                                 : kinds[k] == mg::testing::ShardKind::Whole;
+          (whole && tp_rank > 0 ? copies : counted).push_back(params[k].second);
+        }
         clip_tensor_parallel(counted, copies, [tp_group](Tensor& partial, nn::utils::NormReduction) {
           tp_group->allreduce(partial, parallel::ReduceOp::Sum)->wait();
         });
       };
       t.report = [&, tp_rank, tp_size](StepReport& s, bool grad) {
+        if (gpt_tp) return report_gpt_tensor_parallel(s, me, *gpt_tp, gpt->named_parameters(), grad);
         report_tensor_parallel(s, me, *shard, kinds, tp_rank, tp_size, grad);
       };
       break;
+    }
+    case Form::ContextParallel: {
+      // Every rank holds the whole GPT and its two chunks of every sequence (tokens and
+      // targets), takes the position embedding at their global positions and attends
+      // through ring attention; the loss is the global mean on every rank, the gradients
+      // are summed over the group after backward.
+      MG_CHECK(gpt, "parity: context parallelism splits the GPT's sequence, not the {}'s", c.model);
+      namespace cp = parallel::context_parallel;
+      models::set_attention_function(*gpt, cp::ring_attention_function(world));
+      t.my_rows = [rank, n](const Batch& b, int) {
+        return Batch{cp::shard_sequence(b.x, rank, n), cp::shard_sequence(b.y, rank, n)};
+      };
+      const Tensor positions = cp::sequence_positions(kGptT, rank, n);
+      share = 1.0 / n;  // every rank computes the whole loss
+      opt = make_optimizer(c, gpt->parameters());
+      t.micro_step = [&, positions](const Batch& b, double w, bool last) {
+        const Tensor loss = mul(cp::context_parallel_cross_entropy(
+                                    models::forward_at_positions(*gpt, b.x, positions), b.y, *world),
+                                w);
+        loss.backward();
+        if (last) cp::all_reduce_gradients(gpt->parameters(), *world);  // once, the accumulated sum
+        return scalar(loss) * share;
+      };
+      t.clip = [&] { nn::utils::clip_grad_norm_(gpt->parameters(), kMaxNorm); };
+      t.report = [&, plain = gpt->named_parameters()](StepReport& s, bool grad) {
+        report_named(s, me, gpt->named_parameters(), plain, grad);
+      };
+      t.optimizer = opt.get();
+      return train(c, t);
     }
     default:
       MG_FAIL("parity: {} is not a multi-rank form", form_name(c.form));
@@ -521,9 +624,10 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
   t.micro_step = [&](const Batch& b, double w, bool last) {
     std::optional<parallel::DistributedDataParallel::NoSyncGuard> no_sync;
     if (ddp && !last) no_sync.emplace(*ddp);  // accumulate locally; the last one reduces
-    const Tensor loss = weighted_loss(forward->forward(b.x), b.y, w);
+    const Tensor loss = mul(loss_of(forward->forward(b.x), b.y), w);
     loss.backward();
-    return static_cast<double>(loss.item<float>()) * share;
+    after_backward(last);
+    return scalar(loss) * share;
   };
   return train(c, t);
 }
@@ -558,6 +662,8 @@ std::string encode(const Report& report) {
       put(out, p.cut.parts);
       put(out, p.cut.offset);
       put(out, p.cut.numel);
+      put(out, static_cast<uint64_t>(p.cut.elements.size()));
+      for (int64_t e : p.cut.elements) put(out, e);
       put(out, static_cast<uint64_t>(p.values.size()));
       for (double v : p.values) put(out, v);
     }
@@ -583,6 +689,8 @@ Report decode(const std::string& in) {
       p.cut.parts = get<int32_t>(in, pos);
       p.cut.offset = get<int64_t>(in, pos);
       p.cut.numel = get<int64_t>(in, pos);
+      p.cut.elements.resize(get<uint64_t>(in, pos));
+      for (int64_t& e : p.cut.elements) e = get<int64_t>(in, pos);
       p.values.resize(get<uint64_t>(in, pos));
       for (double& v : p.values) v = get<double>(in, pos);
     }
@@ -627,6 +735,7 @@ Report run_form(const Config& c) {
     case Form::DataParallel: return run_data_parallel(c);
     case Form::Pipe: return run_pipe(c);
     case Form::TensorParallel: return run_tensor_parallel(c);
+    case Form::Checkpointed: return run_checkpointed(c);
     default: return run_ranks(c);
   }
 }
@@ -647,6 +756,14 @@ std::vector<double> cut_of(const Tensor& whole, const Cut& cut) {
       MG_CHECK(cut.offset >= 0 && cut.numel >= 0 && cut.offset + cut.numel <= static_cast<int64_t>(v.size()),
                "parity: a flat piece [{}, +{}) of a tensor of {} elements", cut.offset, cut.numel, v.size());
       return {v.begin() + cut.offset, v.begin() + cut.offset + cut.numel};
+    case CutKind::Elements: {
+      std::vector<double> out;
+      for (int64_t e : cut.elements) {
+        MG_CHECK(e >= 0 && e < static_cast<int64_t>(v.size()), "parity: element {} of a tensor of {}", e, v.size());
+        out.push_back(v[static_cast<size_t>(e)]);
+      }
+      return out;
+    }
     case CutKind::Rows:
     case CutKind::Columns: {
       const bool rows = cut.kind == CutKind::Rows;
@@ -663,6 +780,7 @@ int64_t cut_numel(const Tensor& whole, const Cut& cut) {
   switch (cut.kind) {
     case CutKind::Whole: return whole.numel();
     case CutKind::Flat: return cut.numel;
+    case CutKind::Elements: return static_cast<int64_t>(cut.elements.size());
     default: return whole.numel() / cut.parts;
   }
 }
@@ -695,8 +813,7 @@ Outcome compare(const Config& c, const Report& plain_report, const Report& form_
                phase_name(p.phase), p.param);
       // The plain module's tensor of this piece, rebuilt with its shape.
       const Piece& ref = *found->second;
-      const Tensor full = from_vector(std::vector<float>(ref.values.begin(), ref.values.end()),
-                                      shapes[static_cast<size_t>(p.param)].shape());
+      const Tensor full = from_vector(ref.values, shapes[static_cast<size_t>(p.param)].shape());
       const std::vector<double> expected = cut_of(full, p.cut);
       const std::string what = fmt::format("{} of {}{}{}", phase_name(p.phase),
                                            names[static_cast<size_t>(p.param)],
@@ -747,7 +864,7 @@ Outcome run_row(const Config& c) {
   const auto start = std::chrono::steady_clock::now();
   Outcome o;
   try {
-    auto model = make_model(c);
+    auto model = make_module(c);
     std::vector<std::string> names;
     std::vector<Tensor> shapes;
     for (const auto& [name, p] : model->named_parameters()) {
@@ -765,10 +882,12 @@ Outcome run_row(const Config& c) {
   return o;
 }
 
-std::vector<Config> rows_of(const std::vector<Form>& forms) {
+std::vector<Config> rows_of(const std::vector<Form>& forms, const std::string& model) {
   std::vector<Config> out;
   for (const Config& c : parity_table())
-    if (forms.empty() || std::find(forms.begin(), forms.end(), c.form) != forms.end()) out.push_back(c);
+    if ((forms.empty() || std::find(forms.begin(), forms.end(), c.form) != forms.end()) &&
+        (model.empty() || c.model == model))
+      out.push_back(c);
   return out;
 }
 
@@ -783,9 +902,10 @@ the plain single-device module on the same batches: after every step's backward 
 clipping) every gradient, after every optimizer step every parameter, and every step's
 loss must equal the plain module's. The error of an element is
 `|got - want| / max(|want|, 1e-3)`; the largest over every step, tensor and rank is below,
-and a row passes when it stays under {:.0e} (float32). A rank that keeps a piece of a
-tensor (a ZeRO or FSDP shard, a tensor-parallel slice) is compared on that piece, and the
-pieces must cover every element.
+and a row passes when it stays under {:.0e} (float32; {:.0e} for float64). A rank that
+keeps a piece of a tensor (a ZeRO or FSDP shard, a tensor-parallel slice, the GPT's q, k
+and v rows of a rank's heads) is compared on that piece, and the pieces must cover every
+element.
 
 The gradients are compared as backward leaves them, before clipping too: clipping rescales
 the whole gradient to max_norm, so a gradient scaled by a constant (averaged where it must
@@ -793,10 +913,19 @@ be summed) would pass the clipped comparison unseen.
 
 The last column names the deliberate faults (`minigrad/core/fault_injection.h`) that make
 the row fail: the harness switches each on in turn, on every row, and `make test` checks
-that each fails some row of the forms it lives in. No form seeds a random generator per
-rank yet, so "a rank seeded like its neighbour" is played by DistributedSampler handing a
-rank its neighbour's shard of the batch (the rows with even batches draw theirs from it).
-The GPT's rows join with model "GPT", and float64 rows with dtype "float64".
+that each fails some row of the forms it lives in. The MLP's forms seed no random
+generator per rank, so "a rank seeded like its neighbour" is played by DistributedSampler
+handing a rank its neighbour's shard of the batch (the rows with even batches draw theirs
+from it).
+
+The GPT's rows train a tiny GPT (`models/gpt.h`: 2 blocks, 6 heads of 2, vocabulary 24,
+sequences of 12, no biases) with AdamW (lr 1e-3) and clipping; its plain module is the same
+GPT on one device and the whole batch. Gloo's groups reduce float32, so the GPT's rows over
+ranks are float32, except context parallelism, whose ring carries float64 too. Dropout is
+on only where the form draws the plain GPT's masks: the checkpointed blocks, which must
+draw forward's masks again when they recompute (and do: bit for bit, in float64); where
+ranks draw their own masks (tensor parallelism's sharded regions, every rank's own rows or
+positions) no row could equal the plain GPT's.
 
 Written by `build/bin/test_parity "[write-docs]"` (or `make parity-docs`); `tests/repo`
 checks that this page lists exactly the rows of `tests/parity/table.h`, each passing.
@@ -805,7 +934,7 @@ The harness: [`tests/parity/`](../tests/parity/harness.h). The run that wrote it
 
 | model | form | degrees | optimizer | accumulation | batch | dtype | steps | largest error | result | faults caught |
 |---|---|---|---|---|---|---|---|---|---|---|
-)", tolerance(DType::Float32), rows.size(), seconds);
+)", tolerance(DType::Float32), tolerance(DType::Float64), rows.size(), seconds);
   for (size_t i = 0; i < rows.size(); ++i) {
     std::string faults;
     for (const std::string& f : caught[i]) faults += (faults.empty() ? "" : "; ") + f;

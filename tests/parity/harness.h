@@ -36,8 +36,9 @@ double tolerance(DType dtype);
 // error inside the form is a failed Outcome naming it.
 Outcome run_row(const Config& config);
 
-// Rows of these forms only (all of them when `forms` is empty).
-std::vector<Config> rows_of(const std::vector<Form>& forms);
+// Rows of these forms only (all of them when `forms` is empty), of `model` only ("MLP",
+// "GPT"; every model when empty).
+std::vector<Config> rows_of(const std::vector<Form>& forms, const std::string& model = "");
 
 // docs/parity.md: the rows, each with its outcome and the faults it catches (`caught[i]`,
 // names of faults; empty when the row catches none), and how long the table took.

@@ -22,8 +22,8 @@ using mg::testing::Fault;
 
 namespace {
 
-void require_rows_pass(const std::vector<Form>& forms) {
-  const std::vector<Config> rows = rows_of(forms);
+void require_rows_pass(const std::vector<Form>& forms, const std::string& model = "MLP") {
+  const std::vector<Config> rows = rows_of(forms, model);
   REQUIRE_FALSE(rows.empty());
   for (const Config& c : rows) {
     const Outcome o = run_row(c);
@@ -43,16 +43,15 @@ std::vector<Form> forms_of(Fault fault) {
     case Fault::PipelineLossesSummed: return {Form::Pipe};
     case Fault::RowParallelBiasPerRank: return {Form::TensorParallel, Form::TensorParallelRanks};
     case Fault::SamplerRankLikeNeighbour: return {Form::DDP};
+    case Fault::VocabParallelLossNotReduced: return {Form::TensorParallelRanks};
+    case Fault::SequenceParallelGradsNotReduced: return {Form::TensorParallelRanks};
+    case Fault::RingAttentionFutureBlocksSeen: return {Form::ContextParallel};
+    case Fault::ContextParallelGradsNotReduced: return {Form::ContextParallel};
+    case Fault::CheckpointFreshDropout: return {Form::Checkpointed};
     case Fault::PipelineMicroBatchCountedTwice: return {Form::Pipe};
-    // The GPT's pipeline has no row yet: tests/distributed/test_gpt_pipeline.cpp catches it.
+    // The GPT's pipeline has no row yet: tests/distributed/test_gpt_pipeline.cpp and
+    // test_gpt_4d.cpp catch it.
     case Fault::PipelineTiedGradNotSummed:
-    case Fault::VocabParallelLossNotReduced:  // not parity rows: test_gpt_tensor_parallel
-    case Fault::SequenceParallelGradsNotReduced:
-    // Context parallelism has no row yet: tests/distributed/test_ring_attention.cpp and
-    // test_gpt_context_parallel.cpp catch these two.
-    case Fault::RingAttentionFutureBlocksSeen:
-    case Fault::ContextParallelGradsNotReduced:
-    case Fault::CheckpointFreshDropout:  // no parity row: tests/nn/checkpoint_test.cpp
     case Fault::None: break;
   }
   return {};
@@ -86,7 +85,8 @@ std::vector<std::string> require_caught(Fault fault) {
 
 }  // namespace
 
-TEST_CASE("parity table: has at least 40 rows, each named once, the MLP's in float32") {
+TEST_CASE("parity table: has at least 40 rows, each named once; the MLP's in float32, the GPT's "
+          "in every form it has") {
   const std::vector<Config> rows = parity_table();
   CHECK(rows.size() >= 40);
   std::vector<std::string> keys;
@@ -95,7 +95,12 @@ TEST_CASE("parity table: has at least 40 rows, each named once, the MLP's in flo
   CHECK(std::adjacent_find(keys.begin(), keys.end()) == keys.end());
   for (Form f : {Form::DataParallel, Form::DDP, Form::Zero1, Form::Zero2, Form::FSDP, Form::Pipe,
                  Form::PipelineStages, Form::TensorParallel, Form::TensorParallelRanks, Form::Mesh2D})
-    CHECK_FALSE(rows_of({f}).empty());
+    CHECK_FALSE(rows_of({f}, "MLP").empty());
+  for (const Config& c : rows_of({}, "MLP")) CHECK(c.dtype == DType::Float32);
+  for (Form f : {Form::Checkpointed, Form::TensorParallelRanks, Form::Mesh2D, Form::ContextParallel,
+                 Form::DDP, Form::Zero1, Form::Zero2, Form::FSDP})
+    CHECK_FALSE(rows_of({f}, "GPT").empty());
+  CHECK(std::any_of(rows.begin(), rows.end(), [](const Config& c) { return c.dtype == DType::Float64; }));
 }
 
 TEST_CASE("parity table: DataParallel over CPU replicas equals the single device") {
@@ -130,6 +135,29 @@ TEST_CASE("parity table: PipelineStage over Gloo ranks equals the single device"
 
 TEST_CASE("parity table: tensor parallelism over Gloo ranks and the 2-D mesh equal the single device") {
   require_rows_pass({Form::TensorParallelRanks, Form::Mesh2D});
+}
+
+#endif
+
+TEST_CASE("parity table: the GPT with checkpointed blocks (dropout on, float64) equals the plain GPT",
+          "[gpt]") {
+  require_rows_pass({Form::Checkpointed}, "GPT");
+}
+
+#ifdef MINIGRAD_WITH_GLOO
+
+TEST_CASE("parity table: the GPT's tensor parallelism (sequence parallel, dp x tp) equals the "
+          "single device", "[gpt]") {
+  require_rows_pass({Form::TensorParallelRanks, Form::Mesh2D}, "GPT");
+}
+
+TEST_CASE("parity table: the GPT's context parallelism equals the single device", "[gpt]") {
+  require_rows_pass({Form::ContextParallel}, "GPT");
+}
+
+TEST_CASE("parity table: the GPT under DDP, ZeRO-1, ZeRO-2 and FSDP by block equals the single "
+          "device", "[gpt]") {
+  require_rows_pass({Form::DDP, Form::Zero1, Form::Zero2, Form::FSDP}, "GPT");
 }
 
 #endif
@@ -185,6 +213,30 @@ TEST_CASE("parity faults: a rank taking its neighbour's shard of the data fails 
 }
 
 #endif
+
+#ifdef MINIGRAD_WITH_GLOO
+
+TEST_CASE("parity faults: the vocabulary-parallel loss not reduced fails a GPT row", "[gpt]") {
+  require_caught(Fault::VocabParallelLossNotReduced);
+}
+
+TEST_CASE("parity faults: sequence parallelism's replicated gradients not reduced fail a GPT row", "[gpt]") {
+  require_caught(Fault::SequenceParallelGradsNotReduced);
+}
+
+TEST_CASE("parity faults: ring attention seeing later chunks fails a GPT row", "[gpt]") {
+  require_caught(Fault::RingAttentionFutureBlocksSeen);
+}
+
+TEST_CASE("parity faults: context parallelism's gradients not summed fail a GPT row", "[gpt]") {
+  require_caught(Fault::ContextParallelGradsNotReduced);
+}
+
+#endif
+
+TEST_CASE("parity faults: recomputed blocks drawing fresh dropout masks fail a GPT row", "[gpt]") {
+  require_caught(Fault::CheckpointFreshDropout);
+}
 
 // Not part of the suite (hidden): runs every row, then every fault on every row, and
 // writes docs/parity.md.

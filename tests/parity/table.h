@@ -2,10 +2,10 @@
 // single-device step, one row each. tests/parity runs them (harness.h); tests/repo checks
 // that docs/parity.md lists exactly these rows. Plain data: no library code runs here.
 //
-// A row names the model (the MLP now; the GPT's rows join with model "GPT"), the form
-// and its degrees, the optimizer, the gradient-accumulation micro-steps, the batch (the
-// whole step's rows, chosen so that the pieces are uneven where the form allows it) and
-// the dtype (float64 joins when the GPT's issue brings it).
+// A row names the model (the MLP, or a tiny GPT: models/gpt.h), the form and its degrees,
+// the optimizer, the gradient-accumulation micro-steps, the batch (the whole step's rows,
+// chosen so that the pieces are uneven where the form allows it) and the dtype (float32;
+// float64 where the form carries it: Gloo's groups reduce float32 only).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +29,8 @@ enum class Form {
   TensorParallel,       // TensorParallel in one process over CPU devices
   TensorParallelRanks,  // parallelize_mlp over n Gloo ranks
   Mesh2D,               // a dp x tp DeviceMesh: DDP over the dp sub-groups, tp inside
+  ContextParallel,      // the GPT's sequence over n Gloo ranks, ring attention
+  Checkpointed,         // the GPT's blocks recomputed in backward (nn/checkpoint.h), one device
 };
 
 enum class Optimizer { SGDMomentum, AdamWClipped };
@@ -46,11 +48,16 @@ struct Config {
   int64_t batch = 11;    // rows per optimizer step, split over micro-steps and ranks
   DType dtype = DType::Float32;
   int steps = 3;
+  // The GPT's rows only:
+  bool sequence_parallel = false;  // tensor parallelism (and the mesh's tp) with Megatron's SP
+  bool recompute = false;          // every block checkpointed (Checkpointed: always)
+  double dropout = 0.0;            // the GPT's dropout (forms whose ranks draw their own masks: 0)
 };
 
 inline bool multi_rank(Form form) {
   return form == Form::DDP || form == Form::Zero1 || form == Form::Zero2 || form == Form::FSDP ||
-         form == Form::PipelineStages || form == Form::TensorParallelRanks || form == Form::Mesh2D;
+         form == Form::PipelineStages || form == Form::TensorParallelRanks || form == Form::Mesh2D ||
+         form == Form::ContextParallel;
 }
 
 inline int world_size(const Config& c) {
@@ -69,11 +76,14 @@ inline std::string form_name(Form form) {
     case Form::TensorParallel: return "TensorParallel";
     case Form::TensorParallelRanks: return "tensor parallel (ranks)";
     case Form::Mesh2D: return "2-D mesh: DDP x TP";
+    case Form::ContextParallel: return "context parallel";
+    case Form::Checkpointed: return "checkpointed blocks";
   }
   return "?";
 }
 
-inline std::string degrees(const Config& c) {
+// The form's degrees, as the table's column says them.
+inline std::string degrees_of_form(const Config& c) {
   switch (c.form) {
     case Form::DataParallel: return fmt::format("{} CPU replicas", c.degree);
     case Form::Pipe:
@@ -83,9 +93,20 @@ inline std::string degrees(const Config& c) {
                          c.schedule == Schedule::GPipe ? "GPipe" : "1F1B");
     case Form::TensorParallel: return fmt::format("tp {} over CPU devices", c.degree);
     case Form::Mesh2D: return fmt::format("dp {} x tp {}, {} Gloo ranks", c.degree, c.degree2, world_size(c));
+    case Form::ContextParallel: return fmt::format("cp {}, {} Gloo ranks", c.degree, c.degree);
+    case Form::Checkpointed: return "one device, every block recomputed";
     default:
       return fmt::format("{} Gloo ranks{}", c.degree, c.bucket_per_tensor ? ", a bucket per tensor" : "");
   }
+}
+
+// What a GPT row adds to its degrees: sequence parallelism, recomputed blocks, dropout.
+inline std::string degrees(const Config& c) {
+  std::string out = degrees_of_form(c);
+  if (c.sequence_parallel) out += ", sequence parallel";
+  if (c.recompute && c.form != Form::Checkpointed) out += ", blocks recomputed";
+  if (c.dropout > 0) out += fmt::format(", dropout {}", c.dropout);
+  return out;
 }
 
 inline std::string optimizer_name(Optimizer o) {
@@ -104,6 +125,48 @@ inline std::string label(const Config& c) {
   return fmt::format("{}, {} ({}), {}, accumulation {}, batch {}, {}, {} steps", c.model,
                      form_name(c.form), degrees(c), optimizer_name(c.optimizer), c.accumulation,
                      c.batch, dtype_name(c.dtype), c.steps);
+}
+
+// The GPT's rows: the tiny GPT of harness.cpp (make_gpt), AdamW + clip_grad_norm_, float32
+// (Gloo's groups reduce float32 only) unless the form carries float64. Batches of 5
+// sequences split unevenly over the data-parallel ranks (3+2, 2+2+1); tensor and context
+// parallelism give every rank all of the batch's sequences (3; 2+1 with 2 micro-steps).
+// A new form of the GPT is a line here and a case (or a GPT branch) in harness.cpp's
+// run_rank; a new degree (a mesh's cp) a field of Config, named in degrees().
+inline void gpt_rows(std::vector<Config>& rows) {
+  auto add = [&rows](Form form, int degree, int64_t batch, DType dtype = DType::Float32) -> Config& {
+    Config c;
+    c.model = "GPT";
+    c.form = form;
+    c.degree = degree;
+    c.optimizer = Optimizer::AdamWClipped;
+    c.batch = batch;
+    c.dtype = dtype;
+    rows.push_back(c);
+    return rows.back();
+  };
+  // Recomputed blocks draw forward's dropout masks again: with dropout on, in float64.
+  Config& recomputed = add(Form::Checkpointed, 1, 3, DType::Float64);
+  recomputed.recompute = true;
+  recomputed.dropout = 0.1;
+  add(Form::TensorParallelRanks, 2, 3);
+  add(Form::TensorParallelRanks, 3, 3);
+  Config& sp = add(Form::TensorParallelRanks, 2, 3);
+  sp.sequence_parallel = true;
+  sp.accumulation = 2;  // SP's sums over tp once, after the last micro-step
+  add(Form::Mesh2D, 2, 5).degree2 = 2;
+  Config& mesh_sp = add(Form::Mesh2D, 2, 5);
+  mesh_sp.degree2 = 2;
+  mesh_sp.sequence_parallel = true;
+  mesh_sp.accumulation = 2;
+  add(Form::ContextParallel, 2, 3).accumulation = 2;
+  add(Form::ContextParallel, 3, 3, DType::Float64);
+  add(Form::DDP, 2, 5).accumulation = 2;
+  add(Form::Zero1, 2, 5);
+  add(Form::Zero2, 2, 5);
+  add(Form::FSDP, 2, 5);
+  add(Form::FSDP, 3, 5);
+  add(Form::FSDP, 2, 5).recompute = true;
 }
 
 // Every row. The batches: 11 splits unevenly over 2 and 3 (6+5, 4+4+3); 26 over 4
@@ -167,6 +230,7 @@ inline std::vector<Config> parity_table() {
     Config& c = add(Form::Mesh2D, 2, o, 1, o == sgd ? 11 : 12);
     c.degree2 = 2;
   }
+  gpt_rows(rows);
   return rows;
 }
 
