@@ -85,7 +85,7 @@ std::vector<std::string> require_caught(Fault fault) {
 
 }  // namespace
 
-TEST_CASE("parity table: has at least 40 rows, each named once; the MLP's in float32, the GPT's "
+TEST_CASE("parity table: has at least 40 rows, each named once, the MLP's in float32, the GPT's "
           "in every form it has") {
   const std::vector<Config> rows = parity_table();
   CHECK(rows.size() >= 40);
