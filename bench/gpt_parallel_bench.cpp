@@ -373,8 +373,9 @@ int main(int argc, char** argv) {
           std::string j = fmt::format("{{\"rank\":{},\"dp\":{},\"tp\":{},\"cp\":{},\"pp\":{},\"sp\":{},"
                                       "\"step_ms\":{:.3f},\"single_ms\":{:.3f}",
                                       rank, dp, tp, cp, pp, sp, step_ms, single_ms);
-          for (const Row& row : rows)
-            j += fmt::format(",\"{}\":[{:.0f},{:.0f}]", row.what, row.measured, row.formula);
+          for (const Row& row : rows)  // [measured, formula] bytes; the zero pairs left out
+            if (row.measured != 0 || row.formula != 0)
+              j += fmt::format(",\"{}\":[{:.0f},{:.0f}]", row.what, row.measured, row.formula);
           fmt::print("{}}}\n", j);
         }
         if (check)
