@@ -1,0 +1,394 @@
+// gpt-parallel-bench: the accounting of issues 22/23. The GPT on a dp x pp x cp x tp mesh
+// (models/gpt_mesh_pipeline.h, which runs every combination, each dimension possibly 1),
+// a few AdamW steps, and per rank the measured quantities beside their arithmetic from the
+// same run:
+//
+//   params, grads, AdamW   bytes of the tensors this rank holds (parameters, their .grad,
+//                          AdamW's exp_avg + exp_avg_sq) against the shard formula:
+//                          a block holds 12C²/tp + 7C/tp (sharded weights and column
+//                          biases) + 6C (two LayerNorms, two row biases), stage 0 adds
+//                          wte V C/tp + wpe block_size C, the last stage ln_f 2C and, when
+//                          pp > 1, the head's copy of wte V C/tp. Exact.
+//   collectives            every byte this rank hands to a collective or a send, counted
+//                          by a ProcessGroup wrapper (CountingGroup below) under the world
+//                          the mesh is built from, by group: tp, cp, dp, pp, the embedding
+//                          group. Against the formulas of docs/gpt-tensor-parallel.md,
+//                          docs/context-parallel.md and docs/gpt-pipeline.md. Exact.
+//   activations            the allocator's peak during one train_step (forward+backward of
+//                          every micro-batch) minus the bytes held before it (parameters,
+//                          gradients kept, AdamW), against the activation formula below.
+//   step time              the median train_step + AdamW step, and the single-device GPT's
+//                          step on the whole batch (rank 0, same run, before the others).
+//
+// The activation formula, derived for this model (not Megatron's 34sbh + 5as²b, which
+// counts 16-bit activations and dropout masks): float32 (4 bytes), dropout 0 (no masks),
+// nanoGPT's pre-LN block with exact GELU, the fused attention keeping its output and one
+// log-sum-exp per head and row (never the T x T probabilities). Floats per token, t = tp,
+// a = n_head, C = n_embd, V = vocab:
+//   a block   4C + 4 + 13C/t + a/t      (LN inputs and outputs, 2 x mean/rstd: replicated;
+//                                        q k v, attention out, its contiguous copy, c_fc
+//                                        out, GELU out: sharded; lse per local head)
+//             with SP: 2C/t + 2C + 4/t + 13C/t + a/t  (the LN inputs are sharded, but the
+//                                        column layers keep their all-gathered inputs whole;
+//                                        Megatron re-gathers them in backward, minigrad
+//                                        does not, so its SP saves (2 - 2/t)C less, not 4C(1 - 1/t))
+//   the head  2C + 3V/t (ln_f in/out, logits, log-softmax, the logits' gradient);
+//             with SP 2C/t + C + 3V/t
+//   a stage without the head: its backward working set 8C/t + C (the last block's MLP
+//             gradients, the received gradient) for one micro-batch
+//   cp > 1    + 4C/t for every token (ring attention's backward: k, v arriving, dk, dv
+//             travelling); seen on the first cp rank's peak, the others stay below
+// times the tokens: blocks x micro-batches in flight (1F1B: min(pp - stage, m)) x b T/cp / m.
+
+//   build/bin/minigrad-run --nproc-per-node 4 build/bin/gpt-parallel-bench --dp 2 --tp 2
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <minigrad/core/allocator.h>
+#include <minigrad/minigrad.h>
+#include <minigrad/models/gpt.h>
+#include <minigrad/models/gpt_mesh_pipeline.h>
+#include <minigrad/nn/optim/adam.h>
+#include <minigrad/parallel/c10d/device_mesh.h>
+#include <minigrad/parallel/c10d/rendezvous.h>
+
+#include "samples/support/command_line.h"
+
+namespace {
+
+using namespace mg;
+using Clock = std::chrono::steady_clock;
+
+// Bytes handed to collectives, per kind, by one group and its sub-groups' own counters.
+struct Counts {
+  int64_t all_reduce = 0, all_gather = 0, reduce_scatter = 0, broadcast = 0, send = 0, recv = 0;
+  int64_t total() const { return all_reduce + all_gather + reduce_scatter + broadcast + send; }
+};
+
+int64_t bytes(const std::vector<Tensor>& ts) {
+  int64_t n = 0;
+  for (const Tensor& t : ts) n += static_cast<int64_t>(t.nbytes());
+  return n;
+}
+
+// A ProcessGroup that counts this rank's input bytes and forwards everything. Its
+// sub-groups are counting groups too, so the mesh's groups (made by new_group) count.
+class CountingGroup : public parallel::ProcessGroup {
+ public:
+  explicit CountingGroup(std::shared_ptr<parallel::ProcessGroup> inner)
+      : ProcessGroup(inner->rank(), inner->size()), inner_(std::move(inner)) {}
+  std::string backend_name() const override { return inner_->backend_name(); }
+  Device device() const override { return inner_->device(); }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  std::shared_ptr<parallel::Work> allreduce(std::vector<Tensor> ts, parallel::ReduceOp op) override {
+    counts.all_reduce += bytes(ts);
+    return inner_->allreduce(std::move(ts), op);
+  }
+  std::shared_ptr<parallel::Work> broadcast(std::vector<Tensor> ts, int root) override {
+    counts.broadcast += bytes(ts);
+    return inner_->broadcast(std::move(ts), root);
+  }
+  std::shared_ptr<parallel::Work> barrier() override { return inner_->barrier(); }
+  std::shared_ptr<parallel::Work> reduce_scatter(Tensor out, Tensor in, parallel::ReduceOp op) override {
+    counts.reduce_scatter += static_cast<int64_t>(in.nbytes());
+    return inner_->reduce_scatter(std::move(out), std::move(in), op);
+  }
+  std::shared_ptr<parallel::Work> all_gather(Tensor out, Tensor in) override {
+    counts.all_gather += static_cast<int64_t>(in.nbytes());
+    return inner_->all_gather(std::move(out), std::move(in));
+  }
+  std::shared_ptr<parallel::Work> send(std::vector<Tensor> ts, int dst, int tag) override {
+    counts.send += bytes(ts);
+    return inner_->send(std::move(ts), dst, tag);
+  }
+  std::shared_ptr<parallel::Work> recv(std::vector<Tensor> ts, int src, int tag) override {
+    counts.recv += bytes(ts);
+    return inner_->recv(std::move(ts), src, tag);
+  }
+  std::shared_ptr<parallel::ProcessGroup> new_group(const std::vector<int>& ranks) override {
+    auto g = inner_->new_group(ranks);
+    if (!g) return nullptr;
+    auto c = std::make_shared<CountingGroup>(g);
+    children.push_back(c);
+    return c;
+  }
+  Counts counts;
+  std::vector<std::shared_ptr<CountingGroup>> children;
+
+ private:
+  std::shared_ptr<parallel::ProcessGroup> inner_;
+};
+
+std::shared_ptr<parallel::ProcessGroup> world_group() {
+  if (parallel::in_launched_job()) return parallel::init_process_group("gloo");
+  parallel::TCPStoreOptions store_options;
+  store_options.is_server = true;
+  store_options.rank = 0;
+  auto store = std::make_shared<parallel::TCPStore>("127.0.0.1", 0, store_options);
+  return parallel::new_process_group("gloo", store, 0, 1, {});
+}
+
+Counts& counts_of(const std::shared_ptr<parallel::ProcessGroup>& g) {
+  return static_cast<CountingGroup&>(*g).counts;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct Row {
+  std::string what;
+  double measured, formula;
+  bool exact = true;  // bytes: must be equal; else a ratio (activations)
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"The GPT on a dp x pp x cp x tp mesh: bytes, collectives, activations, time"};
+  models::GPTConfig config;
+  config.n_layer = 4;
+  config.n_head = 4;
+  config.n_embd = 64;
+  config.vocab_size = 256;
+  config.block_size = 64;
+  int dp = 1, tp = 1, cp = 1, pp = 1, steps = 3;
+  int64_t batch = 4, T = 64, micro_batches = 0;
+  bool sp = false, json = false, check = false;
+  double tolerance = 0.05;
+  using mg::samples::integer_in;
+  app.add_option("--dp", dp, "data-parallel ranks")->check(integer_in(1, 1024));
+  app.add_option("--tp", tp, "tensor-parallel ranks")->check(integer_in(1, 1024));
+  app.add_option("--cp", cp, "context-parallel ranks")->check(integer_in(1, 1024));
+  app.add_option("--pp", pp, "pipeline stages")->check(integer_in(1, 1024));
+  app.add_flag("--sequence-parallel", sp, "Megatron's sequence parallelism in the tp group");
+  app.add_option("--n-layer", config.n_layer, "blocks")->check(integer_in(1, 1024));
+  app.add_option("--n-embd", config.n_embd, "width")->check(integer_in(1, 1 << 16));
+  app.add_option("--n-head", config.n_head, "heads")->check(integer_in(1, 1024));
+  app.add_option("--vocab", config.vocab_size, "vocabulary")->check(integer_in(1, 1 << 20));
+  app.add_option("--block-size", config.block_size, "positions of wpe")->check(integer_in(1, 1 << 16));
+  app.add_option("--batch", batch, "rows of the whole batch")->check(integer_in(1, 1 << 20));
+  app.add_option("--T", T, "tokens per row")->check(integer_in(1, 1 << 16));
+  app.add_option("--micro-batches", micro_batches, "pipeline micro-batches (0: pp)")->check(integer_in(0, 1024));
+  app.add_option("--steps", steps, "measured steps after one warm-up")->check(integer_in(1, 1000));
+  app.add_flag("--json", json, "one JSON line per rank as well");
+  app.add_flag("--check", check, "exit 1 unless every byte count equals its formula and the "
+               "activation peak is within --tolerance of its formula (the smoke test)");
+  app.add_option("--tolerance", tolerance, "relative, for --check's activation peak")
+      ->check(CLI::Range(0.0, 1.0));
+  if (const auto exit_code = mg::samples::parse_command_line(app, "gpt-parallel-bench", argc, argv))
+    return *exit_code;
+  try {
+    auto world = std::make_shared<CountingGroup>(world_group());
+    MG_CHECK(dp * pp * cp * tp == world->size(),
+             "gpt-parallel-bench: dp {} x pp {} x cp {} x tp {} != {} ranks", dp, pp, cp, tp,
+             world->size());
+    MG_CHECK(batch % dp == 0, "gpt-parallel-bench: batch {} does not divide by dp {}", batch, dp);
+    if (micro_batches == 0) micro_batches = pp;
+    const int rank = world->rank();
+    manual_seed(1337);
+    models::GPT gpt(config);
+    manual_seed(7);
+    const Tensor x = randint(0, config.vocab_size, Shape{batch, T});
+    const Tensor y = randint(0, config.vocab_size, Shape{batch, T});
+
+    // The single-device step on the whole batch, rank 0 alone (the others wait).
+    double single_ms = 0;
+    if (rank == 0) {
+      auto ref = std::static_pointer_cast<models::GPT>(gpt.clone());
+      optim::AdamW opt(ref->parameters(), optim::AdamWOptions(1e-3));
+      std::vector<double> ms;
+      for (int s = 0; s <= steps; ++s) {
+        const auto t0 = Clock::now();
+        opt.zero_grad();
+        models::GPT::loss(ref->forward(x), y).backward();
+        opt.step();
+        if (s > 0) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      }
+      single_ms = median(ms);
+    }
+    world->barrier()->wait();
+
+    parallel::DeviceMesh mesh(world, {{"dp", dp}, {"pp", pp}, {"cp", cp}, {"tp", tp}});
+    models::GPTMeshPipelineOptions options;
+    options.pipeline.micro_batches = micro_batches;
+    options.tensor_parallel.sequence_parallel = sp;
+    auto model = models::pipeline_gpt_on_mesh(gpt, mesh, options);
+    const Tensor xl = model->local_batch(x), yl = model->local_batch(y);
+    optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
+
+    // The groups to count, by name; the embedding group is the pp group's sub-group.
+    std::vector<std::pair<std::string, std::shared_ptr<parallel::ProcessGroup>>> groups;
+    for (const char* d : {"tp", "cp", "dp", "pp"}) groups.emplace_back(d, mesh.group(d));
+    if (model->embedding_group()) groups.emplace_back("emb", model->embedding_group());
+    std::map<std::string, Counts> step_counts;
+
+    double activations = 0;
+    std::vector<double> ms;
+    for (int s = 0; s <= steps; ++s) {
+      model->zero_grad(/*set_to_none=*/s == 0);
+      std::map<std::string, Counts> before;
+      for (auto& [n, g] : groups) before[n] = counts_of(g);
+      const size_t at_rest = cpu_memory_allocated();
+      cpu_reset_peak_memory_stats();
+      const auto t0 = Clock::now();
+      model->train_step(xl, yl);
+      opt.step();
+      const double t = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      if (s == 0) continue;  // the warm-up creates the gradients and AdamW's state
+      ms.push_back(t);
+      activations = static_cast<double>(cpu_max_memory_allocated() - at_rest);
+      for (auto& [n, g] : groups) {
+        const Counts& a = counts_of(g);
+        const Counts& b = before[n];
+        step_counts[n] = Counts{a.all_reduce - b.all_reduce, a.all_gather - b.all_gather,
+                                a.reduce_scatter - b.reduce_scatter, a.broadcast - b.broadcast,
+                                a.send - b.send, a.recv - b.recv};
+      }
+    }
+
+    // ---- measured bytes held ----
+    double param_bytes = 0, grad_bytes = 0, adam_bytes = 0;
+    const auto params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      param_bytes += static_cast<double>(params[i].nbytes());
+      if (params[i].grad().defined()) grad_bytes += static_cast<double>(params[i].grad().nbytes());
+      adam_bytes += static_cast<double>(opt.exp_avg(i).nbytes() + opt.exp_avg_sq(i).nbytes());
+    }
+
+    // ---- the arithmetic ----
+    const double S = 4;  // float32
+    const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
+    const int stage = mesh.rank("pp");
+    const bool first = stage == 0, last = stage == pp - 1;
+    const double Ls = static_cast<double>(models::gpt_pipeline_balance(config, pp)[static_cast<size_t>(stage)]);
+    const double block = 12 * C * C / tp + 7 * C / tp + 6 * C;
+    const double stage_params = Ls * block +
+                                (first ? V * C / tp + static_cast<double>(config.block_size) * C : 0) +
+                                (last ? 2 * C + (pp > 1 ? V * C / tp : 0) : 0);
+    const double b = static_cast<double>(batch / dp), Tl = static_cast<double>(T / cp);
+    const double N = b * Tl;  // this rank's tokens per step
+    const double NC = N * C * S;
+    std::map<std::string, Counts> f;  // formula counts, by group
+    if (tp > 1) {
+      Counts& c = f["tp"];
+      if (!sp) {
+        c.all_reduce = static_cast<int64_t>((4 * Ls + first + last) * NC + (last ? 2 * N * S : 0));
+      } else {
+        c.all_gather = static_cast<int64_t>((4 * Ls + first + last) * NC / tp + (last ? N * S : 0));
+        c.reduce_scatter = static_cast<int64_t>((4 * Ls + first + last) * NC);
+        const double replicated = Ls * 6 * C + (first ? static_cast<double>(config.block_size) * C : 0) +
+                                  (last ? 2 * C : 0);
+        c.all_reduce = static_cast<int64_t>((last ? 2 * N * S : 0) + replicated * S);
+      }
+    }
+    // The loss's row maxima: an all-gather even on a tp group of one (vocab_parallel_cross_entropy).
+    if (!sp || tp == 1) f["tp"].all_gather = static_cast<int64_t>(last ? N * S : 0);
+    const double m = static_cast<double>(micro_batches);
+    if (cp > 1) {
+      Counts& c = f["cp"];
+      // + the count of targets (int64, last stage) and each micro-batch's loss (float32).
+      const double hop = 2 * b * Tl * C * S / tp;  // k and v of this rank's heads
+      c.send = c.recv = static_cast<int64_t>(Ls * (3 * cp - 2) * hop);
+      c.all_reduce = static_cast<int64_t>(stage_params * S + (last ? 8 + m * S : 0));
+    }
+    // + the count of targets (int64, last stage) and the step's loss (float32, every rank).
+    if (dp > 1) f["dp"].all_reduce = static_cast<int64_t>(stage_params * S + (last ? 8 : 0) + S);
+    if (pp > 1) {
+      // Forward: each micro-batch's activation behind a header of kHeaderLength int64
+      // (pipeline_stage.cpp: 4 + 8 dimensions); backward: its gradient alone.
+      const double act = N * C * S / (sp ? tp : 1), header = m * 12 * 8;
+      f["pp"].send = static_cast<int64_t>((last ? 0 : act + header) + (first ? 0 : act));
+      f["pp"].recv = static_cast<int64_t>((first ? 0 : act + header) + (last ? 0 : act));
+      f["pp"].broadcast = static_cast<int64_t>(S);  // the loss, from the last stage
+      f["emb"].all_reduce = static_cast<int64_t>(V * C / tp * S);
+    }
+
+    // Activations (the header): floats per token, times the tokens each term covers.
+    const double t = tp, a = static_cast<double>(config.n_head);
+    // One block, the tensors its backward keeps: ln_1's and ln_2's inputs and their
+    // mean/rstd, c_attn's and c_fc's inputs (ln outputs: replicated, [N, C] each, without
+    // SP; with SP the LayerNorms' inputs are [N/t, C] but the column layers keep their
+    // all-gathered input [N, C]), q, k, v, the attention's output and its log-sum-exp per
+    // head, that output made contiguous for c_proj, c_fc's output and GELU's (4C/t each).
+    const double per_block = (sp ? 2 * C / t + 2 * C : 4 * C) + 4 / t * (sp ? 1 : t) +
+                             13 * C / t + a / t;
+    const double mb_tokens = N / m;
+    const double in_flight = std::min<double>(pp - stage, m);  // 1F1B's micro-batches held
+    double act_floats = Ls * per_block * in_flight * mb_tokens;
+    if (last)  // ln_f's input and output, the head's input, logits, log-softmax, their gradient
+      act_floats += mb_tokens * ((sp ? 2 * C / t + C : 2 * C) + 3 * V / t);
+    else  // the backward working set: the last block's MLP gradients, the received gradient
+      act_floats += mb_tokens * (8 * C / t + C / (sp ? t : 1));
+    if (cp > 1)  // ring attention's backward: k, v arriving and dk, dv travelling
+      act_floats += N * 4 * C / t;
+    const double activation_formula = act_floats * S;
+    const double step_ms = median(ms);
+    std::vector<Row> rows{{"params", param_bytes, stage_params * S},
+                          {"grads", grad_bytes, stage_params * S},
+                          {"adamw", adam_bytes, 2 * stage_params * S}};
+    for (auto& [n, g] : groups) {
+      const Counts& got = step_counts[n];
+      const Counts& e = f[n];
+      if (got.total() == 0 && e.total() == 0) continue;
+      rows.push_back({n + " all_reduce", double(got.all_reduce), double(e.all_reduce)});
+      rows.push_back({n + " all_gather", double(got.all_gather), double(e.all_gather)});
+      rows.push_back({n + " reduce_scatter", double(got.reduce_scatter), double(e.reduce_scatter)});
+      rows.push_back({n + " broadcast", double(got.broadcast), double(e.broadcast)});
+      rows.push_back({n + " send", double(got.send), double(e.send)});
+      rows.push_back({n + " recv", double(got.recv), double(e.recv)});
+    }
+    rows.push_back({"activation peak", activations, activation_formula, false});
+
+    int failures = 0;
+    for (const Row& row : rows)
+      failures += row.exact ? row.measured != row.formula
+                            : std::abs(row.measured / row.formula - 1) > tolerance;
+    // Ranks print in turn.
+    for (int r = 0; r < world->size(); ++r) {
+      if (r == rank) {
+        fmt::print("rank {} (dp {} pp {} cp {} tp {}{}), {} blocks, step {:.2f} ms (single device {:.2f} ms)\n",
+                   rank, mesh.rank("dp"), stage, mesh.rank("cp"), mesh.rank("tp"), sp ? " sp" : "",
+                   Ls, step_ms, single_ms);
+        fmt::print("| quantity | measured B | formula B | measured / formula |\n|---|---|---|---|\n");
+        for (const Row& row : rows) {
+          if (row.measured == 0 && row.formula == 0) continue;
+          if (row.exact)
+            fmt::print("| {} | {:.0f} | {:.0f} | {} |\n", row.what, row.measured, row.formula,
+                       row.measured == row.formula ? "exact" : "DIFFERS");
+          else
+            fmt::print("| {} | {:.0f} | {:.0f} | {:.3f} |\n", row.what, row.measured, row.formula,
+                       row.formula != 0 ? row.measured / row.formula : 0.0);
+        }
+        if (json) {
+          std::string j = fmt::format("{{\"rank\":{},\"dp\":{},\"tp\":{},\"cp\":{},\"pp\":{},\"sp\":{},"
+                                      "\"step_ms\":{:.3f},\"single_ms\":{:.3f}",
+                                      rank, dp, tp, cp, pp, sp, step_ms, single_ms);
+          for (const Row& row : rows)  // [measured, formula] bytes; the zero pairs left out
+            if (row.measured != 0 || row.formula != 0)
+              j += fmt::format(",\"{}\":[{:.0f},{:.0f}]", row.what, row.measured, row.formula);
+          fmt::print("{}}}\n", j);
+        }
+        if (check)
+          fmt::print("rank {} check: {}\n", rank,
+                     failures == 0 ? "every byte count exact, activations within tolerance"
+                                   : fmt::format("{} quantities off their formula", failures));
+        std::fflush(stdout);
+      }
+      world->barrier()->wait();
+    }
+    return check && failures > 0 ? 1 : 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "gpt-parallel-bench: {}\n", e.what());
+    return 1;
+  }
+}
