@@ -488,7 +488,7 @@ TEST_CASE("repository: every #include <minigrad/...> is a file of the repository
 // catch_discover_tests makes each TEST_CASE a CTest test named after it, and CTest cuts a
 // name at ';' (a CMake list): each piece then runs a filter that matches no test and is
 // reported as passed, so the case itself never runs under make test.
-TEST_CASE("repository: no test case's name holds a ';'") {
+TEST_CASE("repository: no test case's name holds a semicolon") {
   static const std::regex test_case(R"re(TEST_CASE\(\s*((?:"(?:[^"\\]|\\.)*"\s*)+))re");
   std::vector<std::string> problems;
   int checked = 0;
