@@ -73,9 +73,7 @@ enum class Fault {
   PipelineMicroBatchCountedTwice,
 };
 
-// Every fault the parity table catches, in declaration order: all but None and
-// PipelineTiedGradNotSummed, the GPT pipeline's (tests/distributed/test_gpt_pipeline.cpp and
-// test_gpt_4d.cpp catch it; the table has no GPT pipeline row yet).
+// Every fault the parity table catches, in declaration order: all but None.
 inline constexpr Fault kAllFaults[] = {
     Fault::DataParallelGradsAveraged,     Fault::DdpLastBucketNotReduced,
     Fault::ZeroAllGatherSkipped,          Fault::ShardPaddingInArithmetic,
@@ -83,7 +81,7 @@ inline constexpr Fault kAllFaults[] = {
     Fault::SamplerRankLikeNeighbour,      Fault::VocabParallelLossNotReduced,
     Fault::SequenceParallelGradsNotReduced, Fault::RingAttentionFutureBlocksSeen,
     Fault::ContextParallelGradsNotReduced,  Fault::CheckpointFreshDropout,
-    Fault::PipelineMicroBatchCountedTwice,
+    Fault::PipelineTiedGradNotSummed,       Fault::PipelineMicroBatchCountedTwice,
 };
 
 std::string_view fault_name(Fault fault);

@@ -19,6 +19,8 @@
 #include <minigrad/models/gpt.h>
 #include <minigrad/models/gpt_checkpointing.h>
 #include <minigrad/models/gpt_context_parallel.h>
+#include <minigrad/models/gpt_mesh_pipeline.h>
+#include <minigrad/models/gpt_pipeline.h>
 #include <minigrad/models/gpt_tensor_parallel.h>
 #include <minigrad/parallel/context_parallel/context_parallel_loss.h>
 #include <minigrad/parallel/context_parallel/ring_attention.h>
@@ -171,8 +173,10 @@ void report_flat_shard(StepReport& s, const std::string& holder, const parallel:
   }
 }
 
-// The index of the plain module's parameter named `name` (in named_parameters()).
-int32_t index_of(const std::vector<nn::NamedTensor>& plain, const std::string& name) {
+// The index of the plain module's parameter named `name` (in named_parameters()). A GPT
+// pipeline's last stage holds a copy of the tied wte as "lm_head.weight": it is wte's.
+int32_t index_of(const std::vector<nn::NamedTensor>& plain, const std::string& head_or_name) {
+  const std::string name = head_or_name == "lm_head.weight" ? "transformer.wte.weight" : head_or_name;
   size_t k = 0;
   while (k < plain.size() && plain[k].first != name) ++k;
   MG_CHECK(k < plain.size(), "parity: a form reports a parameter '{}' the plain module has not", name);
@@ -207,6 +211,25 @@ void report_gpt_tensor_parallel(StepReport& s, const std::string& holder, const 
       const Tensor numbers = arange(static_cast<double>(whole.numel()), DType::Float64).reshape(whole.shape());
       piece.cut.kind = CutKind::Elements;
       for (double v : values_of(tp.shard_of(name, numbers))) piece.cut.elements.push_back(static_cast<int64_t>(v));
+    }
+    piece.values = values_of(grad ? p.grad() : p);
+    s.pieces.push_back(std::move(piece));
+  }
+}
+
+// A rank of the GPT's 4-D mesh pipeline: as report_gpt_tensor_parallel, its stage's
+// parameters (the last stage's head copy of its wte rows too).
+void report_gpt_mesh_pipeline(StepReport& s, const std::string& holder, const models::GPTMeshPipeline& model,
+                              const std::vector<nn::NamedTensor>& plain, bool grad) {
+  for (const auto& [name, p] : model.named_parameters()) {
+    Piece piece;
+    piece.holder = holder;
+    piece.param = index_of(plain, name);
+    if (!models::TensorParallelGPT::is_replicated(name)) {
+      const Tensor& whole = plain[static_cast<size_t>(piece.param)].second;
+      const Tensor numbers = arange(static_cast<double>(whole.numel()), DType::Float64).reshape(whole.shape());
+      piece.cut.kind = CutKind::Elements;
+      for (double v : values_of(model.shard_of(name, numbers))) piece.cut.elements.push_back(static_cast<int64_t>(v));
     }
     piece.values = values_of(grad ? p.grad() : p);
     s.pieces.push_back(std::move(piece));
@@ -434,6 +457,8 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
   std::unique_ptr<parallel::PipelineStage> stage;
   nn::ModulePtr shard;  // tensor parallelism: this rank's
   std::shared_ptr<models::TensorParallelGPT> gpt_tp;  // the GPT's tensor parallelism: this rank's
+  std::unique_ptr<models::GPTPipeline> gpt_pipeline;  // the GPT's pipeline: this rank's stage
+  std::shared_ptr<models::GPTMeshPipeline> gpt_mesh;  // the GPT's 4-D mesh: this rank's part
   const auto kinds = mlp ? mg::testing::shard_kinds(*mlp) : std::vector<mg::testing::ShardKind>{};
   nn::Module* forward = model.get();
   double share = 1.0 / n;  // of a weighted loss, this rank's part of the step's loss
@@ -447,6 +472,15 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
   parallel::DDPOptions ddp_options;
   if (c.bucket_per_tensor) ddp_options.bucket_cap_mb = ddp_options.first_bucket_mb = 4.0 / (1 << 20);
   auto make = [&c](std::vector<Tensor> shards) { return make_optimizer(c, std::move(shards)); };
+  const parallel::Schedule schedule = c.schedule == Schedule::GPipe     ? parallel::Schedule::GPipe
+                                      : c.schedule == Schedule::OneFOneB ? parallel::Schedule::OneFOneB
+                                                                         : parallel::Schedule::Interleaved1F1B;
+  // A sum over `group` of clipping's partial norms.
+  auto sum_over = [](GroupPtr group) -> nn::utils::NormReducer {
+    return [group](Tensor& partial, nn::utils::NormReduction) {
+      group->allreduce(partial, parallel::ReduceOp::Sum)->wait();
+    };
+  };
 
   switch (c.form) {
     case Form::DDP:
@@ -496,6 +530,35 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       break;
     }
     case Form::PipelineStages: {
+      if (gpt) {
+        // Rank s holds the GPT's virtual stages s, s + n, ... (split_gpt); the first and
+        // the last hold the tied wte, summed over them once, after the last micro-step.
+        models::GPTPipelineOptions options;
+        options.micro_batches = c.degree2;
+        options.schedule = schedule;
+        options.model_chunks = c.model_chunks;
+        options.sum_tied_gradient = false;
+        gpt_pipeline = std::make_unique<models::GPTPipeline>(*gpt, world, options);
+        opt = make_optimizer(c, gpt_pipeline->parameters());
+        t.clip = [&, n] {  // the ranks' partial norms added, the head's copy of wte not counted
+          std::vector<Tensor> counted, copies;
+          for (const auto& [name, p] : gpt_pipeline->named_parameters())
+            (name == "lm_head.weight" && n > 1 ? copies : counted).push_back(p);
+          clip_tensor_parallel(counted, copies, sum_over(world));
+        };
+        t.report = [&, plain = gpt->named_parameters()](StepReport& s, bool grad) {
+          report_named(s, me, gpt_pipeline->named_parameters(), plain, grad);
+        };
+        t.micro_step = [&, rank, n](const Batch& b, double w, bool last_micro_step) {
+          const bool last = rank == n - 1;
+          const Tensor loss = gpt_pipeline->stage().train_step(
+              rank == 0 ? b.x : Tensor(), last ? b.y : Tensor(),
+              [&c, w](const Tensor& out, const Tensor& y) { return weighted_loss(c, out, y, w); });
+          if (last_micro_step) gpt_pipeline->sum_tied_gradient();
+          return last ? scalar(loss) : 0.0;  // the last rank's alone
+        };
+        break;
+      }
       // Rank s holds stage s: the layers even_balance gives it, and their parameters,
       // which are the plain module's from `first` on.
       MG_CHECK(mlp, "parity: no pipeline of the {} yet", c.model);
@@ -538,7 +601,13 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
     case Form::Mesh2D: {
       GroupPtr tp_group = world, dp_group;
       int tp_rank = rank, tp_size = n;
-      if (c.form == Form::Mesh2D) {
+      if (c.form == Form::Mesh2D && c.cp > 1) {
+        mesh.emplace(world, std::vector<parallel::MeshDim>{{"dp", c.degree}, {"cp", c.cp}, {"tp", c.degree2}});
+        tp_group = mesh->tp_group();
+        dp_group = mesh->dp_group();
+        tp_rank = mesh->tp_rank();
+        tp_size = c.degree2;
+      } else if (c.form == Form::Mesh2D) {
         mesh.emplace(world, c.degree, c.degree2);
         tp_group = mesh->tp_group();
         dp_group = mesh->dp_group();
@@ -548,7 +617,9 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       if (gpt) {
         models::TensorParallelGPTOptions options;
         options.sequence_parallel = c.sequence_parallel;
-        gpt_tp = std::make_shared<models::TensorParallelGPT>(*gpt, parallel::tensor_parallel_group(tp_group), options);
+        gpt_tp = c.cp > 1 ? models::parallelize_gpt(*gpt, *mesh, options)  // ring attention over cp too
+                          : std::make_shared<models::TensorParallelGPT>(*gpt, parallel::tensor_parallel_group(tp_group),
+                                                                        options);
         shard = gpt_tp;
         // The vocabulary-parallel loss over this rank's logits; with sequence parallelism
         // the replicated parameters' gradients summed over tp after each backward.
@@ -564,7 +635,12 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
         ddp = std::make_shared<parallel::DistributedDataParallel>(shard, dp_group, ddp_options);
         forward = ddp.get();
         data_parallel_rows_and_weights(t, mesh->dp_rank(), mesh->dp_size());
-        share = 1.0 / (mesh->dp_size() * tp_size);
+        share = 1.0 / (mesh->dp_size() * c.cp * tp_size);
+        if (c.cp > 1)  // the dp rank's rows, then this cp rank's two chunks of each
+          t.my_rows = [&gpt_tp, dp_rows = t.my_rows](const Batch& b, int step) {
+            const Batch mine = dp_rows(b, step);
+            return Batch{gpt_tp->local_sequence(mine.x), gpt_tp->local_sequence(mine.y)};
+          };
       } else {
         share = 1.0 / tp_size;  // every rank computes the whole loss
       }
@@ -616,11 +692,54 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       t.optimizer = opt.get();
       return train(c, t);
     }
+    case Form::MeshPipeline: {
+      // pipeline_gpt_on_mesh: every loss divides by the whole batch's targets, so the
+      // micro-steps' losses and gradients add up; finish_gradients (tp, cp, the tied
+      // embedding, dp) once, after the last.
+      MG_CHECK(gpt, "parity: the 4-D mesh splits the GPT, not the {}", c.model);
+      mesh.emplace(world, std::vector<parallel::MeshDim>{{"dp", c.degree}, {"pp", c.pp}, {"cp", c.cp}, {"tp", c.tp}});
+      models::GPTMeshPipelineOptions options;
+      options.pipeline.micro_batches = c.degree2;
+      options.pipeline.schedule = schedule;
+      options.pipeline.model_chunks = c.model_chunks;
+      options.tensor_parallel.sequence_parallel = c.sequence_parallel;
+      options.finish_gradients = false;
+      gpt_mesh = models::pipeline_gpt_on_mesh(*gpt, *mesh, options);
+      opt = make_optimizer(c, gpt_mesh->parameters());
+      t.my_rows = [&](const Batch& b, int) { return Batch{gpt_mesh->local_batch(b.x), gpt_mesh->local_batch(b.y)}; };
+      share = 1.0 / n;  // every rank returns the whole loss
+      t.micro_step = [&](const Batch& b, double, bool last_micro_step) {
+        const Tensor loss = gpt_mesh->train_step(b.x, b.y, static_cast<double>(c.batch * kGptT));
+        if (last_micro_step) gpt_mesh->finish_gradients();
+        return scalar(loss) * share;
+      };
+      // The norm: every rank's partial summed over the world counts each dp and cp replica,
+      // so divided by their number; a replicated parameter counted on tp rank 0, the head's
+      // copy of wte not at all.
+      const int tp_rank = mesh->rank("tp"), replicas = mesh->size("dp") * mesh->size("cp");
+      t.clip = [&, tp_rank, replicas] {
+        std::vector<Tensor> counted, copies;
+        for (const auto& [name, p] : gpt_mesh->named_parameters()) {
+          const bool copy = (name == "lm_head.weight" && c.pp > 1) ||
+                            (models::TensorParallelGPT::is_replicated(name) && tp_rank > 0);
+          (copy ? copies : counted).push_back(p);
+        }
+        clip_tensor_parallel(counted, copies, [&, replicas](Tensor& partial, nn::utils::NormReduction) {
+          world->allreduce(partial, parallel::ReduceOp::Sum)->wait();
+          partial.mul_(1.0 / replicas);
+        });
+      };
+      t.report = [&, plain = gpt->named_parameters()](StepReport& s, bool grad) {
+        report_gpt_mesh_pipeline(s, me, *gpt_mesh, plain, grad);
+      };
+      t.optimizer = opt.get();
+      return train(c, t);
+    }
     default:
       MG_FAIL("parity: {} is not a multi-rank form", form_name(c.form));
   }
   t.optimizer = zero ? zero.get() : opt.get();
-  if (stage) return train(c, t);
+  if (stage || gpt_pipeline) return train(c, t);
   t.micro_step = [&](const Batch& b, double w, bool last) {
     std::optional<parallel::DistributedDataParallel::NoSyncGuard> no_sync;
     if (ddp && !last) no_sync.emplace(*ddp);  // accumulate locally; the last one reduces
@@ -919,9 +1038,12 @@ handing a rank its neighbour's shard of the batch (the rows with even batches dr
 from it).
 
 The GPT's rows train a tiny GPT (`models/gpt.h`: 2 blocks, 6 heads of 2, vocabulary 24,
-sequences of 12, no biases) with AdamW (lr 1e-3) and clipping; its plain module is the same
-GPT on one device and the whole batch. Gloo's groups reduce float32, so the GPT's rows over
-ranks are float32, except context parallelism, whose ring carries float64 too. Dropout is
+sequences of 12, no biases; a pipeline row that needs a block per virtual stage has 3 or 4,
+as its degrees say) with AdamW (lr 1e-3) and clipping; its plain module is the same GPT on
+one device and the whole batch. A pipeline's first and last stage each hold the tied
+embedding (wte, and the head's copy of it): the copies' gradients are summed over the two,
+and clipping counts the tied weight once. Gloo's groups reduce float32, so the GPT's rows
+over ranks are float32, except context parallelism, whose ring carries float64 too. Dropout is
 on only where the form draws the plain GPT's masks: the checkpointed blocks, which must
 draw forward's masks again when they recompute (and do: bit for bit, in float64); where
 ranks draw their own masks (tensor parallelism's sharded regions, every rank's own rows or

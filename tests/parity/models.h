@@ -40,7 +40,7 @@ inline models::GPTConfig gpt_config(const Config& c) {
   models::GPTConfig g;
   g.block_size = 12;
   g.vocab_size = 24;
-  g.n_layer = 2;
+  g.n_layer = c.n_layer;  // 2 unless a pipeline row needs a block per virtual stage
   g.n_head = 6;
   g.n_embd = 12;
   g.bias = false;

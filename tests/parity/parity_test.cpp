@@ -49,9 +49,7 @@ std::vector<Form> forms_of(Fault fault) {
     case Fault::ContextParallelGradsNotReduced: return {Form::ContextParallel};
     case Fault::CheckpointFreshDropout: return {Form::Checkpointed};
     case Fault::PipelineMicroBatchCountedTwice: return {Form::Pipe};
-    // The GPT's pipeline has no row yet: tests/distributed/test_gpt_pipeline.cpp and
-    // test_gpt_4d.cpp catch it.
-    case Fault::PipelineTiedGradNotSummed:
+    case Fault::PipelineTiedGradNotSummed: return {Form::PipelineStages, Form::MeshPipeline};
     case Fault::None: break;
   }
   return {};
@@ -98,7 +96,7 @@ TEST_CASE("parity table: has at least 40 rows, each named once, the MLP's in flo
     CHECK_FALSE(rows_of({f}, "MLP").empty());
   for (const Config& c : rows_of({}, "MLP")) CHECK(c.dtype == DType::Float32);
   for (Form f : {Form::Checkpointed, Form::TensorParallelRanks, Form::Mesh2D, Form::ContextParallel,
-                 Form::DDP, Form::Zero1, Form::Zero2, Form::FSDP})
+                 Form::DDP, Form::Zero1, Form::Zero2, Form::FSDP, Form::PipelineStages, Form::MeshPipeline})
     CHECK_FALSE(rows_of({f}, "GPT").empty());
   CHECK(std::any_of(rows.begin(), rows.end(), [](const Config& c) { return c.dtype == DType::Float64; }));
 }
@@ -146,13 +144,18 @@ TEST_CASE("parity table: the GPT with checkpointed blocks (dropout on, float64) 
 
 #ifdef MINIGRAD_WITH_GLOO
 
-TEST_CASE("parity table: the GPT's tensor parallelism (sequence parallel, dp x tp) equals the "
-          "single device", "[gpt]") {
+TEST_CASE("parity table: the GPT's tensor parallelism (sequence parallel, dp x tp, dp x cp x tp) "
+          "equals the single device", "[gpt]") {
   require_rows_pass({Form::TensorParallelRanks, Form::Mesh2D}, "GPT");
 }
 
 TEST_CASE("parity table: the GPT's context parallelism equals the single device", "[gpt]") {
   require_rows_pass({Form::ContextParallel}, "GPT");
+}
+
+TEST_CASE("parity table: the GPT's pipeline (1F1B and interleaved) and its pipeline on a dp x pp x tp "
+          "mesh equal the single device", "[gpt]") {
+  require_rows_pass({Form::PipelineStages, Form::MeshPipeline}, "GPT");
 }
 
 TEST_CASE("parity table: the GPT under DDP, ZeRO-1, ZeRO-2 and FSDP by block equals the single "
@@ -230,6 +233,10 @@ TEST_CASE("parity faults: ring attention seeing later chunks fails a GPT row", "
 
 TEST_CASE("parity faults: context parallelism's gradients not summed fail a GPT row", "[gpt]") {
   require_caught(Fault::ContextParallelGradsNotReduced);
+}
+
+TEST_CASE("parity faults: the pipeline's tied embedding gradient not summed fails a GPT row", "[gpt]") {
+  require_caught(Fault::PipelineTiedGradNotSummed);
 }
 
 #endif

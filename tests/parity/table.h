@@ -30,17 +30,18 @@ enum class Form {
   TensorParallelRanks,  // parallelize_mlp over n Gloo ranks
   Mesh2D,               // a dp x tp DeviceMesh: DDP over the dp sub-groups, tp inside
   ContextParallel,      // the GPT's sequence over n Gloo ranks, ring attention
+  MeshPipeline,         // the GPT on a dp x pp x cp x tp DeviceMesh (pipeline_gpt_on_mesh)
   Checkpointed,         // the GPT's blocks recomputed in backward (nn/checkpoint.h), one device
 };
 
 enum class Optimizer { SGDMomentum, AdamWClipped };
-enum class Schedule { GPipe, OneFOneB };
+enum class Schedule { GPipe, OneFOneB, Interleaved1F1B };
 
 struct Config {
   std::string model = "MLP";
   Form form = Form::DataParallel;
-  int degree = 1;   // replicas, ranks, stages, tensor-parallel ranks; the mesh's dp
-  int degree2 = 1;  // the mesh's tp; a pipeline's micro-batches per step
+  int degree = 1;   // replicas, ranks, stages, tensor-parallel ranks; the meshes' dp
+  int degree2 = 1;  // the 2-D mesh's tp; a pipeline's (and the 4-D mesh's) micro-batches per step
   Schedule schedule = Schedule::GPipe;  // pipelines only
   bool bucket_per_tensor = false;       // DDP and ZeRO: tiny buckets, a collective each
   Optimizer optimizer = Optimizer::SGDMomentum;
@@ -52,16 +53,22 @@ struct Config {
   bool sequence_parallel = false;  // tensor parallelism (and the mesh's tp) with Megatron's SP
   bool recompute = false;          // every block checkpointed (Checkpointed: always)
   double dropout = 0.0;            // the GPT's dropout (forms whose ranks draw their own masks: 0)
+  int cp = 1;                      // the meshes' cp
+  int pp = 1, tp = 1;              // the 4-D mesh's pp and tp
+  int model_chunks = 1;            // per pipeline rank (Interleaved1F1B: more than one)
+  int n_layer = 2;                 // the GPT's blocks (a pipeline needs one per virtual stage)
 };
 
 inline bool multi_rank(Form form) {
   return form == Form::DDP || form == Form::Zero1 || form == Form::Zero2 || form == Form::FSDP ||
          form == Form::PipelineStages || form == Form::TensorParallelRanks || form == Form::Mesh2D ||
-         form == Form::ContextParallel;
+         form == Form::ContextParallel || form == Form::MeshPipeline;
 }
 
 inline int world_size(const Config& c) {
-  return c.form == Form::Mesh2D ? c.degree * c.degree2 : multi_rank(c.form) ? c.degree : 1;
+  if (c.form == Form::Mesh2D) return c.degree * c.cp * c.degree2;
+  if (c.form == Form::MeshPipeline) return c.degree * c.pp * c.cp * c.tp;
+  return multi_rank(c.form) ? c.degree : 1;
 }
 
 inline std::string form_name(Form form) {
@@ -75,7 +82,8 @@ inline std::string form_name(Form form) {
     case Form::PipelineStages: return "PipelineStage (ranks)";
     case Form::TensorParallel: return "TensorParallel";
     case Form::TensorParallelRanks: return "tensor parallel (ranks)";
-    case Form::Mesh2D: return "2-D mesh: DDP x TP";
+    case Form::Mesh2D: return "mesh: DDP x CP x TP";
+    case Form::MeshPipeline: return "4-D mesh: DP x PP x CP x TP";
     case Form::ContextParallel: return "context parallel";
     case Form::Checkpointed: return "checkpointed blocks";
   }
@@ -84,15 +92,22 @@ inline std::string form_name(Form form) {
 
 // The form's degrees, as the table's column says them.
 inline std::string degrees_of_form(const Config& c) {
+  const char* schedule = c.schedule == Schedule::GPipe ? "GPipe" : c.schedule == Schedule::OneFOneB ? "1F1B"
+                                                                                                  : "interleaved 1F1B";
+  const std::string chunks = c.model_chunks > 1 ? fmt::format(", {} chunks per rank", c.model_chunks) : "";
   switch (c.form) {
     case Form::DataParallel: return fmt::format("{} CPU replicas", c.degree);
     case Form::Pipe:
     case Form::PipelineStages:
-      return fmt::format("{} stages{} x {} micro-batches, {}", c.degree,
-                         c.form == Form::PipelineStages ? " on Gloo ranks" : "", c.degree2,
-                         c.schedule == Schedule::GPipe ? "GPipe" : "1F1B");
+      return fmt::format("{} stages{} x {} micro-batches, {}{}", c.degree,
+                         c.form == Form::PipelineStages ? " on Gloo ranks" : "", c.degree2, schedule, chunks);
     case Form::TensorParallel: return fmt::format("tp {} over CPU devices", c.degree);
-    case Form::Mesh2D: return fmt::format("dp {} x tp {}, {} Gloo ranks", c.degree, c.degree2, world_size(c));
+    case Form::Mesh2D:
+      if (c.cp > 1) return fmt::format("dp {} x cp {} x tp {}, {} Gloo ranks", c.degree, c.cp, c.degree2, world_size(c));
+      return fmt::format("dp {} x tp {}, {} Gloo ranks", c.degree, c.degree2, world_size(c));
+    case Form::MeshPipeline:
+      return fmt::format("dp {} x pp {} x cp {} x tp {}, {} Gloo ranks, {} micro-batches, {}{}", c.degree, c.pp, c.cp,
+                         c.tp, world_size(c), c.degree2, schedule, chunks);
     case Form::ContextParallel: return fmt::format("cp {}, {} Gloo ranks", c.degree, c.degree);
     case Form::Checkpointed: return "one device, every block recomputed";
     default:
@@ -106,6 +121,7 @@ inline std::string degrees(const Config& c) {
   if (c.sequence_parallel) out += ", sequence parallel";
   if (c.recompute && c.form != Form::Checkpointed) out += ", blocks recomputed";
   if (c.dropout > 0) out += fmt::format(", dropout {}", c.dropout);
+  if (c.n_layer != 2) out += fmt::format(", {} blocks", c.n_layer);
   return out;
 }
 
@@ -167,6 +183,41 @@ inline void gpt_rows(std::vector<Config>& rows) {
   add(Form::FSDP, 2, 5);
   add(Form::FSDP, 3, 5);
   add(Form::FSDP, 2, 5).recompute = true;
+  // The GPT's pipeline (models/gpt_pipeline.h) on Gloo ranks: micro-batches fewer and more
+  // than the stages, 3 stages, the interleaved schedule; a block per virtual stage. The
+  // tied wte sits on the first and the last stage: clipping counts it once.
+  auto pipeline = [&add](int stages, int micro, Schedule schedule, int chunks, int n_layer) -> Config& {
+    Config& c = add(Form::PipelineStages, stages, 5);
+    c.degree2 = micro;
+    c.schedule = schedule;
+    c.model_chunks = chunks;
+    c.n_layer = n_layer;
+    return c;
+  };
+  pipeline(2, 1, Schedule::OneFOneB, 1, 2).accumulation = 2;  // the tied sum once, after the last
+  pipeline(2, 4, Schedule::OneFOneB, 1, 2);
+  pipeline(3, 4, Schedule::OneFOneB, 1, 3);
+  pipeline(2, 2, Schedule::Interleaved1F1B, 2, 4);
+  // Context parallelism inside the mesh (parallelize_gpt on dp x cp x tp).
+  Config& cp_tp = add(Form::Mesh2D, 1, 3);
+  cp_tp.cp = 2;
+  cp_tp.degree2 = 2;
+  Config& dp_cp_tp = add(Form::Mesh2D, 2, 5);
+  dp_cp_tp.cp = 2;
+  dp_cp_tp.degree2 = 2;
+  // The pipeline of tensor-parallel stages (pipeline_gpt_on_mesh), replicated over dp.
+  auto mesh_pipeline = [&add](int dp, int pp, int cp, int tp, int64_t batch) -> Config& {
+    Config& c = add(Form::MeshPipeline, dp, batch);
+    c.pp = pp;
+    c.cp = cp;
+    c.tp = tp;
+    c.degree2 = 2;
+    c.schedule = Schedule::OneFOneB;
+    return c;
+  };
+  mesh_pipeline(1, 2, 1, 2, 3);
+  mesh_pipeline(2, 2, 1, 2, 5);
+  mesh_pipeline(2, 2, 2, 2, 5);  // all four dimensions: 16 ranks
 }
 
 // Every row. The batches: 11 splits unevenly over 2 and 3 (6+5, 4+4+3); 26 over 4
