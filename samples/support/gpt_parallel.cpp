@@ -11,6 +11,7 @@
 #include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/models/gpt_context_parallel.h>
+#include <minigrad/models/gpt_mesh_clip.h>
 #include <minigrad/nn/utils/clip_grad.h>
 #include <minigrad/parallel/c10d/launch_environment.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
@@ -26,7 +27,12 @@ namespace mg::samples {
 namespace cp = parallel::context_parallel;
 
 std::string GPTSplit::str() const {
-  return fmt::format("dp {} x tp {} x cp {}{}", dp, tp, cp, sequence_parallel ? ", sequence parallel" : "");
+  return fmt::format("dp {} x tp {} x pp {} x cp {}{}{}", dp, tp, pp, cp,
+                     sequence_parallel ? ", sequence parallel" : "",
+                     pp > 1 ? fmt::format(", {} schedule, {} micro-batches, {} model chunk{}",
+                                          interleaved ? "interleaved" : "1F1B", micro_batches,
+                                          model_chunks, model_chunks > 1 ? "s" : "")
+                            : "");
 }
 
 void check_split(const GPTSplit& s, int64_t batch_size, int64_t block_size, double dropout) {
@@ -34,12 +40,21 @@ void check_split(const GPTSplit& s, int64_t batch_size, int64_t block_size, doub
   const int world = launched ? parallel::LaunchEnvironment::from_environment().world_size : 1;
   if (s.ranks() != world)
     throw OptionError(fmt::format(
-        "--dp {} x --tp {} x --cp {} = {} ranks, but the job has {} ({}); start {} processes, "
+        "--dp {} x --tp {} x --pp {} x --cp {} = {} ranks, but the job has {} ({}); start {} processes, "
         "e.g. minigrad-run --nproc-per-node {} train_gpt ...",
-        s.dp, s.tp, s.cp, s.ranks(), world,
+        s.dp, s.tp, s.pp, s.cp, s.ranks(), world,
         launched ? parallel::launcher_name(parallel::LaunchEnvironment::from_environment().launcher)
                  : "not started by a launcher",
         s.ranks(), s.ranks()));
+  if (s.model_chunks > 1 && !s.interleaved)
+    throw OptionError(fmt::format("--model-chunks {}: more than one chunk per rank needs --schedule interleaved", s.model_chunks));
+  if (s.zero > 0 && (s.tp > 1 || s.pp > 1 || s.cp > 1 || s.sequence_parallel))
+    throw OptionError(fmt::format("--zero {} shards over --dp alone: not with --tp, --pp, --cp or --sequence-parallel "
+                                  "(got {}; the library's ZeRO and FSDP wrap the plain GPT)", s.zero, s.str()));
+  if (s.zero > 0 && s.dp == 1)
+    throw OptionError(fmt::format("--zero {} shards over the data-parallel ranks: it needs --dp 2 or more", s.zero));
+  if (s.recompute && s.tp > 1 && s.pp == 1)
+    throw OptionError("--recompute with --tp: block checkpointing wraps the plain GPT's blocks; under --tp it needs --pp (the pipeline's checkpointing)");
   if (s.sequence_parallel && s.tp == 1)
     throw OptionError("--sequence-parallel splits the tensor-parallel layers' activations: it needs --tp 2 or more");
   if (batch_size < s.dp)
@@ -76,6 +91,21 @@ DistributedRun join_split_run(double timeout_seconds, std::vector<Device>& devic
 SplitGPT::SplitGPT(std::shared_ptr<models::GPT> gpt, const GPTSplit& split, const DistributedRun& dist,
                    uint64_t seed)
     : gpt_(std::move(gpt)), split_(split) {
+  if (split.pp > 1) {
+    mesh_ = std::make_unique<parallel::DeviceMesh>(
+        dist.group, std::vector<parallel::MeshDim>{{"dp", split.dp}, {"pp", split.pp}, {"cp", split.cp}, {"tp", split.tp}});
+    models::GPTMeshPipelineOptions options;
+    options.pipeline.micro_batches = split.micro_batches;
+    options.pipeline.schedule = split.interleaved ? parallel::Schedule::Interleaved1F1B : parallel::Schedule::OneFOneB;
+    options.pipeline.model_chunks = split.model_chunks;
+    if (split.recompute) options.pipeline.checkpoint = parallel::Checkpoint::Always;
+    options.tensor_parallel.sequence_parallel = split.sequence_parallel;
+    options.tensor_parallel.seed = seed;
+    options.finish_gradients = false;  // once per step, after gradient accumulation
+    pipeline_ = models::pipeline_gpt_on_mesh(*gpt_, *mesh_, options);
+    if (mesh_->rank("dp") > 0) manual_seed(seed + 7919 * static_cast<uint64_t>(mesh_->rank("dp")));
+    return;
+  }
   // Every dimension, size 1 included, so that every group exists.
   mesh_ = std::make_unique<parallel::DeviceMesh>(
       dist.group, std::vector<parallel::MeshDim>{{"dp", split.dp}, {"cp", split.cp}, {"tp", split.tp}});
@@ -97,7 +127,30 @@ nn::Module& SplitGPT::trained() const {
   return tp_model_ ? static_cast<nn::Module&>(*tp_model_) : static_cast<nn::Module&>(*gpt_);
 }
 
-std::vector<Tensor> SplitGPT::parameters() const { return trained().parameters(); }
+std::vector<Tensor> SplitGPT::parameters() const {
+  return pipeline_ ? pipeline_->parameters() : trained().parameters();
+}
+
+void SplitGPT::set_training(bool on) {
+  if (!pipeline_) {
+    trained().train(on);
+    return;
+  }
+  for (const auto& chunk : pipeline_->chunks()) chunk->train(on);
+}
+
+Tensor SplitGPT::pipeline_step(const Tensor& x, const Tensor& y, double divide_by) {
+  return pipeline_->train_step(pipeline_->local_batch(x), pipeline_->local_batch(y), divide_by);
+}
+
+double SplitGPT::eval_loss(const Tensor& x, const Tensor& y) {
+  // A training step's forward and backward in eval mode (the caller set it): the loss is
+  // the forward's; the gradients it leaves are dropped (the next step zeroes them anyway).
+  AutoGradMode grad(true);
+  const double loss = pipeline_step(x, y, static_cast<double>(x.numel())).item<float>();
+  pipeline_->zero_grad();
+  return loss;
+}
 
 Tensor SplitGPT::loss_share(const Tensor& x, const Tensor& y) {
   const int64_t B = x.size(0), T = x.size(1);
@@ -128,6 +181,10 @@ Tensor SplitGPT::loss_share(const Tensor& x, const Tensor& y) {
 }
 
 void SplitGPT::reduce_gradients(Tensor& step_loss) {
+  if (pipeline_) {  // the loss is already the whole batch's
+    pipeline_->finish_gradients();
+    return;
+  }
   if (tp_model_) tp_model_->finish_gradients();  // with SP the tp sums, under cp the cp sum
   const std::vector<Tensor> params = parameters();
   if (split_.cp > 1 && !tp_model_) cp::all_reduce_gradients(params, *mesh_->group("cp"));
@@ -148,6 +205,7 @@ void SplitGPT::sum_over_dp(Tensor& shares) {
 }
 
 Tensor SplitGPT::clip_grad_norm_(double max_norm) {
+  if (pipeline_) return models::clip_mesh_grad_norm_(*pipeline_, *mesh_, max_norm);
   if (!tp_model_) return nn::utils::clip_grad_norm_(parameters(), max_norm);
   NoGradGuard no_grad;
   std::vector<Tensor> sharded, replicated;

@@ -34,6 +34,13 @@
 //
 // Clipping under tp counts every element once: the sharded gradients' squared norms
 // summed over tp, plus the replicated ones (the same on every tp rank) once.
+//
+// --pp P > 1: the 4-D pipeline (models/gpt_mesh_pipeline.h) on a dp x pp x cp x tp mesh.
+// It runs its own forward and backward (pipeline_step: the micro-batches of the 1F1B or
+// interleaved schedule), its loss already the whole batch's on every rank; its gradients
+// finished once per step (finish_gradients: sp, cp, the tied sum, dp), clipped by
+// models::clip_mesh_grad_norm_. Evaluation goes through the pipeline too: a step in eval
+// mode whose gradients are thrown away (the pipeline has no forward-only schedule).
 #pragma once
 
 #include <memory>
@@ -44,6 +51,7 @@
 #include <minigrad/core/device.h>
 #include <minigrad/core/tensor.h>
 #include <minigrad/models/gpt.h>
+#include <minigrad/models/gpt_mesh_pipeline.h>
 #include <minigrad/models/gpt_tensor_parallel.h>
 #include <minigrad/nn/optim/optimizer.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
@@ -54,9 +62,16 @@
 namespace mg::samples {
 
 struct GPTSplit {
-  int dp = 1, tp = 1, cp = 1;
+  int dp = 1, tp = 1, pp = 1, cp = 1;
   bool sequence_parallel = false;
-  int ranks() const { return dp * tp * cp; }
+  // --pp > 1: the 4-D pipeline's options (--schedule, --micro-batches, --model-chunks).
+  bool interleaved = false;
+  int64_t micro_batches = 0;  // 0: pp
+  int model_chunks = 1;
+  // --zero 1|2|3 over dp (0: none) and --recompute (block checkpointing).
+  int zero = 0;
+  bool recompute = false;
+  int ranks() const { return dp * tp * pp * cp; }
   // "dp 2 x tp 2 x cp 1, sequence parallel"
   std::string str() const;
 };
@@ -93,6 +108,16 @@ class SplitGPT {
   void reduce_gradients(Tensor& step_loss);
   // The shares of several evaluation batches [n] summed over dp, in place.
   void sum_over_dp(Tensor& shares);
+
+  // --pp: the pipeline runs forward and backward itself. pipeline_step: one micro-batch
+  // of gradient accumulation, the global batch x, y [B, T]; its loss is the token losses'
+  // sum / divide_by (B T times the accumulation's count), the whole batch's on every rank,
+  // detached. eval_loss: the batch's mean loss (eval mode, gradients dropped).
+  bool pipelined() const { return pipeline_ != nullptr; }
+  Tensor pipeline_step(const Tensor& x, const Tensor& y, double divide_by);
+  double eval_loss(const Tensor& x, const Tensor& y);
+  // eval() / train() on this rank's model (the pipeline's chunks under --pp).
+  void set_training(bool on);
   // clip_grad_norm_ of the whole model's gradient (each element once), the same on every rank.
   Tensor clip_grad_norm_(double max_norm);
   // Every rank: under tp the shards all-gathered into `gpt`, which is then the
@@ -120,7 +145,8 @@ class SplitGPT {
   std::shared_ptr<models::GPT> gpt_;
   GPTSplit split_;
   std::unique_ptr<parallel::DeviceMesh> mesh_;
-  std::shared_ptr<models::TensorParallelGPT> tp_model_;  // null without tp
+  std::shared_ptr<models::TensorParallelGPT> tp_model_;  // null without tp (or with pp)
+  std::shared_ptr<models::GPTMeshPipeline> pipeline_;     // --pp > 1
 };
 
 }  // namespace mg::samples
