@@ -160,7 +160,7 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     if (o.split.pp == 1 && sched->count() + mb->count() + chunks->count() > 0)
       throw samples::OptionError("--schedule, --micro-batches and --model-chunks are the pipeline's: they need --pp 2 or more");
     if (dp->count() + tp->count() + pp->count() + cp->count() + sp->count() + zero->count() > 0) {
-      samples::check_split(o.split, o.batch_size, o.block_size, o.dropout);
+      samples::check_split(o.split, o.batch_size, o.block_size, o.dropout, o.weight_decay);
       // --dp 1 alone is the single-device run; under a launcher a job of one rank.
       o.distributed = o.split.ranks() > 1 || parallel::in_launched_job();
     }
@@ -209,6 +209,8 @@ struct Run {
   std::shared_ptr<models::GPT> model;
   nn::ModulePtr forward;  // the model, or a DataParallel over it
   std::unique_ptr<optim::AdamW> optimizer;
+  // --zero 1|2: the sharded optimizers (support/gpt_parallel.h), in place of `optimizer`.
+  std::vector<std::unique_ptr<optim::Optimizer>> zero;
   // Under --tp: an optimizer over the whole model, grouped alike, that holds the gathered
   // state for a checkpoint in the single-device layout (and a resumed one's, to shard).
   std::unique_ptr<optim::AdamW> whole_optimizer;
@@ -336,7 +338,10 @@ int train(Options options) {
     return std::make_unique<optim::AdamW>(optim::weight_decay_groups(
         params, optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay)));
   };
-  run.optimizer = adamw(trained);
+  if (o.split.zero == 1 || o.split.zero == 2)
+    run.zero = run.split->make_zero_optimizers(optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay));
+  else
+    run.optimizer = adamw(trained);
   if (o.split.tp > 1 && (!o.save.empty() || !o.resume.empty())) run.whole_optimizer = adamw(run.model->parameters());
   const optim::WarmupCosine schedule(o.lr, o.min_lr, o.warmup, o.decay_iters);
 
@@ -362,6 +367,13 @@ int train(Options options) {
     std::fflush(stdout);
   }
 
+  // The step's optimizer calls: AdamW, or the --zero pair.
+  const auto optimizers = [&] {
+    std::vector<optim::Optimizer*> out;
+    if (run.optimizer) out.push_back(run.optimizer.get());
+    for (const auto& z : run.zero) out.push_back(z.get());
+    return out;
+  }();
   samples::install_stop_handlers();
   samples::StepTracer tracer(o.trace, run.dist.group);
   const auto run_start = Clock::now();
@@ -376,7 +388,7 @@ int train(Options options) {
       std::fflush(stdout);
       run.history.push_back({static_cast<double>(at), train_loss, val_loss});
       run.metrics_csv += fmt::format("{},{:.6f},{:.6f},{:.6g},{:.2f}\n", at, train_loss, val_loss,
-                                     run.optimizer->lr(), seconds_since(run_start));
+                                     optimizers.front()->lr(), seconds_since(run_start));
       if (!o.metrics.empty()) files::write_atomically("--metrics", o.metrics, run.metrics_csv);
       if (!o.plot.empty()) samples::write_loss_plot(o.plot, run.history, "step", "train_gpt: " + config.str());
     }
@@ -390,8 +402,10 @@ int train(Options options) {
       evaluate(step);
     }
     tracer.begin_step(step + 1);
-    run.optimizer->set_lr(schedule(step));
-    run.optimizer->zero_grad();
+    for (optim::Optimizer* opt : optimizers) {
+      opt->set_lr(schedule(step));
+      opt->zero_grad();
+    }
     // Gradient accumulation: each micro-batch's loss is divided by their number, so the
     // summed gradients are those of the mean loss over all of them.
     Tensor step_loss;
@@ -405,7 +419,9 @@ int train(Options options) {
         Tensor loss = run.split ? run.split->loss_share(b.data, b.target)
                                 : models::GPT::loss(run.forward->forward(b.data), b.target);
         scaled = loss * (1.0 / static_cast<double>(o.grad_accum));
-        scaled.backward();
+        // --zero 2|3 average the gradients over dp: the share times dp (backward_scale).
+        if (run.split && run.split->backward_scale() != 1.0) (scaled * run.split->backward_scale()).backward();
+        else scaled.backward();
       }
       step_loss = micro == 0 ? scaled.detach() : step_loss + scaled.detach();
     }
@@ -414,7 +430,7 @@ int train(Options options) {
       if (run.split) run.split->clip_grad_norm_(o.grad_clip);
       else nn::utils::clip_grad_norm_(run.model->parameters(), o.grad_clip);
     }
-    run.optimizer->step();
+    for (optim::Optimizer* opt : optimizers) opt->step();
     tracer.end_step();
     ++window_steps;
     // Every rank checks every step under the split (they hold the same loss and must
@@ -424,7 +440,7 @@ int train(Options options) {
       MG_CHECK(std::isfinite(last_loss), "the loss is {} at step {}", last_loss, step + 1);
       const double tokens_per_s = static_cast<double>(window_steps * tokens_per_step) / seconds_since(window_start);
       bar.update(step + 1, fmt::format("loss {:.4f}  lr {:.2e}  {:.0f} tokens/s", last_loss,
-                                       run.optimizer->lr(), tokens_per_s));
+                                       optimizers.front()->lr(), tokens_per_s));
       window_start = Clock::now();
       window_steps = 0;
     }
@@ -446,7 +462,10 @@ int train(Options options) {
   // Under --pp the stages' shards are not gathered: no sample.
   const bool sample = o.sample_chars > 0 && o.split.pp == 1;
   if (o.sample_chars > 0 && o.split.pp > 1 && rank0) fmt::print("(no sample under --pp: the stages' shards are not gathered)\n");
-  if (run.split && sample) run.split->finish_for_sampling();  // every rank
+  if (run.split && sample) {  // every rank
+    run.split->finish_for_sampling();
+    run.model = run.split->whole_model();  // under --zero 3 a fresh GPT with the gathered weights
+  }
   if (sample && rank0) {
     run.model->eval();
     Generator sampler(o.seed);

@@ -18,6 +18,7 @@
 #include <minigrad/parallel/context_parallel/context_parallel_loss.h>
 #include <minigrad/parallel/context_parallel/ring_attention.h>
 #include <minigrad/parallel/context_parallel/sequence_layout.h>
+#include <minigrad/parallel/sharded/gpt_fsdp.h>
 #include <minigrad/parallel/tensor_parallel/group.h>
 
 #include "command_line.h"
@@ -35,7 +36,7 @@ std::string GPTSplit::str() const {
                             : "");
 }
 
-void check_split(const GPTSplit& s, int64_t batch_size, int64_t block_size, double dropout) {
+void check_split(const GPTSplit& s, int64_t batch_size, int64_t block_size, double dropout, double weight_decay) {
   const bool launched = parallel::in_launched_job();
   const int world = launched ? parallel::LaunchEnvironment::from_environment().world_size : 1;
   if (s.ranks() != world)
@@ -53,6 +54,9 @@ void check_split(const GPTSplit& s, int64_t batch_size, int64_t block_size, doub
                                   "(got {}; the library's ZeRO and FSDP wrap the plain GPT)", s.zero, s.str()));
   if (s.zero > 0 && s.dp == 1)
     throw OptionError(fmt::format("--zero {} shards over the data-parallel ranks: it needs --dp 2 or more", s.zero));
+  if (s.zero == 3 && weight_decay != 0.0)
+    throw OptionError(fmt::format("--zero 3: AdamW steps FSDP's flat shards, which mix the 2-D weights with biases and "
+                                  "LayerNorm gains, so it cannot decay the weights alone; pass --weight-decay 0 (not {})", weight_decay));
   if (s.recompute && s.tp > 1 && s.pp == 1)
     throw OptionError("--recompute with --tp: block checkpointing wraps the plain GPT's blocks; under --tp it needs --pp (the pipeline's checkpointing)");
   if (s.sequence_parallel && s.tp == 1)
@@ -111,6 +115,7 @@ SplitGPT::SplitGPT(std::shared_ptr<models::GPT> gpt, const GPTSplit& split, cons
       dist.group, std::vector<parallel::MeshDim>{{"dp", split.dp}, {"cp", split.cp}, {"tp", split.tp}});
   // Under tp the tensor-parallel GPT runs cp itself (mesh.group("cp"): ring attention on
   // its heads, the loss and the gradients summed over cp); cp alone runs on `gpt`.
+  if (split.zero == 3) fsdp_ = parallel::fully_shard_gpt(gpt_, mesh_->group("dp"));
   if (split.tp > 1) {
     models::TensorParallelGPTOptions options;
     options.sequence_parallel = split.sequence_parallel;
@@ -128,12 +133,35 @@ nn::Module& SplitGPT::trained() const {
 }
 
 std::vector<Tensor> SplitGPT::parameters() const {
+  if (fsdp_) return fsdp_->parameters();
   return pipeline_ ? pipeline_->parameters() : trained().parameters();
+}
+
+std::vector<std::unique_ptr<optim::Optimizer>> SplitGPT::make_zero_optimizers(const optim::AdamWOptions& options) {
+  MG_CHECK(split_.zero == 1 || split_.zero == 2, "SplitGPT::make_zero_optimizers: --zero {}", split_.zero);
+  std::vector<Tensor> decayed, rest;
+  for (const Tensor& p : gpt_->parameters()) (p.dim() >= 2 ? decayed : rest).push_back(p);
+  parallel::ZeroOptions zero_options;
+  zero_options.stage = split_.zero;
+  std::vector<std::unique_ptr<optim::Optimizer>> out;
+  zero_.clear();
+  for (int k = 0; k < 2; ++k) {
+    optim::AdamWOptions group = options;
+    if (k == 1) group.weight_decay(0.0);
+    auto zero = std::make_unique<parallel::ZeroRedundancyOptimizer>(
+        k == 0 ? decayed : rest, mesh_->group("dp"),
+        [group](std::vector<Tensor> shards) { return std::make_unique<optim::AdamW>(std::move(shards), group); },
+        zero_options);
+    zero_.push_back(zero.get());
+    out.push_back(std::move(zero));
+  }
+  return out;
 }
 
 void SplitGPT::set_training(bool on) {
   if (!pipeline_) {
     trained().train(on);
+    if (fsdp_) fsdp_->train(on);
     return;
   }
   for (const auto& chunk : pipeline_->chunks()) chunk->train(on);
@@ -159,6 +187,11 @@ Tensor SplitGPT::loss_share(const Tensor& x, const Tensor& y) {
   const int64_t start = dp_rank * base + std::min<int64_t>(dp_rank, extra);
   const int64_t rows = base + (dp_rank < extra ? 1 : 0);
   const Tensor xs = dp > 1 ? ops::contiguous(ops::narrow(x, 0, start, rows)) : x;
+  const Tensor ys_ = dp > 1 ? ops::contiguous(ops::narrow(y, 0, start, rows)) : y;
+  if (fsdp_) {
+    const Tensor mean = models::GPT::loss(fsdp_->forward(xs), ys_);
+    return rows == B ? mean : mean * (static_cast<double>(rows) / static_cast<double>(B));
+  }
   const Tensor ys = dp > 1 ? ops::contiguous(ops::narrow(y, 0, start, rows)) : y;
   // Tensor parallel: this dp rank's token losses summed (over cp too: each cp rank's part
   // of every row, local_sequence) / the global batch's tokens.
@@ -186,6 +219,11 @@ void SplitGPT::reduce_gradients(Tensor& step_loss) {
     return;
   }
   if (tp_model_) tp_model_->finish_gradients();  // with SP the tp sums, under cp the cp sum
+  if (split_.zero >= 2) {  // the gradients were reduce-scattered in backward: the loss alone
+    step_loss = ops::clone(step_loss);
+    mesh_->group("dp")->allreduce({step_loss})->wait();
+    return;
+  }
   const std::vector<Tensor> params = parameters();
   if (split_.cp > 1 && !tp_model_) cp::all_reduce_gradients(params, *mesh_->group("cp"));
   if (split_.dp > 1) {
@@ -206,6 +244,25 @@ void SplitGPT::sum_over_dp(Tensor& shares) {
 
 Tensor SplitGPT::clip_grad_norm_(double max_norm) {
   if (pipeline_) return models::clip_mesh_grad_norm_(*pipeline_, *mesh_, max_norm);
+  if (fsdp_) return fsdp_->clip_grad_norm_(max_norm);
+  if (split_.zero == 2) {  // the shards' gradients of both optimizers: squares summed over dp
+    NoGradGuard no_grad;
+    std::vector<Tensor> shards, grads;
+    for (const auto* zero : zero_)
+      for (const Tensor& s : zero->parameters())
+        if (s.grad().defined()) {
+          shards.push_back(s);
+          grads.push_back(s.grad());
+        }
+    const auto& dp_group = mesh_->group("dp");
+    const auto sum_over_dp = [&](Tensor& partial, nn::utils::NormReduction) {
+      partial = ops::clone(partial);
+      dp_group->allreduce({partial})->wait();
+    };
+    const Tensor total = nn::utils::get_total_norm(grads, 2.0, false, sum_over_dp, dp_group->device());
+    nn::utils::clip_grads_with_norm_(shards, max_norm, total);
+    return total;
+  }
   if (!tp_model_) return nn::utils::clip_grad_norm_(parameters(), max_norm);
   NoGradGuard no_grad;
   std::vector<Tensor> sharded, replicated;
@@ -261,6 +318,17 @@ void SplitGPT::gather_whole_model() {
 }
 
 void SplitGPT::finish_for_sampling() {
+  if (fsdp_) {  // FSDP's full parameters, on rank 0, into a fresh GPT there
+    nn::TensorDict state = fsdp_->full_state_dict();
+    if (!state.empty()) {
+      state["lm_head.weight"] = state.at("transformer.wte.weight");  // the tied head, by nanoGPT's name
+      auto whole = std::make_shared<models::GPT>(gpt_->config());
+      whole->to(fsdp_->parameters().front().device());
+      whole->load_state_dict(state, "FSDP's gathered parameters");
+      gpt_ = whole;
+    }
+    return;
+  }
   gather_whole_model();
   if (split_.cp > 1) models::set_attention_function(*gpt_, {});
 }
