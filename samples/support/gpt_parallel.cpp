@@ -28,12 +28,14 @@ namespace mg::samples {
 namespace cp = parallel::context_parallel;
 
 std::string GPTSplit::str() const {
-  return fmt::format("dp {} x tp {} x pp {} x cp {}{}{}", dp, tp, pp, cp,
+  return fmt::format("dp {} x tp {} x {}cp {}{}{}{}{}", dp, tp, pp > 1 ? fmt::format("pp {} x ", pp) : "", cp,
                      sequence_parallel ? ", sequence parallel" : "",
                      pp > 1 ? fmt::format(", {} schedule, {} micro-batches, {} model chunk{}",
                                           interleaved ? "interleaved" : "1F1B", micro_batches,
                                           model_chunks, model_chunks > 1 ? "s" : "")
-                            : "");
+                            : "",
+                     zero == 3 ? ", ZeRO-3 (FSDP by block)" : zero > 0 ? fmt::format(", ZeRO-{}", zero) : "",
+                     recompute ? ", recompute" : "");
 }
 
 void check_split(const GPTSplit& s, int64_t batch_size, int64_t block_size, double dropout, double weight_decay) {
@@ -41,9 +43,9 @@ void check_split(const GPTSplit& s, int64_t batch_size, int64_t block_size, doub
   const int world = launched ? parallel::LaunchEnvironment::from_environment().world_size : 1;
   if (s.ranks() != world)
     throw OptionError(fmt::format(
-        "--dp {} x --tp {} x --pp {} x --cp {} = {} ranks, but the job has {} ({}); start {} processes, "
+        "--dp {} x --tp {} x {}--cp {} = {} ranks, but the job has {} ({}); start {} processes, "
         "e.g. minigrad-run --nproc-per-node {} train_gpt ...",
-        s.dp, s.tp, s.pp, s.cp, s.ranks(), world,
+        s.dp, s.tp, s.pp > 1 ? fmt::format("--pp {} x ", s.pp) : "", s.cp, s.ranks(), world,
         launched ? parallel::launcher_name(parallel::LaunchEnvironment::from_environment().launcher)
                  : "not started by a launcher",
         s.ranks(), s.ranks()));
