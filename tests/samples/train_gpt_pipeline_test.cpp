@@ -109,7 +109,9 @@ TEST_CASE("train_gpt --pp 2 --schedule interleaved --model-chunks 2 and --pp 2 -
 }
 
 TEST_CASE("train_gpt --dp 2 --zero 1 and --zero 2 print the single-device run's losses and sample") {
-  Runs runs("--n-layer 2 --sample-chars 20");
+  // A weight decay large enough to show (lr x decay = 1): decaying the biases and
+  // LayerNorm gains too, as one AdamW over the flat shards would, zeroes the gains.
+  Runs runs("--n-layer 2 --sample-chars 20 --weight-decay 100 --lr 0.01 --min-lr 0.001");
   std::string single_out, out1, out2;
   const std::vector<double> single = runs.run(0, "", &single_out);
   require_same(runs.run(2, "--dp 2 --zero 1", &out1), single);
