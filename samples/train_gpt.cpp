@@ -10,6 +10,9 @@
 //   build/bin/minigrad-run --nproc-per-node 4 build/bin/train_gpt --devices cpu --dp 2 --tp 2
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_gpt --devices cpu --cp 2
 //   build/bin/minigrad-run --nproc-per-node 8 build/bin/train_gpt --devices cpu --dp 2 --tp 2 --cp 2
+//   build/bin/minigrad-run --nproc-per-node 8 build/bin/train_gpt --devices cpu --dp 2 --tp 2 --pp 2
+//   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_gpt --devices cpu --pp 2 --schedule interleaved --model-chunks 2
+//   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_gpt --devices cpu --dp 2 --zero 2
 //
 // The loop is nanoGPT's train.py: every --eval-interval steps the mean loss of
 // --eval-iters batches of the training and the validation text (eval mode, no gradient);
@@ -33,6 +36,11 @@
 // the single-device run prints, writes the files and the sample. Checkpoints keep the
 // single-device layout under any split (under --tp the shards of the model and of AdamW's
 // state are gathered first), so a run saved under one split resumes under another.
+// --pp P > 1 runs the 4-D pipeline (--schedule 1f1b|interleaved, --micro-batches,
+// --model-chunks), which does forward and backward itself (the loop's fourth place:
+// pipeline_step; evaluation through it too). --zero 1|2|3 shards AdamW's state, the
+// gradients, the parameters over --dp (ZeRO-1/2, FSDP by block); --recompute checkpoints
+// the blocks. Under --pp and --zero there is no --save/--resume; under --pp no sample.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -55,6 +63,7 @@
 #include <minigrad/data/text_dataset.h>
 #include <minigrad/data/token_file.h>
 #include <minigrad/models/gpt.h>
+#include <minigrad/models/gpt_checkpointing.h>
 #include <minigrad/nn/optim/adam.h>
 #include <minigrad/nn/optim/lr_schedule.h>
 #include <minigrad/nn/serialize.h>
@@ -135,6 +144,13 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   samples::add_trace_options(app, o.trace, "training step");
   CLI::Option* dp = app.add_option("--dp", o.split.dp, "Data-parallel ranks (under minigrad-run): the batch's windows cut over them")->check(positive);
   CLI::Option* tp = app.add_option("--tp", o.split.tp, "Tensor-parallel ranks: every layer split over them (Megatron's)")->check(positive);
+  CLI::Option* pp = app.add_option("--pp", o.split.pp, "Pipeline-parallel ranks: the blocks cut into stages (the 4-D pipeline)")->check(positive);
+  std::string schedule = "1f1b";
+  CLI::Option* sched = app.add_option("--schedule", schedule, "With --pp: 1f1b or interleaved")->check(CLI::IsMember({"1f1b", "interleaved"}))->capture_default_str();
+  CLI::Option* mb = app.add_option("--micro-batches", o.split.micro_batches, "With --pp: micro-batches per pipeline step (default: --pp)")->check(positive);
+  CLI::Option* chunks = app.add_option("--model-chunks", o.split.model_chunks, "With --pp --schedule interleaved: model chunks per rank")->check(positive);
+  CLI::Option* zero = app.add_option("--zero", o.split.zero, "ZeRO over --dp: 1 (optimizer state sharded), 2 (gradients too), 3 (FSDP by block)")->check(CLI::IsMember({1, 2, 3}));
+  app.add_flag("--recompute", o.split.recompute, "Recompute each block's activations in backward (block checkpointing)");
   CLI::Option* cp = app.add_option("--cp", o.split.cp, "Context-parallel ranks: every window's positions split over them (ring attention)")->check(positive);
   CLI::Option* sp = app.add_flag("--sequence-parallel", o.split.sequence_parallel, "With --tp: the activations between the layers split along the sequence too");
   app.add_option("--dist-timeout", o.dist_timeout, "Seconds to wait for the other ranks (--dp/--tp/--cp)")->check(CLI::PositiveNumber)->capture_default_str();
@@ -147,13 +163,22 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     if (warmup->count() == 0) o.warmup = std::min(o.warmup, o.decay_iters);
     MG_CHECK(o.warmup <= o.decay_iters, "--warmup {} is past --decay-iters {}", o.warmup, o.decay_iters);
     o.device_list = samples::parse_devices(o.devices);
-    if (dp->count() + tp->count() + cp->count() + sp->count() > 0) {
-      samples::check_split(o.split, o.batch_size, o.block_size, o.dropout);
+    o.split.interleaved = schedule == "interleaved";
+    if (o.split.micro_batches == 0) o.split.micro_batches = o.split.pp;
+    if (o.split.pp == 1 && sched->count() + mb->count() + chunks->count() > 0)
+      throw samples::OptionError("--schedule, --micro-batches and --model-chunks are the pipeline's: they need --pp 2 or more");
+    if (dp->count() + tp->count() + pp->count() + cp->count() + sp->count() + zero->count() > 0) {
+      samples::check_split(o.split, o.batch_size, o.block_size, o.dropout, o.weight_decay);
       // --dp 1 alone is the single-device run; under a launcher a job of one rank.
       o.distributed = o.split.ranks() > 1 || parallel::in_launched_job();
     }
     // Under --dp/--tp/--cp rank 0 alone writes the files (the others would see its
     // checkpoint's temporary file as a stale one).
+    if (o.split.pp > 1 || o.split.zero > 0) {
+      const char* what = o.split.pp > 1 ? "--pp" : "--zero";
+      if (!o.save.empty() || !o.resume.empty())
+        throw samples::OptionError(fmt::format("{}: --save and --resume are not supported (the checkpoint's single-device layout is gathered under --tp only)", what));
+    }
     const bool elsewhere = o.distributed && parallel::LaunchEnvironment::from_environment().rank != 0;
     samples::check_file_flags(kProgram, {{"--save", o.save, elsewhere, ""}, {"--metrics", o.metrics, elsewhere, ""},
                                          {"--plot", o.plot, elsewhere, ""}},
@@ -192,6 +217,8 @@ struct Run {
   std::shared_ptr<models::GPT> model;
   nn::ModulePtr forward;  // the model, or a DataParallel over it
   std::unique_ptr<optim::AdamW> optimizer;
+  // --zero 1|2: the sharded optimizers (support/gpt_parallel.h), in place of `optimizer`.
+  std::vector<std::unique_ptr<optim::Optimizer>> zero;
   // Under --tp: an optimizer over the whole model, grouped alike, that holds the gathered
   // state for a checkpoint in the single-device layout (and a resumed one's, to shard).
   std::unique_ptr<optim::AdamW> whole_optimizer;
@@ -253,8 +280,8 @@ int64_t load_checkpoint(Run& run) {
 // mode and without gradients. The windows are the same at every evaluation.
 std::pair<double, double> estimate_loss(Run& run) {
   NoGradGuard no_grad;
-  nn::Module& model = run.split ? run.split->trained() : *run.model;
-  model.eval();
+  if (run.split) run.split->set_training(false);
+  else run.model->eval();
   const int64_t n = run.options.eval_iters;
   const data::TokenWindows* splits[2] = {run.splits.train.get(), run.splits.val.get()};
   std::vector<float> losses;  // each batch's mean loss, the train split's then the val split's
@@ -262,11 +289,12 @@ std::pair<double, double> estimate_loss(Run& run) {
     for (int64_t k = 0; k < n; ++k) {
       const data::Batch b = splits[s]->get_batch(data::random_windows(
           run.options.batch_size, splits[s]->size(), run.options.seed ^ 0x5EEDE7A1u, k)).to(run.device);
-      losses.push_back(run.split ? run.split->loss_share(b.data, b.target).item<float>()
-                                 : models::GPT::loss(run.forward->forward(b.data), b.target).item<float>());
+      losses.push_back(run.split && run.split->pipelined() ? static_cast<float>(run.split->eval_loss(b.data, b.target))
+                       : run.split ? run.split->loss_share(b.data, b.target).item<float>()
+                                   : models::GPT::loss(run.forward->forward(b.data), b.target).item<float>());
     }
   }
-  if (run.split) {  // the dp ranks' shares of each batch's mean, summed
+  if (run.split && !run.split->pipelined()) {  // the dp ranks' shares of each batch's mean, summed
     Tensor shares = ops::copy_to(from_vector(losses, Shape{2 * n}), run.device);
     run.split->sum_over_dp(shares);
     losses = ops::copy_to(shares, Device::cpu()).to_vector<float>();
@@ -276,7 +304,8 @@ std::pair<double, double> estimate_loss(Run& run) {
     for (int64_t k = 0; k < n; ++k) means[s] += losses[static_cast<size_t>(s * n + k)];
     means[s] /= static_cast<double>(n);
   }
-  model.train();
+  if (run.split) run.split->set_training(true);
+  else run.model->train();
   return {means[0], means[1]};
 }
 
@@ -304,6 +333,9 @@ int train(Options options) {
   config.dropout = o.dropout;
   run.model = std::make_shared<models::GPT>(config);
   run.model->to(run.device);
+  // --recompute: each block's activations recomputed in backward (under --pp the
+  // pipeline's own checkpointing, set in SplitGPT).
+  if (o.split.recompute && o.split.pp == 1) models::set_block_checkpointing(*run.model);
   run.forward = run.model;
   if (o.device_list.size() > 1) run.forward = std::make_shared<parallel::DataParallel>(run.model, o.device_list);
   if (o.distributed) run.split = std::make_unique<samples::SplitGPT>(run.model, o.split, run.dist, o.seed);
@@ -314,7 +346,10 @@ int train(Options options) {
     return std::make_unique<optim::AdamW>(optim::weight_decay_groups(
         params, optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay)));
   };
-  run.optimizer = adamw(trained);
+  if (o.split.zero == 1 || o.split.zero == 2)
+    run.zero = run.split->make_zero_optimizers(optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay));
+  else
+    run.optimizer = adamw(trained);
   if (o.split.tp > 1 && (!o.save.empty() || !o.resume.empty())) run.whole_optimizer = adamw(run.model->parameters());
   const optim::WarmupCosine schedule(o.lr, o.min_lr, o.warmup, o.decay_iters);
 
@@ -340,6 +375,13 @@ int train(Options options) {
     std::fflush(stdout);
   }
 
+  // The step's optimizer calls: AdamW, or the --zero pair.
+  const auto optimizers = [&] {
+    std::vector<optim::Optimizer*> out;
+    if (run.optimizer) out.push_back(run.optimizer.get());
+    for (const auto& z : run.zero) out.push_back(z.get());
+    return out;
+  }();
   samples::install_stop_handlers();
   samples::StepTracer tracer(o.trace, run.dist.group);
   const auto run_start = Clock::now();
@@ -354,7 +396,7 @@ int train(Options options) {
       std::fflush(stdout);
       run.history.push_back({static_cast<double>(at), train_loss, val_loss});
       run.metrics_csv += fmt::format("{},{:.6f},{:.6f},{:.6g},{:.2f}\n", at, train_loss, val_loss,
-                                     run.optimizer->lr(), seconds_since(run_start));
+                                     optimizers.front()->lr(), seconds_since(run_start));
       if (!o.metrics.empty()) files::write_atomically("--metrics", o.metrics, run.metrics_csv);
       if (!o.plot.empty()) samples::write_loss_plot(o.plot, run.history, "step", "train_gpt: " + config.str());
     }
@@ -368,18 +410,27 @@ int train(Options options) {
       evaluate(step);
     }
     tracer.begin_step(step + 1);
-    run.optimizer->set_lr(schedule(step));
-    run.optimizer->zero_grad();
+    for (optim::Optimizer* opt : optimizers) {
+      opt->set_lr(schedule(step));
+      opt->zero_grad();
+    }
     // Gradient accumulation: each micro-batch's loss is divided by their number, so the
     // summed gradients are those of the mean loss over all of them.
     Tensor step_loss;
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
       const data::Batch b = run.splits.train->get_batch(data::random_windows(
           o.batch_size, run.splits.train->size(), o.seed, step * o.grad_accum + micro)).to(run.device);
-      Tensor loss = run.split ? run.split->loss_share(b.data, b.target)
-                              : models::GPT::loss(run.forward->forward(b.data), b.target);
-      Tensor scaled = loss * (1.0 / static_cast<double>(o.grad_accum));
-      scaled.backward();
+      Tensor scaled;
+      if (run.split && run.split->pipelined()) {  // forward and backward in the pipeline
+        scaled = run.split->pipeline_step(b.data, b.target, static_cast<double>(b.data.numel() * o.grad_accum));
+      } else {
+        Tensor loss = run.split ? run.split->loss_share(b.data, b.target)
+                                : models::GPT::loss(run.forward->forward(b.data), b.target);
+        scaled = loss * (1.0 / static_cast<double>(o.grad_accum));
+        // --zero 2|3 average the gradients over dp: the share times dp (backward_scale).
+        if (run.split && run.split->backward_scale() != 1.0) (scaled * run.split->backward_scale()).backward();
+        else scaled.backward();
+      }
       step_loss = micro == 0 ? scaled.detach() : step_loss + scaled.detach();
     }
     if (run.split) run.split->reduce_gradients(step_loss);  // now the whole batch's
@@ -387,7 +438,7 @@ int train(Options options) {
       if (run.split) run.split->clip_grad_norm_(o.grad_clip);
       else nn::utils::clip_grad_norm_(run.model->parameters(), o.grad_clip);
     }
-    run.optimizer->step();
+    for (optim::Optimizer* opt : optimizers) opt->step();
     tracer.end_step();
     ++window_steps;
     // Every rank checks every step under the split (they hold the same loss and must
@@ -397,7 +448,7 @@ int train(Options options) {
       MG_CHECK(std::isfinite(last_loss), "the loss is {} at step {}", last_loss, step + 1);
       const double tokens_per_s = static_cast<double>(window_steps * tokens_per_step) / seconds_since(window_start);
       bar.update(step + 1, fmt::format("loss {:.4f}  lr {:.2e}  {:.0f} tokens/s", last_loss,
-                                       run.optimizer->lr(), tokens_per_s));
+                                       optimizers.front()->lr(), tokens_per_s));
       window_start = Clock::now();
       window_steps = 0;
     }
@@ -416,8 +467,14 @@ int train(Options options) {
   if (rank0) fmt::print("trained {} steps in {:.1f} s: {:.0f} tokens/s\n", o.iters, seconds,
              static_cast<double>(o.iters * tokens_per_step) / seconds);
 
-  if (run.split && o.sample_chars > 0) run.split->finish_for_sampling();  // every rank
-  if (o.sample_chars > 0 && rank0) {
+  // Under --pp the stages' shards are not gathered: no sample.
+  const bool sample = o.sample_chars > 0 && o.split.pp == 1;
+  if (o.sample_chars > 0 && o.split.pp > 1 && rank0) fmt::print("(no sample under --pp: the stages' shards are not gathered)\n");
+  if (run.split && sample) {  // every rank
+    run.split->finish_for_sampling();
+    run.model = run.split->whole_model();  // under --zero 3 a fresh GPT with the gathered weights
+  }
+  if (sample && rank0) {
     run.model->eval();
     Generator sampler(o.seed);
     // The sample starts after a newline, where a fortune starts (token 0 if the corpus

@@ -11,12 +11,14 @@
 #include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/models/gpt_context_parallel.h>
+#include <minigrad/models/gpt_mesh_clip.h>
 #include <minigrad/nn/utils/clip_grad.h>
 #include <minigrad/parallel/c10d/launch_environment.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
 #include <minigrad/parallel/context_parallel/context_parallel_loss.h>
 #include <minigrad/parallel/context_parallel/ring_attention.h>
 #include <minigrad/parallel/context_parallel/sequence_layout.h>
+#include <minigrad/parallel/sharded/gpt_fsdp.h>
 #include <minigrad/parallel/tensor_parallel/group.h>
 
 #include "command_line.h"
@@ -26,20 +28,39 @@ namespace mg::samples {
 namespace cp = parallel::context_parallel;
 
 std::string GPTSplit::str() const {
-  return fmt::format("dp {} x tp {} x cp {}{}", dp, tp, cp, sequence_parallel ? ", sequence parallel" : "");
+  return fmt::format("dp {} x tp {} x {}cp {}{}{}{}{}", dp, tp, pp > 1 ? fmt::format("pp {} x ", pp) : "", cp,
+                     sequence_parallel ? ", sequence parallel" : "",
+                     pp > 1 ? fmt::format(", {} schedule, {} micro-batches, {} model chunk{}",
+                                          interleaved ? "interleaved" : "1F1B", micro_batches,
+                                          model_chunks, model_chunks > 1 ? "s" : "")
+                            : "",
+                     zero == 3 ? ", ZeRO-3 (FSDP by block)" : zero > 0 ? fmt::format(", ZeRO-{}", zero) : "",
+                     recompute ? ", recompute" : "");
 }
 
-void check_split(const GPTSplit& s, int64_t batch_size, int64_t block_size, double dropout) {
+void check_split(const GPTSplit& s, int64_t batch_size, int64_t block_size, double dropout, double weight_decay) {
   const bool launched = parallel::in_launched_job();
   const int world = launched ? parallel::LaunchEnvironment::from_environment().world_size : 1;
   if (s.ranks() != world)
     throw OptionError(fmt::format(
-        "--dp {} x --tp {} x --cp {} = {} ranks, but the job has {} ({}); start {} processes, "
+        "--dp {} x --tp {} x {}--cp {} = {} ranks, but the job has {} ({}); start {} processes, "
         "e.g. minigrad-run --nproc-per-node {} train_gpt ...",
-        s.dp, s.tp, s.cp, s.ranks(), world,
+        s.dp, s.tp, s.pp > 1 ? fmt::format("--pp {} x ", s.pp) : "", s.cp, s.ranks(), world,
         launched ? parallel::launcher_name(parallel::LaunchEnvironment::from_environment().launcher)
                  : "not started by a launcher",
         s.ranks(), s.ranks()));
+  if (s.model_chunks > 1 && !s.interleaved)
+    throw OptionError(fmt::format("--model-chunks {}: more than one chunk per rank needs --schedule interleaved", s.model_chunks));
+  if (s.zero > 0 && (s.tp > 1 || s.pp > 1 || s.cp > 1 || s.sequence_parallel))
+    throw OptionError(fmt::format("--zero {} shards over --dp alone: not with --tp, --pp, --cp or --sequence-parallel "
+                                  "(got {}; the library's ZeRO and FSDP wrap the plain GPT)", s.zero, s.str()));
+  if (s.zero > 0 && s.dp == 1)
+    throw OptionError(fmt::format("--zero {} shards over the data-parallel ranks: it needs --dp 2 or more", s.zero));
+  if (s.zero == 3 && weight_decay != 0.0)
+    throw OptionError(fmt::format("--zero 3: AdamW steps FSDP's flat shards, which mix the 2-D weights with biases and "
+                                  "LayerNorm gains, so it cannot decay the weights alone; pass --weight-decay 0 (not {})", weight_decay));
+  if (s.recompute && s.tp > 1 && s.pp == 1)
+    throw OptionError("--recompute with --tp: block checkpointing wraps the plain GPT's blocks; under --tp it needs --pp (the pipeline's checkpointing)");
   if (s.sequence_parallel && s.tp == 1)
     throw OptionError("--sequence-parallel splits the tensor-parallel layers' activations: it needs --tp 2 or more");
   if (batch_size < s.dp)
@@ -76,11 +97,27 @@ DistributedRun join_split_run(double timeout_seconds, std::vector<Device>& devic
 SplitGPT::SplitGPT(std::shared_ptr<models::GPT> gpt, const GPTSplit& split, const DistributedRun& dist,
                    uint64_t seed)
     : gpt_(std::move(gpt)), split_(split) {
+  if (split.pp > 1) {
+    mesh_ = std::make_unique<parallel::DeviceMesh>(
+        dist.group, std::vector<parallel::MeshDim>{{"dp", split.dp}, {"pp", split.pp}, {"cp", split.cp}, {"tp", split.tp}});
+    models::GPTMeshPipelineOptions options;
+    options.pipeline.micro_batches = split.micro_batches;
+    options.pipeline.schedule = split.interleaved ? parallel::Schedule::Interleaved1F1B : parallel::Schedule::OneFOneB;
+    options.pipeline.model_chunks = split.model_chunks;
+    if (split.recompute) options.pipeline.checkpoint = parallel::Checkpoint::Always;
+    options.tensor_parallel.sequence_parallel = split.sequence_parallel;
+    options.tensor_parallel.seed = seed;
+    options.finish_gradients = false;  // once per step, after gradient accumulation
+    pipeline_ = models::pipeline_gpt_on_mesh(*gpt_, *mesh_, options);
+    if (mesh_->rank("dp") > 0) manual_seed(seed + 7919 * static_cast<uint64_t>(mesh_->rank("dp")));
+    return;
+  }
   // Every dimension, size 1 included, so that every group exists.
   mesh_ = std::make_unique<parallel::DeviceMesh>(
       dist.group, std::vector<parallel::MeshDim>{{"dp", split.dp}, {"cp", split.cp}, {"tp", split.tp}});
   // Under tp the tensor-parallel GPT runs cp itself (mesh.group("cp"): ring attention on
   // its heads, the loss and the gradients summed over cp); cp alone runs on `gpt`.
+  if (split.zero == 3) fsdp_ = parallel::fully_shard_gpt(gpt_, mesh_->group("dp"));
   if (split.tp > 1) {
     models::TensorParallelGPTOptions options;
     options.sequence_parallel = split.sequence_parallel;
@@ -97,7 +134,53 @@ nn::Module& SplitGPT::trained() const {
   return tp_model_ ? static_cast<nn::Module&>(*tp_model_) : static_cast<nn::Module&>(*gpt_);
 }
 
-std::vector<Tensor> SplitGPT::parameters() const { return trained().parameters(); }
+std::vector<Tensor> SplitGPT::parameters() const {
+  if (fsdp_) return fsdp_->parameters();
+  return pipeline_ ? pipeline_->parameters() : trained().parameters();
+}
+
+std::vector<std::unique_ptr<optim::Optimizer>> SplitGPT::make_zero_optimizers(const optim::AdamWOptions& options) {
+  MG_CHECK(split_.zero == 1 || split_.zero == 2, "SplitGPT::make_zero_optimizers: --zero {}", split_.zero);
+  std::vector<Tensor> decayed, rest;
+  for (const Tensor& p : gpt_->parameters()) (p.dim() >= 2 ? decayed : rest).push_back(p);
+  parallel::ZeroOptions zero_options;
+  zero_options.stage = split_.zero;
+  std::vector<std::unique_ptr<optim::Optimizer>> out;
+  zero_.clear();
+  for (int k = 0; k < 2; ++k) {
+    optim::AdamWOptions group = options;
+    if (k == 1) group.weight_decay(0.0);
+    auto zero = std::make_unique<parallel::ZeroRedundancyOptimizer>(
+        k == 0 ? decayed : rest, mesh_->group("dp"),
+        [group](std::vector<Tensor> shards) { return std::make_unique<optim::AdamW>(std::move(shards), group); },
+        zero_options);
+    zero_.push_back(zero.get());
+    out.push_back(std::move(zero));
+  }
+  return out;
+}
+
+void SplitGPT::set_training(bool on) {
+  if (!pipeline_) {
+    trained().train(on);
+    if (fsdp_) fsdp_->train(on);
+    return;
+  }
+  for (const auto& chunk : pipeline_->chunks()) chunk->train(on);
+}
+
+Tensor SplitGPT::pipeline_step(const Tensor& x, const Tensor& y, double divide_by) {
+  return pipeline_->train_step(pipeline_->local_batch(x), pipeline_->local_batch(y), divide_by);
+}
+
+double SplitGPT::eval_loss(const Tensor& x, const Tensor& y) {
+  // A training step's forward and backward in eval mode (the caller set it): the loss is
+  // the forward's; the gradients it leaves are dropped (the next step zeroes them anyway).
+  AutoGradMode grad(true);
+  const double loss = pipeline_step(x, y, static_cast<double>(x.numel())).item<float>();
+  pipeline_->zero_grad();
+  return loss;
+}
 
 Tensor SplitGPT::loss_share(const Tensor& x, const Tensor& y) {
   const int64_t B = x.size(0), T = x.size(1);
@@ -106,6 +189,11 @@ Tensor SplitGPT::loss_share(const Tensor& x, const Tensor& y) {
   const int64_t start = dp_rank * base + std::min<int64_t>(dp_rank, extra);
   const int64_t rows = base + (dp_rank < extra ? 1 : 0);
   const Tensor xs = dp > 1 ? ops::contiguous(ops::narrow(x, 0, start, rows)) : x;
+  const Tensor ys_ = dp > 1 ? ops::contiguous(ops::narrow(y, 0, start, rows)) : y;
+  if (fsdp_) {
+    const Tensor mean = models::GPT::loss(fsdp_->forward(xs), ys_);
+    return rows == B ? mean : mean * (static_cast<double>(rows) / static_cast<double>(B));
+  }
   const Tensor ys = dp > 1 ? ops::contiguous(ops::narrow(y, 0, start, rows)) : y;
   // Tensor parallel: this dp rank's token losses summed (over cp too: each cp rank's part
   // of every row, local_sequence) / the global batch's tokens.
@@ -128,7 +216,16 @@ Tensor SplitGPT::loss_share(const Tensor& x, const Tensor& y) {
 }
 
 void SplitGPT::reduce_gradients(Tensor& step_loss) {
+  if (pipeline_) {  // the loss is already the whole batch's
+    pipeline_->finish_gradients();
+    return;
+  }
   if (tp_model_) tp_model_->finish_gradients();  // with SP the tp sums, under cp the cp sum
+  if (split_.zero >= 2) {  // the gradients were reduce-scattered in backward: the loss alone
+    step_loss = ops::clone(step_loss);
+    mesh_->group("dp")->allreduce({step_loss})->wait();
+    return;
+  }
   const std::vector<Tensor> params = parameters();
   if (split_.cp > 1 && !tp_model_) cp::all_reduce_gradients(params, *mesh_->group("cp"));
   if (split_.dp > 1) {
@@ -148,6 +245,26 @@ void SplitGPT::sum_over_dp(Tensor& shares) {
 }
 
 Tensor SplitGPT::clip_grad_norm_(double max_norm) {
+  if (pipeline_) return models::clip_mesh_grad_norm_(*pipeline_, *mesh_, max_norm);
+  if (fsdp_) return fsdp_->clip_grad_norm_(max_norm);
+  if (split_.zero == 2) {  // the shards' gradients of both optimizers: squares summed over dp
+    NoGradGuard no_grad;
+    std::vector<Tensor> shards, grads;
+    for (const auto* zero : zero_)
+      for (const Tensor& s : zero->parameters())
+        if (s.grad().defined()) {
+          shards.push_back(s);
+          grads.push_back(s.grad());
+        }
+    const auto& dp_group = mesh_->group("dp");
+    const auto sum_over_dp = [&](Tensor& partial, nn::utils::NormReduction) {
+      partial = ops::clone(partial);
+      dp_group->allreduce({partial})->wait();
+    };
+    const Tensor total = nn::utils::get_total_norm(grads, 2.0, false, sum_over_dp, dp_group->device());
+    nn::utils::clip_grads_with_norm_(shards, max_norm, total);
+    return total;
+  }
   if (!tp_model_) return nn::utils::clip_grad_norm_(parameters(), max_norm);
   NoGradGuard no_grad;
   std::vector<Tensor> sharded, replicated;
@@ -203,6 +320,17 @@ void SplitGPT::gather_whole_model() {
 }
 
 void SplitGPT::finish_for_sampling() {
+  if (fsdp_) {  // FSDP's full parameters, on rank 0, into a fresh GPT there
+    nn::TensorDict state = fsdp_->full_state_dict();
+    if (!state.empty()) {
+      state["lm_head.weight"] = state.at("transformer.wte.weight");  // the tied head, by nanoGPT's name
+      auto whole = std::make_shared<models::GPT>(gpt_->config());
+      whole->to(fsdp_->parameters().front().device());
+      whole->load_state_dict(state, "FSDP's gathered parameters");
+      gpt_ = whole;
+    }
+    return;
+  }
   gather_whole_model();
   if (split_.cp > 1) models::set_attention_function(*gpt_, {});
 }

@@ -34,6 +34,20 @@
 //
 // Clipping under tp counts every element once: the sharded gradients' squared norms
 // summed over tp, plus the replicated ones (the same on every tp rank) once.
+//
+// --pp P > 1: the 4-D pipeline (models/gpt_mesh_pipeline.h) on a dp x pp x cp x tp mesh.
+// It runs its own forward and backward (pipeline_step: the micro-batches of the 1F1B or
+// interleaved schedule), its loss already the whole batch's on every rank; its gradients
+// finished once per step (finish_gradients: sp, cp, the tied sum, dp), clipped by
+// models::clip_mesh_grad_norm_. Evaluation goes through the pipeline too: a step in eval
+// mode whose gradients are thrown away (the pipeline has no forward-only schedule).
+//
+// --zero (with --dp alone): 1 and 2 shard AdamW's state (and, 2, the gradients, reduce-
+// scattered in backward) with parallel::ZeroRedundancyOptimizer; 3 wraps the GPT in FSDP by
+// block (parallel::fully_shard_gpt). The library's ZeRO 2/3 average the gradients over dp,
+// so the loss shares are scaled by dp before backward (backward_scale). Under 3 AdamW steps
+// FSDP's flat shards, which mix the 2-D weights with biases and LayerNorms: weight decay
+// only on the weights cannot be had, so --zero 3 needs --weight-decay 0.
 #pragma once
 
 #include <memory>
@@ -44,19 +58,30 @@
 #include <minigrad/core/device.h>
 #include <minigrad/core/tensor.h>
 #include <minigrad/models/gpt.h>
+#include <minigrad/models/gpt_mesh_pipeline.h>
 #include <minigrad/models/gpt_tensor_parallel.h>
+#include <minigrad/nn/optim/adam.h>
 #include <minigrad/nn/optim/optimizer.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
 #include <minigrad/parallel/c10d/process_group.h>
+#include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
+#include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
 
 #include "distributed_run.h"
 
 namespace mg::samples {
 
 struct GPTSplit {
-  int dp = 1, tp = 1, cp = 1;
+  int dp = 1, tp = 1, pp = 1, cp = 1;
   bool sequence_parallel = false;
-  int ranks() const { return dp * tp * cp; }
+  // --pp > 1: the 4-D pipeline's options (--schedule, --micro-batches, --model-chunks).
+  bool interleaved = false;
+  int64_t micro_batches = 0;  // 0: pp
+  int model_chunks = 1;
+  // --zero 1|2|3 over dp (0: none) and --recompute (block checkpointing).
+  int zero = 0;
+  bool recompute = false;
+  int ranks() const { return dp * tp * pp * cp; }
   // "dp 2 x tp 2 x cp 1, sequence parallel"
   std::string str() const;
 };
@@ -65,7 +90,8 @@ struct GPTSplit {
 // world size (1 without one), --sequence-parallel without tp, the batch over dp,
 // the block over 2 * cp and (sequence parallel) its cp part over tp, dropout under cp. OptionError
 // naming the numbers.
-void check_split(const GPTSplit& split, int64_t batch_size, int64_t block_size, double dropout);
+void check_split(const GPTSplit& split, int64_t batch_size, int64_t block_size, double dropout,
+                 double weight_decay = 0.0);
 
 // Joins the job (Gloo on the CPU, NCCL on GPUs; this rank's device: `devices` at
 // LOCAL_RANK, which becomes the list's only entry).
@@ -93,6 +119,27 @@ class SplitGPT {
   void reduce_gradients(Tensor& step_loss);
   // The shares of several evaluation batches [n] summed over dp, in place.
   void sum_over_dp(Tensor& shares);
+
+  // --pp: the pipeline runs forward and backward itself. pipeline_step: one micro-batch
+  // of gradient accumulation, the global batch x, y [B, T]; its loss is the token losses'
+  // sum / divide_by (B T times the accumulation's count), the whole batch's on every rank,
+  // detached. eval_loss: the batch's mean loss (eval mode, gradients dropped).
+  bool pipelined() const { return pipeline_ != nullptr; }
+  Tensor pipeline_step(const Tensor& x, const Tensor& y, double divide_by);
+  double eval_loss(const Tensor& x, const Tensor& y);
+  // eval() / train() on this rank's model (the pipeline's chunks under --pp).
+  void set_training(bool on);
+
+  // --zero 2 and 3 reduce-scatter the gradients as averages over dp (the library's ZeRO and
+  // FSDP follow DDP): each rank's loss share is multiplied by dp before backward.
+  double backward_scale() const { return split_.zero >= 2 ? split_.dp : 1.0; }
+  // --zero 1|2: the optimizer sharded over dp, two ZeroRedundancyOptimizers of AdamW over
+  // the GPT's parameters, one over the 2-D weights (decayed), one over the rest (a flat
+  // shard mixes tensors, so one AdamW over it could not decay only the weights).
+  // Set by the trainer; clip_grad_norm_ and step() then work on them.
+  std::vector<std::unique_ptr<optim::Optimizer>> make_zero_optimizers(const optim::AdamWOptions& options);
+  // The whole GPT on every rank's `gpt` after --zero 3 (FSDP's shards gathered): for a sample.
+  std::shared_ptr<models::GPT> whole_model() const { return gpt_; }
   // clip_grad_norm_ of the whole model's gradient (each element once), the same on every rank.
   Tensor clip_grad_norm_(double max_norm);
   // Every rank: under tp the shards all-gathered into `gpt`, which is then the
@@ -120,7 +167,10 @@ class SplitGPT {
   std::shared_ptr<models::GPT> gpt_;
   GPTSplit split_;
   std::unique_ptr<parallel::DeviceMesh> mesh_;
-  std::shared_ptr<models::TensorParallelGPT> tp_model_;  // null without tp
+  std::shared_ptr<models::TensorParallelGPT> tp_model_;  // null without tp (or with pp)
+  std::shared_ptr<models::GPTMeshPipeline> pipeline_;     // --pp > 1
+  std::shared_ptr<parallel::FullyShardedDataParallel> fsdp_;  // --zero 3
+  std::vector<parallel::ZeroRedundancyOptimizer*> zero_;       // --zero 1|2, owned by the trainer
 };
 
 }  // namespace mg::samples
