@@ -1,6 +1,7 @@
 #include <minigrad/parallel/pipeline/pipeline_stage.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -24,6 +25,12 @@ int message_tag(int64_t j, int boundary, int virtual_stages, int kind) {
 }
 
 }  // namespace
+
+// A receive posted and not yet waited for: the tensor it fills and its Work.
+struct PipelineStage::PendingRecv {
+  Tensor tensor;
+  std::shared_ptr<Work> work;
+};
 
 struct PipelineStage::Header {
   int64_t micro_batches = 0, rows = 0;
@@ -56,11 +63,21 @@ PipeTimeline PipelineStage::last_timeline() const {
 }
 
 PipelineStage::Header PipelineStage::receive_header(int64_t micro_batch, int virtual_stage) {
+  return read_header(post_header_recv(micro_batch, virtual_stage), virtual_stage);
+}
+
+PipelineStage::PendingRecv PipelineStage::post_header_recv(int64_t micro_batch, int virtual_stage) {
   const int p = num_stages(), from = virtual_stage - 1;
   Tensor raw = empty({kHeaderLength}, DType::Int64, group_->device());
-  group_->recv(raw, from % p, message_tag(micro_batch, from, p * num_model_chunks(), kHeaderTag))
-      ->wait();
-  const std::vector<int64_t> v = raw.to_vector<int64_t>();
+  auto work = group_->recv(
+      raw, from % p, message_tag(micro_batch, from, p * num_model_chunks(), kHeaderTag));
+  return {raw, std::move(work)};
+}
+
+PipelineStage::Header PipelineStage::read_header(const PendingRecv& posted, int virtual_stage) {
+  posted.work->wait();
+  const int from = virtual_stage - 1;
+  const std::vector<int64_t> v = posted.tensor.to_vector<int64_t>();
   MG_CHECK(v[3] >= 1 && v[3] <= kMaxRank && (v[2] == static_cast<int64_t>(DType::Float32) ||
                                              v[2] == static_cast<int64_t>(DType::Float64) ||
                                              v[2] == static_cast<int64_t>(DType::Int64)),
@@ -145,8 +162,6 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
   const double start = recorder_->now();
   // Sends in flight, with the tensors they read: kept until the step's end.
   std::vector<std::pair<std::shared_ptr<Work>, Tensor>> sends;
-  // What each (chunk, micro-batch) handed on: its gradient comes back in that form.
-  std::vector<std::pair<Shape, DType>> sent(static_cast<size_t>(v * m));
   auto send = [&](const Tensor& t, int peer, int tag) {
     const Tensor contiguous = t.is_contiguous() ? t : ops::contiguous(t);
     sends.emplace_back(group_->send(context_parallel::wire_view(contiguous), peer, tag), contiguous);
@@ -154,12 +169,36 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
   int64_t stashed = 0;
   last_max_stashed_ = 0;
 
-  for (const Action& a : rank_actions(options_.schedule, s, p, v, m)) {
+  // Receives are posted ahead of need, so a message travels while this rank computes
+  // instead of starting when it is asked for: the next forward's header before each
+  // action, a micro-batch's gradient as soon as its activation has been sent.
+  const std::vector<Action> actions = rank_actions(options_.schedule, s, p, v, m);
+  std::map<std::pair<int64_t, int>, PendingRecv> headers, gradients;  // by (micro-batch, chunk)
+  auto post_next_header = [&](size_t after) {
+    for (size_t n = after + 1; n < actions.size(); ++n) {
+      const Action& next = actions[n];
+      const int k = next.chunk * p + s;
+      if (next.pass != Pass::Forward || k == 0 || (next.micro_batch == 0 && next.chunk == 0))
+        continue;
+      const auto key = std::make_pair(next.micro_batch, next.chunk);
+      if (!headers.count(key)) headers.emplace(key, post_header_recv(next.micro_batch, k));
+      return;
+    }
+  };
+  auto take = [](std::map<std::pair<int64_t, int>, PendingRecv>& posted, int64_t j, int c) {
+    const auto it = posted.find({j, c});
+    MG_CHECK(it != posted.end(), "PipelineStage: no receive was posted for micro-batch {}", j);
+    PendingRecv r = std::move(it->second);
+    posted.erase(it);
+    return r;
+  };
+
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
     const int64_t j = a.micro_batch;
     const int c = a.chunk, k = c * p + s;
     const bool first_k = k == 0, last_k = k + 1 == virtual_stages;
     StageRunner& runner = runners[static_cast<size_t>(c)];
-    auto& handed_on = sent[static_cast<size_t>(c * m + j)];
     try {
       if (a.pass == Pass::Forward) {
         Tensor x;
@@ -169,7 +208,9 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
                                                      micro.sizes[static_cast<size_t>(j)]);
           x = piece.device() == device ? ops::contiguous(piece) : piece.to(device);
         } else {
-          const Header h = j == 0 && c == 0 ? *first_header : receive_header(j, k);
+          if (!(j == 0 && c == 0) && !headers.count({j, c}))
+            headers.emplace(std::make_pair(j, c), post_header_recv(j, k));
+          const Header h = j == 0 && c == 0 ? *first_header : read_header(take(headers, j, c), k);
           MG_CHECK(h.micro_batches == m && h.rows == rows,
                    "virtual stage {} sent a header for {} rows in {} micro-batches, but this "
                    "step has {} rows in {}",
@@ -178,6 +219,7 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
           group_->recv(context_parallel::wire_view(x), (k - 1) % p,
                        tag_of(j, k - 1, kActivationTag))->wait();
         }
+        post_next_header(i);
         const double t0 = recorder_->now();
         const Tensor y = runner.forward(j, x);
         recorder_->record(s, j, a.pass, t0, recorder_->now(), c);
@@ -192,15 +234,19 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
           const int next = (k + 1) % p;
           send(from_vector(header, {kHeaderLength}, device), next, tag_of(j, k, kHeaderTag));
           send(y, next, tag_of(j, k, kActivationTag));
-          handed_on = {y.shape(), y.dtype()};
+          Tensor g = empty(y.shape(), y.dtype(), device);
+          gradients.emplace(std::make_pair(j, c),
+                            PendingRecv{g, group_->recv(context_parallel::wire_view(g), next,
+                                                        tag_of(j, k, kGradientTag))});
         }
       } else {
         Tensor g;
         if (!last_k) {
-          g = empty(handed_on.first, handed_on.second, device);
-          group_->recv(context_parallel::wire_view(g), (k + 1) % p,
-                       tag_of(j, k, kGradientTag))->wait();
+          const PendingRecv r = take(gradients, j, c);
+          r.work->wait();
+          g = r.tensor;
         }
+        post_next_header(i);
         const double t0 = recorder_->now();
         const Tensor grad_input = runner.backward(j, g);
         recorder_->record(s, j, a.pass, t0, recorder_->now(), c);

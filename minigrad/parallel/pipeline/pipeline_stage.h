@@ -88,7 +88,10 @@ class PipelineStage {
 
  private:
   struct Header;
+  struct PendingRecv;
   Header receive_header(int64_t micro_batch, int virtual_stage);
+  PendingRecv post_header_recv(int64_t micro_batch, int virtual_stage);
+  static Header read_header(const PendingRecv& posted, int virtual_stage);
 
   std::vector<nn::ModulePtr> chunks_;
   std::shared_ptr<ProcessGroup> group_;
