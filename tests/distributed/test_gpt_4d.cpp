@@ -23,6 +23,7 @@
 #include <cmath>
 
 #include "catch_compat.h"
+#include "gpt_split_check.h"
 #include "multiprocess.h"
 
 #include <minigrad/autograd/grad_mode.h>
@@ -52,8 +53,6 @@ GPTConfig tiny(int64_t n_layer = 3, bool bias = true) {
   return c;
 }
 
-double value(const Tensor& t) { return ops::to_dtype(t, DType::Float64).item<double>(); }
-double max_abs(const Tensor& t) { return value(ops::abs_max(t)); }
 
 struct Run {
   int64_t B = 5, T = 8;
@@ -66,14 +65,9 @@ struct Run {
   DType dtype = DType::Float64;  // float32: without biases (see the header)
 };
 
-struct Outcome {
-  double loss_error = 0, grad_error = 0, param_error = 0;
-  std::string worst_grad, worst_param;
-};
-
 // One rank's check: its part of the 4-D model against the single-device GPT on the whole
 // batch [B, T]; some targets are -1 (ignored), unevenly over the ranks.
-Outcome against_single_device(const parallel::DeviceMesh& mesh, const Run& run) {
+SplitErrors against_single_device(const parallel::DeviceMesh& mesh, const Run& run) {
   const GPTConfig config = tiny(run.n_layer, run.dtype == DType::Float64);
   manual_seed(1234);
   GPT gpt(config);
@@ -104,7 +98,7 @@ Outcome against_single_device(const parallel::DeviceMesh& mesh, const Run& run) 
   const auto reference = [&](const std::string& name) -> const Tensor& {
     return ref->parameter(name == "lm_head.weight" ? "transformer.wte.weight" : name);
   };
-  Outcome out;
+  SplitErrors out;
   for (int step = 0; step < 3; ++step) {
     ref_opt.zero_grad();
     const Tensor ref_loss = GPT::loss(ref->forward(x), y);
@@ -112,38 +106,20 @@ Outcome against_single_device(const parallel::DeviceMesh& mesh, const Run& run) 
     model->zero_grad();
     const Tensor loss = model->train_step(x_local, y_local);
     out.loss_error = std::max(out.loss_error,
-                              std::abs(value(loss) - value(ref_loss)) / std::abs(value(ref_loss)));
+                              std::abs(as_double(loss) - as_double(ref_loss)) / std::abs(as_double(ref_loss)));
     if (step == 0) {
-      for (const auto& [name, p] : model->named_parameters()) {
-        const Tensor expected = model->shard_of(name, reference(name).grad());
-        const double err = max_abs(p.grad() - expected) / std::max(max_abs(expected), 1e-6);
-        if (err >= out.grad_error) {
-          out.grad_error = err;
-          out.worst_grad = name;
-        }
-      }
+      out.compare_grads(model->named_parameters(), [&](const std::string& name) {
+        return model->shard_of(name, reference(name).grad());
+      });
     }
     ref_opt.step();
     opt.step();
   }
   NoGradGuard no_grad;
-  for (const auto& [name, p] : model->named_parameters()) {
-    const double err = max_abs(p - model->shard_of(name, reference(name)));
-    if (err >= out.param_error) {
-      out.param_error = err;
-      out.worst_param = name;
-    }
-  }
+  out.compare_params(model->named_parameters(), [&](const std::string& name) {
+    return model->shard_of(name, reference(name));
+  });
   return out;
-}
-
-void report(RankContext& ctx, const std::string& prefix, const Outcome& o) {
-  ctx.report(prefix + " errors", std::vector<float>{static_cast<float>(o.loss_error),
-                                                    static_cast<float>(o.grad_error),
-                                                    static_cast<float>(o.param_error)});
-  ctx.report(prefix + " where",
-             fmt::format("loss {:.2e}, gradient {:.2e} ({}), parameter {:.2e} ({})", o.loss_error,
-                         o.grad_error, o.worst_grad, o.param_error, o.worst_param));
 }
 
 void require_equal(const RankResult& r, const std::string& prefix, float grads = 1e-10f,
@@ -204,20 +180,20 @@ TEST_CASE("GPT tp2 x pp2 on 4 Gloo ranks equals the single-device GPT (1F1B, SP,
   auto results = run_ranks(4, [](RankContext& ctx) {
     parallel::DeviceMesh mesh(ctx.gloo(), {{"pp", 2}, {"tp", 2}});
     // n_layer 3: blocks 2 and 1; 5 rows in 2 micro-batches (3 + 2).
-    report(ctx, "tp2pp2", against_single_device(mesh, {}));
+    report_errors(ctx, "tp2pp2", against_single_device(mesh, {}));
     Run sp;
     sp.sp = true;
     sp.micro_batches = 3;
-    report(ctx, "tp2pp2 sp", against_single_device(mesh, sp));
+    report_errors(ctx, "tp2pp2 sp", against_single_device(mesh, sp));
     Run interleaved;
     interleaved.schedule = parallel::Schedule::Interleaved1F1B;
     interleaved.model_chunks = 2;
     interleaved.n_layer = 4;
     interleaved.micro_batches = 3;
-    report(ctx, "tp2pp2 interleaved", against_single_device(mesh, interleaved));
+    report_errors(ctx, "tp2pp2 interleaved", against_single_device(mesh, interleaved));
     {
       testing::FaultGuard fault(testing::Fault::PipelineTiedGradNotSummed);
-      report(ctx, "tied fault", against_single_device(mesh, {}));
+      report_errors(ctx, "tied fault", against_single_device(mesh, {}));
     }
     ctx.report("collectives", tp_collectives(mesh, false));
     ctx.report("collectives sp", tp_collectives(mesh, true));
@@ -270,9 +246,9 @@ TEST_CASE("GPT dp2 x pp2 on 4 Gloo ranks (uneven batch rows) equals the single-d
           "and so does dp2 x pp1 x tp2 (one stage: the head reads wte itself)", "[gpt_4d]") {
   auto results = run_ranks(4, [](RankContext& ctx) {
     parallel::DeviceMesh mesh(ctx.gloo(), {{"dp", 2}, {"pp", 2}, {"tp", 1}});
-    report(ctx, "dp2pp2", against_single_device(mesh, {}));  // rows 3 and 2
+    report_errors(ctx, "dp2pp2", against_single_device(mesh, {}));  // rows 3 and 2
     parallel::DeviceMesh one_stage(ctx.gloo(), {{"dp", 2}, {"pp", 1}, {"tp", 2}});
-    report(ctx, "dp2tp2", against_single_device(one_stage, {}));
+    report_errors(ctx, "dp2tp2", against_single_device(one_stage, {}));
     const auto named = models::pipeline_gpt_on_mesh(GPT(tiny()), one_stage, {})->named_parameters();
     ctx.report("head copies",
                std::vector<float>{static_cast<float>(std::count_if(
@@ -292,17 +268,17 @@ TEST_CASE("GPT dp2 x tp2 x pp2 on 8 Gloo ranks equals the single-device GPT (wit
           "SP), the tied shard's gradient unsummed is caught", "[gpt_4d]") {
   auto results = run_ranks(8, [](RankContext& ctx) {
     parallel::DeviceMesh mesh(ctx.gloo(), {{"dp", 2}, {"pp", 2}, {"tp", 2}});
-    report(ctx, "3d", against_single_device(mesh, {}));
+    report_errors(ctx, "3d", against_single_device(mesh, {}));
     Run sp;
     sp.sp = true;
     sp.micro_batches = 3;  // dp rank 0: 3 rows in 3, dp rank 1: 2 rows in 2
     sp.checkpoint = parallel::Checkpoint::Always;  // the tp collectives run again in backward
-    report(ctx, "3d sp", against_single_device(mesh, sp));
+    report_errors(ctx, "3d sp", against_single_device(mesh, sp));
     Run f32;
     f32.dtype = DType::Float32;
-    report(ctx, "3d f32", against_single_device(mesh, f32));
+    report_errors(ctx, "3d f32", against_single_device(mesh, f32));
     testing::FaultGuard fault(testing::Fault::PipelineTiedGradNotSummed);
-    report(ctx, "3d fault", against_single_device(mesh, {}));
+    report_errors(ctx, "3d fault", against_single_device(mesh, {}));
   });
   INFO(describe(results));
   for (const RankResult& r : results) {
@@ -322,10 +298,10 @@ TEST_CASE("GPT dp2 x pp2 x cp2 x tp2 on 16 Gloo ranks equals the single-device G
     // T = 8: cp chunks of 2; SP cuts the cp-local 4 positions into 2 per tp rank.
     Run run;
     run.n_layer = 2;
-    report(ctx, "4d", against_single_device(mesh, run));
+    report_errors(ctx, "4d", against_single_device(mesh, run));
     run.sp = true;
     run.micro_batches = 3;
-    report(ctx, "4d sp", against_single_device(mesh, run));
+    report_errors(ctx, "4d sp", against_single_device(mesh, run));
     GPTConfig dropping = tiny(2);
     dropping.dropout = 0.1;
     GPT gpt(dropping);

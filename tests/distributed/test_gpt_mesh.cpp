@@ -23,6 +23,7 @@
 #include <cmath>
 
 #include "catch_compat.h"
+#include "gpt_split_check.h"
 #include "multiprocess.h"
 
 #include <minigrad/autograd/grad_mode.h>
@@ -54,19 +55,6 @@ GPTConfig tiny(bool bias = true, double dropout = 0.0) {
   return c;
 }
 
-double value(const Tensor& t) { return ops::to_dtype(t, DType::Float64).item<double>(); }
-double max_abs(const Tensor& t) { return value(ops::abs_max(t)); }
-
-struct Outcome {
-  double loss_error = 0, grad_error = 0, param_error = 0;
-  std::string worst_grad, worst_param;
-};
-
-// The rows of the batch dp rank `dp_rank` of `dp` takes (the first B % dp take one more).
-std::pair<int64_t, int64_t> rows_of(int64_t B, int dp, int dp_rank) {
-  const int64_t base = B / dp, extra = B % dp;
-  return {dp_rank * base + std::min<int64_t>(dp_rank, extra), base + (dp_rank < extra ? 1 : 0)};
-}
 
 // Sums every gradient over the dp group in place (float64 through the wire's bits).
 void sum_over_dp(const std::vector<Tensor>& parameters, parallel::ProcessGroup& dp) {
@@ -79,7 +67,7 @@ void sum_over_dp(const std::vector<Tensor>& parameters, parallel::ProcessGroup& 
 // device GPT on the whole batch [B, T]. With `ddp` the dp sum is DistributedDataParallel's
 // average during backward (float32: the buckets' all-reduce), each rank dividing by the
 // count of targets / dp.
-Outcome against_single_device(const parallel::DeviceMesh& mesh, const GPTConfig& config,
+SplitErrors against_single_device(const parallel::DeviceMesh& mesh, const GPTConfig& config,
                               int64_t B, int64_t T, bool sp, DType dtype, bool ddp = false) {
   manual_seed(1234);
   GPT gpt(config);
@@ -112,7 +100,7 @@ Outcome against_single_device(const parallel::DeviceMesh& mesh, const GPTConfig&
 
   optim::AdamW ref_opt(ref->parameters(), optim::AdamWOptions(1e-3));
   optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
-  Outcome out;
+  SplitErrors out;
   for (int step = 0; step < 3; ++step) {
     ref_opt.zero_grad();
     const Tensor ref_loss = GPT::loss(ref->forward(x), y);
@@ -128,37 +116,19 @@ Outcome against_single_device(const parallel::DeviceMesh& mesh, const GPTConfig&
       if (ddp) loss = loss / static_cast<double>(dp);
     }
     if (step == 0) {
-      out.loss_error = std::abs(value(loss) - value(ref_loss)) / std::abs(value(ref_loss));
-      for (const auto& [name, p] : model->named_parameters()) {
-        const Tensor expected = model->shard_of(name, ref->parameter(name).grad());
-        const double err = max_abs(p.grad() - expected) / std::max(max_abs(expected), 1e-6);
-        if (err >= out.grad_error) {
-          out.grad_error = err;
-          out.worst_grad = name;
-        }
-      }
+      out.loss_error = std::abs(as_double(loss) - as_double(ref_loss)) / std::abs(as_double(ref_loss));
+      out.compare_grads(model->named_parameters(), [&](const std::string& name) {
+        return model->shard_of(name, ref->parameter(name).grad());
+      });
     }
     ref_opt.step();
     opt.step();
   }
   NoGradGuard no_grad;
-  for (const auto& [name, p] : model->named_parameters()) {
-    const double err = max_abs(p - model->shard_of(name, ref->parameter(name)));
-    if (err >= out.param_error) {
-      out.param_error = err;
-      out.worst_param = name;
-    }
-  }
+  out.compare_params(model->named_parameters(), [&](const std::string& name) {
+    return model->shard_of(name, ref->parameter(name));
+  });
   return out;
-}
-
-void report(RankContext& ctx, const std::string& prefix, const Outcome& o) {
-  ctx.report(prefix + " errors", std::vector<float>{static_cast<float>(o.loss_error),
-                                                    static_cast<float>(o.grad_error),
-                                                    static_cast<float>(o.param_error)});
-  ctx.report(prefix + " where",
-             fmt::format("loss {:.2e}, gradient {:.2e} ({}), parameter {:.2e} ({})", o.loss_error,
-                         o.grad_error, o.worst_grad, o.param_error, o.worst_param));
 }
 
 void require_equal(const RankResult& r, const std::string& prefix, float grads, float params) {
@@ -210,17 +180,17 @@ TEST_CASE("GPT cp2 x tp2 on 4 Gloo ranks equals the single-device GPT, unsummed 
           "are caught, impossible splits refused", "[gpt_mesh]") {
   auto results = run_ranks(4, [](RankContext& ctx) {
     parallel::DeviceMesh mesh(ctx.gloo(), {{"cp", 2}, {"tp", 2}});
-    report(ctx, "cp2tp2", against_single_device(mesh, tiny(), 3, 8, false, DType::Float64));
-    report(ctx, "cp2tp2 sp", against_single_device(mesh, tiny(), 3, 12, true, DType::Float64));
-    report(ctx, "cp2tp2 f32",
+    report_errors(ctx, "cp2tp2", against_single_device(mesh, tiny(), 3, 8, false, DType::Float64));
+    report_errors(ctx, "cp2tp2 sp", against_single_device(mesh, tiny(), 3, 12, true, DType::Float64));
+    report_errors(ctx, "cp2tp2 f32",
            against_single_device(mesh, tiny(false), 3, 8, true, DType::Float32));
     {
       testing::FaultGuard fault(testing::Fault::ContextParallelGradsNotReduced);
-      report(ctx, "cp fault", against_single_device(mesh, tiny(), 3, 8, false, DType::Float64));
+      report_errors(ctx, "cp fault", against_single_device(mesh, tiny(), 3, 8, false, DType::Float64));
     }
     {
       testing::FaultGuard fault(testing::Fault::SequenceParallelGradsNotReduced);
-      report(ctx, "sp fault", against_single_device(mesh, tiny(), 3, 8, true, DType::Float64));
+      report_errors(ctx, "sp fault", against_single_device(mesh, tiny(), 3, 8, true, DType::Float64));
     }
     ctx.report("collectives", tp_collectives(mesh, 3, 8, false));
     ctx.report("collectives sp", tp_collectives(mesh, 3, 8, true));
@@ -266,12 +236,12 @@ TEST_CASE("GPT dp2 x cp2 x tp2 on 8 Gloo ranks (uneven batch rows) equals the si
   auto results = run_ranks(8, [](RankContext& ctx) {
     parallel::DeviceMesh mesh(ctx.gloo(), {{"dp", 2}, {"cp", 2}, {"tp", 2}});
     // B = 5: dp rank 0 takes 3 rows, dp rank 1 takes 2; T = 12: cp chunks of 3, SP 3 each.
-    report(ctx, "3d", against_single_device(mesh, tiny(), 5, 12, false, DType::Float64));
-    report(ctx, "3d sp", against_single_device(mesh, tiny(), 5, 12, true, DType::Float64));
-    report(ctx, "3d ddp f32",
+    report_errors(ctx, "3d", against_single_device(mesh, tiny(), 5, 12, false, DType::Float64));
+    report_errors(ctx, "3d sp", against_single_device(mesh, tiny(), 5, 12, true, DType::Float64));
+    report_errors(ctx, "3d ddp f32",
            against_single_device(mesh, tiny(false), 5, 12, true, DType::Float32, true));
     testing::FaultGuard fault(testing::Fault::ContextParallelGradsNotReduced);
-    report(ctx, "3d fault", against_single_device(mesh, tiny(), 5, 12, true, DType::Float64));
+    report_errors(ctx, "3d fault", against_single_device(mesh, tiny(), 5, 12, true, DType::Float64));
   });
   INFO(describe(results));
   for (const RankResult& r : results) {

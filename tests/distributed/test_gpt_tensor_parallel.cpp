@@ -18,6 +18,7 @@
 #ifdef MINIGRAD_WITH_GLOO
 
 #include "catch_compat.h"
+#include "gpt_split_check.h"
 #include "multiprocess.h"
 
 #include <minigrad/autograd/grad_mode.h>
@@ -65,24 +66,10 @@ Batch make_batch(const GPTConfig& c, int64_t B, int64_t T) {
   return b;
 }
 
-double max_abs(const Tensor& t) { return static_cast<double>(ops::abs_max(t).item<float>()); }
-
-struct Outcome {
-  double loss_error = 0, grad_error = 0, param_error = 0;
-  std::string worst_grad, worst_param;
-};
-
-// The rows of the batch that data-parallel rank `dp_rank` of `dp` takes: uneven when B
-// does not divide (the first B % dp ranks take one more).
-std::pair<int64_t, int64_t> rows_of(int64_t B, int dp, int dp_rank) {
-  const int64_t base = B / dp, extra = B % dp;
-  const int64_t start = dp_rank * base + std::min<int64_t>(dp_rank, extra);
-  return {start, base + (dp_rank < extra ? 1 : 0)};
-}
 
 // The check one rank runs: the TP model on its rows (all of them without a dp group)
 // against the single-device GPT on the whole batch.
-Outcome against_single_device(const GPTConfig& config, int64_t B, int64_t T,
+SplitErrors against_single_device(const GPTConfig& config, int64_t B, int64_t T,
                               const parallel::TensorParallelGroupPtr& tp,
                               const std::shared_ptr<parallel::ProcessGroup>& dp, bool sp,
                               bool ddp = false) {
@@ -104,7 +91,7 @@ Outcome against_single_device(const GPTConfig& config, int64_t B, int64_t T,
 
   optim::AdamW ref_opt(ref->parameters(), optim::AdamWOptions(1e-3));
   optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
-  Outcome out;
+  SplitErrors out;
   for (int step = 0; step < 3; ++step) {
     ref_opt.zero_grad();
     const Tensor ref_loss = GPT::loss(ref->forward(batch.x), batch.y);
@@ -126,36 +113,18 @@ Outcome against_single_device(const GPTConfig& config, int64_t B, int64_t T,
     if (step == 0) {
       out.loss_error = std::abs(loss.item<float>() - ref_loss.item<float>()) /
                        std::abs(ref_loss.item<float>());
-      for (const auto& [name, p] : model->named_parameters()) {
-        const Tensor expected = model->shard_of(name, ref->parameter(name).grad());
-        const double err = max_abs(p.grad() - expected) / std::max(max_abs(expected), 1e-6);
-        if (err >= out.grad_error) {
-          out.grad_error = err;
-          out.worst_grad = name;
-        }
-      }
+      out.compare_grads(model->named_parameters(), [&](const std::string& name) {
+        return model->shard_of(name, ref->parameter(name).grad());
+      });
     }
     ref_opt.step();
     opt.step();
   }
   NoGradGuard no_grad;
-  for (const auto& [name, p] : model->named_parameters()) {
-    const double err = max_abs(p - model->shard_of(name, ref->parameter(name)));
-    if (err >= out.param_error) {
-      out.param_error = err;
-      out.worst_param = name;
-    }
-  }
+  out.compare_params(model->named_parameters(), [&](const std::string& name) {
+    return model->shard_of(name, ref->parameter(name));
+  });
   return out;
-}
-
-void report(RankContext& ctx, const std::string& prefix, const Outcome& o) {
-  ctx.report(prefix + " errors", std::vector<float>{static_cast<float>(o.loss_error),
-                                                    static_cast<float>(o.grad_error),
-                                                    static_cast<float>(o.param_error)});
-  ctx.report(prefix + " where", fmt::format("loss {:.2e}, gradient {:.2e} ({}), parameter {:.2e} ({})",
-                                            o.loss_error, o.grad_error, o.worst_grad,
-                                            o.param_error, o.worst_param));
 }
 
 void require_equal(const RankResult& r, const std::string& prefix) {
@@ -197,14 +166,14 @@ TEST_CASE("GPT tensor parallel over 2 Gloo ranks equals the single-device GPT, f
   const GPTConfig config = tiny(4, 16);
   auto results = run_ranks(2, [&](RankContext& ctx) {
     auto tp = parallel::tensor_parallel_group(ctx.gloo());
-    report(ctx, "tp2", against_single_device(config, 3, 7, tp, nullptr, false));
+    report_errors(ctx, "tp2", against_single_device(config, 3, 7, tp, nullptr, false));
     {
       mg::testing::FaultGuard fault(mg::testing::Fault::VocabParallelLossNotReduced);
-      report(ctx, "loss fault", against_single_device(config, 3, 7, tp, nullptr, false));
+      report_errors(ctx, "loss fault", against_single_device(config, 3, 7, tp, nullptr, false));
     }
     {
       mg::testing::FaultGuard fault(mg::testing::Fault::RowParallelBiasPerRank);
-      report(ctx, "row fault", against_single_device(config, 3, 7, tp, nullptr, false));
+      report_errors(ctx, "row fault", against_single_device(config, 3, 7, tp, nullptr, false));
     }
     ctx.report("collectives", step_collectives(config, 3, 6, tp, false));
   });
@@ -230,14 +199,14 @@ TEST_CASE("GPT tensor + sequence parallel over 2 Gloo ranks equals the single-de
   const GPTConfig config = tiny(4, 16);
   auto results = run_ranks(2, [&](RankContext& ctx) {
     auto tp = parallel::tensor_parallel_group(ctx.gloo());
-    report(ctx, "sp", against_single_device(config, 3, 8, tp, nullptr, true));
+    report_errors(ctx, "sp", against_single_device(config, 3, 8, tp, nullptr, true));
     {
       mg::testing::FaultGuard fault(mg::testing::Fault::SequenceParallelGradsNotReduced);
-      report(ctx, "sp fault", against_single_device(config, 3, 8, tp, nullptr, true));
+      report_errors(ctx, "sp fault", against_single_device(config, 3, 8, tp, nullptr, true));
     }
     {
       mg::testing::FaultGuard fault(mg::testing::Fault::VocabParallelLossNotReduced);
-      report(ctx, "sp loss fault", against_single_device(config, 3, 8, tp, nullptr, true));
+      report_errors(ctx, "sp loss fault", against_single_device(config, 3, 8, tp, nullptr, true));
     }
     ctx.report("collectives", step_collectives(config, 3, 6, tp, true));
   });
@@ -265,7 +234,7 @@ TEST_CASE("GPT tensor + sequence parallel over 2 Gloo ranks equals the single-de
 TEST_CASE("GPT tensor parallel over 3 and 4 Gloo ranks equals the single-device GPT", "[gpt_tp]") {
   auto three = run_ranks(3, [](RankContext& ctx) {
     auto tp = parallel::tensor_parallel_group(ctx.gloo());
-    report(ctx, "tp3", against_single_device(tiny(3, 12), 2, 5, tp, nullptr, false));
+    report_errors(ctx, "tp3", against_single_device(tiny(3, 12), 2, 5, tp, nullptr, false));
   });
   INFO(describe(three));
   for (const RankResult& r : three) {
@@ -274,7 +243,7 @@ TEST_CASE("GPT tensor parallel over 3 and 4 Gloo ranks equals the single-device 
   }
   auto four = run_ranks(4, [](RankContext& ctx) {
     auto tp = parallel::tensor_parallel_group(ctx.gloo());
-    report(ctx, "tp4", against_single_device(tiny(4, 16), 2, 5, tp, nullptr, false));
+    report_errors(ctx, "tp4", against_single_device(tiny(4, 16), 2, 5, tp, nullptr, false));
   });
   INFO(describe(four));
   for (const RankResult& r : four) {
@@ -290,12 +259,12 @@ TEST_CASE("GPT dp2 x tp2 (uneven batch rows, gradients summed over the dp group,
     parallel::DeviceMesh mesh(world, {{"dp", 2}, {"tp", 2}});
     auto tp = parallel::tensor_parallel_group(mesh.group("tp"));
     // B = 5: dp rank 0 takes 3 rows, dp rank 1 takes 2.
-    report(ctx, "dp2tp2", against_single_device(tiny(4, 16), 5, 6, tp, mesh.group("dp"), false));
-    report(ctx, "dp2tp2 sp", against_single_device(tiny(4, 16), 5, 6, tp, mesh.group("dp"), true));
+    report_errors(ctx, "dp2tp2", against_single_device(tiny(4, 16), 5, 6, tp, mesh.group("dp"), false));
+    report_errors(ctx, "dp2tp2 sp", against_single_device(tiny(4, 16), 5, 6, tp, mesh.group("dp"), true));
     // DistributedDataParallel over the dp group, with and without SP: its average is the
     // single-device mean for uneven rows too, with each rank dividing by targets / dp.
-    report(ctx, "dp2tp2 ddp", against_single_device(tiny(4, 16), 5, 6, tp, mesh.group("dp"), false, true));
-    report(ctx, "dp2tp2 ddp sp", against_single_device(tiny(4, 16), 5, 6, tp, mesh.group("dp"), true, true));
+    report_errors(ctx, "dp2tp2 ddp", against_single_device(tiny(4, 16), 5, 6, tp, mesh.group("dp"), false, true));
+    report_errors(ctx, "dp2tp2 ddp sp", against_single_device(tiny(4, 16), 5, 6, tp, mesh.group("dp"), true, true));
   });
   INFO(describe(results));
   for (const RankResult& r : results) {
