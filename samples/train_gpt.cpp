@@ -175,13 +175,8 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       // --dp 1 alone is the single-device run; under a launcher a job of one rank.
       o.distributed = o.split.ranks() > 1 || parallel::in_launched_job();
     }
-    // Under --dp/--tp/--cp rank 0 alone writes the files (the others would see its
-    // checkpoint's temporary file as a stale one).
-    if (o.split.pp > 1 || o.split.zero > 0) {
-      const char* what = o.split.pp > 1 ? "--pp" : "--zero";
-      if (!o.save.empty() || !o.resume.empty())
-        throw samples::OptionError(fmt::format("{}: --save and --resume are not supported (the checkpoint's single-device layout is gathered under --tp only)", what));
-    }
+    // Under a split rank 0 alone writes the files (the others would see its checkpoint's
+    // temporary file as a stale one).
     const bool elsewhere = o.distributed && parallel::LaunchEnvironment::from_environment().rank != 0;
     samples::check_file_flags(kProgram, {{"--save", o.save, elsewhere, ""}, {"--metrics", o.metrics, elsewhere, ""},
                                          {"--plot", o.plot, elsewhere, ""}},
@@ -222,8 +217,10 @@ struct Run {
   std::unique_ptr<optim::AdamW> optimizer;
   // --zero 1|2: the sharded optimizers (support/gpt_parallel.h), in place of `optimizer`.
   std::vector<std::unique_ptr<optim::Optimizer>> zero;
-  // Under --tp: an optimizer over the whole model, grouped alike, that holds the gathered
-  // state for a checkpoint in the single-device layout (and a resumed one's, to shard).
+  std::vector<optim::Optimizer*> optimizers;  // the step's: `optimizer` or the `zero` pair
+  // Under --tp, --pp and --zero: an optimizer over the whole model, grouped alike, that
+  // holds the gathered state for a checkpoint in the single-device layout (and a resumed
+  // one's, to shard).
   std::unique_ptr<optim::AdamW> whole_optimizer;
   data::TokenSplits splits;
   std::vector<samples::LossPoint> history;
@@ -231,15 +228,16 @@ struct Run {
   Device device = Device::cpu();
 };
 
-// Every rank calls it (under --tp the shards are gathered first); rank 0 writes.
+// Every rank calls it (under --tp, --pp and --zero the parts are gathered first); rank 0 writes.
 void save_checkpoint(Run& run, int64_t step) {
+  std::shared_ptr<models::GPT> model = run.model;
   if (run.whole_optimizer) {
-    run.split->gather_whole_model();
-    run.split->gather_optimizer(*run.optimizer, *run.whole_optimizer);
+    model = run.split->gather_whole_model();  // under --zero 3 a GPT of its own on rank 0
+    run.split->gather_optimizer(run.optimizers, *run.whole_optimizer);
   }
   if (run.dist.rank != 0) return;
   nn::Checkpoint ck;
-  ck.put("model.", run.model->state_dict());
+  ck.put("model.", model->state_dict());
   ck.put("optim.", (run.whole_optimizer ? run.whole_optimizer : run.optimizer)->state_dict());
   const Generator::State gen = default_generator().state();
   ck.metadata = {{"step", std::to_string(step)},
@@ -252,7 +250,8 @@ void save_checkpoint(Run& run, int64_t step) {
 }
 
 // Loads --resume into the model, the optimizer and the generator; returns its step. Every
-// rank reads the file (under --tp each takes its shards of the model and of the state).
+// rank reads the file (under --tp, --pp and --zero each takes its part of the model and
+// of the state).
 int64_t load_checkpoint(Run& run) {
   const std::string& path = run.options.resume;
   const nn::Checkpoint ck = nn::load_tensors(path);
@@ -271,9 +270,9 @@ int64_t load_checkpoint(Run& run) {
   optim::AdamW& optimizer = run.whole_optimizer ? *run.whole_optimizer : *run.optimizer;
   run.model->check_state_dict(model_state, path);
   optimizer.check_state_dict(optim_state, path);
-  run.model->load_state_dict(model_state, path);
   optimizer.load_state_dict(optim_state, path);
-  if (run.whole_optimizer) run.split->scatter_whole_state(optimizer, *run.optimizer);
+  if (run.whole_optimizer) run.split->scatter_whole_state(model_state, optimizer, run.optimizers);
+  else run.model->load_state_dict(model_state, path);
   default_generator().set_state({std::stoull(meta("generator_seed")), std::stoull(meta("generator_offset"))});
   run.metrics_csv = meta("metrics");
   return std::stoll(meta("step"));
@@ -353,7 +352,10 @@ int train(Options options) {
     run.zero = run.split->make_zero_optimizers(optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay));
   else
     run.optimizer = adamw(trained);
-  if (o.split.tp > 1 && (!o.save.empty() || !o.resume.empty())) run.whole_optimizer = adamw(run.model->parameters());
+  if (run.split && run.split->shards_state() && (!o.save.empty() || !o.resume.empty()))
+    run.whole_optimizer = adamw(run.model->parameters());
+  if (run.optimizer) run.optimizers.push_back(run.optimizer.get());
+  for (const auto& z : run.zero) run.optimizers.push_back(z.get());
   const optim::WarmupCosine schedule(o.lr, o.min_lr, o.warmup, o.decay_iters);
 
   int64_t step = 0;
@@ -379,12 +381,7 @@ int train(Options options) {
   }
 
   // The step's optimizer calls: AdamW, or the --zero pair.
-  const auto optimizers = [&] {
-    std::vector<optim::Optimizer*> out;
-    if (run.optimizer) out.push_back(run.optimizer.get());
-    for (const auto& z : run.zero) out.push_back(z.get());
-    return out;
-  }();
+  const std::vector<optim::Optimizer*>& optimizers = run.optimizers;
   samples::install_stop_handlers();
   samples::StepTracer tracer(o.trace, run.dist.group);
   const auto run_start = Clock::now();
@@ -470,9 +467,8 @@ int train(Options options) {
   if (rank0) fmt::print("trained {} steps in {:.1f} s: {:.0f} tokens/s\n", o.iters, seconds,
              static_cast<double>(o.iters * tokens_per_step) / seconds);
 
-  // Under --pp the stages' shards are not gathered: no sample.
-  const bool sample = o.sample_chars > 0 && o.split.pp == 1;
-  if (o.sample_chars > 0 && o.split.pp > 1 && rank0) fmt::print("(no sample under --pp: the stages' shards are not gathered)\n");
+  // Under a split the whole model is gathered first (tp shards, pp stages, FSDP's shards).
+  const bool sample = o.sample_chars > 0;
   if (run.split && sample) {  // every rank
     run.split->finish_for_sampling();
     run.model = run.split->whole_model();  // under --zero 3 a fresh GPT with the gathered weights
