@@ -13,6 +13,7 @@
 //   build/bin/minigrad-run --nproc-per-node 8 build/bin/train_gpt --devices cpu --dp 2 --tp 2 --pp 2
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_gpt --devices cpu --pp 2 --schedule interleaved --model-chunks 2
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_gpt --devices cpu --dp 2 --zero 2
+//   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_gpt --devices cpu --pp 2 --save gpt.safetensors
 //
 // The loop is nanoGPT's train.py: every --eval-interval steps the mean loss of
 // --eval-iters batches of the training and the validation text (eval mode, no gradient);
@@ -33,14 +34,15 @@
 // data, tensor and context parallelism; support/gpt_parallel.h holds the split (which rows,
 // shards and positions a rank takes, how the gradients are reduced), and this loop calls it
 // in three places: the loss, the gradients' reduction, the clip. Rank 0 prints the numbers
-// the single-device run prints, writes the files and the sample. Checkpoints keep the
-// single-device layout under any split (under --tp the shards of the model and of AdamW's
-// state are gathered first), so a run saved under one split resumes under another.
-// --pp P > 1 runs the 4-D pipeline (--schedule 1f1b|interleaved, --micro-batches,
-// --model-chunks), which does forward and backward itself (the loop's fourth place:
-// pipeline_step; evaluation through it too). --zero 1|2|3 shards AdamW's state, the
-// gradients, the parameters over --dp (ZeRO-1/2, FSDP by block); --recompute checkpoints
-// the blocks. Under --pp and --zero there is no --save/--resume; under --pp no sample.
+// the single-device run prints, writes the files and the sample. --pp P > 1 runs the 4-D
+// pipeline (--schedule 1f1b|interleaved, --micro-batches, --model-chunks), which does
+// forward and backward itself (the loop's fourth place: pipeline_step; evaluation through
+// it too). --zero 1|2|3 shards AdamW's state, the gradients, the parameters over --dp
+// (ZeRO-1/2, FSDP by block); --recompute checkpoints the blocks. Checkpoints and the
+// sample keep the single-device layout under any split: the tp shards, the pipeline's
+// stages (the head's copy of wte left out) and the ZeRO/FSDP shards of the model and of
+// AdamW's state are gathered first (support/gpt_parallel_checkpoint.cpp), so a run saved
+// under one split resumes under another, or on one device, and the other way round.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -48,6 +48,10 @@
 // so the loss shares are scaled by dp before backward (backward_scale). Under 3 AdamW steps
 // FSDP's flat shards, which mix the 2-D weights with biases and LayerNorms: weight decay
 // only on the weights cannot be had, so --zero 3 needs --weight-decay 0.
+//
+// Checkpoints and the sample (gpt_parallel_checkpoint.cpp): under every split the whole
+// model in nanoGPT's names and the single-device AdamW's state, gathered from the tp
+// shards, the pp stages, the ZeRO and FSDP shards, and scattered back on resume.
 #pragma once
 
 #include <memory>

@@ -130,7 +130,7 @@ void require_same_losses(const std::string& resumed, const std::string& whole) {
 
 }  // namespace
 
-TEST_CASE("train_gpt --save under --dp 2 --tp 2 --pp 2 writes the single-device checkpoint and sample; "
+TEST_CASE("train_gpt --save under --dp 2 --tp 2 --pp 2 writes the single-device checkpoint and sample, "
           "one device resumes it, and --dp 2 --tp 2 --pp 2 resumes a single-device one, to the "
           "uninterrupted run") {
   Runs runs("--n-layer 2 --sample-chars 30");
@@ -179,7 +179,7 @@ TEST_CASE("train_gpt --save under --dp 2 --zero 1 writes the single-device check
   runs.require_same_checkpoint("resumed", "whole");
 }
 
-TEST_CASE("train_gpt --save under --dp 2 --zero 3 (FSDP) writes the single-device checkpoint; one "
+TEST_CASE("train_gpt --save under --dp 2 --zero 3 (FSDP) writes the single-device checkpoint, one "
           "device resumes it, and --dp 2 --zero 3 resumes a single-device one") {
   Runs runs("--n-layer 2 --sample-chars 0 --weight-decay 0");
   const std::string whole = runs.run(0, "", 8, "whole");
