@@ -21,7 +21,6 @@
 #include "gpt_parallel.h"
 
 #include <map>
-#include <set>
 
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/ops.h>
