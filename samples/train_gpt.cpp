@@ -13,6 +13,7 @@
 //   build/bin/minigrad-run --nproc-per-node 8 build/bin/train_gpt --devices cpu --dp 2 --tp 2 --pp 2
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_gpt --devices cpu --pp 2 --schedule interleaved --model-chunks 2
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_gpt --devices cpu --dp 2 --zero 2
+//   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_gpt --devices cpu --pp 2 --save gpt.safetensors
 //
 // The loop is nanoGPT's train.py: every --eval-interval steps the mean loss of
 // --eval-iters batches of the training and the validation text (eval mode, no gradient);
@@ -33,14 +34,15 @@
 // data, tensor and context parallelism; support/gpt_parallel.h holds the split (which rows,
 // shards and positions a rank takes, how the gradients are reduced), and this loop calls it
 // in three places: the loss, the gradients' reduction, the clip. Rank 0 prints the numbers
-// the single-device run prints, writes the files and the sample. Checkpoints keep the
-// single-device layout under any split (under --tp the shards of the model and of AdamW's
-// state are gathered first), so a run saved under one split resumes under another.
-// --pp P > 1 runs the 4-D pipeline (--schedule 1f1b|interleaved, --micro-batches,
-// --model-chunks), which does forward and backward itself (the loop's fourth place:
-// pipeline_step; evaluation through it too). --zero 1|2|3 shards AdamW's state, the
-// gradients, the parameters over --dp (ZeRO-1/2, FSDP by block); --recompute checkpoints
-// the blocks. Under --pp and --zero there is no --save/--resume; under --pp no sample.
+// the single-device run prints, writes the files and the sample. --pp P > 1 runs the 4-D
+// pipeline (--schedule 1f1b|interleaved, --micro-batches, --model-chunks), which does
+// forward and backward itself (the loop's fourth place: pipeline_step; evaluation through
+// it too). --zero 1|2|3 shards AdamW's state, the gradients, the parameters over --dp
+// (ZeRO-1/2, FSDP by block); --recompute checkpoints the blocks. Checkpoints and the
+// sample keep the single-device layout under any split: the tp shards, the pipeline's
+// stages (the head's copy of wte left out) and the ZeRO/FSDP shards of the model and of
+// AdamW's state are gathered first (support/gpt_parallel_checkpoint.cpp), so a run saved
+// under one split resumes under another, or on one device, and the other way round.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -175,13 +177,8 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       // --dp 1 alone is the single-device run; under a launcher a job of one rank.
       o.distributed = o.split.ranks() > 1 || parallel::in_launched_job();
     }
-    // Under --dp/--tp/--cp rank 0 alone writes the files (the others would see its
-    // checkpoint's temporary file as a stale one).
-    if (o.split.pp > 1 || o.split.zero > 0) {
-      const char* what = o.split.pp > 1 ? "--pp" : "--zero";
-      if (!o.save.empty() || !o.resume.empty())
-        throw samples::OptionError(fmt::format("{}: --save and --resume are not supported (the checkpoint's single-device layout is gathered under --tp only)", what));
-    }
+    // Under a split rank 0 alone writes the files (the others would see its checkpoint's
+    // temporary file as a stale one).
     const bool elsewhere = o.distributed && parallel::LaunchEnvironment::from_environment().rank != 0;
     samples::check_file_flags(kProgram, {{"--save", o.save, elsewhere, ""}, {"--metrics", o.metrics, elsewhere, ""},
                                          {"--plot", o.plot, elsewhere, ""}},
@@ -222,8 +219,10 @@ struct Run {
   std::unique_ptr<optim::AdamW> optimizer;
   // --zero 1|2: the sharded optimizers (support/gpt_parallel.h), in place of `optimizer`.
   std::vector<std::unique_ptr<optim::Optimizer>> zero;
-  // Under --tp: an optimizer over the whole model, grouped alike, that holds the gathered
-  // state for a checkpoint in the single-device layout (and a resumed one's, to shard).
+  std::vector<optim::Optimizer*> optimizers;  // the step's: `optimizer` or the `zero` pair
+  // Under --tp, --pp and --zero: an optimizer over the whole model, grouped alike, that
+  // holds the gathered state for a checkpoint in the single-device layout (and a resumed
+  // one's, to shard).
   std::unique_ptr<optim::AdamW> whole_optimizer;
   data::TokenSplits splits;
   std::vector<samples::LossPoint> history;
@@ -231,15 +230,16 @@ struct Run {
   Device device = Device::cpu();
 };
 
-// Every rank calls it (under --tp the shards are gathered first); rank 0 writes.
+// Every rank calls it (under --tp, --pp and --zero the parts are gathered first); rank 0 writes.
 void save_checkpoint(Run& run, int64_t step) {
+  std::shared_ptr<models::GPT> model = run.model;
   if (run.whole_optimizer) {
-    run.split->gather_whole_model();
-    run.split->gather_optimizer(*run.optimizer, *run.whole_optimizer);
+    model = run.split->gather_whole_model();  // under --zero 3 a GPT of its own on rank 0
+    run.split->gather_optimizer(run.optimizers, *run.whole_optimizer);
   }
   if (run.dist.rank != 0) return;
   nn::Checkpoint ck;
-  ck.put("model.", run.model->state_dict());
+  ck.put("model.", model->state_dict());
   ck.put("optim.", (run.whole_optimizer ? run.whole_optimizer : run.optimizer)->state_dict());
   const Generator::State gen = default_generator().state();
   ck.metadata = {{"step", std::to_string(step)},
@@ -252,7 +252,8 @@ void save_checkpoint(Run& run, int64_t step) {
 }
 
 // Loads --resume into the model, the optimizer and the generator; returns its step. Every
-// rank reads the file (under --tp each takes its shards of the model and of the state).
+// rank reads the file (under --tp, --pp and --zero each takes its part of the model and
+// of the state).
 int64_t load_checkpoint(Run& run) {
   const std::string& path = run.options.resume;
   const nn::Checkpoint ck = nn::load_tensors(path);
@@ -271,9 +272,9 @@ int64_t load_checkpoint(Run& run) {
   optim::AdamW& optimizer = run.whole_optimizer ? *run.whole_optimizer : *run.optimizer;
   run.model->check_state_dict(model_state, path);
   optimizer.check_state_dict(optim_state, path);
-  run.model->load_state_dict(model_state, path);
   optimizer.load_state_dict(optim_state, path);
-  if (run.whole_optimizer) run.split->scatter_whole_state(optimizer, *run.optimizer);
+  if (run.whole_optimizer) run.split->scatter_whole_state(model_state, optimizer, run.optimizers);
+  else run.model->load_state_dict(model_state, path);
   default_generator().set_state({std::stoull(meta("generator_seed")), std::stoull(meta("generator_offset"))});
   run.metrics_csv = meta("metrics");
   return std::stoll(meta("step"));
@@ -353,7 +354,10 @@ int train(Options options) {
     run.zero = run.split->make_zero_optimizers(optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay));
   else
     run.optimizer = adamw(trained);
-  if (o.split.tp > 1 && (!o.save.empty() || !o.resume.empty())) run.whole_optimizer = adamw(run.model->parameters());
+  if (run.split && run.split->shards_state() && (!o.save.empty() || !o.resume.empty()))
+    run.whole_optimizer = adamw(run.model->parameters());
+  if (run.optimizer) run.optimizers.push_back(run.optimizer.get());
+  for (const auto& z : run.zero) run.optimizers.push_back(z.get());
   const optim::WarmupCosine schedule(o.lr, o.min_lr, o.warmup, o.decay_iters);
 
   int64_t step = 0;
@@ -379,12 +383,7 @@ int train(Options options) {
   }
 
   // The step's optimizer calls: AdamW, or the --zero pair.
-  const auto optimizers = [&] {
-    std::vector<optim::Optimizer*> out;
-    if (run.optimizer) out.push_back(run.optimizer.get());
-    for (const auto& z : run.zero) out.push_back(z.get());
-    return out;
-  }();
+  const std::vector<optim::Optimizer*>& optimizers = run.optimizers;
   samples::install_stop_handlers();
   samples::StepTracer tracer(o.trace, run.dist.group);
   const auto run_start = Clock::now();
@@ -470,9 +469,8 @@ int train(Options options) {
   if (rank0) fmt::print("trained {} steps in {:.1f} s: {:.0f} tokens/s\n", o.iters, seconds,
              static_cast<double>(o.iters * tokens_per_step) / seconds);
 
-  // Under --pp the stages' shards are not gathered: no sample.
-  const bool sample = o.sample_chars > 0 && o.split.pp == 1;
-  if (o.sample_chars > 0 && o.split.pp > 1 && rank0) fmt::print("(no sample under --pp: the stages' shards are not gathered)\n");
+  // Under a split the whole model is gathered first (tp shards, pp stages, FSDP's shards).
+  const bool sample = o.sample_chars > 0;
   if (run.split && sample) {  // every rank
     run.split->finish_for_sampling();
     run.model = run.split->whole_model();  // under --zero 3 a fresh GPT with the gathered weights

@@ -48,6 +48,10 @@
 // so the loss shares are scaled by dp before backward (backward_scale). Under 3 AdamW steps
 // FSDP's flat shards, which mix the 2-D weights with biases and LayerNorms: weight decay
 // only on the weights cannot be had, so --zero 3 needs --weight-decay 0.
+//
+// Checkpoints and the sample (gpt_parallel_checkpoint.cpp): under every split the whole
+// model in nanoGPT's names and the single-device AdamW's state, gathered from the tp
+// shards, the pp stages, the ZeRO and FSDP shards, and scattered back on resume.
 #pragma once
 
 #include <memory>
@@ -138,31 +142,51 @@ class SplitGPT {
   // shard mixes tensors, so one AdamW over it could not decay only the weights).
   // Set by the trainer; clip_grad_norm_ and step() then work on them.
   std::vector<std::unique_ptr<optim::Optimizer>> make_zero_optimizers(const optim::AdamWOptions& options);
-  // The whole GPT on every rank's `gpt` after --zero 3 (FSDP's shards gathered): for a sample.
+  // The GPT to sample from after finish_for_sampling (on rank 0; under --zero 3 a fresh
+  // GPT with the gathered weights).
   std::shared_ptr<models::GPT> whole_model() const { return gpt_; }
   // clip_grad_norm_ of the whole model's gradient (each element once), the same on every rank.
   Tensor clip_grad_norm_(double max_norm);
-  // Every rank: under tp the shards all-gathered into `gpt`, which is then the
-  // single-device model (nothing to do otherwise: `gpt` is the trained model).
-  void gather_whole_model();
+
+  // ---- the single-device layout (support/gpt_parallel_checkpoint.cpp) ----
+  // Checkpoints and the sample hold the whole model in nanoGPT's names and the state of
+  // an AdamW `whole` over gpt's parameters, grouped as the single-device run's; a split
+  // that shards the model or AdamW's state (tp, pp, --zero) gathers them first, and a
+  // resume scatters them back, so a run saved under one split resumes under another.
+  bool shards_state() const { return split_.tp > 1 || split_.pp > 1 || split_.zero > 0; }
+  // Every rank: the whole model gathered; returns the GPT that holds it on rank 0 (`gpt`
+  // itself, its shards all-gathered over tp and broadcast over pp; under --zero 3 a GPT
+  // of its own, null on the other ranks).
+  std::shared_ptr<models::GPT> gather_whole_model();
   // gather_whole_model, and the attention back to the single-device one (cp): for a sample.
   void finish_for_sampling();
-
-  // Checkpoints under tp keep the single-device layout (nanoGPT's names; the state of an
-  // optimizer `whole` over gpt's parameters, grouped as the trained one). Every rank:
-  // gather_optimizer writes the state of `shards` (this rank's optimizer) gathered into
-  // `whole`; scatter_whole_state, after a resume loaded `gpt` and `whole`, sets this
-  // rank's shards of the parameters and of their state from them.
-  void gather_optimizer(const optim::Optimizer& shards, optim::Optimizer& whole);
-  void scatter_whole_state(const optim::Optimizer& whole, optim::Optimizer& shards);
+  // Every rank: the state of `optimizers` (the trainer's: AdamW over this rank's part, or
+  // the two ZeroRedundancyOptimizers of --zero 1|2) gathered into `whole`, on rank 0 at
+  // least. scatter_whole_state: after a resume checked `model` (a whole state dict) and
+  // loaded `whole`, sets this rank's part of the parameters and of their state from them.
+  void gather_optimizer(const std::vector<optim::Optimizer*>& optimizers, optim::Optimizer& whole);
+  void scatter_whole_state(const nn::TensorDict& model, const optim::Optimizer& whole,
+                           const std::vector<optim::Optimizer*>& optimizers);
 
  private:
   // The whole tensor of parameter `name` (or a tensor of its shape) from this rank's part
   // (all-gathered over tp with the indices each rank holds); the part itself when replicated.
   Tensor gather(const std::string& name, const Tensor& part);
-  // The name of trained() parameter `p` and its index among `whole`'s parameters.
+  // --pp: the same, then broadcast over pp from the stage that holds `name` (`part` is
+  // read there only; `like`: a tensor of the part's dtype, for the other stages' buffers).
+  Tensor gather_over_pipeline(const std::string& name, const Tensor& part, const Tensor& like);
+  // The pp rank whose stage holds the single-device parameter `name` (the tied head's
+  // copy aside: wte is the first stage's).
+  int pipeline_owner(const std::string& name) const;
+  // This rank's parameters by name (the tp shards or the pipeline's chunks), and the part of
+  // the single-device tensor `full` of parameter `name` this rank holds under that name.
+  std::vector<nn::NamedTensor> named_parts() const;
+  Tensor shard_of(const std::string& name, const Tensor& full) const;
+  // The name of this rank's parameter `p` and the index of gpt's parameter `name` (or
+  // tensor `p`) among `whole`'s parameters.
   std::string name_of(const Tensor& p) const;
   size_t whole_index(const optim::Optimizer& whole, const std::string& name) const;
+  size_t whole_index(const optim::Optimizer& whole, const Tensor& p) const;
 
   std::shared_ptr<models::GPT> gpt_;
   GPTSplit split_;
@@ -171,6 +195,7 @@ class SplitGPT {
   std::shared_ptr<models::GPTMeshPipeline> pipeline_;     // --pp > 1
   std::shared_ptr<parallel::FullyShardedDataParallel> fsdp_;  // --zero 3
   std::vector<parallel::ZeroRedundancyOptimizer*> zero_;       // --zero 1|2, owned by the trainer
+  std::shared_ptr<models::GPT> gathered_;  // --zero 3, rank 0: FSDP's parameters gathered
 };
 
 }  // namespace mg::samples

@@ -145,7 +145,6 @@ TEST_CASE("train_gpt --pp/--zero/--recompute: combinations the library does not 
   refused(2, "--dp 2 --zero 3", "--zero 3: AdamW steps FSDP's flat shards");
   refused(0, "--schedule interleaved", "--schedule, --micro-batches and --model-chunks are the pipeline's: they need --pp 2");
   refused(2, "--pp 2 --model-chunks 2", "--model-chunks 2: more than one chunk per rank needs --schedule interleaved");
-  refused(2, "--pp 2 --save " + (dir / "x.safetensors"), "--pp: --save and --resume are not supported");
   refused(2, "--tp 2 --recompute", "--recompute with --tp: block checkpointing wraps the plain GPT's blocks");
   refused(0, "--pp 2", "--dp 1 x --tp 1 x --pp 2 x --cp 1 = 2 ranks, but the job has 1");
 }

@@ -1,0 +1,197 @@
+// build/bin/train_gpt's checkpoints and end-of-run sample under --pp (the 4-D pipeline) and
+// --zero 1|2|3 (samples/support/gpt_parallel_checkpoint.cpp): a run saved under one of them
+// writes the single-device run's checkpoint (the model in nanoGPT's names, AdamW's state),
+// a resume under another split -- or on one device -- continues to the uninterrupted
+// single-device run's losses and weights (float32 rounding apart, as the split runs
+// themselves), and the sample printed under --pp is the single-device run's.
+#include "catch_compat.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <minigrad/minigrad.h>
+
+#include "samples/run_program.h"
+#include "temp_dir.h"
+
+#if MINIGRAD_WITH_GLOO
+
+using mg::testing::run_program;
+using mg::testing::TempDir;
+
+namespace {
+
+const std::string kProgram = mg::testing::program_path("train_gpt");
+const std::string kRun = mg::testing::program_path("minigrad-run");
+// Two heads, a batch of 5 (uneven over dp 2), two micro-batches of accumulation per step;
+// one schedule for every run (warmup and decay would otherwise follow --iters).
+const std::string kFlags = " --devices cpu --n-head 2 --n-embd 16 --grad-accum 2 --eval-iters 2 --block-size 16 "
+                           "--batch-size 5 --eval-interval 4 --warmup 2 --decay-iters 8";
+
+// A few "fortunes" (a vocabulary of 34, even for tp 2).
+std::string make_corpus(const TempDir& dir) {
+  const std::string root = dir / "fortunes";
+  std::filesystem::create_directories(root);
+  std::string text;
+  for (int i = 0; i < 60; ++i)
+    text += "A fortune a day keeps the doctor away, said number " + std::to_string(i) + ".\n%\n";
+  std::ofstream(root + "/wisdom", std::ios::binary) << text;
+  return root;
+}
+
+// The evaluations a run printed: step -> {train loss, val loss} (rank 0's under a launcher).
+std::map<int, std::pair<double, double>> evaluations(const std::string& output) {
+  std::map<int, std::pair<double, double>> out;
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const size_t at = line.find("step ");
+    int step = 0;
+    double train = 0, val = 0;
+    if (at != std::string::npos &&
+        std::sscanf(line.c_str() + at, "step %d: train loss %lf, val loss %lf", &step, &train, &val) == 3)
+      out[step] = {train, val};
+  }
+  return out;
+}
+
+// The sample's text, as printed after the "---- a sample" line (rank 0's, prefix removed).
+std::string sample_of(const std::string& output) {
+  const size_t at = output.find("---- a sample");
+  if (at == std::string::npos) return "";
+  std::string text = output.substr(output.find('\n', at) + 1);
+  for (size_t p; (p = text.find("[rank 0] ")) != std::string::npos;) text.erase(p, 9);
+  return text;
+}
+
+// Every tensor of two checkpoints' dicts (the model's or the optimizer's) equal up to rounding.
+void require_close(const mg::nn::TensorDict& a, const mg::nn::TensorDict& b) {
+  REQUIRE(!a.empty());
+  REQUIRE(a.size() == b.size());
+  for (const auto& [name, t] : a) {
+    INFO(name);
+    REQUIRE(b.count(name) == 1);
+    if (t.dtype() == mg::DType::Int64) {  // AdamW's step counts
+      REQUIRE(t.to_vector<int64_t>() == b.at(name).to_vector<int64_t>());
+      continue;
+    }
+    const std::vector<float> x = t.to_vector<float>(), y = b.at(name).to_vector<float>();
+    REQUIRE(x.size() == y.size());
+    for (size_t i = 0; i < x.size(); ++i) REQUIRE(y[i] == Approx(x[i]).margin(1e-5));
+  }
+}
+
+struct Runs {
+  TempDir dir;
+  std::string flags;
+  explicit Runs(const std::string& model) { flags = kFlags + " " + model + " --data-dir " + make_corpus(dir); }
+  std::string path(const std::string& name) const { return dir / (name + ".safetensors"); }
+  // A run of `iters` steps on `ranks` processes (0: the single-device program), saving to
+  // `save` and resuming `resume` when given; its output.
+  std::string run(int ranks, const std::string& split, int iters, const std::string& save,
+                  const std::string& resume = "") {
+    const std::string program = ranks > 0 ? kRun + " --nproc-per-node " + std::to_string(ranks) + " " + kProgram : kProgram;
+    const auto result = run_program(program + flags + " " + split + " --iters " + std::to_string(iters) +
+                                    (save.empty() ? "" : " --save " + path(save)) +
+                                    (resume.empty() ? "" : " --resume " + path(resume)));
+    INFO(result.output);
+    REQUIRE(result.exit_code == 0);
+    if (!resume.empty()) REQUIRE_THAT(result.output, MG_CONTAINS("resumed at step 4"));
+    return result.output;
+  }
+  // Checkpoint `name` holds what checkpoint `want` holds: the model and AdamW's state.
+  void require_same_checkpoint(const std::string& name, const std::string& want) const {
+    const auto got = mg::nn::load_tensors(path(name)), expected = mg::nn::load_tensors(path(want));
+    REQUIRE(got.tensors.count("model.lm_head.weight") == 1);
+    require_close(expected.get("model."), got.get("model."));
+    require_close(expected.get("optim."), got.get("optim."));
+    REQUIRE(got.metadata.at("step") == expected.metadata.at("step"));
+  }
+};
+
+// A resumed run printed the uninterrupted run's evaluations from step 4 on.
+void require_same_losses(const std::string& resumed, const std::string& whole) {
+  const auto got = evaluations(resumed), want = evaluations(whole);
+  REQUIRE(want.size() == 3);  // steps 0, 4, 8
+  REQUIRE(got.size() == 2);   // steps 4 (again, on resuming) and 8
+  for (const auto& [step, losses] : got) {
+    INFO("step " << step);
+    REQUIRE(want.count(step) == 1);
+    REQUIRE(losses.first == Approx(want.at(step).first).margin(1.01e-4));  // printed to 4 decimals
+    REQUIRE(losses.second == Approx(want.at(step).second).margin(1.01e-4));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("train_gpt --save under --dp 2 --tp 2 --pp 2 writes the single-device checkpoint and sample, "
+          "one device resumes it, and --dp 2 --tp 2 --pp 2 resumes a single-device one, to the "
+          "uninterrupted run") {
+  Runs runs("--n-layer 2 --sample-chars 30");
+  const std::string whole = runs.run(0, "", 8, "whole");
+  const std::string single_half = runs.run(0, "", 4, "single-half");
+  const std::string split_half = runs.run(8, "--dp 2 --tp 2 --pp 2", 4, "split-half");
+  REQUIRE_THAT(split_half, MG_CONTAINS("split: dp 2 x tp 2 x pp 2 x cp 1"));
+  // The gathered checkpoint is the single-device run's, and so is the sample (rank 0's).
+  runs.require_same_checkpoint("split-half", "single-half");
+  REQUIRE(!sample_of(single_half).empty());
+  REQUIRE(sample_of(split_half) == sample_of(single_half));
+  REQUIRE_THAT(split_half, !MG_CONTAINS("[rank 1] ---- a sample"));
+  // Saved under the split, resumed on one device; and the other way round.
+  const std::string on_one = runs.run(0, "", 8, "on-one", "split-half");
+  require_same_losses(on_one, whole);
+  runs.require_same_checkpoint("on-one", "whole");
+  const std::string on_split = runs.run(8, "--dp 2 --tp 2 --pp 2", 8, "on-split", "single-half");
+  require_same_losses(on_split, whole);
+  runs.require_same_checkpoint("on-split", "whole");
+  REQUIRE(sample_of(on_split) == sample_of(whole));
+}
+
+TEST_CASE("train_gpt --save under --pp 2 --schedule interleaved --model-chunks 2 (4 blocks) resumes "
+          "under --tp 2 --pp 2 --sequence-parallel to the uninterrupted single-device run") {
+  Runs runs("--n-layer 4 --sample-chars 0");
+  const std::string whole = runs.run(0, "", 8, "whole");
+  runs.run(0, "", 4, "single-half");
+  runs.run(2, "--pp 2 --schedule interleaved --model-chunks 2", 4, "split-half");
+  runs.require_same_checkpoint("split-half", "single-half");
+  const std::string resumed = runs.run(4, "--tp 2 --pp 2 --sequence-parallel", 8, "resumed", "split-half");
+  require_same_losses(resumed, whole);
+  runs.require_same_checkpoint("resumed", "whole");
+}
+
+TEST_CASE("train_gpt --save under --dp 2 --zero 1 writes the single-device checkpoint, --dp 2 --zero 2 "
+          "resumes it to the uninterrupted single-device run") {
+  // A weight decay that shows (lr x decay = 1): the two ZeRO optimizers' groups must map
+  // onto the single-device AdamW's.
+  Runs runs("--n-layer 2 --sample-chars 0 --weight-decay 100 --lr 0.01 --min-lr 0.001");
+  const std::string whole = runs.run(0, "", 8, "whole");
+  runs.run(0, "", 4, "single-half");
+  runs.run(2, "--dp 2 --zero 1", 4, "split-half");
+  runs.require_same_checkpoint("split-half", "single-half");
+  const std::string resumed = runs.run(2, "--dp 2 --zero 2", 8, "resumed", "split-half");
+  require_same_losses(resumed, whole);
+  runs.require_same_checkpoint("resumed", "whole");
+}
+
+TEST_CASE("train_gpt --save under --dp 2 --zero 3 (FSDP) writes the single-device checkpoint, one "
+          "device resumes it, and --dp 2 --zero 3 resumes a single-device one") {
+  Runs runs("--n-layer 2 --sample-chars 0 --weight-decay 0");
+  const std::string whole = runs.run(0, "", 8, "whole");
+  runs.run(0, "", 4, "single-half");
+  runs.run(2, "--dp 2 --zero 3", 4, "split-half");
+  runs.require_same_checkpoint("split-half", "single-half");
+  const std::string on_one = runs.run(0, "", 8, "on-one", "split-half");
+  require_same_losses(on_one, whole);
+  runs.require_same_checkpoint("on-one", "whole");
+  const std::string on_split = runs.run(2, "--dp 2 --zero 3", 8, "on-split", "single-half");
+  require_same_losses(on_split, whole);
+  runs.require_same_checkpoint("on-split", "whole");
+}
+
+#endif
