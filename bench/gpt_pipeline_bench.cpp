@@ -3,16 +3,23 @@
 // (p - 1) / (m + p - 1) and interleaved 1F1B's (p - 1) / (v m + p - 1). Under minigrad-run,
 // one Gloo rank per stage:
 //
-//   build/bin/minigrad-run --nproc-per-node 2 build/bin/gpt-pipeline-bench
+//   OPENBLAS_NUM_THREADS=1 build/bin/minigrad-run --nproc-per-node 2 build/bin/gpt-pipeline-bench
 //
 // For each schedule (1F1B, then interleaved with --model-chunks chunks per rank) it runs
 // --warmup untimed steps and --steps timed ones, and rank 0 prints per step the measured
-// bubble (1 - the mean over ranks of busy / step time, a rank's busy time being its
-// forward and backward spans), the median over the steps, the ideal timeline's (equal
-// chunks, free messages: parallel::ideal_timeline) and the formula. A rank's spans are
-// its own process's work, so on a machine with fewer cores than ranks the ranks take
-// turns and the bubble reads larger. Numbers for reading, not for asserting.
+// bubble, the median over the steps, the ideal timeline's (equal chunks, free messages:
+// parallel::ideal_timeline) and the formula, then the step's time beside one device's
+// step on the whole batch.
+//
+// The measured bubble is 1 - sum_r busy_r / (p * step), busy_r being rank r's forward and
+// backward spans and step the longest rank's time from the common barrier to its last
+// send: the formula's bubble, which counts the last stage's idle tail too (a rank's own
+// window would end when it is done and miss it). Messages are not free: over Gloo on a
+// shared machine a payload waits for the sender's I/O thread, so the measurement needs a
+// core per rank and stages long beside a message (the defaults: 16 blocks of C 512).
+// Numbers for reading, not for asserting.
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -29,22 +36,32 @@ namespace {
 
 using namespace mg;
 
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0.0 : values[values.size() / 2];
+}
+
 struct Measured {
   std::vector<double> bubbles;  // one per timed step
-  double median() const {
-    std::vector<double> b = bubbles;
-    std::sort(b.begin(), b.end());
-    return b.empty() ? 0.0 : b[b.size() / 2];
-  }
+  std::vector<double> seconds;  // the step's time (the longest rank's)
 };
+
+// Every rank's `value` in slot `rank`, on every rank.
+std::vector<double> gather_to_all(parallel::ProcessGroup& pg, double value) {
+  std::vector<double> slots(static_cast<size_t>(pg.size()), 0.0);
+  slots[static_cast<size_t>(pg.rank())] = value;
+  Tensor t = from_vector(slots, {pg.size()}).to(DType::Float32);
+  pg.allreduce(t)->wait();
+  return t.to(DType::Float64).to_vector<double>();
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"The GPT's pipeline: the bubble of 1F1B and interleaved 1F1B, measured on the "
                "ranks' timelines against the formula"};
-  int64_t n_layer = 8, n_embd = 64, n_head = 4, vocab = 96, seq = 32, batch = 16, chunks = 8;
-  int model_chunks = 2, steps = 5, warmup = 2;
+  int64_t n_layer = 16, n_embd = 512, n_head = 8, vocab = 96, seq = 64, batch = 16, chunks = 8;
+  int model_chunks = 2, steps = 5, warmup = 1;
   double timeout_s = 300.0;
   using mg::samples::integer_in;
   app.add_option("--layers", n_layer, "GPT blocks")->check(integer_in(1, 1 << 10))->capture_default_str();
@@ -99,12 +116,36 @@ int main(int argc, char** argv) {
         pipe.train_step(idx, targets);
         opt.step();
         const parallel::PipeTimeline t = pipe.stage().last_timeline();
-        // Every rank's busy fraction, summed on every rank.
-        Tensor busy = from_vector(std::vector<float>{static_cast<float>(t.busy_fraction(rank))}, {1});
-        pg->allreduce(busy)->wait();
-        if (step >= warmup) measured.bubbles.push_back(1.0 - busy.item<float>() / p);
+        const std::vector<double> busy = gather_to_all(*pg, t.busy_seconds(rank));
+        const std::vector<double> window = gather_to_all(*pg, t.running_seconds());
+        const double step_seconds = *std::max_element(window.begin(), window.end());
+        double busy_total = 0.0;
+        for (double b : busy) busy_total += b;
+        if (step < warmup) continue;
+        measured.bubbles.push_back(1.0 - busy_total / (p * step_seconds));
+        measured.seconds.push_back(step_seconds);
       }
       return measured;
+    };
+
+    // One device's step on the whole batch, the same GPT, timed on rank 0 alone.
+    auto single_device_step = [&] {
+      manual_seed(1);
+      models::GPT model(config);
+      optim::AdamW opt(optim::weight_decay_groups(model.parameters(), optim::AdamWOptions(1e-3)));
+      std::vector<double> seconds;
+      for (int step = 0; step < warmup + steps; ++step) {
+        manual_seed(100 + static_cast<uint64_t>(step));
+        const Tensor idx = randint(0, vocab, {batch, seq});
+        const Tensor targets = randint(0, vocab, {batch, seq});
+        const auto t0 = std::chrono::steady_clock::now();
+        model.zero_grad();
+        models::GPT::loss(model(idx), targets).backward();
+        opt.step();
+        if (step >= warmup)
+          seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      return median(seconds);
     };
 
     const int64_t m = parallel::MicroBatches(batch, chunks, "gpt-pipeline-bench").count();
@@ -116,18 +157,29 @@ int main(int argc, char** argv) {
     if (rank == 0)
       fmt::print("GPT n_layer={} n_embd={} n_head={} vocab={} T={}, batch {} in {} micro-batches, "
                  "{} ranks\n\n| schedule | v | measured bubble (median of {}) | per step | ideal "
-                 "timeline | formula |\n|---|---|---|---|---|---|\n",
+                 "timeline | formula | step ms |\n|---|---|---|---|---|---|---|\n",
                  n_layer, n_embd, n_head, vocab, seq, batch, m, p, steps);
+    std::vector<double> pipeline_seconds;
     for (const Row& row : {Row{"1f1b", parallel::Schedule::OneFOneB, 1},
                            Row{"interleaved", parallel::Schedule::Interleaved1F1B, model_chunks}}) {
       const Measured measured = run(row.schedule, row.v);
+      pipeline_seconds.push_back(median(measured.seconds));
       if (rank != 0) continue;
       std::string per_step;
       for (double b : measured.bubbles) per_step += fmt::format("{}{:.3f}", per_step.empty() ? "" : " ", b);
-      fmt::print("| {} | {} | {:.3f} | {} | {:.3f} | {:.3f} |\n", row.name, row.v, measured.median(),
-                 per_step, parallel::ideal_timeline(row.schedule, p, m, row.v).bubble_fraction(),
-                 parallel::ideal_bubble_fraction(p, m, row.v));
+      fmt::print("| {} | {} | {:.3f} | {} | {:.3f} | {:.3f} | {:.1f} |\n", row.name, row.v,
+                 median(measured.bubbles), per_step,
+                 parallel::ideal_timeline(row.schedule, p, m, row.v).bubble_fraction(),
+                 parallel::ideal_bubble_fraction(p, m, row.v), 1e3 * pipeline_seconds.back());
     }
+    pg->barrier()->wait();
+    if (rank == 0) {
+      const double single = single_device_step();
+      fmt::print("\none device, the whole batch: {:.1f} ms a step; the pipeline's speed-up: 1f1b "
+                 "{:.2f}x, interleaved {:.2f}x (at most {} x (1 - bubble) with a core per rank)\n",
+                 1e3 * single, single / pipeline_seconds[0], single / pipeline_seconds[1], p);
+    }
+    pg->barrier()->wait();
   } catch (const std::exception& e) {
     return mg::samples::report_error("gpt-pipeline-bench", e);
   }
