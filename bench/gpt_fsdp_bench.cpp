@@ -1,23 +1,13 @@
-// gpt-fsdp-bench: what FSDP with a GPT block per unit (parallel/sharded/gpt_fsdp.h) holds per rank,
-// against DDP on the same GPT, with and without recomputing the blocks' activations;
-// held against the arithmetic of docs/gpt-fsdp.md. Under minigrad-run (Gloo ranks):
+// gpt-fsdp-bench: per-rank memory of the GPT under each ZeRO stage -- DDP (ZeRO-0),
+// ZeRO-1, ZeRO-2 and FSDP by block (ZeRO-3) -- with and without recomputation, every
+// figure measured with the CPU allocator's counters (core/allocator.h: bytes asked for, so
+// deterministic) and held against its formula. Under minigrad-run (Gloo ranks):
 //
 //   build/bin/minigrad-run --nproc-per-node 4 build/bin/gpt-fsdp-bench
 //
-// For each variant (ddp, ddp+recompute, fsdp, fsdp+recompute) every rank builds the same
-// GPT, trains one step (so AdamW's state exists), then measures one more step with the
-// CPU allocator's counters (core/allocator.h): the peak above what was held before the
-// model was built, and the activations kept between forward and backward (bytes held once
-// the loss is computed, above those held before the forward). Rank 0 prints a Markdown
-// table, the arithmetic beside each peak (an upper bound: every term counted at once,
-// though activations are mostly freed by the time all gradients exist):
-//   DDP   Ψ(1 + 1 + 2 + 1) x 4 B (parameters, gradients, AdamW's two states, DDP's
-//         buckets) + activations
-//   FSDP  Ψ(1 + 1 + 2)/N x 4 B (the shards) + 2 gathered units (the one computing, the one
-//         prefetched) + 3 flat gradient buffers of a unit (filling, in flight, Gloo's
-//         scratch) + activations
-// The target: FSDP's peak <= 0.35 x DDP's on 4 ranks. Times are not measured.
+// TIMELINE_PLACEHOLDER
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -27,22 +17,33 @@
 #include <minigrad/core/allocator.h>
 #include <minigrad/minigrad.h>
 #include <minigrad/models/gpt_checkpointing.h>
-#include <minigrad/parallel/sharded/gpt_fsdp.h>
-#include <minigrad/nn/checkpoint.h>
+#include <minigrad/nn/optim/adam.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
 #include <minigrad/parallel/ddp/distributed_data_parallel.h>
+#include <minigrad/parallel/sharded/gpt_fsdp.h>
+#include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
 
+#include "bench/gpt_activations.h"
 #include "samples/support/command_line.h"
 
 namespace {
 
 using namespace mg;
 
-struct Measure {
-  double peak = 0, kept = 0, arithmetic = 0, state = 0, units = 0;
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// The figures of one variant, in bytes: measured, or the formula's.
+struct Figures {
+  double params = 0, grads = 0, adamw = 0, buffers = 0, kept = 0, peak = 0;
 };
 
-constexpr double kMiB = 1024.0 * 1024.0;
+struct Variant {
+  std::string name;
+  int stage;  // 0 DDP, 1 ZeRO-1 (with DDP), 2 ZeRO-2, 3 FSDP by block
+  bool recompute;
+  Figures measured, formula;
+  double peak_forward = 0, peak_backward = 0, peak_step = 0;  // each phase's own peak
+};
 
 // The job's group under minigrad-run, else a group of one in this process (a smoke run).
 std::shared_ptr<parallel::ProcessGroup> process_group() {
@@ -54,55 +55,201 @@ std::shared_ptr<parallel::ProcessGroup> process_group() {
   return parallel::new_process_group("gloo", store, 0, 1, {});
 }
 
-Measure measure(const models::GPTConfig& config, bool fsdp, bool recompute, int64_t batch,
-                const std::shared_ptr<parallel::ProcessGroup>& pg) {
-  const size_t base = cpu_memory_allocated();
-  manual_seed(0);
-  auto gpt = std::make_shared<models::GPT>(config);
-  if (recompute) models::set_block_checkpointing(*gpt);
-  std::shared_ptr<parallel::FullyShardedDataParallel> sharded;
-  std::shared_ptr<parallel::DistributedDataParallel> ddp;
-  std::vector<Tensor> params;
-  if (fsdp) {
-    sharded = parallel::fully_shard_gpt(gpt, pg);
-    params = sharded->parameters();
-  } else {
-    ddp = std::make_shared<parallel::DistributedDataParallel>(gpt, pg);
-    params = gpt->parameters();
+double now() { return static_cast<double>(cpu_memory_allocated()); }
+double peak() { return static_cast<double>(cpu_max_memory_allocated()); }
+
+// The allocator at every parameter's gradient and every module's forward, each with the
+// peak since the previous mark: where in the step the peak is (--timeline).
+struct Timeline {
+  struct Mark {
+    std::string what;
+    double held, peak_since;
+  };
+  std::vector<Mark> marks;
+  bool on = false;
+  void mark(std::string what) {
+    if (!on) return;
+    marks.push_back({std::move(what), now(), peak()});
+    cpu_reset_peak_memory_stats();
   }
-  optim::AdamW opt(params, optim::AdamWOptions().lr(1e-3));
+};
+
+void measure(Variant& v, const models::GPTConfig& config, int64_t batch,
+             const std::shared_ptr<parallel::ProcessGroup>& pg, bool timeline) {
   manual_seed(100 + static_cast<uint64_t>(pg->rank()));
   const Tensor idx = randint(0, config.vocab_size, Shape{batch, config.block_size});
   const Tensor targets = randint(0, config.vocab_size, Shape{batch, config.block_size});
-  Measure m;
-  for (int step = 0; step < 2; ++step) {
-    if (step == 1) cpu_reset_peak_memory_stats();
-    opt.zero_grad();
-    const size_t before = cpu_memory_allocated();
-    Tensor loss = models::GPT::loss(fsdp ? sharded->forward(idx) : ddp->forward(idx), targets);
-    m.kept = static_cast<double>(cpu_memory_allocated() - before);
-    loss.backward();
-    loss = Tensor();
-    opt.step();
-  }
-  m.peak = static_cast<double>(cpu_max_memory_allocated() - base);
-  const double psi = static_cast<double>(gpt->num_parameters(false)) * 4.0;  // bytes
-  const double n = pg->size();
-  if (fsdp) {
-    const double unit = static_cast<double>(sharded->stats().largest_unit_bytes);
-    m.state = psi * 4.0 / n;
-    m.units = 2.0 * unit + 3.0 * unit;
+  const double base = now();
+  manual_seed(0);
+  auto gpt = std::make_shared<models::GPT>(config);
+  if (v.recompute) models::set_block_checkpointing(*gpt);
+  const double after_model = now();
+  std::shared_ptr<parallel::FullyShardedDataParallel> fsdp;
+  std::shared_ptr<parallel::DistributedDataParallel> ddp;
+  std::vector<std::unique_ptr<optim::Optimizer>> opts;
+  std::vector<parallel::ZeroRedundancyOptimizer*> zero;
+  double buffers = 0;
+  if (v.stage == 3) {
+    fsdp = parallel::fully_shard_gpt(gpt, pg);
+    opts.push_back(std::make_unique<optim::AdamW>(fsdp->parameters(), optim::AdamWOptions().lr(1e-3)));
   } else {
-    m.state = psi * 5.0;
+    if (v.stage <= 1) {
+      ddp = std::make_shared<parallel::DistributedDataParallel>(gpt, pg);
+      buffers = now() - after_model;  // DDP's buckets
+    }
+    if (v.stage == 0) {
+      opts.push_back(std::make_unique<optim::AdamW>(gpt->parameters(), optim::AdamWOptions().lr(1e-3)));
+    } else {  // train_gpt's --zero 1|2 (samples/support/gpt_parallel.cpp): decayed and the rest
+      std::vector<Tensor> decayed, rest;
+      for (const Tensor& p : gpt->parameters()) (p.dim() >= 2 ? decayed : rest).push_back(p);
+      parallel::ZeroOptions options;
+      options.stage = v.stage;
+      for (int k = 0; k < 2; ++k) {
+        const auto adamw = optim::AdamWOptions().lr(1e-3).weight_decay(k == 0 ? 0.1 : 0.0);
+        auto z = std::make_unique<parallel::ZeroRedundancyOptimizer>(
+            k == 0 ? decayed : rest, pg,
+            [adamw](std::vector<Tensor> shards) { return std::make_unique<optim::AdamW>(std::move(shards), adamw); },
+            options);
+        zero.push_back(z.get());
+        opts.push_back(std::move(z));
+      }
+    }
   }
-  m.arithmetic = m.state + m.units + m.kept;
-  return m;
+  const double at_rest = now();  // parameters and buffers, before any state
+  v.measured.params = at_rest - base - buffers;
+  v.measured.buffers = buffers;
+
+  const auto forward = [&] {
+    return models::GPT::loss(fsdp ? fsdp->forward(idx) : ddp ? ddp->forward(idx) : gpt->forward(idx), targets);
+  };
+  const auto step = [&] { for (auto& o : opts) o->step(); };
+  const auto zero_grad = [&] { for (auto& o : opts) o->zero_grad(); };
+
+  // Step 1: AdamW's state comes to exist.
+  zero_grad();
+  forward().backward();
+  step();
+  zero_grad();
+  v.measured.adamw = now() - at_rest;
+
+  // Step 2, measured by phase.
+  const double before = now();
+  cpu_reset_peak_memory_stats();
+  Tensor loss = forward();
+  v.measured.kept = now() - before;
+  v.peak_forward = peak() - base;
+  cpu_reset_peak_memory_stats();
+  loss.backward();
+  loss = Tensor();
+  v.peak_backward = peak() - base;
+  v.measured.grads = now() - before;
+  cpu_reset_peak_memory_stats();
+  step();
+  v.peak_step = peak() - base;
+  v.measured.peak = std::max({v.peak_forward, v.peak_backward, v.peak_step});
+  zero_grad();
+
+
+  // ---- the formulas (bytes; the header) ----
+  const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
+  const double T = static_cast<double>(config.block_size), L = static_cast<double>(config.n_layer);
+  const double n = static_cast<double>(batch) * T;  // tokens per rank
+  const double N = pg->size();
+  double psi = 0, tensors = 0;
+  for (const Tensor& p : gpt->parameters()) {
+    psi += static_cast<double>(p.numel());
+    ++tensors;
+  }
+  // The flat groups (ZeRO's buckets, FSDP's units): ceil(Ψ_g / N) elements each rank.
+  std::vector<double> group_numels;
+  std::vector<size_t> group_of_optimizer;  // ZeRO: which of the two optimizers
+  if (fsdp)
+    for (size_t u = 0; u < fsdp->num_units(); ++u) group_numels.push_back(static_cast<double>(fsdp->unit(u).layout().numel));
+  for (size_t z = 0; z < zero.size(); ++z)
+    for (size_t b = 0; b < zero[z]->num_buckets(); ++b) {
+      group_numels.push_back(static_cast<double>(zero[z]->bucket(b).layout().numel));
+      group_of_optimizer.push_back(z);
+    }
+  const auto shard = [&](double numel) { return std::ceil(numel / N); };
+  double shards = 0, padded_max = 0, block_shard = 0;
+  std::vector<double> optimizer_shards(zero.size(), 0.0);
+  for (size_t g = 0; g < group_numels.size(); ++g) {
+    shards += shard(group_numels[g]);
+    padded_max = std::max(padded_max, shard(group_numels[g]) * N);
+    if (!zero.empty()) optimizer_shards[group_of_optimizer[g]] += shard(group_numels[g]);
+  }
+  if (fsdp && fsdp->num_units() > 2) block_shard = shard(group_numels[1]);
+  const double groups = static_cast<double>(group_numels.size());
+  const double f_block = bench::gpt_block_activation_floats(C, static_cast<double>(config.n_head));
+  const double f_head = bench::gpt_head_activation_floats(C, V);
+  const double embeddings = 4.0 * (V + T) * C;  // the embeddings' dense gradients
+  Figures& f = v.formula;
+  if (v.stage <= 1) f.buffers = 4.0 * psi;  // DDP's buckets: every gradient once
+  f.params = 4.0 * (v.stage == 0 ? psi : v.stage == 3 ? shards : shards * N);
+  f.grads = 4.0 * (v.stage <= 1 ? psi : shards);
+  f.adamw = v.stage == 0 ? 8.0 * psi + 8.0 * tensors : 8.0 * shards + 8.0 * groups;
+  f.kept = 4.0 * n * ((v.recompute ? C : f_block) * L + f_head);
+  if (v.stage == 3) f.kept += 4.0 * static_cast<double>(fsdp->unit(0).layout().padded_numel());
+  const double resting = f.params + f.buffers + f.adamw;
+  if (v.stage == 0) {  // the end of backward: all gradients, the embeddings' two more
+    f.peak = resting + f.grads + 2.0 * embeddings;
+  } else if (v.stage == 1) {  // the step: each shard's gradient copied out (the larger optimizer's)
+    f.peak = resting + f.grads + 4.0 * *std::max_element(optimizer_shards.begin(), optimizer_shards.end());
+  } else if (v.stage == 2) {  // the end of backward: the largest bucket's flat gradients and Gloo's scratch
+    f.peak = resting + f.grads + 2.0 * 4.0 * padded_max + embeddings;
+  } else {  // a block's backward begins: 5 units (2 gathered, 3 gradient buffers), its MLP's gradients
+    const double unit = static_cast<double>(fsdp->stats().largest_unit_bytes);
+    double worst = 0;
+    const int64_t k_low = std::min<int64_t>(1, config.n_layer - 1), k_high = std::max<int64_t>(0, config.n_layer - 2);
+    for (int64_t k = k_low; k <= k_high; ++k) {  // block k; L-1-k blocks' gradients already reduced
+      const double kd = static_cast<double>(k);
+      const double grads_done = 4.0 * (shard(group_numels.back()) + (L - 1 - kd) * block_shard);
+      const double live = 4.0 * n * (v.recompute ? (kd + 1) * C + f_block : (kd + 1) * f_block);
+      worst = std::max(worst, grads_done + live);
+    }
+    f.peak = f.params + f.adamw + 5.0 * unit + 4.0 * n * 8.0 * C + worst;
+  }
+
+  if (timeline) {  // step 3 on every rank (collectives), marked at every hook
+    Timeline t;
+    std::vector<std::pair<nn::Module*, nn::Module::HookHandle>> hooks;
+    for (const auto& [name, module] : gpt->named_modules()) {
+      if (name.empty() || std::count(name.begin(), name.end(), '.') > 2) continue;
+      const std::string label = name;
+      auto* m = const_cast<nn::Module*>(module);  // a bench's marks, removed below
+      hooks.emplace_back(m, m->register_forward_hook([&t, label](nn::Module&, const Tensor&, const Tensor& out) {
+        t.mark(fmt::format("forward {}", label));
+        return out;
+      }));
+    }
+    for (const auto& [name, p] : gpt->named_parameters()) {
+      const std::string label = name;
+      p.register_post_accumulate_grad_hook([&t, label](Tensor&) { t.mark(fmt::format("grad {}", label)); });
+    }
+    t.on = true;
+    cpu_reset_peak_memory_stats();
+    t.mark("start");
+    Tensor l = forward();
+    t.mark("loss");
+    l.backward();
+    l = Tensor();
+    t.mark("backward done");
+    step();
+    t.mark("step done");
+    zero_grad();
+    t.on = false;
+    for (auto& [module, handle] : hooks) module->remove_hook(handle);
+    if (pg->rank() != 0) return;
+    fmt::print("timeline of {} (MiB above the base: held at the mark, peak since the previous mark)\n", v.name);
+    for (const auto& m : t.marks)
+      fmt::print("  {:40s} {:9.3f} {:9.3f}\n", m.what, (m.held - base) / kMiB, (m.peak_since - base) / kMiB);
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"FSDP on a GPT (a block per unit) against DDP: memory per rank"};
+  CLI::App app{"The GPT under ZeRO-0..3, with and without recomputation: memory per rank"};
   models::GPTConfig config;
   config.n_layer = 8;
   config.n_head = 4;
@@ -110,6 +257,7 @@ int main(int argc, char** argv) {
   config.vocab_size = 512;
   config.block_size = 32;
   int64_t batch = 2;
+  bool timeline = false;
   using mg::samples::integer_in;
   app.add_option("--n-layer", config.n_layer, "blocks")->check(integer_in(1, 1024));
   app.add_option("--n-embd", config.n_embd, "width")->check(integer_in(1, 1 << 16));
@@ -117,29 +265,46 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", config.vocab_size, "vocabulary")->check(integer_in(1, 1 << 20));
   app.add_option("--block-size", config.block_size, "tokens per row")->check(integer_in(1, 1 << 16));
   app.add_option("--batch", batch, "rows per rank")->check(integer_in(1, 1 << 20));
+  app.add_flag("--timeline", timeline, "rank 0 prints the allocator at every hook of a third step");
   if (const auto exit_code = mg::samples::parse_command_line(app, "gpt-fsdp-bench", argc, argv))
     return *exit_code;
   try {
     auto pg = process_group();
-    struct Row {
-      const char* name;
-      bool fsdp, recompute;
-      Measure m;
-    };
-    std::vector<Row> rows{{"ddp", false, false, {}},
-                          {"ddp+recompute", false, true, {}},
-                          {"fsdp", true, false, {}},
-                          {"fsdp+recompute", true, true, {}}};
-    for (Row& r : rows) r.m = measure(config, r.fsdp, r.recompute, batch, pg);
+    std::vector<Variant> rows;
+    for (int stage = 0; stage <= 3; ++stage)
+      for (bool recompute : {false, true})
+        rows.push_back({std::string(stage == 0 ? "ddp" : stage == 3 ? "fsdp" : fmt::format("zero{}", stage)) +
+                            (recompute ? "+recompute" : ""),
+                        stage, recompute, {}, {}});
+    for (Variant& r : rows) measure(r, config, batch, pg, timeline);
     if (pg->rank() == 0) {
       fmt::print("GPT {}, {} rows x {} tokens per rank, {} ranks, AdamW; rank 0, MiB\n\n",
                  config.str(), batch, config.block_size, pg->size());
-      fmt::print("| variant | peak | arithmetic | states (params, grads, AdamW) | gathered units + "
-                 "grad buffers | activations kept | peak / DDP's |\n|---|---|---|---|---|---|---|\n");
-      for (const Row& r : rows)
-        fmt::print("| {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.3f} |\n", r.name,
-                   r.m.peak / kMiB, r.m.arithmetic / kMiB, r.m.state / kMiB, r.m.units / kMiB,
-                   r.m.kept / kMiB, r.m.peak / rows[0].m.peak);
+      const auto pair = [](double m, double f) {
+        return fmt::format("{:.3f} / {:.3f}", m / kMiB, f / kMiB);
+      };
+      fmt::print("| variant | params | grads | AdamW | buffers | activations kept | peak measured | "
+                 "peak formula | ratio | peak in (fwd / bwd / step) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+      for (const Variant& r : rows) {
+        const Figures& m = r.measured;
+        const Figures& f = r.formula;
+        fmt::print("| {} | {} | {} | {} | {} | {} | {:.3f} | {:.3f} | {:.3f} | {:.2f} / {:.2f} / {:.2f} |\n",
+                   r.name, pair(m.params, f.params), pair(m.grads, f.grads), pair(m.adamw, f.adamw),
+                   pair(m.buffers, f.buffers), pair(m.kept, f.kept), m.peak / kMiB, f.peak / kMiB,
+                   m.peak / f.peak, r.peak_forward / kMiB, r.peak_backward / kMiB, r.peak_step / kMiB);
+      }
+      fmt::print("\nratios measured / formula (bytes): params, grads, AdamW, buffers, kept, peak\n");
+      for (const Variant& r : rows) {
+        const Figures& m = r.measured;
+        const Figures& f = r.formula;
+        const auto q = [](double a, double b) { return b == 0 ? (a == 0 ? 1.0 : 0.0) : a / b; };
+        fmt::print("  {:16s} {:.4f} {:.4f} {:.4f} {:.4f} {:.4f} {:.4f}  (kept off by {:+.0f} B, AdamW by {:+.0f} B)\n", r.name,
+                   q(m.params, f.params), q(m.grads, f.grads), q(m.adamw, f.adamw), q(m.buffers, f.buffers),
+                   q(m.kept, f.kept), q(m.peak, f.peak), m.kept - f.kept, m.adamw - f.adamw);
+      }
+      const double ddp = rows[0].measured.peak, fsdp = rows[6].measured.peak;
+      fmt::print("\nFSDP's peak / DDP's: {:.3f} (target <= 0.35); with recompute {:.3f}\n", fsdp / ddp,
+                 rows[7].measured.peak / rows[1].measured.peak);
     }
     return 0;
   } catch (const std::exception& e) {
