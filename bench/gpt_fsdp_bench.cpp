@@ -5,7 +5,50 @@
 //
 //   build/bin/minigrad-run --nproc-per-node 4 build/bin/gpt-fsdp-bench
 //
-// TIMELINE_PLACEHOLDER
+// Each variant builds the same GPT as train_gpt does (DDP: DistributedDataParallel + AdamW;
+// ZeRO-1: DDP + train_gpt's two ZeroRedundancyOptimizers, the >= 2-D weights and the rest;
+// ZeRO-2: the same optimizers with stage 2 and no DDP; FSDP: fully_shard_gpt, a unit per
+// block), trains one step (AdamW's state comes to exist), then measures a second. Ψ = the
+// parameters' elements, N = ranks, n = tokens per rank; a flat group g (a ZeRO bucket, an
+// FSDP unit) of Ψ_g elements gives every rank ceil(Ψ_g / N) (flat_parameter.h: padded to
+// equal shards). Bytes, float32:
+//
+//   params     held between steps: DDP 4Ψ; ZeRO-1/2 4 Σ_g N ceil(Ψ_g/N) (every rank keeps
+//              the whole padded flat buffers); FSDP 4 Σ_g ceil(Ψ_g/N)             exact
+//   grads      held at the step: DDP, ZeRO-1 4Ψ; ZeRO-2, FSDP 4 Σ_g ceil(Ψ_g/N)   exact
+//   AdamW      exp_avg + exp_avg_sq + an int64 step per tensor stepped: DDP 8Ψ + 8 x
+//              tensors; ZeRO, FSDP 8 Σ_g ceil(Ψ_g/N) + 8 x groups                 exact
+//   buffers    DDP's buckets (DDP, ZeRO-1): 4Ψ; ZeRO-2 and FSDP keep none         exact
+//   kept       after the loss, above before the forward (gpt_activations.h):
+//              4n (L f_block + 2C + V), f_block = 17C + 4 + a; with recompute each block
+//              keeps only its input: 4n (L C + 2C + V); FSDP adds the embedding unit,
+//              which stays gathered for the head's backward. The head's V is the logits
+//              the fused cross-entropy keeps. Measured is 12n + 4 B more (772 B on the
+//              default shape): the loss and per-token bookkeeping, not modelled.
+//   peak       the terms live at the moment the peak happens, found with --timeline
+//              (the allocator at every parameter's gradient and module's forward):
+//     DDP      the end of backward: params + buckets + AdamW + all gradients + the
+//              embeddings' dense gradients twice (wte's and wpe's, 4(V+T)C, and their sum
+//              into .grad); activations are gone by then, so recompute does not lower it
+//     ZeRO-1   the step: the same + each shard's gradient copied out of the full ones
+//              (4 Σ_g ceil(Ψ_g/N) of the larger optimizer; the two step one after the other)
+//     ZeRO-2   the end of backward: params + AdamW + the gradient shards + the largest
+//              bucket's flat gradients and Gloo's reduce_scatter scratch of its size
+//              (2 x 4 N ceil(Ψ_g/N): with the 25 MiB buckets one bucket is nearly the whole
+//              model, so ZeRO-2's peak is ZeRO-1's) + the embeddings' dense gradient
+//     FSDP     a block k's backward beginning: the shards + AdamW + 5 units (k and the
+//              prefetched k-1 gathered, k's gradient buffer filling, k+1's in its
+//              reduce_scatter, Gloo's scratch) + the gradient shards of the units already
+//              reduced + the activations still held (blocks 0..k; with recompute their
+//              inputs and block k recomputed) + the block's MLP gradients (8C per token),
+//              worst over k in 1..L-2. Which block catches the peak depends on when the
+//              communication thread frees its scratch, so the measure moves by about a
+//              unit between shapes (within 5 % of the formula on the shapes of
+//              docs/gpt-fsdp.md); the rest of the backward's temporaries are not modelled.
+//
+// Rank 0 prints a Markdown table (measured / formula) and FSDP's peak over DDP's (target
+// <= 0.35 on 8 blocks, C 256, 4 ranks). Times are not measured; --timeline prints where
+// in a third step the allocator peaks.
 #include <algorithm>
 #include <cmath>
 #include <string>
