@@ -16,12 +16,12 @@ inline double gpt_block_activation_floats(double C, double a, double t = 1.0, bo
   return (sp ? 2 * C / t + 2 * C + 4 / t : 4 * C + 4) + 13 * C / t + a / t;
 }
 
-// The head after forward: ln_f's input and output (2C; with SP 2C/t + C) and the logits
-// the fused cross-entropy keeps (V/t; its backward recomputes the softmax from them),
-// measured by gpt-fsdp-bench. Its backward adds two V/t more at once (the logits'
-// gradient and the head matmul's working copy).
+// The head after forward: ln_f's input and output and its mean/rstd (2C + 2; with SP
+// 2C/t + C + 2/t) and the logits the fused cross-entropy keeps (V/t; its backward
+// recomputes the softmax from them), measured by gpt-fsdp-bench. Its backward adds two
+// V/t more at once (the logits' gradient and the head matmul's working copy).
 inline double gpt_head_activation_floats(double C, double V, double t = 1.0, bool sp = false) {
-  return (sp ? 2 * C / t + C : 2 * C) + V / t;
+  return (sp ? 2 * C / t + C + 2 / t : 2 * C + 2) + V / t;
 }
 
 }  // namespace mg::bench

@@ -20,11 +20,11 @@
 //              tensors; ZeRO, FSDP 8 Σ_g ceil(Ψ_g/N) + 8 x groups                 exact
 //   buffers    DDP's buckets (DDP, ZeRO-1): 4Ψ; ZeRO-2 and FSDP keep none         exact
 //   kept       after the loss, above before the forward (gpt_activations.h):
-//              4n (L f_block + 2C + V), f_block = 17C + 4 + a; with recompute each block
-//              keeps only its input: 4n (L C + 2C + V); FSDP adds the embedding unit,
-//              which stays gathered for the head's backward. The head's V is the logits
-//              the fused cross-entropy keeps. Measured is 12n + 4 B more (772 B on the
-//              default shape): the loss and per-token bookkeeping, not modelled.
+//              4n (L f_block + 2C + 2 + V) + 8T + 4, f_block = 17C + 4 + a (the head:
+//              ln_f's input, output, mean/rstd and the logits the fused cross-entropy
+//              keeps; wpe's int64 positions; the loss); with recompute each block keeps
+//              only its input: 4n (L C + 2C + 2 + V) + 8T + 4; FSDP adds the embedding
+//              unit, which stays gathered for the head's backward                 exact
 //   peak       the terms live at the moment the peak happens, found with --timeline
 //              (the allocator at every parameter's gradient and module's forward):
 //     DDP      the end of backward: params + buckets + AdamW + all gradients + the
@@ -231,7 +231,8 @@ void measure(Variant& v, const models::GPTConfig& config, int64_t batch,
   f.params = 4.0 * (v.stage == 0 ? psi : v.stage == 3 ? shards : shards * N);
   f.grads = 4.0 * (v.stage <= 1 ? psi : shards);
   f.adamw = v.stage == 0 ? 8.0 * psi + 8.0 * tensors : 8.0 * shards + 8.0 * groups;
-  f.kept = 4.0 * n * ((v.recompute ? C : f_block) * L + f_head);
+  // + wpe's int64 positions (8T) and the loss (4 B)
+  f.kept = 4.0 * n * ((v.recompute ? C : f_block) * L + f_head) + 8.0 * T + 4.0;
   if (v.stage == 3) f.kept += 4.0 * static_cast<double>(fsdp->unit(0).layout().padded_numel());
   const double resting = f.params + f.buffers + f.adamw;
   if (v.stage == 0) {  // the end of backward: all gradients, the embeddings' two more
@@ -283,9 +284,9 @@ void measure(Variant& v, const models::GPTConfig& config, int64_t batch,
     t.on = false;
     for (auto& [module, handle] : hooks) module->remove_hook(handle);
     if (pg->rank() != 0) return;
-    fmt::print("timeline of {} (MiB above the base: held at the mark, peak since the previous mark)\n", v.name);
+    fmt::print("timeline of {} (bytes above the base: held at the mark, peak since the previous mark)\n", v.name);
     for (const auto& m : t.marks)
-      fmt::print("  {:40s} {:9.3f} {:9.3f}\n", m.what, (m.held - base) / kMiB, (m.peak_since - base) / kMiB);
+      fmt::print("  {:40s} {:12.0f} {:12.0f}\n", m.what, m.held - base, m.peak_since - base);
   }
 }
 
