@@ -60,6 +60,7 @@
 #include <minigrad/parallel/c10d/device_mesh.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
 
+#include "bench/gpt_activations.h"
 #include "samples/support/command_line.h"
 
 namespace {
@@ -315,18 +316,14 @@ int main(int argc, char** argv) {
 
     // Activations (the header): floats per token, times the tokens each term covers.
     const double t = tp, a = static_cast<double>(config.n_head);
-    // One block, the tensors its backward keeps: ln_1's and ln_2's inputs and their
-    // mean/rstd, c_attn's and c_fc's inputs (ln outputs: replicated, [N, C] each, without
-    // SP; with SP the LayerNorms' inputs are [N/t, C] but the column layers keep their
-    // all-gathered input [N, C]), q, k, v, the attention's output and its log-sum-exp per
-    // head, that output made contiguous for c_proj, c_fc's output and GELU's (4C/t each).
-    const double per_block = (sp ? 2 * C / t + 2 * C : 4 * C) + 4 / t * (sp ? 1 : t) +
-                             13 * C / t + a / t;
+    // One block (bench/gpt_activations.h): the LayerNorms' inputs and mean/rstd, q k v, the
+    // attention output, its copy, c_fc's and GELU's outputs, the log-sum-exps.
+    const double per_block = bench::gpt_block_activation_floats(C, a, t, sp);
     const double mb_tokens = N / m;
     const double in_flight = std::min<double>(pp - stage, m);  // 1F1B's micro-batches held
     double act_floats = Ls * per_block * in_flight * mb_tokens;
-    if (last)  // ln_f's input and output, the head's input, logits, log-softmax, their gradient
-      act_floats += mb_tokens * ((sp ? 2 * C / t + C : 2 * C) + 3 * V / t);
+    if (last)  // ln_f's input and output, the log-softmax, and in backward two gradients of V/t
+      act_floats += mb_tokens * (bench::gpt_head_activation_floats(C, V, t, sp) + 2 * V / t);
     else  // the backward working set: the last block's MLP gradients, the received gradient
       act_floats += mb_tokens * (8 * C / t + C / (sp ? t : 1));
     if (cp > 1)  // ring attention's backward: k, v arriving and dk, dv travelling
