@@ -34,8 +34,9 @@
 //                                        does not, so its SP saves (2 - 2/t)C less, not 4C(1 - 1/t))
 //   the head  2C + 3V/t (ln_f in/out, logits, log-softmax, the logits' gradient);
 //             with SP 2C/t + C + 3V/t
-//   a stage without the head: its backward working set 8C/t + C (the last block's MLP
-//             gradients, the received gradient) for one micro-batch
+//   a stage without the head: its backward working set 8C/t + 2C (the last block's MLP
+//             gradients, the received gradient and the next one's, posted ahead; C once
+//             when m = 1; C/t for each with SP) for one micro-batch
 //   cp > 1    + 4C/t for every token (ring attention's backward: k, v arriving, dk, dv
 //             travelling); seen on the first cp rank's peak, the others stay below
 // times the tokens: blocks x micro-batches in flight (1F1B: min(pp - stage, m)) x b T/cp / m.
@@ -325,7 +326,8 @@ int main(int argc, char** argv) {
     if (last)  // ln_f's input and output, the log-softmax, and in backward two gradients of V/t
       act_floats += mb_tokens * (bench::gpt_head_activation_floats(C, V, t, sp) + 2 * V / t);
     else  // the backward working set: the last block's MLP gradients, the received gradient
-      act_floats += mb_tokens * (8 * C / t + C / (sp ? t : 1));
+          // and the next backward's, posted ahead (pipeline_stage.cpp)
+      act_floats += mb_tokens * (8 * C / t + (m > 1 ? 2 : 1) * C / (sp ? t : 1));
     if (cp > 1)  // ring attention's backward: k, v arriving and dk, dv travelling
       act_floats += N * 4 * C / t;
     const double activation_formula = act_floats * S;

@@ -169,25 +169,46 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
   int64_t stashed = 0;
   last_max_stashed_ = 0;
 
-  // Receives are posted ahead of need, so a message travels while this rank computes
-  // instead of starting when it is asked for: the next forward's header before each
-  // action, a micro-batch's gradient as soon as its activation has been sent.
+  // Receives are posted one pass ahead of need: before a pass computes, the header of this
+  // rank's next forward and the gradient of its next backward are asked for, so those
+  // messages travel while it computes instead of when it next waits (a receive posted at
+  // its pass costs a round trip through the sender, busy by then, on every hand-off).
+  // At most one of each waits in flight, so the memory they take is one micro-batch's.
   const std::vector<Action> actions = rank_actions(options_.schedule, s, p, v, m);
-  std::map<std::pair<int64_t, int>, PendingRecv> headers, gradients;  // by (micro-batch, chunk)
-  auto post_next_header = [&](size_t after) {
-    for (size_t n = after + 1; n < actions.size(); ++n) {
+  using Key = std::pair<int64_t, int>;  // (micro-batch, chunk)
+  std::map<Key, PendingRecv> headers, gradients;
+  // What each (micro-batch, chunk) handed on: its gradient comes back in that form.
+  std::map<Key, std::pair<Shape, DType>> handed_on;
+  auto post_header = [&](int64_t j, int c) {
+    if (!headers.count({j, c})) headers.emplace(Key{j, c}, post_header_recv(j, c * p + s));
+  };
+  auto post_gradient = [&](int64_t j, int c) {
+    const auto sent = handed_on.find({j, c});
+    if (gradients.count({j, c}) || sent == handed_on.end()) return;
+    const int k = c * p + s;
+    Tensor g = empty(sent->second.first, sent->second.second, device);
+    auto work = group_->recv(context_parallel::wire_view(g), (k + 1) % p,
+                             tag_of(j, k, kGradientTag));
+    gradients.emplace(Key{j, c}, PendingRecv{g, std::move(work)});
+  };
+  auto post_ahead = [&](size_t i) {
+    bool forward_found = false, backward_found = false;
+    for (size_t n = i + 1; n < actions.size() && !(forward_found && backward_found); ++n) {
       const Action& next = actions[n];
       const int k = next.chunk * p + s;
-      if (next.pass != Pass::Forward || k == 0 || (next.micro_batch == 0 && next.chunk == 0))
-        continue;
-      const auto key = std::make_pair(next.micro_batch, next.chunk);
-      if (!headers.count(key)) headers.emplace(key, post_header_recv(next.micro_batch, k));
-      return;
+      if (next.pass == Pass::Forward && !forward_found) {
+        forward_found = true;
+        if (k != 0 && !(next.micro_batch == 0 && next.chunk == 0))
+          post_header(next.micro_batch, next.chunk);
+      } else if (next.pass == Pass::Backward && !backward_found) {
+        backward_found = true;
+        if (k + 1 != virtual_stages) post_gradient(next.micro_batch, next.chunk);
+      }
     }
   };
-  auto take = [](std::map<std::pair<int64_t, int>, PendingRecv>& posted, int64_t j, int c) {
+  auto take = [](std::map<Key, PendingRecv>& posted, int64_t j, int c) {
     const auto it = posted.find({j, c});
-    MG_CHECK(it != posted.end(), "PipelineStage: no receive was posted for micro-batch {}", j);
+    MG_CHECK(it != posted.end(), "PipelineStage: micro-batch {} has no receive posted", j);
     PendingRecv r = std::move(it->second);
     posted.erase(it);
     return r;
@@ -208,8 +229,7 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
                                                      micro.sizes[static_cast<size_t>(j)]);
           x = piece.device() == device ? ops::contiguous(piece) : piece.to(device);
         } else {
-          if (!(j == 0 && c == 0) && !headers.count({j, c}))
-            headers.emplace(std::make_pair(j, c), post_header_recv(j, k));
+          if (!(j == 0 && c == 0)) post_header(j, c);
           const Header h = j == 0 && c == 0 ? *first_header : read_header(take(headers, j, c), k);
           MG_CHECK(h.micro_batches == m && h.rows == rows,
                    "virtual stage {} sent a header for {} rows in {} micro-batches, but this "
@@ -219,7 +239,7 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
           group_->recv(context_parallel::wire_view(x), (k - 1) % p,
                        tag_of(j, k - 1, kActivationTag))->wait();
         }
-        post_next_header(i);
+        post_ahead(i);
         const double t0 = recorder_->now();
         const Tensor y = runner.forward(j, x);
         recorder_->record(s, j, a.pass, t0, recorder_->now(), c);
@@ -234,19 +254,17 @@ Tensor PipelineStage::train_step(const Tensor& input, const Tensor& target,
           const int next = (k + 1) % p;
           send(from_vector(header, {kHeaderLength}, device), next, tag_of(j, k, kHeaderTag));
           send(y, next, tag_of(j, k, kActivationTag));
-          Tensor g = empty(y.shape(), y.dtype(), device);
-          gradients.emplace(std::make_pair(j, c),
-                            PendingRecv{g, group_->recv(context_parallel::wire_view(g), next,
-                                                        tag_of(j, k, kGradientTag))});
+          handed_on[{j, c}] = {y.shape(), y.dtype()};
         }
       } else {
         Tensor g;
         if (!last_k) {
+          post_gradient(j, c);
           const PendingRecv r = take(gradients, j, c);
           r.work->wait();
           g = r.tensor;
         }
-        post_next_header(i);
+        post_ahead(i);
         const double t0 = recorder_->now();
         const Tensor grad_input = runner.backward(j, g);
         recorder_->record(s, j, a.pass, t0, recorder_->now(), c);
