@@ -38,7 +38,7 @@
 // pipeline (--schedule 1f1b|interleaved, --micro-batches, --model-chunks), which does
 // forward and backward itself (the loop's fourth place: pipeline_step; evaluation through
 // it too). --zero 1|2|3 shards AdamW's state, the gradients, the parameters over --dp
-// (ZeRO-1/2, FSDP by block); --recompute checkpoints the blocks. Checkpoints and the
+// (ZeRO-1/2, FSDP by block; 1 with any split, 2 and 3 with --dp alone); --recompute checkpoints the blocks. Checkpoints and the
 // sample keep the single-device layout under any split: the tp shards, the pipeline's
 // stages (the head's copy of wte left out) and the ZeRO/FSDP shards of the model and of
 // AdamW's state are gathered first (support/gpt_parallel_checkpoint.cpp), so a run saved
@@ -154,7 +154,7 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   CLI::Option* sched = app.add_option("--schedule", schedule, "With --pp: 1f1b or interleaved")->check(CLI::IsMember({"1f1b", "interleaved"}))->capture_default_str();
   CLI::Option* mb = app.add_option("--micro-batches", o.split.micro_batches, "With --pp: micro-batches per pipeline step (default: --pp)")->check(positive);
   CLI::Option* chunks = app.add_option("--model-chunks", o.split.model_chunks, "With --pp --schedule interleaved: model chunks per rank")->check(positive);
-  CLI::Option* zero = app.add_option("--zero", o.split.zero, "ZeRO over --dp: 1 (optimizer state sharded), 2 (gradients too), 3 (FSDP by block)")->check(CLI::IsMember({1, 2, 3}));
+  CLI::Option* zero = app.add_option("--zero", o.split.zero, "ZeRO over --dp: 1 (optimizer state sharded; with any split), 2 (gradients too), 3 (FSDP by block) (2 and 3 with --dp alone)")->check(CLI::IsMember({1, 2, 3}));
   app.add_flag("--recompute", o.split.recompute, "Recompute each block's activations in backward (block checkpointing)");
   CLI::Option* cp = app.add_option("--cp", o.split.cp, "Context-parallel ranks: every window's positions split over them (ring attention)")->check(positive);
   CLI::Option* sp = app.add_flag("--sequence-parallel", o.split.sequence_parallel, "With --tp: the activations between the layers split along the sequence too");
@@ -174,6 +174,9 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       throw samples::OptionError("--schedule, --micro-batches and --model-chunks are the pipeline's: they need --pp 2 or more");
     if (dp->count() + tp->count() + pp->count() + cp->count() + sp->count() + zero->count() > 0) {
       samples::check_split(o.split, o.batch_size, o.block_size, o.dropout, o.weight_decay);
+      if (o.split.zero > 0 && o.split.ranks() > o.split.dp && (!o.save.empty() || !o.resume.empty()))
+        throw samples::OptionError(fmt::format("--zero {} with {}: --save and --resume gather ZeRO's shards or the "
+                                               "tp/pp/cp parts, not both at once", o.split.zero, o.split.str()));
       // --dp 1 alone is the single-device run; under a launcher a job of one rank.
       o.distributed = o.split.ranks() > 1 || parallel::in_launched_job();
     }

@@ -51,9 +51,10 @@ void check_split(const GPTSplit& s, int64_t batch_size, int64_t block_size, doub
         s.ranks(), s.ranks()));
   if (s.model_chunks > 1 && !s.interleaved)
     throw OptionError(fmt::format("--model-chunks {}: more than one chunk per rank needs --schedule interleaved", s.model_chunks));
-  if (s.zero > 0 && (s.tp > 1 || s.pp > 1 || s.cp > 1 || s.sequence_parallel))
+  if (s.zero > 1 && (s.tp > 1 || s.pp > 1 || s.cp > 1 || s.sequence_parallel))
     throw OptionError(fmt::format("--zero {} shards over --dp alone: not with --tp, --pp, --cp or --sequence-parallel "
-                                  "(got {}; the library's ZeRO and FSDP wrap the plain GPT)", s.zero, s.str()));
+                                  "(got {}; ZeRO-2's gradient buckets and FSDP wrap the plain GPT; --zero 1, which "
+                                  "shards only AdamW's state, composes with them)", s.zero, s.str()));
   if (s.zero > 0 && s.dp == 1)
     throw OptionError(fmt::format("--zero {} shards over the data-parallel ranks: it needs --dp 2 or more", s.zero));
   if (s.zero == 3 && weight_decay != 0.0)
@@ -141,8 +142,11 @@ std::vector<Tensor> SplitGPT::parameters() const {
 
 std::vector<std::unique_ptr<optim::Optimizer>> SplitGPT::make_zero_optimizers(const optim::AdamWOptions& options) {
   MG_CHECK(split_.zero == 1 || split_.zero == 2, "SplitGPT::make_zero_optimizers: --zero {}", split_.zero);
+  // This rank's parameters: the whole GPT's under dp alone, its tp shards or its pipeline
+  // chunks' otherwise; ZeRO-1 cuts each list's AdamW state over dp after the gradients
+  // were summed over every group (reduce_gradients), so the split underneath is unseen.
   std::vector<Tensor> decayed, rest;
-  for (const Tensor& p : gpt_->parameters()) (p.dim() >= 2 ? decayed : rest).push_back(p);
+  for (const Tensor& p : parameters()) (p.dim() >= 2 ? decayed : rest).push_back(p);
   parallel::ZeroOptions zero_options;
   zero_options.stage = split_.zero;
   std::vector<std::unique_ptr<optim::Optimizer>> out;

@@ -42,8 +42,9 @@
 // models::clip_mesh_grad_norm_. Evaluation goes through the pipeline too: a step in eval
 // mode whose gradients are thrown away (the pipeline has no forward-only schedule).
 //
-// --zero (with --dp alone): 1 and 2 shard AdamW's state (and, 2, the gradients, reduce-
-// scattered in backward) with parallel::ZeroRedundancyOptimizer; 3 wraps the GPT in FSDP by
+// --zero over dp: 1 and 2 shard AdamW's state (and, 2, the gradients, reduce-scattered in
+// backward) with parallel::ZeroRedundancyOptimizer, 1 over any split (each rank's own
+// parameters: tp shards, pipeline chunks), 2 and 3 with --dp alone; 3 wraps the GPT in FSDP by
 // block (parallel::fully_shard_gpt). The library's ZeRO 2/3 average the gradients over dp,
 // so the loss shares are scaled by dp before backward (backward_scale). Under 3 AdamW steps
 // FSDP's flat shards, which mix the 2-D weights with biases and LayerNorms: weight decay

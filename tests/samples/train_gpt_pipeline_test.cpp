@@ -121,6 +121,19 @@ TEST_CASE("train_gpt --dp 2 --zero 1 and --zero 2 print the single-device run's 
   REQUIRE_THAT(out2, MG_CONTAINS("[rank 0] " + sample.substr(0, sample.find('\n'))));
 }
 
+TEST_CASE("train_gpt --zero 1 over the dp dimension of a tp x pp and a cp mesh prints the single-device run's losses") {
+  // ZeRO-1 shards only AdamW's state over dp, so it composes with every split: each rank
+  // cuts its own parameters (tp shards, pipeline chunks) over its dp group. The weight decay
+  // is large enough to show a wrong grouping, as in the --zero 1/2 case above.
+  Runs runs("--n-layer 2 --sample-chars 0 --weight-decay 100 --lr 0.01 --min-lr 0.001");
+  const std::vector<double> single = runs.run(0, "");
+  std::string out;
+  require_same(runs.run(8, "--dp 2 --tp 2 --pp 2 --zero 1", &out), single);
+  REQUIRE_THAT(out, MG_CONTAINS("split: dp 2 x tp 2 x pp 2 x cp 1, 1F1B schedule, 2 micro-batches, 1 model chunk, "
+                                "ZeRO-1 over 8 ranks"));
+  require_same(runs.run(4, "--dp 2 --cp 2 --zero 1"), single);
+}
+
 TEST_CASE("train_gpt --dp 2 --zero 3 --recompute prints the single-device run's losses") {
   Runs runs("--n-layer 2 --sample-chars 20 --weight-decay 0");
   std::string out;
@@ -142,6 +155,8 @@ TEST_CASE("train_gpt --pp/--zero/--recompute: combinations the library does not 
   };
   refused(4, "--dp 2 --tp 2 --zero 2", "--zero 2 shards over --dp alone: not with --tp, --pp, --cp or --sequence-parallel");
   refused(0, "--zero 1", "--zero 1 shards over the data-parallel ranks: it needs --dp 2 or more");
+  refused(4, "--dp 2 --tp 2 --zero 1 --save " + (dir / "ck.safetensors"),
+          "--zero 1 with dp 2 x tp 2 x cp 1, ZeRO-1: --save and --resume gather ZeRO's shards or the tp/pp/cp parts");
   refused(2, "--dp 2 --zero 3", "--zero 3: AdamW steps FSDP's flat shards");
   refused(0, "--schedule interleaved", "--schedule, --micro-batches and --model-chunks are the pipeline's: they need --pp 2");
   refused(2, "--pp 2 --model-chunks 2", "--model-chunks 2: more than one chunk per rank needs --schedule interleaved");
