@@ -10,10 +10,13 @@
 // (this file is built with -fno-trapping-math, as softmax.cpp). Every element of a tensor
 // goes through the same function whatever its layout, so a strided input gives the bits of
 // a contiguous one. float64 keeps std::erf and std::tanh (gradient checks, parity tests).
+// The contiguous loops are also compiled for AVX2 (cpu/target_clones.h): GELU's forward and
+// backward took 16 % of a GPT step on one core, 8 % with them.
 #include <cmath>
 
 #include <minigrad/core/cpu/cpu_backend.h>
 #include <minigrad/core/cpu/strided_loop.h>
+#include <minigrad/core/cpu/target_clones.h>
 #include <minigrad/core/cpu/vector_exp.h>
 #include <minigrad/core/dispatch.h>
 
@@ -75,12 +78,12 @@ template <typename T>
 // reference (the strided path below) are reloaded on every iteration, and such a loop does
 // not vectorise. One loop per form, so the form's branch is outside the loop.
 template <typename T, bool TanhForm>
-void gelu_rows(T* o, const T* x, int64_t n) {
+MG_AVX2_CLONES void gelu_rows(T* o, const T* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = gelu_value(x[i], TanhForm);
 }
 
 template <typename T, bool TanhForm>
-void gelu_grad_rows(T* gi, const T* go, const T* x, int64_t n) {
+MG_AVX2_CLONES void gelu_grad_rows(T* gi, const T* go, const T* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) gi[i] = gelu_grad(go[i], x[i], TanhForm);
 }
 
