@@ -76,10 +76,14 @@ Tensor scaled_dot_product_attention_fused(const Tensor& q, const Tensor& k, cons
                     "scaled_dot_product_attention"));
     draw = (gen != nullptr ? *gen : default_generator()).reserve((elements + 3) / 4);
   }
-  std::vector<Tensor> r = ops::attention(q, k, v, scale, is_causal, dropout_p, draw.seed, draw.offset);
+  // The kernels read q, k, v as contiguous [batch, T, E]; a GPT's q, k, v are views of
+  // c_attn's output cut by heads, so they are copied once here and the copies saved for
+  // backward (which would otherwise copy them again; c_attn's output is freed instead).
+  const Tensor qc = ops::contiguous(q), kc = ops::contiguous(k), vc = ops::contiguous(v);
+  std::vector<Tensor> r = ops::attention(qc, kc, vc, scale, is_causal, dropout_p, draw.seed, draw.offset);
   Tensor out = r[0];
   record_function("ScaledDotProductAttentionBackward", {q, k, v}, {out},
-                  [q = SavedTensor(q), k = SavedTensor(k), v = SavedTensor(v),
+                  [q = SavedTensor(qc), k = SavedTensor(kc), v = SavedTensor(vc),
                    out = SavedTensor(out), lse = SavedTensor(r[1]), scale, is_causal, dropout_p,
                    draw](const BackwardArgs& g) {
                     return ops::attention_backward(g.grad(), q.unpack(g), k.unpack(g),
