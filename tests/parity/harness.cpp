@@ -197,30 +197,13 @@ void report_named(StepReport& s, const std::string& holder, const std::vector<nn
   }
 }
 
-// A tensor-parallel rank's pieces of the GPT: the replicated parameters whole, every other
-// one as the elements TensorParallelGPT::shard_of takes from the plain tensor (found by
-// letting it take them from a tensor of the elements' numbers). `plain`: the plain GPT's.
-void report_gpt_tensor_parallel(StepReport& s, const std::string& holder, const models::TensorParallelGPT& tp,
-                                const std::vector<nn::NamedTensor>& plain, bool grad) {
-  for (const auto& [name, p] : tp.named_parameters()) {
-    Piece piece;
-    piece.holder = holder;
-    piece.param = index_of(plain, name);
-    if (!models::TensorParallelGPT::is_replicated(name)) {
-      const Tensor& whole = plain[static_cast<size_t>(piece.param)].second;
-      const Tensor numbers = arange(static_cast<double>(whole.numel()), DType::Float64).reshape(whole.shape());
-      piece.cut.kind = CutKind::Elements;
-      for (double v : values_of(tp.shard_of(name, numbers))) piece.cut.elements.push_back(static_cast<int64_t>(v));
-    }
-    piece.values = values_of(grad ? p.grad() : p);
-    s.pieces.push_back(std::move(piece));
-  }
-}
-
-// A rank of the GPT's 4-D mesh pipeline: as report_gpt_tensor_parallel, its stage's
-// parameters (the last stage's head copy of its wte rows too).
-void report_gpt_mesh_pipeline(StepReport& s, const std::string& holder, const models::GPTMeshPipeline& model,
-                              const std::vector<nn::NamedTensor>& plain, bool grad) {
+// A rank's pieces of a split GPT (a TensorParallelGPT, or a GPTMeshPipeline's stage with
+// the last stage's head copy of its wte rows): the replicated parameters whole, every other
+// one as the elements the model's shard_of takes from the plain tensor (found by letting it
+// take them from a tensor of the elements' numbers). `plain`: the plain GPT's.
+template <typename Model>
+void report_gpt_shards(StepReport& s, const std::string& holder, const Model& model,
+                       const std::vector<nn::NamedTensor>& plain, bool grad) {
   for (const auto& [name, p] : model.named_parameters()) {
     Piece piece;
     piece.holder = holder;
@@ -436,7 +419,7 @@ void data_parallel_rows_and_weights(Trainer& t, int dp_rank, int dp_ranks) {
 // (data-parallel rows: data_parallel_rows_and_weights), the loss (`loss_of`, `share`),
 // what follows backward, the clipping, and what it reports: whole parameters
 // (report_whole, report_named by name), slices (report_tensor_parallel,
-// report_gpt_tensor_parallel), or flat shards (report_flat_shard). The forms that compose
+// report_gpt_shards), or flat shards (report_flat_shard). The forms that compose
 // (the mesh: DDP over dp around tensor parallelism) share this setup.
 Report run_rank(const Config& c, mg::test::RankContext& ctx) {
   const GroupPtr world = ctx.gloo();
@@ -658,7 +641,7 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
         });
       };
       t.report = [&, tp_rank, tp_size](StepReport& s, bool grad) {
-        if (gpt_tp) return report_gpt_tensor_parallel(s, me, *gpt_tp, gpt->named_parameters(), grad);
+        if (gpt_tp) return report_gpt_shards(s, me, *gpt_tp, gpt->named_parameters(), grad);
         report_tensor_parallel(s, me, *shard, kinds, tp_rank, tp_size, grad);
       };
       break;
@@ -730,7 +713,7 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
         });
       };
       t.report = [&, plain = gpt->named_parameters()](StepReport& s, bool grad) {
-        report_gpt_mesh_pipeline(s, me, *gpt_mesh, plain, grad);
+        report_gpt_shards(s, me, *gpt_mesh, plain, grad);
       };
       t.optimizer = opt.get();
       return train(c, t);

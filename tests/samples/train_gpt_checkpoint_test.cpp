@@ -19,11 +19,14 @@
 
 #include "samples/run_program.h"
 #include "temp_dir.h"
+#include "train_gpt_runs.h"
 
 #if MINIGRAD_WITH_GLOO
 
 using mg::testing::run_program;
 using mg::testing::TempDir;
+using mg::testing::make_fortunes;
+using mg::testing::sample_of;
 
 namespace {
 
@@ -33,17 +36,6 @@ const std::string kRun = mg::testing::program_path("minigrad-run");
 // one schedule for every run (warmup and decay would otherwise follow --iters).
 const std::string kFlags = " --devices cpu --n-head 2 --n-embd 16 --grad-accum 2 --eval-iters 2 --block-size 16 "
                            "--batch-size 5 --eval-interval 4 --warmup 2 --decay-iters 8";
-
-// A few "fortunes" (a vocabulary of 34, even for tp 2).
-std::string make_corpus(const TempDir& dir) {
-  const std::string root = dir / "fortunes";
-  std::filesystem::create_directories(root);
-  std::string text;
-  for (int i = 0; i < 60; ++i)
-    text += "A fortune a day keeps the doctor away, said number " + std::to_string(i) + ".\n%\n";
-  std::ofstream(root + "/wisdom", std::ios::binary) << text;
-  return root;
-}
 
 // The evaluations a run printed: step -> {train loss, val loss} (rank 0's under a launcher).
 std::map<int, std::pair<double, double>> evaluations(const std::string& output) {
@@ -59,15 +51,6 @@ std::map<int, std::pair<double, double>> evaluations(const std::string& output) 
       out[step] = {train, val};
   }
   return out;
-}
-
-// The sample's text, as printed after the "---- a sample" line (rank 0's, prefix removed).
-std::string sample_of(const std::string& output) {
-  const size_t at = output.find("---- a sample");
-  if (at == std::string::npos) return "";
-  std::string text = output.substr(output.find('\n', at) + 1);
-  for (size_t p; (p = text.find("[rank 0] ")) != std::string::npos;) text.erase(p, 9);
-  return text;
 }
 
 // Every tensor of two checkpoints' dicts (the model's or the optimizer's) equal up to rounding.
@@ -90,7 +73,7 @@ void require_close(const mg::nn::TensorDict& a, const mg::nn::TensorDict& b) {
 struct Runs {
   TempDir dir;
   std::string flags;
-  explicit Runs(const std::string& model) { flags = kFlags + " " + model + " --data-dir " + make_corpus(dir); }
+  explicit Runs(const std::string& model) { flags = kFlags + " " + model + " --data-dir " + make_fortunes(dir); }
   std::string path(const std::string& name) const { return dir / (name + ".safetensors"); }
   // A run of `iters` steps on `ranks` processes (0: the single-device program), saving to
   // `save` and resuming `resume` when given; its output.

@@ -16,11 +16,14 @@
 
 #include "samples/run_program.h"
 #include "temp_dir.h"
+#include "train_gpt_runs.h"
 
 #if MINIGRAD_WITH_GLOO
 
 using mg::testing::run_program;
 using mg::testing::TempDir;
+using mg::testing::make_fortunes;
+using mg::testing::metrics_losses;
 
 namespace {
 
@@ -30,40 +33,11 @@ const std::string kRun = mg::testing::program_path("minigrad-run");
 const std::string kFlags = " --devices cpu --n-head 2 --n-embd 16 --grad-accum 2 --eval-iters 2 --iters 6 "
                            "--eval-interval 3 --warmup 2 --block-size 16 --batch-size 5";
 
-std::string read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// A few "fortunes" (a vocabulary of 34, even for tp 2).
-std::string make_corpus(const TempDir& dir) {
-  const std::string root = dir / "fortunes";
-  std::filesystem::create_directories(root);
-  std::string text;
-  for (int i = 0; i < 60; ++i)
-    text += "A fortune a day keeps the doctor away, said number " + std::to_string(i) + ".\n%\n";
-  std::ofstream(root + "/wisdom", std::ios::binary) << text;
-  return root;
-}
-
-// train_loss, val_loss of every row of a --metrics CSV.
-std::vector<double> losses(const std::string& path) {
-  std::vector<double> values;
-  std::istringstream csv(read(path));
-  std::string line;
-  std::getline(csv, line);
-  while (std::getline(csv, line)) {
-    double train = 0, val = 0;
-    if (std::sscanf(line.c_str(), "%*d,%lf,%lf", &train, &val) == 2) values.insert(values.end(), {train, val});
-  }
-  return values;
-}
-
 struct Runs {
   TempDir dir;
   std::string flags;
   int runs = 0;
-  explicit Runs(const std::string& model) { flags = kFlags + " " + model + " --data-dir " + make_corpus(dir); }
+  explicit Runs(const std::string& model) { flags = kFlags + " " + model + " --data-dir " + make_fortunes(dir); }
   // The run's metrics (after `ranks` processes under minigrad-run when ranks > 0).
   std::vector<double> run(int ranks, const std::string& more, std::string* output = nullptr) {
     const std::string csv = dir / ("run" + std::to_string(runs++) + ".csv");
@@ -72,7 +46,7 @@ struct Runs {
     INFO(result.output);
     REQUIRE(result.exit_code == 0);
     if (output) *output = result.output;
-    return losses(csv);
+    return metrics_losses(csv);
   }
 };
 
@@ -145,7 +119,7 @@ TEST_CASE("train_gpt --dp 2 --zero 3 --recompute prints the single-device run's 
 
 TEST_CASE("train_gpt --pp/--zero/--recompute: combinations the library does not support are refused") {
   TempDir dir;
-  const std::string flags = kFlags + " --n-layer 2 --data-dir " + make_corpus(dir);
+  const std::string flags = kFlags + " --n-layer 2 --data-dir " + make_fortunes(dir);
   const auto refused = [&](int ranks, const std::string& more, const std::string& message) {
     const std::string program = ranks > 0 ? kRun + " --nproc-per-node " + std::to_string(ranks) + " " + kProgram : kProgram;
     const auto result = run_program(program + flags + " " + more);

@@ -17,11 +17,16 @@
 
 #include "samples/run_program.h"
 #include "temp_dir.h"
+#include "train_gpt_runs.h"
 
 #if MINIGRAD_WITH_GLOO
 
 using mg::testing::run_program;
 using mg::testing::TempDir;
+using mg::testing::make_fortunes;
+using mg::testing::metrics_losses;
+using mg::testing::read_text;
+using mg::testing::sample_of;
 
 namespace {
 
@@ -32,50 +37,12 @@ const std::string kModel = " --devices cpu --n-layer 2 --n-head 2 --n-embd 16 --
 const std::string kRunFlags = kModel + " --iters 6 --eval-interval 3 --warmup 2 --sample-chars 30";
 const std::string kTiny = kRunFlags + " --block-size 16 --batch-size 5";
 
-std::string read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// A few "fortunes" (a vocabulary of 34, even for tp 2).
-std::string make_corpus(const TempDir& dir) {
-  const std::string root = dir / "fortunes";
-  std::filesystem::create_directory(root);
-  std::string text;
-  for (int i = 0; i < 60; ++i)
-    text += "A fortune a day keeps the doctor away, said number " + std::to_string(i) + ".\n%\n";
-  std::ofstream(root + "/wisdom", std::ios::binary) << text;
-  return root;
-}
-
-// train_loss, val_loss of every row of a --metrics CSV.
-std::vector<double> losses(const std::string& path) {
-  std::vector<double> values;
-  std::istringstream csv(read(path));
-  std::string line;
-  std::getline(csv, line);
-  while (std::getline(csv, line)) {
-    double train = 0, val = 0;
-    if (std::sscanf(line.c_str(), "%*d,%lf,%lf", &train, &val) == 2) values.insert(values.end(), {train, val});
-  }
-  return values;
-}
-
-// The sample's text, as printed after the "---- a sample" line (rank 0's, prefix removed).
-std::string sample_of(const std::string& output) {
-  const size_t at = output.find("---- a sample");
-  if (at == std::string::npos) return "";
-  std::string text = output.substr(output.find('\n', at) + 1);
-  for (size_t p; (p = text.find("[rank 0] ")) != std::string::npos;) text.erase(p, 9);
-  return text;
-}
-
 struct Runs {
   TempDir dir;
   std::string flags;
   mg::testing::ProgramResult single;
   Runs() {
-    flags = kTiny + " --data-dir " + make_corpus(dir);
+    flags = kTiny + " --data-dir " + make_fortunes(dir);
     single = run_program(kProgram + flags + " --metrics " + (dir / "single.csv"));
   }
   // The split run on `ranks` processes; its metrics next to the single-device ones.
@@ -90,7 +57,7 @@ void require_same_run(Runs& runs, const mg::testing::ProgramResult& split, const
   REQUIRE(runs.single.exit_code == 0);
   INFO(split.output);
   REQUIRE(split.exit_code == 0);
-  const std::vector<double> got = losses(runs.dir / csv), want = losses(runs.dir / "single.csv");
+  const std::vector<double> got = metrics_losses(runs.dir / csv), want = metrics_losses(runs.dir / "single.csv");
   REQUIRE(want.size() == 6);
   REQUIRE(got.size() == want.size());
   for (size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == Approx(want[i]).margin(2e-5));  // seen: 1e-6
@@ -112,7 +79,7 @@ TEST_CASE("train_gpt --dp 2 --tp 2 on 4 ranks prints the single-device run's los
   require_same_run(runs, split, "split.csv");
   // Each rank's trace, and rank 0's merge of them.
   for (int r = 0; r < 4; ++r) REQUIRE(std::filesystem::exists(runs.dir / ("t.rank" + std::to_string(r) + ".json")));
-  REQUIRE_THAT(read(runs.dir / "t.json"), MG_CONTAINS("step 2"));
+  REQUIRE_THAT(read_text(runs.dir / "t.json"), MG_CONTAINS("step 2"));
 }
 
 TEST_CASE("train_gpt --tp 2 --sequence-parallel on 2 ranks prints the single-device run's losses") {
@@ -173,7 +140,7 @@ TEST_CASE("train_gpt --save under --dp 2 --tp 2 writes the whole model in nanoGP
   TempDir dir;
   // One schedule for every run (warmup and decay would otherwise follow --iters).
   const std::string flags = kModel + " --block-size 16 --batch-size 5 --sample-chars 0 --eval-interval 4 --warmup 2 --decay-iters 8 --data-dir " +
-                            make_corpus(dir);
+                            make_fortunes(dir);
   const auto whole = run_program(kProgram + flags + " --iters 8 --save " + (dir / "whole.safetensors"));
   INFO(whole.output);
   REQUIRE(whole.exit_code == 0);
@@ -201,7 +168,7 @@ TEST_CASE("train_gpt --save under --dp 2 --tp 2 writes the whole model in nanoGP
 TEST_CASE("train_gpt --dp/--tp/--cp: impossible splits are refused, naming the numbers") {
   TempDir dir;
   // The block and the batch are left to each case.
-  const std::string flags = kRunFlags + " --data-dir " + make_corpus(dir);
+  const std::string flags = kRunFlags + " --data-dir " + make_fortunes(dir);
   const auto two = [&](const std::string& more) {
     return run_program(kRun + " --nproc-per-node 2 " + kProgram + flags + " " + more);
   };
