@@ -40,6 +40,13 @@ struct AutogradMeta {
   std::weak_ptr<Node> grad_accumulator;
 };
 
+// What the form of parallelism that split a parameter says this rank's tensor is of the
+// single-device one (its placement on each mesh dimension: parallel/placement.h). core only
+// carries it, as DTensor's spec rides on a tensor that stays a plain local tensor here.
+struct DistributedSpec {
+  virtual ~DistributedSpec() = default;
+};
+
 class TensorImpl {
  public:
   TensorImpl(Storage storage_, Shape shape_, std::vector<int64_t> strides_, int64_t offset_,
@@ -53,6 +60,7 @@ class TensorImpl {
   int64_t offset;                // in elements, from storage.data()
   DType dtype;
   AutogradMeta autograd;
+  std::shared_ptr<const DistributedSpec> distributed_spec;  // null unless a form split it
 };
 
 class Tensor {
@@ -119,6 +127,14 @@ class Tensor {
   // `p.data = t`). ZeRO and FSDP move parameters into one flat buffer this way.
   void set_data(const Tensor& new_data) const;
   void register_post_accumulate_grad_hook(std::function<void(Tensor&)> hook) const;
+  // The placement a form of parallelism recorded on this tensor (parallel/placement.h
+  // reads and writes it); null for a tensor no form split. detach() leaves it behind.
+  const std::shared_ptr<const DistributedSpec>& distributed_spec() const {
+    return checked().distributed_spec;
+  }
+  void set_distributed_spec(std::shared_ptr<const DistributedSpec> spec) const {
+    checked().distributed_spec = std::move(spec);
+  }
   // How many times this tensor's memory has been written in place (PyTorch:
   // t._version). One counter per Storage, so every view of the memory (and detach())
   // shares it; every in-place op bumps it, and backward refuses a tensor saved for it

@@ -40,35 +40,41 @@ std::string GPTConfig::str() const {
 
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& config)
     : nn::Cloneable<CausalSelfAttention>("CausalSelfAttention"),
-      n_head_(config.n_head),
-      n_embd_(config.n_embd),
+      head_size_(config.n_embd / config.n_head),
       dropout_(config.dropout) {
-  register_module("c_attn", std::make_shared<nn::Linear>(n_embd_, 3 * n_embd_, config.bias));
-  register_module("c_proj", std::make_shared<nn::Linear>(n_embd_, n_embd_, config.bias));
+  register_module("c_attn", std::make_shared<nn::Linear>(config.n_embd, 3 * config.n_embd, config.bias));
+  register_module("c_proj", std::make_shared<nn::Linear>(config.n_embd, config.n_embd, config.bias));
   register_module("attn_dropout", std::make_shared<nn::Dropout>(config.dropout));
   register_module("resid_dropout", std::make_shared<nn::Dropout>(config.dropout));
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
-  MG_CHECK(x.dim() == 3 && x.size(2) == n_embd_,
-           "CausalSelfAttention: expected input [B, T, {}], got {}", n_embd_, x.shape());
-  const int64_t B = x.size(0), T = x.size(1), C = n_embd_, hs = C / n_head_;
-  // q, k, v for all heads at once: one [B, T, 3C] product, cut in three along C.
-  const std::vector<Tensor> qkv = split(child("c_attn")->forward(x), n_embd_, 2);
-  // [B, T, C] -> [B, nh, T, hs]: each head attends over the T positions on its own.
-  const auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, n_head_, hs}), 1, 2); };
+  MG_CHECK(x.dim() == 3, "CausalSelfAttention: expected input [B, T, C], got {}", x.shape());
+  // q, k, v for all heads at once: one [B, T, 3 C'] product, cut in three along C'. C' is
+  // C, or this rank's heads' share of it when c_attn is split by heads (a plan's
+  // ColwiseParallel with stride 3): the head count is read from the projection, never
+  // from the config (torchtitan's "-1 instead of n_heads").
+  const Tensor qkv = (*child("c_attn"))(x);
+  const int64_t B = qkv.size(0), T = qkv.size(1), width = qkv.size(2) / 3, hs = head_size_;
+  MG_CHECK(qkv.size(2) % 3 == 0 && width % hs == 0,
+           "CausalSelfAttention: c_attn gives {} features, not 3 x a whole number of heads of {}", qkv.size(2), hs);
+  const int64_t heads = width / hs;
+  const std::vector<Tensor> parts = split(qkv, width, 2);
+  // [B, T, C'] -> [B, nh, T, hs]: each head attends over the T positions on its own.
+  const auto split_heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, heads, hs}), 1, 2); };
   // softmax(q k^T / sqrt(hs), causal) v: [B, nh, T, hs]. The [B, nh, T, T] attention
   // matrix exists only in the composed path; the fused kernel never stores it. The
-  // attention dropout acts on that matrix, so it is the op's dropout_p (attn_dropout
-  // stands for it, as in nanoGPT's flash path).
+  // attention dropout acts on that matrix, so it is the op's dropout_p, drawn from
+  // attn_dropout's generator (attn_dropout stands for it, as in nanoGPT's flash path).
   const double dropout_p = is_training() ? dropout_ : 0.0;
-  const Tensor y = attention_ ? attention_(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), dropout_p)
-                              : scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]),
-                                                             heads(qkv[2]), /*is_causal=*/true,
-                                                             dropout_p);
-  // The heads side by side again: [B, T, C].
-  const Tensor merged = reshape(contiguous(transpose(y, 1, 2)), {B, T, C});
-  return child("resid_dropout")->forward(child("c_proj")->forward(merged));
+  const Tensor q = split_heads(parts[0]), k = split_heads(parts[1]), v = split_heads(parts[2]);
+  const Tensor y =
+      attention_ ? attention_(q, k, v, dropout_p)
+                 : scaled_dot_product_attention(q, k, v, /*is_causal=*/true, dropout_p,
+                                                static_cast<const nn::Dropout&>(*child("attn_dropout")).generator());
+  // The heads side by side again: [B, T, C'].
+  const Tensor merged = reshape(contiguous(transpose(y, 1, 2)), {B, T, width});
+  return (*child("resid_dropout"))((*child("c_proj"))(merged));
 }
 
 // ---------------------------------------------------------------- MLP, Block
@@ -81,9 +87,9 @@ MLP::MLP(const GPTConfig& config) : nn::Cloneable<MLP>("MLP") {
 }
 
 Tensor MLP::forward(const Tensor& x) {
-  Tensor h = child("c_fc")->forward(x);  // [B, T, 4C]
-  h = child("gelu")->forward(h);
-  return child("dropout")->forward(child("c_proj")->forward(h));  // [B, T, C]
+  Tensor h = (*child("c_fc"))(x);  // [B, T, 4C]
+  h = (*child("gelu"))(h);
+  return (*child("dropout"))((*child("c_proj"))(h));  // [B, T, C]
 }
 
 Block::Block(const GPTConfig& config) : nn::Cloneable<Block>("Block") {
@@ -96,8 +102,8 @@ Block::Block(const GPTConfig& config) : nn::Cloneable<Block>("Block") {
 Tensor Block::forward(const Tensor& x) {
   // Pre-LayerNorm residual blocks: each branch reads a normalised copy of the stream and
   // adds its output back.
-  const Tensor x1 = x + child("attn")->forward(child("ln_1")->forward(x));
-  return x1 + child("mlp")->forward(child("ln_2")->forward(x1));
+  const Tensor x1 = x + (*child("attn"))((*child("ln_1"))(x));
+  return x1 + (*child("mlp"))((*child("ln_2"))(x1));
 }
 
 // ---------------------------------------------------------------- the transformer
@@ -113,22 +119,25 @@ GPTTransformer::GPTTransformer(const GPTConfig& config)
   register_module("ln_f", std::make_shared<nn::LayerNorm>(config.n_embd, 1e-5, true, config.bias));
 }
 
-Tensor GPTTransformer::forward(const Tensor& idx) {
-  const auto& wpe = static_cast<const nn::Embedding&>(*child("wpe"));
-  MG_CHECK(idx.dim() == 2 && idx.dtype() == DType::Int64,
-           "GPT: expected token indices int64 [B, T], got {} ({})", idx.shape(), idx.dtype());
-  const int64_t T = idx.size(1);
-  MG_CHECK(T <= wpe.num_embeddings(),
-           "GPT: cannot forward a sequence of length {}, block_size is only {}", T,
-           wpe.num_embeddings());
-  const Tensor pos = arange(static_cast<double>(T), DType::Int64, idx.device());  // [T]
-  const Tensor tok_emb = (*child("wte"))(idx);                                    // [B, T, C]
-  const Tensor pos_emb = (*child("wpe"))(pos);                                    // [T, C]
-  // Children are called with their hooks (operator()), as PyTorch calls them: FSDP's
-  // units and activation checkpointing act there (parallel/sharded/gpt_fsdp.h).
-  Tensor x = (*child("drop"))(tok_emb + pos_emb);  // broadcast over B
-  x = (*child("h"))(x);                             // n_layer blocks
-  return (*child("ln_f"))(x);
+Tensor GPTTransformer::forward(const Tensor& input) {
+  // Children are called with their hooks (operator()), as PyTorch calls them: a plan's
+  // styles, FSDP's units and activation checkpointing act there. A child that is absent
+  // (a pipeline stage holds only its part: parallel/pipeline/split_module.h) is passed
+  // through: without wte the input is the previous stage's activations [B, T, C].
+  Tensor x = input;
+  if (has_child("wte")) {
+    MG_CHECK(input.dim() == 2 && input.dtype() == DType::Int64,
+             "GPT: expected token indices int64 [B, T], got {} ({})", input.shape(), input.dtype());
+    const int64_t T = input.size(1), block_size = static_cast<const nn::Embedding&>(*child("wpe")).num_embeddings();
+    MG_CHECK(T <= block_size, "GPT: cannot forward a sequence of length {}, block_size is only {}", T, block_size);
+    // The positions 0 .. T-1 (a plan's hook on wpe may take others: context parallelism's).
+    const Tensor pos = arange(static_cast<double>(T), DType::Int64, input.device());  // [T]
+    const Tensor tok_emb = (*child("wte"))(input);                                      // [B, T, C]
+    const Tensor pos_emb = (*child("wpe"))(pos);                                        // [T, C]
+    x = (*child("drop"))(tok_emb + pos_emb);  // broadcast over B
+  }
+  x = (*child("h"))(x);  // the blocks (this stage's)
+  return has_child("ln_f") ? (*child("ln_f"))(x) : x;
 }
 
 // ---------------------------------------------------------------- GPT
@@ -136,6 +145,11 @@ Tensor GPTTransformer::forward(const Tensor& idx) {
 GPT::GPT(GPTConfig config) : nn::Cloneable<GPT>("GPT"), config_(config) {
   config_.validate();
   register_module("transformer", std::make_shared<GPTTransformer>(config_));
+  // The head, tied to the token embedding: one tensor in two modules (nanoGPT's
+  // `transformer.wte.weight = lm_head.weight`), listed once by named_parameters.
+  auto head = std::make_shared<nn::Linear>(config_.n_embd, config_.vocab_size, /*bias=*/false);
+  head->set_parameter("weight", parameter("transformer.wte.weight"));
+  register_module("lm_head", head);
   // GPT-2's initialisation (nanoGPT's _init_weights and the c_proj rule).
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
   for (auto& [name, p] : named_parameters()) {
@@ -156,8 +170,9 @@ Tensor& GPT::wte_weight() { return parameter("transformer.wte.weight"); }
 
 Tensor GPT::forward(const Tensor& idx) {
   const Tensor x = (*child("transformer"))(idx);  // [B, T, C]
-  // The head is the token embedding: logits = x wte^T, [B, T, V].
-  return linear(x, parameter("transformer.wte.weight"));
+  // logits = x wte^T, [B, T, V]: the head is the token embedding. Without it (a pipeline
+  // stage before the last), the activations go on.
+  return has_child("lm_head") ? (*child("lm_head"))(x) : x;
 }
 
 Tensor GPT::loss(const Tensor& logits, const Tensor& targets) {

@@ -18,9 +18,12 @@
 //
 // Parameter names are nanoGPT's: transformer.wte.weight, transformer.wpe.weight,
 // transformer.h.<i>.ln_1.weight, transformer.h.<i>.attn.c_attn.weight, ...,
-// transformer.ln_f.weight. The head is the token embedding itself, so named_parameters()
-// lists it once (as torch's does, for the optimizer), while state_dict() also names it
-// lm_head.weight, as torch's state_dict does.
+// transformer.ln_f.weight. The head (lm_head, a Linear without bias) holds the token
+// embedding's tensor itself, so named_parameters() lists it once (as torch's does, for the
+// optimizer), while state_dict() also names it lm_head.weight, as torch's state_dict does.
+// Children are called through operator(), so a plan's hooks and swapped modules act inside
+// the blocks; the forward passes absent children through (wte, ln_f, lm_head), so a
+// pipeline stage is the same model with the others' parts removed.
 #pragma once
 
 #include <cstdint>
@@ -54,17 +57,19 @@ struct GPTConfig {
 class CausalSelfAttention : public nn::Cloneable<CausalSelfAttention> {
  public:
   explicit CausalSelfAttention(const GPTConfig& config);
+  // x [B, T, C] -> [B, T, C]; the heads are as many as c_attn's output holds (all of
+  // them, or a tensor-parallel rank's).
   Tensor forward(const Tensor& x) override;
 
   // How the heads attend: q, k, v [B, nh, T, hs] and the attention dropout -> [B, nh, T, hs].
   // Unset (the default): scaled_dot_product_attention, causal. Context parallelism sets
-  // ring attention here (models/gpt_context_parallel.h).
+  // ring attention here (a plan's ContextParallel style: parallel/parallelize.h).
   using AttentionFunction =
       std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p)>;
   void set_attention_function(AttentionFunction attention) { attention_ = std::move(attention); }
 
  private:
-  int64_t n_head_, n_embd_;
+  int64_t head_size_;
   double dropout_;
   AttentionFunction attention_;
 };
@@ -84,7 +89,9 @@ class Block : public nn::Cloneable<Block> {
 };
 
 // nanoGPT's `transformer` ModuleDict: wte, wpe, drop, h (the blocks), ln_f. Its forward is
-// GPT's up to ln_f: [B, T] int64 -> [B, T, C].
+// GPT's up to ln_f: [B, T] int64 -> [B, T, C]. Absent children are passed through (a
+// pipeline stage's part: without wte the input is activations [B, T, C]; without ln_f the
+// last block's output comes out).
 class GPTTransformer : public nn::Cloneable<GPTTransformer> {
  public:
   explicit GPTTransformer(const GPTConfig& config);

@@ -124,6 +124,34 @@ ModulePtr Module::child(const std::string& name) const {
   MG_FAIL("{} has no child module named '{}'", type_name_, name);
 }
 
+bool Module::has_child(const std::string& name) const {
+  for (const auto& c : children_)
+    if (c.first == name) return true;
+  return false;
+}
+
+void Module::replace_child(const std::string& dotted_name, ModulePtr module) {
+  MG_CHECK(module != nullptr, "replace_child: the module for '{}' in {} is null", dotted_name, type_name_);
+  std::string leaf;
+  Module& owner = owner_of(dotted_name, leaf);
+  for (auto& c : owner.children_)
+    if (c.first == leaf) {
+      c.second = std::move(module);
+      return;
+    }
+  MG_FAIL("replace_child: {} has no child module named '{}'", type_name_, dotted_name);
+}
+
+void Module::remove_child(const std::string& dotted_name) {
+  std::string leaf;
+  Module& owner = owner_of(dotted_name, leaf);
+  const auto it = std::find_if(owner.children_.begin(), owner.children_.end(),
+                               [&](const NamedModule& c) { return c.first == leaf; });
+  MG_CHECK(it != owner.children_.end(), "remove_child: {} has no child module named '{}'", type_name_,
+           dotted_name);
+  owner.children_.erase(it);
+}
+
 Module& Module::owner_of(const std::string& dotted_name, std::string& leaf_name) {
   const auto dot = dotted_name.find('.');
   if (dot == std::string::npos) {
@@ -134,7 +162,11 @@ Module& Module::owner_of(const std::string& dotted_name, std::string& leaf_name)
 }
 
 void Module::set_parameter(const std::string& dotted_name, Tensor tensor) {
-  parameter(dotted_name) = std::move(tensor);
+  const Tensor old = parameter(dotted_name);
+  std::vector<Tensor*> slots;
+  collect_slots(true, slots);
+  for (Tensor* slot : slots)
+    if (slot->is_same(old)) *slot = tensor;
 }
 
 void Module::set_buffer(const std::string& dotted_name, Tensor tensor) {
@@ -143,9 +175,37 @@ void Module::set_buffer(const std::string& dotted_name, Tensor tensor) {
 
 void Module::collect(const std::string& prefix, bool params, bool recurse,
                      std::vector<NamedTensor>& out) const {
-  for (const auto& e : params ? parameters_ : buffers_) out.emplace_back(prefix + e.first, e.second);
+  for (const auto& e : params ? parameters_ : buffers_) {
+    const bool seen = std::any_of(out.begin(), out.end(), [&](const NamedTensor& o) {
+      return o.second.defined() && o.second.is_same(e.second);
+    });
+    if (!seen) out.emplace_back(prefix + e.first, e.second);
+  }
   if (!recurse) return;
   for (const auto& c : children_) c.second->collect(prefix + c.first + ".", params, true, out);
+}
+
+void Module::collect_slots(bool params, std::vector<Tensor*>& out) {
+  for (auto& e : params ? parameters_ : buffers_) out.push_back(&e.second);
+  for (auto& c : children_) c.second->collect_slots(params, out);
+}
+
+void Module::convert_tensors(const std::function<Tensor(const Tensor&)>& convert_param,
+                             const std::function<Tensor(const Tensor&)>& convert_buffer) {
+  for (bool params : {true, false}) {
+    std::vector<Tensor*> slots;
+    collect_slots(params, slots);
+    std::vector<std::pair<Tensor, Tensor>> done;  // (old, new): each tensor converted once
+    for (Tensor* slot : slots) {
+      if (!slot->defined()) continue;
+      auto found = std::find_if(done.begin(), done.end(), [&](const auto& d) { return d.first.is_same(*slot); });
+      if (found == done.end()) {
+        done.emplace_back(*slot, (params ? convert_param : convert_buffer)(*slot));
+        found = done.end() - 1;
+      }
+      *slot = found->second;
+    }
+  }
 }
 
 std::vector<NamedTensor> Module::named_parameters(bool recurse) const {
@@ -193,18 +253,17 @@ void Module::train(bool on) {
 
 void Module::to(Device device) {
   NoGradGuard no_grad;
-  for (auto& e : parameters_) {
-    Tensor& p = e.second;
-    if (p.device() == device) continue;
-    const Tensor grad = p.grad();
-    Tensor moved = ops::copy_to(p, device);
-    moved.set_requires_grad(p.requires_grad());
-    if (grad.defined()) moved.set_grad(ops::copy_to(grad, device));
-    p = moved;
-  }
-  for (auto& e : buffers_)
-    if (e.second.device() != device) e.second = ops::copy_to(e.second, device);
-  for (auto& c : children_) c.second->to(device);
+  convert_tensors(
+      [device](const Tensor& p) {
+        if (p.device() == device) return p;
+        const Tensor grad = p.grad();
+        Tensor moved = ops::copy_to(p, device);
+        moved.set_requires_grad(p.requires_grad());
+        moved.set_distributed_spec(p.distributed_spec());
+        if (grad.defined()) moved.set_grad(ops::copy_to(grad, device));
+        return moved;
+      },
+      [device](const Tensor& b) { return b.device() == device ? b : ops::copy_to(b, device); });
 }
 
 void Module::zero_grad(bool set_to_none) {
@@ -227,14 +286,15 @@ ModulePtr Module::shallow_clone() const {
 
 ModulePtr Module::clone(Device device) const {
   NoGradGuard no_grad;
-  ModulePtr copy = copy_node();
-  for (auto& e : copy->parameters_) {
-    Tensor fresh = ops::copy_to(e.second, device);
-    fresh.set_requires_grad(e.second.requires_grad());
-    e.second = fresh;
-  }
-  for (auto& e : copy->buffers_) e.second = ops::copy_to(e.second, device);
-  for (auto& c : copy->children_) c.second = c.second->clone(device);
+  ModulePtr copy = shallow_clone();
+  copy->convert_tensors(
+      [device](const Tensor& p) {
+        Tensor fresh = ops::copy_to(p, device);
+        fresh.set_requires_grad(p.requires_grad());
+        fresh.set_distributed_spec(p.distributed_spec());
+        return fresh;
+      },
+      [device](const Tensor& b) { return ops::copy_to(b, device); });
   return copy;
 }
 

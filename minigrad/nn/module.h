@@ -70,11 +70,23 @@ class Module {
   const Tensor& parameter(const std::string& name) const;
   Tensor& buffer(const std::string& name);
   ModulePtr child(const std::string& name) const;
-  // Replaces an existing parameter or buffer (dotted name) with another tensor.
+  bool has_child(const std::string& name) const;
+  // Replaces an existing parameter or buffer (dotted name) with another tensor. A tied
+  // parameter (one tensor held by several modules, as the GPT's wte and lm_head) is one
+  // parameter: every entry of this tree that held it gets the new tensor.
   void set_parameter(const std::string& dotted_name, Tensor tensor);
   void set_buffer(const std::string& dotted_name, Tensor tensor);
+  // Puts `module` in the place of the existing child at `dotted_name` ("h.0.attn.c_attn"),
+  // under the same name and in the same position, hooks and all of its own (how a form of
+  // parallelism swaps a Linear for its shard: parallel/parallelize.h).
+  void replace_child(const std::string& dotted_name, ModulePtr module);
+  // Removes the child at `dotted_name`: a model whose forward passes absent children
+  // through then runs without it (a pipeline stage: parallel/pipeline/split_module.h).
+  void remove_child(const std::string& dotted_name);
 
   // ---- traversal, in registration order (children after own entries) ----
+  // A tensor held by several entries (a tied weight) is listed once, under the first
+  // name, as torch's named_parameters() lists it (remove_duplicate=True).
   std::vector<Tensor> parameters(bool recurse = true) const;
   std::vector<NamedTensor> named_parameters(bool recurse = true) const;
   std::vector<Tensor> buffers(bool recurse = true) const;
@@ -89,14 +101,14 @@ class Module {
   void eval() { train(false); }
   bool is_training() const { return training_; }
   // Moves every parameter and buffer to `device` in place (parameters stay leaves and
-  // keep requires_grad; existing gradients move with them).
+  // keep requires_grad; existing gradients move with them). Tied parameters stay tied.
   void to(Device device);
   // Gradients of all parameters: cleared (set_to_none) or filled with zeros.
   void zero_grad(bool set_to_none = true);
 
   // ---- copies ----
   // A deep copy on `device`: new parameter and buffer tensors (leaves, same
-  // requires_grad), no gradients.
+  // requires_grad), no gradients; tied parameters tied again in the copy.
   ModulePtr clone(Device device) const;
   ModulePtr clone() const;
   // A copy of the module tree whose parameters and buffers are the same tensors as
@@ -119,6 +131,12 @@ class Module {
   Module& owner_of(const std::string& dotted_name, std::string& leaf_name);
   void collect(const std::string& prefix, bool params, bool recurse,
                std::vector<NamedTensor>& out) const;
+  // Every registry slot of this tree, parameters or buffers (ties included, each slot once).
+  void collect_slots(bool params, std::vector<Tensor*>& out);
+  // The entries of every module in this tree moved or copied by `convert`, each distinct
+  // tensor once, so that ties survive (to, clone).
+  void convert_tensors(const std::function<Tensor(const Tensor&)>& convert_param,
+                       const std::function<Tensor(const Tensor&)>& convert_buffer);
   std::string str_indented(int indent) const;
 
   std::string type_name_;

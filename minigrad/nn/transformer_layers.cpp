@@ -70,7 +70,7 @@ Dropout::Dropout(double p) : Cloneable<Dropout>("Dropout"), p_(p) {
 }
 
 Tensor Dropout::forward(const Tensor& input) {
-  return dropout(input, p_, is_training(), generator_);
+  return dropout(input, p_, is_training(), generator_.get());
 }
 
 std::string Dropout::extra_repr() const { return fmt::format("p={}, inplace=False", p_); }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -72,18 +73,23 @@ class GELU : public Cloneable<GELU> {
 
 // In training, zeroes each element with probability p and scales the others by
 // 1 / (1 - p); in eval() mode (or with p = 0), the identity. The mask comes from the
-// default generator, or from `generator` when one is set (it must outlive the module).
+// default generator, or from `generator` when one is set: a form of parallelism gives the
+// dropout of a region each rank holds a different part of a generator of each rank's own
+// (Megatron's model-parallel RNG tracker), so that the ranks draw different masks there
+// and the same ones where they hold the same activation.
 class Dropout : public Cloneable<Dropout> {
  public:
   explicit Dropout(double p = 0.5);
   Tensor forward(const Tensor& input) override;
   std::string extra_repr() const override;
   double p() const { return p_; }
-  void set_generator(Generator* generator) { generator_ = generator; }
+  void set_generator(std::shared_ptr<Generator> generator) { generator_ = std::move(generator); }
+  // Null: the default generator.
+  Generator* generator() const { return generator_.get(); }
 
  private:
   double p_;
-  Generator* generator_ = nullptr;
+  std::shared_ptr<Generator> generator_;
 };
 
 }  // namespace mg::nn

@@ -76,7 +76,9 @@ TEST_CASE("GPT: nanoGPT's parameter names, the head tied to the token embedding"
   CHECK(std::vector<std::string>(names.begin(), names.begin() + 14) == first);
   CHECK(names[names.size() - 2] == "transformer.ln_f.weight");
   CHECK(names.back() == "transformer.ln_f.bias");
-  // The head is not a parameter of its own; state_dict names it as torch's does.
+  // The head (lm_head) holds wte's tensor: not a parameter of its own; state_dict names
+  // it as torch's does.
+  CHECK(model.parameter("lm_head.weight").is_same(model.parameter("transformer.wte.weight")));
   const nn::TensorDict state = model.state_dict();
   CHECK(state.size() == names.size() + 1);
   CHECK(state.at("lm_head.weight").is_same(state.at("transformer.wte.weight")));
@@ -89,6 +91,49 @@ TEST_CASE("GPT: nanoGPT's parameter names, the head tied to the token embedding"
   GPTConfig no_bias = small_config();
   no_bias.bias = false;
   CHECK(GPT(no_bias).named_parameters().size() == 2 + 6 * 2 + 1);
+}
+
+// What lets a plan and a pipeline cut work on the unchanged model: the children are
+// called through operator() (hooks fire inside the blocks), absent children are passed
+// through, and attention counts its heads from c_attn's output.
+TEST_CASE("GPT: hooks fire inside the blocks, absent children pass through, heads read from c_attn") {
+  GPTConfig config = small_config();
+  config.n_layer = 3;
+  mg::manual_seed(5);
+  GPT model(config);
+  const Tensor idx = random_tokens(2, 6, config.vocab_size, 9);
+  const Tensor whole = model.forward(idx);
+  int calls = 0;
+  model.child("transformer")->child("h")->child("1")->child("mlp")->child("c_fc")->register_forward_hook(
+      [&calls](nn::Module&, const Tensor&, const Tensor&) {
+        ++calls;
+        return Tensor();
+      });
+  model.forward(idx);
+  CHECK(calls == 1);
+  // Two "stages" of the same weights: the embedding and block 0; blocks 1, 2, ln_f, head.
+  auto first = std::static_pointer_cast<GPT>(model.clone());
+  auto second = std::static_pointer_cast<GPT>(model.clone());
+  first->remove_child("lm_head");
+  first->remove_child("transformer.ln_f");
+  first->remove_child("transformer.h.1");
+  first->remove_child("transformer.h.2");
+  for (const char* name : {"transformer.wte", "transformer.wpe", "transformer.drop", "transformer.h.0"})
+    second->remove_child(name);
+  const Tensor activations = first->forward(idx);
+  CHECK(activations.shape() == Shape{2, 6, 32});
+  const std::vector<float> staged = second->forward(activations).to_vector<float>();
+  CHECK(staged == whole.to_vector<float>());
+  // Half of the heads: c_attn's q, k, v rows of head 0 (a tensor-parallel rank's share).
+  auto attn = std::static_pointer_cast<mg::models::CausalSelfAttention>(
+      model.child("transformer")->child("h")->child("0")->child("attn"));
+  auto half = std::make_shared<nn::Linear>(32, 48, true);
+  attn->replace_child("c_attn", half);
+  attn->replace_child("c_proj", std::make_shared<nn::Linear>(16, 32, true));
+  CHECK((*attn)(mg::randn(Shape{2, 6, 32})).shape() == Shape{2, 6, 32});
+  attn->replace_child("c_attn", std::make_shared<nn::Linear>(32, 40, true));
+  REQUIRE_THROWS_WITH((*attn)(mg::randn(Shape{2, 6, 32})),
+                      MG_CONTAINS("CausalSelfAttention: c_attn gives 40 features, not 3 x a whole number of heads of 16"));
 }
 
 TEST_CASE("GPT: GPT-2's initialisation, the residual projections scaled by 1/sqrt(2 n_layer)") {

@@ -186,6 +186,44 @@ TEST_CASE("Module: shallow_clone() shares the tensors but not the tree") {
   CHECK_FALSE(copy->parameter("layers.0.bias").is_same(original[3]));
 }
 
+// Two modules holding one tensor (the GPT's wte and lm_head): one parameter.
+TEST_CASE("Module: a tied parameter is listed once, stays tied through clone, to and set_parameter") {
+  auto a = std::make_shared<nn::Linear>(3, 4, /*bias=*/false);
+  auto b = std::make_shared<nn::Linear>(3, 4, /*bias=*/false);
+  b->set_parameter("weight", a->weight());
+  nn::Sequential net{a, b};
+  CHECK(names_of(net.named_parameters()) == std::vector<std::string>{"0.weight"});
+  CHECK(net.parameters().size() == 1);
+  // A copy is tied again: one fresh tensor in both places.
+  auto copy = std::static_pointer_cast<nn::Sequential>(net.clone());
+  CHECK(copy->parameter("0.weight").is_same(copy->parameter("1.weight")));
+  CHECK_FALSE(copy->parameter("0.weight").is_same(a->weight()));
+  net.to(mg::Device::cpu());
+  CHECK(net.parameter("0.weight").is_same(net.parameter("1.weight")));
+  // Replacing the parameter by either name replaces it in both modules.
+  const Tensor fresh = mg::zeros(Shape{4, 3}).set_requires_grad(true);
+  net.set_parameter("1.weight", fresh);
+  CHECK(net.parameter("0.weight").is_same(fresh));
+  CHECK(net.parameter("1.weight").is_same(fresh));
+}
+
+TEST_CASE("Module: replace_child and remove_child by dotted name, errors naming the path") {
+  Net net;
+  auto replacement = std::make_shared<nn::Linear>(3, 4);
+  net.replace_child("layers.0", replacement);
+  CHECK(net.child("layers")->child("0") == replacement);
+  CHECK(net.named_parameters()[2].second.is_same(replacement->weight()));  // same place, same name
+  CHECK(names_of(net.named_parameters())[2] == "layers.0.weight");
+  net.remove_child("layers.1");
+  CHECK_FALSE(net.child("layers")->has_child("1"));
+  CHECK(net.child("layers")->has_child("2"));
+  REQUIRE_THROWS_WITH(net.replace_child("layers.7", replacement),
+                      MG_CONTAINS("replace_child: Net has no child module named 'layers.7'"));
+  REQUIRE_THROWS_WITH(net.replace_child("layers.0", nullptr),
+                      MG_CONTAINS("replace_child: the module for 'layers.0' in Net is null"));
+  REQUIRE_THROWS_WITH(net.remove_child("nothing"), MG_CONTAINS("remove_child: Net has no child module named 'nothing'"));
+}
+
 TEST_CASE("Module: zero_grad clears gradients or fills them with zeros") {
   Net net;
   net.forward(mg::ones(Shape{2, 3})).sum().backward();

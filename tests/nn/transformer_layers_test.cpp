@@ -101,10 +101,9 @@ TEST_CASE("Dropout: zeroes about p and scales the rest in training, the identity
   nn::Dropout none(0.0);
   CHECK(none(x).to_vector<float>() == x.to_vector<float>());
   // A generator of its own: the same seed, the same mask.
-  mg::Generator a(7), b(7);
   nn::Dropout da(0.5), db(0.5);
-  da.set_generator(&a);
-  db.set_generator(&b);
+  da.set_generator(std::make_shared<mg::Generator>(7));
+  db.set_generator(std::make_shared<mg::Generator>(7));
   CHECK(da(x).to_vector<float>() == db(x).to_vector<float>());
   REQUIRE_THROWS_WITH(nn::Dropout(1.5),
                       MG_CONTAINS("Dropout: dropout probability has to be between 0 and 1, but got 1.5"));

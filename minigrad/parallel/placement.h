@@ -1,0 +1,121 @@
+// Placements: what one rank's tensor is of the single-device parameter, mesh dimension by
+// mesh dimension -- DTensor's placements (torch.distributed.tensor), recorded on tensors
+// that stay plain local tensors here (Tensor::distributed_spec).
+//
+//   Replicate()          every rank of the dimension holds the whole (of what the earlier
+//                        dimensions left): DDP's dp, the LayerNorms under tp, a tied copy
+//   Shard(dim)           rank r of n holds part r of n equal parts along `dim`
+//   Shard(dim, stride s) `dim` is s blocks side by side (c_attn's q, k and v: s = 3), and
+//                        rank r holds part r of each block, the s parts stacked (Megatron's
+//                        partition_stride): the q, k and v rows of its heads
+//   a flat range         elements [offset, offset + numel) of the tensor flattened, at
+//                        `local_offset` of this rank's flat tensor: FSDP's and ZeRO's shards,
+//                        which hold pieces of several parameters (one ParameterPiece each)
+//
+// A gradient arrives after backward as its parameter is placed, or Partial: each rank holds
+// a share of the sum (sequence parallelism's replicated weights, every parameter under
+// context parallelism, a pipeline's tied copies) until reduce_partial_gradients sums it.
+//
+// Every form records its dimension when it splits (record_placement): the tensor-parallel
+// layers (tp), DDP and ZeRO (dp), FSDP's flat shards, context parallelism (cp), a pipeline's
+// tied copies. Everything that must know the split reads placements, never names: the one
+// distributed clip, the sums of partial gradients, the full state dict gathered into the
+// single-device names and scattered into any other split (parallel/distributed_state.h).
+// A tensor without a spec is a whole single-device parameter that no form has split.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <minigrad/core/shape.h>
+#include <minigrad/core/tensor.h>
+
+namespace mg::parallel {
+
+class ProcessGroup;
+
+struct Placement {
+  enum class Kind { Replicate, Shard };
+  Kind kind = Kind::Replicate;
+  int64_t dim = 0;     // Shard: the tensor dimension cut
+  int64_t stride = 1;  // Shard: blocks along `dim`, each cut in parts (see above)
+
+  static Placement replicate() { return {}; }
+  static Placement shard(int64_t dim, int64_t stride = 1) { return {Kind::Shard, dim, stride}; }
+  bool is_shard() const { return kind == Kind::Shard; }
+  bool is_replicate() const { return kind == Kind::Replicate; }
+  bool operator==(const Placement& o) const {
+    return kind == o.kind && (kind == Kind::Replicate || (dim == o.dim && stride == o.stride));
+  }
+  // "Replicate()", "Shard(0)", "Shard(0, stride 3)"
+  std::string str() const;
+};
+
+// One mesh dimension's placement of a parameter.
+struct DimPlacement {
+  std::string dim;                      // "dp", "tp", "cp", "pp" (a tied copy's group: "tied")
+  std::shared_ptr<ProcessGroup> group;  // this rank's group along it; null in one process
+  int rank = 0, size = 1;               // this rank's place in it
+  Placement placement;
+  bool partial_gradient = false;        // backward leaves a share of the sum on each rank
+  std::string str() const;              // "tp: Shard(0) (rank 1 of 2)"
+};
+
+// A flat shard's range of a parameter (the parameter as its placements leave it, flattened).
+struct FlatRange {
+  std::string dim;  // the dimension whose ranks hold the flat shards ("dp")
+  std::shared_ptr<ProcessGroup> group;
+  int rank = 0, size = 1;
+  int64_t offset = 0, numel = 0;  // of the placed parameter, flattened
+  int64_t local_offset = 0;       // where the range sits in this rank's flat tensor
+};
+
+// What part of one single-device parameter a rank's tensor holds.
+struct ParameterPiece {
+  std::string name;  // the single-device parameter's name
+  Shape shape;       // and its shape
+  std::vector<DimPlacement> placements;  // applied in order, each to what the last left
+  std::optional<FlatRange> flat;
+
+  // The shape the placements leave (the whole tensor a flat range is taken from).
+  Shape placed_shape() const;
+  // Whether this rank's copy is the one to count (in a norm) or to send (in a gather):
+  // rank 0 of every dimension that replicates it; every holder of a shard.
+  bool counted_here() const;
+  // "transformer.h.0.attn.c_attn.weight [36, 12]: tp: Shard(0, stride 3) (rank 1 of 2)"
+  std::string str() const;
+};
+
+struct ParameterSpec : DistributedSpec {
+  std::vector<ParameterPiece> pieces;  // one, except in a flat shard
+};
+
+// The spec recorded on `t`, or null.
+const ParameterSpec* spec_of(const Tensor& t);
+
+// Appends `placement` to the placements of `t` (the single-device parameter `name` of shape
+// `shape`; a tensor with a spec already keeps its name and shape). The spec is replaced, not
+// changed: a copy of the tensor handle made earlier sees the new one. mg::Error when the
+// placement does not fit (a Shard of a dimension that does not divide).
+void record_placement(const Tensor& t, const std::string& name, const Shape& shape,
+                      DimPlacement placement);
+// Replaces the whole spec of `t` (FSDP and ZeRO: a flat shard's pieces).
+void set_spec(const Tensor& t, std::vector<ParameterPiece> pieces);
+
+// ---- the arithmetic of a placement ----
+// Part `rank` of `size` of `full` under `placement` (a view when it can be one; a copy for
+// a strided shard). Replicate: `full` itself.
+Tensor shard_tensor(const Tensor& full, const Placement& placement, int rank, int size);
+// The shape part `rank` of `size` has: `shape` with the sharded dimension divided.
+Shape sharded_shape(const Shape& shape, const Placement& placement, int size);
+// This rank's part of the single-device tensor `full` (of piece.shape): every placement
+// applied in order, then the flat range. A new tensor, on full's device.
+Tensor local_part(const ParameterPiece& piece, const Tensor& full);
+// The inverse, for a gather: writes `local` (what local_part gives on the rank that holds
+// `piece`, whose placements name that rank) into its place in `full`, in place.
+void place_into(Tensor& full, const ParameterPiece& piece, const Tensor& local);
+
+}  // namespace mg::parallel
