@@ -36,6 +36,10 @@
 // On one node without --master-port, a free port is chosen (torchrun --standalone).
 // Unless OMP_NUM_THREADS is set, each process gets OMP_NUM_THREADS=1 when several run,
 // so N processes do not each start a BLAS thread per core (torchrun does the same).
+//
+// A process manager needs no GPU library: this program links the store's sockets and
+// run-id check alone (minigrad_launch in samples/CMakeLists.txt), not libminigrad, whose
+// CUDA runtime, cuBLAS and NCCL would make it some 200 MB resident and slow every start.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -53,8 +57,8 @@
 
 #include <fmt/format.h>
 
+#include <minigrad/parallel/c10d/store/run_id.h>
 #include <minigrad/parallel/c10d/store/socket.h>
-#include <minigrad/parallel/c10d/store/tcp_store.h>
 
 #include "support/command_line.h"
 

@@ -1,12 +1,15 @@
 // minigrad-run (samples/minigrad-run.cpp): environment, prefixed output, failure
-// propagation, signal forwarding, and a real rendezvous of this test binary's hidden
-// worker case below through the environment it sets.
+// propagation, signal forwarding, what it links, and a real rendezvous of this test
+// binary's hidden worker case below through the environment it sets.
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 
 #include "catch_compat.h"
 #include "shell_run.h"
+#include "temp_dir.h"
 
 #include <minigrad/core/error.h>
 #include <minigrad/parallel/c10d/store/socket.h>
@@ -24,9 +27,25 @@ const std::string kLauncher = std::string(MINIGRAD_BINARY_DIR) + "/bin/minigrad-
 
 using mg::testing::Run;
 using mg::testing::run_shell;
+using mg::testing::TempDir;
 
 // The launcher is a sample program; a build without samples has none to test.
 void require_launcher() { mg::testing::require_program(kLauncher); }
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// A value in kB of a /proc/<pid>/status excerpt ("VmHWM:\t  3868 kB"), or -1.
+long status_kib(const std::string& status, const std::string& field) {
+  const size_t at = status.find(field + ":");
+  long kib = -1;
+  if (at == std::string::npos ||
+      std::sscanf(status.c_str() + at + field.size() + 1, "%ld kB", &kib) != 1)
+    return -1;
+  return kib;
+}
 
 }  // namespace
 
@@ -45,6 +64,29 @@ TEST_CASE("minigrad-run: sets the torchrun environment and prefixes each line wi
     REQUIRE_THAT(r.output, MG_CONTAINS(prefix + "to stderr " + std::to_string(rank) + "\n"));
     REQUIRE_THAT(r.output, MG_CONTAINS(prefix + "unterminated " + std::to_string(rank) + "\n"));
   }
+}
+
+// A process manager needs no GPU library: the launcher maps no CUDA runtime, cuBLAS, NCCL,
+// libminigrad or BLAS (it was 226 MB resident at rest with them), seen from its rank.
+TEST_CASE("minigrad-run: links no CUDA, cuBLAS, NCCL or libminigrad, and is small at rest") {
+  require_launcher();
+  const TempDir dir;
+  const Run r = run_shell(kLauncher + " --nproc-per-node 1 /bin/sh -c 'cat /proc/$PPID/maps >" +
+                          (dir / "maps") + "; grep VmRSS /proc/$PPID/status >" + (dir / "status") +
+                          "'");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::string maps = read_file(dir / "maps");
+  INFO(maps);
+  REQUIRE_THAT(maps, MG_CONTAINS("/minigrad-run"));  // the launcher's own maps
+  for (const char* library : {"libcudart", "libcublas", "libnccl", "libcuda.", "libminigrad",
+                              "libopenblas", "libgloo"})
+    CHECK_THAT(maps, !MG_CONTAINS(library));
+  const std::string status = read_file(dir / "status");
+  INFO(status);
+  const long rss_kib = status_kib(status, "VmRSS");
+  CHECK(rss_kib > 0);
+  CHECK(rss_kib < 32 * 1024);
 }
 
 TEST_CASE("minigrad-run: every rank of a job gets its run id, each job a new one unless given") {

@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include <minigrad/core/error.h>
-#include <minigrad/parallel/c10d/store/tcp_store.h>
+#include <minigrad/parallel/c10d/store/run_id.h>
 
 namespace mg::parallel {
 
