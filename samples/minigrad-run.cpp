@@ -7,9 +7,15 @@
 //
 // For each local process k it sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE (nproc * nnodes),
 // RANK (node_rank * nproc + k), LOCAL_RANK (k), LOCAL_WORLD_SIZE, GROUP_RANK and
-// MINIGRAD_RUN_ID, then forks and execs PROGRAM ARGS. Each line a process writes comes out prefixed with
-// "[rank R] " on the same stream (stdout or stderr). minigrad-run exits with the first
+// MINIGRAD_RUN_ID, then forks and execs PROGRAM ARGS. minigrad-run exits with the first
 // failure's code (128 + signal for a process killed by a signal).
+//
+// Output: each line a process writes comes out prefixed with "[rank R] " on the same
+// stream (stdout or stderr), whole: this launcher is the one writer of its streams, so one
+// rank's line is never cut by another's. A line longer than 64 KiB (a progress bar drawn
+// with '\r', a dump without newlines) is passed on in pieces of 64 KiB, each prefixed and
+// each but the last ended with " [line continues]", so the launcher's memory does not grow
+// with what a rank prints.
 //
 // Stopping, in three steps, each sent to every process still running (its process group):
 //   1. a polite stop: SIGINT or SIGTERM sent to minigrad-run is forwarded as it is; when a
@@ -256,12 +262,42 @@ struct Process {
   Stream out, err;
 };
 
+// The longest piece of a line passed on whole. A longer line (a progress bar drawn with
+// '\r', a dump without newlines) goes on in pieces of this size, each but the last ended
+// with kContinues, so that what we hold of a line never grows past it.
+constexpr size_t kMaxLine = 64 * 1024;
+constexpr const char* kContinues = " [line continues]";
+
+// Where to cut a line of `text` that starts at `start` and is too long: after kMaxLine
+// bytes, moved back to the start of a UTF-8 character cut in two (at most 3 bytes back).
+size_t cut_point(const std::string& text, size_t start) {
+  size_t cut = start + kMaxLine;
+  for (int back = 0; back < 3 && cut > start + 1 &&
+                     (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80;
+       ++back)
+    --cut;
+  return cut;
+}
+
+// Passes on every whole line of what the stream holds and `data`, and every kMaxLine
+// piece of a line too long; keeps the rest (under kMaxLine bytes) for the next read.
 void emit_lines(const std::string& prefix, Stream& s, const char* data, size_t n) {
   s.partial.append(data, n);
-  size_t start = 0;
   std::string text;
-  for (size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1)
-    text += prefix + s.partial.substr(start, nl + 1 - start);
+  size_t start = 0;
+  for (;;) {
+    const size_t nl = s.partial.find('\n', start);
+    const size_t line_end = nl == std::string::npos ? s.partial.size() : nl;
+    if (line_end - start > kMaxLine) {
+      const size_t cut = cut_point(s.partial, start);
+      text.append(prefix).append(s.partial, start, cut - start).append(kContinues).append("\n");
+      start = cut;
+      continue;
+    }
+    if (nl == std::string::npos) break;
+    text.append(prefix).append(s.partial, start, nl + 1 - start);
+    start = nl + 1;
+  }
   s.partial.erase(0, start);
   if (!text.empty()) write_all(s.out_fd, text);
 }

@@ -1,6 +1,7 @@
-// minigrad-run (samples/minigrad-run.cpp): environment, prefixed output, failure
-// propagation, signal forwarding, what it links, and a real rendezvous of this test
-// binary's hidden worker case below through the environment it sets.
+// minigrad-run (samples/minigrad-run.cpp): environment, prefixed output (a line too long
+// to hold passed on in pieces, the launcher's memory flat), failure propagation, signal
+// forwarding, what it links, and a real rendezvous of this test binary's hidden worker
+// case below through the environment it sets.
 
 #include <cstdio>
 #include <cstdlib>
@@ -64,6 +65,72 @@ TEST_CASE("minigrad-run: sets the torchrun environment and prefixes each line wi
     REQUIRE_THAT(r.output, MG_CONTAINS(prefix + "to stderr " + std::to_string(rank) + "\n"));
     REQUIRE_THAT(r.output, MG_CONTAINS(prefix + "unterminated " + std::to_string(rank) + "\n"));
   }
+}
+
+// A rank that prints 50 MiB without a newline (a progress bar drawn with '\r' looks the
+// same to the launcher) while another prints short lines: the long line comes out in
+// pieces of 64 KiB, each prefixed, each but the last marked; every byte arrives, each
+// rank's lines whole; the launcher's peak memory stays far below the line's size (it held
+// the line whole, and copies of it: 226 MB -> 732 MB resident for 200 MB). The peak is the
+// launcher's VmHWM, read by rank 0 once its line is out (all but the pipe's 64 KiB read).
+TEST_CASE("minigrad-run: a line without a newline goes on in prefixed 64 KiB pieces, every "
+          "byte of it, and the launcher's memory stays flat") {
+  require_launcher();
+  const TempDir dir;
+  constexpr size_t kLine = size_t{50} << 20;
+  constexpr size_t kPiece = 64 * 1024;
+  const std::string marker = " [line continues]";
+  const Run r = run_shell(fmt::format(
+      "{0} --nproc-per-node 2 /bin/sh -c 'if [ \"$RANK\" = 0 ]; then head -c {1} /dev/zero | tr "
+      "\"\\0\" x; echo; echo end; grep VmHWM /proc/$PPID/status >{2}/launcher; else i=0; "
+      "while [ $i -lt 2000 ]; do echo \"line $i\"; i=$((i+1)); done; fi' >{2}/out",
+      kLauncher, kLine, dir.path()));
+  const std::string out = read_file(dir / "out");
+  const long peak_kib = status_kib(read_file(dir / "launcher"), "VmHWM");
+  INFO("exit " << r.exit_code << ", launcher's peak RSS " << peak_kib << " KiB, " << r.output
+               << "output of " << out.size() << " bytes starting: " << out.substr(0, 300));
+  REQUIRE(r.exit_code == 0);
+  // Each rank's text, rebuilt from its prefixed lines: a marked piece joins the next.
+  std::string got[2];
+  size_t pieces = 0, odd_pieces = 0;
+  for (size_t at = 0; at < out.size();) {
+    const size_t nl = out.find('\n', at);
+    REQUIRE(nl != std::string::npos);  // every line the launcher writes ends
+    const std::string_view line(out.data() + at, nl - at);
+    at = nl + 1;
+    const int rank = line.substr(0, 9) == "[rank 0] " ? 0 : line.substr(0, 9) == "[rank 1] " ? 1 : -1;
+    INFO("a line of " << line.size() << " bytes: " << std::string(line.substr(0, 100)));
+    REQUIRE(rank >= 0);
+    std::string_view body = line.substr(9);
+    if (body.size() >= marker.size() && body.substr(body.size() - marker.size()) == marker) {
+      body.remove_suffix(marker.size());
+      ++pieces;
+      if (body.size() != kPiece) ++odd_pieces;
+      got[rank].append(body);
+    } else {
+      got[rank].append(body).append("\n");
+    }
+  }
+  // 800 pieces of 64 KiB: 799 marked, the last ended by the rank's own newline.
+  CHECK(pieces == kLine / kPiece - 1);
+  CHECK(odd_pieces == 0);
+  REQUIRE(got[0].size() == kLine + 5);
+  CHECK(got[0].find_first_not_of('x') == kLine);
+  CHECK(got[0].substr(kLine) == "\nend\n");
+  std::string lines;
+  for (int i = 0; i < 2000; ++i) lines += fmt::format("line {}\n", i);
+  CHECK(got[1] == lines);
+  CHECK(peak_kib > 0);
+  CHECK(peak_kib < 24 * 1024);
+}
+
+// A cut never splits a UTF-8 character: 65535 bytes of 'x' and a 2-byte 'é' are cut before it.
+TEST_CASE("minigrad-run: a too-long line is cut between UTF-8 characters") {
+  require_launcher();
+  const Run r = run_shell(kLauncher + " --nproc-per-node 1 /bin/sh -c 'head -c 65535 /dev/zero | "
+                                      "tr \"\\0\" x; printf \"\\303\\251y\"'");
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.output == "[rank 0] " + std::string(65535, 'x') + " [line continues]\n[rank 0] \xc3\xa9y\n");
 }
 
 // A process manager needs no GPU library: the launcher maps no CUDA runtime, cuBLAS, NCCL,
