@@ -1,8 +1,9 @@
 // minigrad-run (samples/minigrad-run.cpp): environment, prefixed output (a line too long
 // to hold passed on in pieces, the launcher's memory flat), failure propagation, signal
-// forwarding, what it links, and a real rendezvous of this test binary's hidden worker
-// case below through the environment it sets.
+// forwarding and the bound of every stop, what it links, and a real rendezvous of this
+// test binary's hidden worker case below through the environment it sets.
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -239,7 +240,7 @@ TEST_CASE("minigrad-run: SIGTERM to the launcher is forwarded to every rank") {
 }
 
 // A rank that needs 7 s to stop (longer than the 5 s the launcher used to allow before its
-// SIGKILL): the forwarded stop waits for it.
+// SIGKILL): the forwarded stop waits for it, within the default bound of 30 s, printed.
 TEST_CASE("minigrad-run: a forwarded stop waits for ranks that take long to stop") {
   require_launcher();
   const Run r = run_shell(
@@ -251,7 +252,10 @@ TEST_CASE("minigrad-run: a forwarded stop waits for ranks that take long to stop
   INFO(r.output);
   REQUIRE_THAT(r.output, MG_CONTAINS("[rank 0] stopped cleanly"));
   REQUIRE_THAT(r.output, MG_CONTAINS("[rank 1] stopped cleanly"));
-  REQUIRE_THAT(r.output, MG_CONTAINS("waiting for them to stop (send it again to escalate)"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("received signal 15; forwarding it to 2 process(es), which "
+                                     "have 30.0 s (--stop-timeout) to stop (send it again to "
+                                     "escalate)"));
+  REQUIRE(r.output.find("escalating") == std::string::npos);
   REQUIRE(r.output.find("SIGKILL to") == std::string::npos);
   REQUIRE_THAT(r.output, MG_CONTAINS("launcher exit 143"));
 }
@@ -294,9 +298,35 @@ TEST_CASE("minigrad-run: a rank that stopped on a signal leaves the others time 
       "while :; do sleep 1 & wait $!; done'");
   INFO(r.output);
   REQUIRE(r.exit_code == 130);
-  REQUIRE_THAT(r.output, MG_CONTAINS("rank 1 (pid ") && MG_CONTAINS("exited with code 130"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("rank 1 (pid ") &&
+                             MG_CONTAINS("exited with code 130; stopping the other 1 process(es), "
+                                         "which have 30.0 s (--stop-timeout) to stop"));
   REQUIRE_THAT(r.output, MG_CONTAINS("[rank 0] checkpoint written"));
   REQUIRE(r.output.find("escalating") == std::string::npos);
+}
+
+// The stop of the test above, but rank 0 ignores SIGTERM (a rank hung outside a collective
+// is the same to the launcher): nobody at a terminal escalates, and the job still ends,
+// --stop-timeout after the stop began and --grace-period after the escalation.
+TEST_CASE("minigrad-run: a stop nobody escalates is bounded: a rank that ignores it is killed") {
+  require_launcher();
+  const auto start = std::chrono::steady_clock::now();
+  const Run r = run_shell(
+      kLauncher + " --nproc-per-node 2 --stop-timeout 1 --grace-period 1 /bin/sh -c 'if [ "
+                  "\"$RANK\" = 1 ]; then sleep 1; exit 130; fi; trap \"\" TERM INT; while :; "
+                  "do sleep 1; done'");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(r.output << "(" << seconds << " s)");
+  REQUIRE(r.exit_code == 130);  // the first rank's own stop
+  REQUIRE_THAT(r.output, MG_CONTAINS("exited with code 130; stopping the other 1 process(es), "
+                                     "which have 1.0 s (--stop-timeout) to stop"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("minigrad-run: 1 process(es) did not stop within "
+                                     "--stop-timeout (1.0 s); escalating: SIGTERM again to 1 "
+                                     "process(es)"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("minigrad-run: 1 process(es) still running 1.0 s after the "
+                                     "escalation; sending SIGKILL to 1 process(es)"));
+  REQUIRE(seconds < 30);  // about 3 s; unbounded before
 }
 
 TEST_CASE("minigrad-run: --stop-timeout escalates a stop that takes too long") {
@@ -310,14 +340,19 @@ TEST_CASE("minigrad-run: --stop-timeout escalates a stop that takes too long") {
       "kill -TERM $pid; wait $pid; code=$?; cat $out; rm -f $out; echo \"launcher exit $code\"");
   INFO(r.output);
   REQUIRE_THAT(r.output, MG_CONTAINS("which have 0.5 s (--stop-timeout) to stop"));
-  REQUIRE_THAT(r.output, MG_CONTAINS("the processes did not stop within --stop-timeout; escalating"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("1 process(es) did not stop within --stop-timeout (0.5 s); "
+                                     "escalating"));
   REQUIRE_THAT(r.output, MG_CONTAINS("[rank 0] stop 2"));
   REQUIRE_THAT(r.output, MG_CONTAINS("launcher exit 143"));
 }
 
-TEST_CASE("minigrad-run: usage errors") {
+TEST_CASE("minigrad-run: usage errors, and --help names every stop's bound") {
   require_launcher();
-  Run r = run_shell(kLauncher + " /bin/true");
+  Run r = run_shell(kLauncher + " --help");
+  REQUIRE(r.exit_code == 0);
+  REQUIRE_THAT(r.output, MG_CONTAINS("the processes have --stop-timeout (default 30 s) to stop"));
+  REQUIRE_THAT(r.output, MG_CONTAINS("SIGKILL after --grace-period, default 5 s"));
+  r = run_shell(kLauncher + " /bin/true");
   REQUIRE(r.exit_code == 2);
   REQUIRE_THAT(r.output, MG_CONTAINS("--nproc-per-node is required"));
   r = run_shell(kLauncher + " --nproc-per-node 2");
