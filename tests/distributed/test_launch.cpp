@@ -202,6 +202,54 @@ TEST_CASE("launch environment: Slurm's variables, the master the step's first no
                                                "unclosed bracket"));
 }
 
+// A launcher's job id becomes the run id, which names the store's keys: it is checked as
+// MINIGRAD_RUN_ID is, naming its variable; a node list is checked whole.
+TEST_CASE("launch environment: a Slurm or Open MPI job id unfit for a run id, and a "
+          "descending node range, are refused naming the variable") {
+  Vars vars = slurm(0, 2);
+  vars["SLURM_JOB_ID"] = "1/../x.a b";
+  REQUIRE_THROWS_WITH(parse(vars),
+                      "rendezvous: environment variable SLURM_JOB_ID (which makes the run id "
+                      "unless MINIGRAD_RUN_ID is set): run id '1/../x.a b' has the character '/'; "
+                      "a run id is made of letters, digits and . _ : -");
+  vars["MINIGRAD_RUN_ID"] = "1/../x.a b";  // the same text, given as the run id itself
+  REQUIRE_THROWS_WITH(parse(vars), MG_CONTAINS("rendezvous: environment variable MINIGRAD_RUN_ID: "
+                                               "run id '1/../x.a b' has the character '/'"));
+  vars["MINIGRAD_RUN_ID"] = "job-7";  // a run id given: the job id is not used
+  REQUIRE(parse(vars).run_id == "job-7");
+  vars = slurm(0, 2);
+  vars["SLURM_STEP_ID"] = "0 1";
+  REQUIRE_THROWS_WITH(parse(vars), MG_CONTAINS("environment variable SLURM_STEP_ID (which makes "
+                                               "the run id unless MINIGRAD_RUN_ID is set): run id "
+                                               "'0 1' has the character ' '"));
+  vars = slurm(0, 2);
+  vars["SLURM_JOB_ID"] = std::string(125, '7');  // "slurm-" + 125 + ".0": 133 characters
+  REQUIRE_THROWS_WITH(parse(vars), MG_CONTAINS("rendezvous: the run id made of SLURM_JOB_ID and "
+                                               "SLURM_STEP_ID: a run id has 1 to 128 characters, "
+                                               "got 133"));
+  vars.erase("SLURM_JOB_ID");
+  REQUIRE(parse(vars).run_id == "default");
+  vars = open_mpi(1, 2);
+  vars["OMPI_MCA_ess_base_jobid"] = "14/36";
+  REQUIRE_THROWS_WITH(parse(vars), MG_CONTAINS("environment variable OMPI_MCA_ess_base_jobid "
+                                               "(which makes the run id unless MINIGRAD_RUN_ID "
+                                               "is set): run id '14/36' has the character '/'"));
+
+  vars = slurm(0, 2);
+  vars["SLURM_STEP_NODELIST"] = "a[03-01]";
+  REQUIRE_THROWS_WITH(parse(vars),
+                      "rendezvous: environment variable SLURM_STEP_NODELIST: node list 'a[03-01]' "
+                      "has the descending range 03-01; a Slurm range goes up (01-03)");
+  vars.erase("SLURM_STEP_NODELIST");
+  vars["SLURM_JOB_NODELIST"] = "gpu[1-2],b[10-9]";  // in a later entry too
+  REQUIRE_THROWS_WITH(parse(vars),
+                      "rendezvous: environment variable SLURM_JOB_NODELIST: node list "
+                      "'gpu[1-2],b[10-9]' has the descending range 10-9; a Slurm range goes up "
+                      "(9-10)");
+  vars["SLURM_JOB_NODELIST"] = "gpu[09-10]";  // numbers, not text: 09 < 10
+  REQUIRE(parse(vars).master_addr == "gpu09");
+}
+
 TEST_CASE("launch environment: the first host of a compressed Slurm node list") {
   REQUIRE(first_host_of_nodelist("node[01-04],other") == "node01");
   REQUIRE(first_host_of_nodelist("a1,b2") == "a1");
@@ -216,6 +264,14 @@ TEST_CASE("launch environment: the first host of a compressed Slurm node list") 
   REQUIRE_THROWS_WITH(first_host_of_nodelist("n[1[2]]"), MG_CONTAINS("has '[' inside brackets"));
   REQUIRE_THROWS_WITH(first_host_of_nodelist("n 1"), MG_CONTAINS("has the character ' '"));
   REQUIRE_THROWS_WITH(first_host_of_nodelist(",x"), MG_CONTAINS("names no host"));
+  REQUIRE(first_host_of_nodelist("n[3-3]") == "n3");
+  REQUIRE(first_host_of_nodelist("n[008-010,2]") == "n008");
+  REQUIRE_THROWS_WITH(first_host_of_nodelist("n[5-4]"),
+                      "node list 'n[5-4]' has the descending range 5-4; a Slurm range goes up (4-5)");
+  REQUIRE_THROWS_WITH(first_host_of_nodelist("n[1-]"), MG_CONTAINS("has a range without an end"));
+  REQUIRE_THROWS_WITH(first_host_of_nodelist("n[1-2-3]"), MG_CONTAINS("has a range with two '-'"));
+  REQUIRE_THROWS_WITH(first_host_of_nodelist("n[1,]"), MG_CONTAINS("has an empty entry in brackets"));
+  REQUIRE_THROWS_WITH(first_host_of_nodelist("a,b c"), MG_CONTAINS("has the character ' '"));
 }
 
 TEST_CASE("launch environment: launchers that disagree are an error naming both") {
