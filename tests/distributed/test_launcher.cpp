@@ -1,7 +1,8 @@
 // minigrad-run (samples/minigrad-run.cpp): environment, prefixed output (a line too long
 // to hold passed on in pieces, the launcher's memory flat), failure propagation, signal
 // forwarding and the bound of every stop, what it links, and a real rendezvous of this
-// test binary's hidden worker case below through the environment it sets.
+// test binary's hidden worker case below through the environment it sets (each rank's
+// result in a file of its own: rank_files.h).
 
 #include <chrono>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <iterator>
 
 #include "catch_compat.h"
+#include "rank_files.h"
 #include "shell_run.h"
 #include "temp_dir.h"
 
@@ -391,7 +393,9 @@ TEST_CASE("worker process of a minigrad-run job: init_process_group from the env
   try {
     pg = init_process_group("gloo", options);
   } catch (const std::exception& e) {
-    fmt::print("worker could not join: {}\n", e.what());  // one line, unlike Catch2's report
+    const char* rank = std::getenv("RANK");  // minigrad-run sets it
+    mg::testing::write_rank_line(rank != nullptr ? std::atoi(rank) : -1,
+                                 fmt::format("worker could not join: {}", e.what()));
     throw;
   }
   Tensor t = full(Shape{4}, pg->rank() + 1.0);
@@ -404,19 +408,25 @@ TEST_CASE("worker process of a minigrad-run job: init_process_group from the env
   ddp.forward(x).sum().backward();
   // Rank r's bias gradient is 2 (two rows); averaged it stays 2; weight's is 2r per entry,
   // averaged over n ranks n - 1 (1 with two ranks).
-  fmt::print("worker {} of {}: sum {} bias grad {} weight grad {}\n", pg->rank(), pg->size(), sum,
-             net->bias().grad().to_vector<float>()[0], net->weight().grad().to_vector<float>()[0]);
+  mg::testing::write_rank_line(
+      pg->rank(), fmt::format("worker {} of {}: sum {} bias grad {} weight grad {}", pg->rank(),
+                              pg->size(), sum, net->bias().grad().to_vector<float>()[0],
+                              net->weight().grad().to_vector<float>()[0]));
   REQUIRE(sum == static_cast<float>(pg->size() * (pg->size() + 1) / 2));
 }
 
 TEST_CASE("minigrad-run: a job of this binary's worker meets through the environment") {
   require_launcher();
-  const Run r = run_shell(kLauncher + " --nproc-per-node 2 " + MINIGRAD_BINARY_DIR +
+  const TempDir dir;
+  const Run r = run_shell(mg::testing::rank_dir_assignment(dir.path()) + kLauncher +
+                          " --nproc-per-node 2 " + MINIGRAD_BINARY_DIR +
                           "/bin/test_distributed '[launcher-worker]'");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  REQUIRE_THAT(r.output, MG_CONTAINS("[rank 0] worker 0 of 2: sum 3 bias grad 2 weight grad 1"));
-  REQUIRE_THAT(r.output, MG_CONTAINS("[rank 1] worker 1 of 2: sum 3 bias grad 2 weight grad 1"));
+  CHECK(mg::testing::read_rank_file(dir.path(), 0) ==
+        "worker 0 of 2: sum 3 bias grad 2 weight grad 1\n");
+  CHECK(mg::testing::read_rank_file(dir.path(), 1) ==
+        "worker 1 of 2: sum 3 bias grad 2 weight grad 1\n");
 }
 
 // Two jobs given one MASTER_PORT at the same moment: one rank 0 binds it; the other job's
@@ -433,25 +443,32 @@ TEST_CASE("minigrad-run: two jobs started at once on one port never kill each ot
   const std::string job = kLauncher + " --nproc-per-node 3 --master-port " + std::to_string(port) +
                           " " + MINIGRAD_BINARY_DIR + "/bin/test_distributed '[launcher-worker]'";
   for (int trial = 0; trial < 3; ++trial) {
-    const Run r = run_shell("a=$(mktemp); b=$(mktemp); (" + job + ") >$a 2>&1 & pa=$!; (" + job +
-                            ") >$b 2>&1 & pb=$!; wait $pa; ca=$?; wait $pb; cb=$?; "
-                            "echo \"== job A exit $ca\"; cat $a; echo \"== job B exit $cb\"; cat $b; "
-                            "rm -f $a $b");
+    const TempDir a, b;  // each job's rank files
+    const Run r = run_shell(fmt::format(
+        "({0}{2}) >{1}/out 2>&1 & pa=$!; ({3}{2}) >{4}/out 2>&1 & pb=$!; wait $pa; ca=$?; "
+        "wait $pb; cb=$?; echo \"A $ca B $cb\"; cat {1}/out {4}/out",
+        mg::testing::rank_dir_assignment(a.path()), a.path(), job,
+        mg::testing::rank_dir_assignment(b.path()), b.path()));
     INFO("trial " << trial << ":\n" << r.output);
-    const size_t b_at = r.output.find("== job B exit");
-    REQUIRE(b_at != std::string::npos);
+    int codes[2] = {-1, -1};
+    REQUIRE(std::sscanf(r.output.c_str(), "A %d B %d", &codes[0], &codes[1]) == 2);
     int succeeded = 0;
-    for (const std::string& out : {r.output.substr(0, b_at), r.output.substr(b_at)}) {
-      const std::string status = out.substr(0, out.find('\n'));  // "== job A exit 0"
-      if (status.substr(status.size() - 2) == " 0") {
+    for (int j = 0; j < 2; ++j) {
+      const std::string& dir = (j == 0 ? a : b).path();
+      std::string files;
+      for (int rank = 0; rank < 3; ++rank) files += mg::testing::read_rank_file(dir, rank);
+      files += mg::testing::read_rank_file(dir, -1);
+      INFO("job " << "AB"[j] << " exit " << codes[j] << ", its ranks wrote:\n" << files);
+      if (codes[j] == 0) {
         ++succeeded;
         for (int rank = 0; rank < 3; ++rank)
-          REQUIRE_THAT(out, MG_CONTAINS(fmt::format("[rank {}] worker {} of 3: sum 6", rank, rank)));
+          REQUIRE_THAT(mg::testing::read_rank_file(dir, rank),
+                       MG_CONTAINS(fmt::format("worker {} of 3: sum 6", rank)));
       } else {
-        // Failed, and says why: its rank 0 found the port taken, or a rank was refused by
-        // the other job's store.
-        const bool port_taken = out.find("give each job a MASTER_PORT of its own") != std::string::npos;
-        const bool refused = out.find("reached the store of job 'minigrad-run-") != std::string::npos;
+        // Failed, and a rank says why: its rank 0 found the port taken, or a rank was
+        // refused by the other job's store.
+        const bool port_taken = files.find("give each job a MASTER_PORT of its own") != std::string::npos;
+        const bool refused = files.find("reached the store of job 'minigrad-run-") != std::string::npos;
         REQUIRE((port_taken || refused));
       }
     }
