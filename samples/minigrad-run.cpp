@@ -7,8 +7,9 @@
 //
 // For each local process k it sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE (nproc * nnodes),
 // RANK (node_rank * nproc + k), LOCAL_RANK (k), LOCAL_WORLD_SIZE, GROUP_RANK and
-// MINIGRAD_RUN_ID, then forks and execs PROGRAM ARGS. minigrad-run exits with the first
-// failure's code (128 + signal for a process killed by a signal).
+// MINIGRAD_RUN_ID, then forks and execs PROGRAM ARGS. A flag given twice takes its last
+// value (torchrun's users override a script's flags that way). minigrad-run exits with the
+// first failure's code (128 + signal for a process killed by a signal).
 //
 // Output: each line a process writes comes out prefixed with "[rank R] " on the same
 // stream (stdout or stderr), whole: this launcher is the one writer of its streams, so one
@@ -96,7 +97,8 @@ constexpr const char* kStopHelp =
     "A first SIGINT/SIGTERM is forwarded and the processes have --stop-timeout (default 30 s) "
     "to stop\n(their checkpoint); a second, or the end of that time, escalates (the same "
     "signal again, then\nSIGKILL after --grace-period, default 5 s); a third sends SIGKILL. "
-    "A failed process gives\nthe others --grace-period.\n";
+    "A failed process gives\nthe others --grace-period. A flag given twice takes its last "
+    "value.\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   fmt::print(stderr, "minigrad-run: {}\n{}", message, kUsage);

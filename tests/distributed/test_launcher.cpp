@@ -159,6 +159,20 @@ TEST_CASE("minigrad-run: links no CUDA, cuBLAS, NCCL or libminigrad, and is smal
   CHECK(rss_kib < 32 * 1024);
 }
 
+// torchrun's and nanoGPT's users override a flag by giving it again.
+TEST_CASE("minigrad-run: a flag given twice takes its last value") {
+  require_launcher();
+  const TempDir dir;
+  const Run r = run_shell(kLauncher + " --nproc-per-node 3 --run-id first --nproc-per-node=2 "
+                                      "--run_id last /bin/sh -c 'echo \"$WORLD_SIZE $MINIGRAD_RUN_ID\" >" +
+                          dir.path() + "/rank$RANK.txt'");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(mg::testing::read_rank_file(dir.path(), 0) == "2 last\n");
+  CHECK(mg::testing::read_rank_file(dir.path(), 1) == "2 last\n");
+  CHECK(mg::testing::read_rank_file(dir.path(), 2).empty());  // no third rank
+}
+
 TEST_CASE("minigrad-run: every rank of a job gets its run id, each job a new one unless given") {
   require_launcher();
   const std::string print = " /bin/sh -c 'echo \"id=$MINIGRAD_RUN_ID.\"'";
@@ -335,7 +349,8 @@ TEST_CASE("minigrad-run: --stop-timeout escalates a stop that takes too long") {
   require_launcher();
   const Run r = run_shell(
       "out=$(mktemp); " + kLauncher +
-      " --nproc-per-node 1 --stop-timeout 0.5 --grace-period 30 /bin/sh -c 'n=0; trap \"n=\\$((n+1)); "
+      " --nproc-per-node 1 --stop-timeout 100 --stop-timeout 0.5 --grace-period 30 /bin/sh -c "
+      "'n=0; trap \"n=\\$((n+1)); "
       "echo stop \\$n; [ \\$n -ge 2 ] && exit 98\" TERM; echo ready; while :; do sleep 1 & wait "
       "$!; done' >$out 2>&1 & pid=$!; "
       "for i in $(seq 300); do grep -q ready $out && break; sleep 0.1; done; "
