@@ -53,6 +53,8 @@ double time_step(bool fused, const Shape& shape, bool causal, Device device, int
 
 int main(int argc, char** argv) {
   CLI::App app{"scaled_dot_product_attention: fused against composed, forward + backward"};
+  // A flag given twice takes its last value (samples/support/command_line.h).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   std::string device_name = "cpu";
   int steps = 20;
   app.add_option("--device", device_name, "cpu, cuda or cuda:N");

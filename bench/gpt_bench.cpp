@@ -30,6 +30,8 @@ int main(int argc, char** argv) {
   int steps = 30, warmup = 5;
   bool composed = false;
   CLI::App app{"Times a GPT training step (forward, loss, backward, AdamW) on the CPU."};
+  // A flag given twice takes its last value (samples/support/command_line.h).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--n-layer", c.n_layer)->capture_default_str();
   app.add_option("--n-head", c.n_head)->capture_default_str();
   app.add_option("--n-embd", c.n_embd)->capture_default_str();

@@ -7,18 +7,29 @@
 //
 // For each local process k it sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE (nproc * nnodes),
 // RANK (node_rank * nproc + k), LOCAL_RANK (k), LOCAL_WORLD_SIZE, GROUP_RANK and
-// MINIGRAD_RUN_ID, then forks and execs PROGRAM ARGS. Each line a process writes comes out prefixed with
-// "[rank R] " on the same stream (stdout or stderr). minigrad-run exits with the first
-// failure's code (128 + signal for a process killed by a signal).
+// MINIGRAD_RUN_ID, then forks and execs PROGRAM ARGS. A flag given twice takes its last
+// value (torchrun's users override a script's flags that way). minigrad-run exits with the
+// first failure's code (128 + signal for a process killed by a signal).
 //
-// Stopping, in three steps, each sent to every process still running (its process group):
+// Output: each line a process writes comes out prefixed with "[rank R] " on the same
+// stream (stdout or stderr), whole: this launcher is the one writer of its streams, so one
+// rank's line is never cut by another's. A line longer than 64 KiB (a progress bar drawn
+// with '\r', a dump without newlines) is passed on in pieces of 64 KiB, each prefixed and
+// each but the last ended with " [line continues]", so the launcher's memory does not grow
+// with what a rank prints.
+//
+// Stopping, in three steps, each sent to every process still running (its process group).
+// Every stop is bounded, so a job nobody watches ends (torchrun sends SIGKILL 30 s after
+// its stop); a person at a terminal can always cut it short by sending the signal again.
 //   1. a polite stop: SIGINT or SIGTERM sent to minigrad-run is forwarded as it is; when a
 //      process fails, the others get SIGTERM. train_fashion_mnist answers it by finishing
-//      its step and writing its interrupt checkpoint, which takes what it takes: after a
-//      forwarded signal nothing more is sent unless --stop-timeout SECONDS is given (none
-//      by default); after a failure, --grace-period SECONDS (5) is allowed.
-//      A rank that ends on a signal of its own (exit code 130 or 143: it stopped in order)
-//      gets the others SIGTERM with the forwarded stop's time, not the failure's.
+//      its step and writing its interrupt checkpoint: after a forwarded signal the
+//      processes have --stop-timeout SECONDS (30 by default: a checkpoint write fits; give
+//      more for a larger one); after a failure, --grace-period SECONDS (5). The bound is
+//      printed when it starts. A rank that ends on a signal of its own (exit code 130 or
+//      143: it stopped in order, perhaps on a Ctrl-C that reached only it) gets the others
+//      SIGTERM with the forwarded stop's time, not the failure's: rank 0 may still be
+//      writing the job's checkpoint.
 //   2. escalation: a second SIGINT or SIGTERM to minigrad-run (or the end of the time
 //      above) sends the signal of step 1 again. It is a process's second stop of that
 //      kind, which the sample programs answer by removing the temporary file of a save in
@@ -36,13 +47,16 @@
 // On one node without --master-port, a free port is chosen (torchrun --standalone).
 // Unless OMP_NUM_THREADS is set, each process gets OMP_NUM_THREADS=1 when several run,
 // so N processes do not each start a BLAS thread per core (torchrun does the same).
+//
+// A process manager needs no GPU library: this program links the store's sockets and
+// run-id check alone (minigrad_launch in samples/CMakeLists.txt), not libminigrad, whose
+// CUDA runtime, cuBLAS and NCCL would make it some 200 MB resident and slow every start.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -53,8 +67,8 @@
 
 #include <fmt/format.h>
 
+#include <minigrad/parallel/c10d/store/run_id.h>
 #include <minigrad/parallel/c10d/store/socket.h>
-#include <minigrad/parallel/c10d/store/tcp_store.h>
 
 #include "support/command_line.h"
 
@@ -69,7 +83,7 @@ struct Options {
   std::string master_addr = "127.0.0.1";
   int master_port = -1;       // -1: choose (one node) or 29500
   double grace_seconds = 5.0;  // from a failure's SIGTERM to escalation; from escalation to SIGKILL
-  double stop_timeout = -1;    // from a forwarded stop to escalation; -1: none (wait)
+  double stop_timeout = 30.0;  // from a forwarded or orderly stop to escalation
   std::string run_id;         // empty: choose
   std::vector<std::string> command;
 };
@@ -80,9 +94,11 @@ constexpr const char* kUsage =
     "PROGRAM [ARGS...]\n";
 
 constexpr const char* kStopHelp =
-    "A first SIGINT/SIGTERM is forwarded and the processes may take as long as they need to "
-    "stop\n(their checkpoint), unless --stop-timeout is given; a second escalates (SIGTERM "
-    "again, then\nSIGKILL after --grace-period, default 5 s); a third sends SIGKILL.\n";
+    "A first SIGINT/SIGTERM is forwarded and the processes have --stop-timeout (default 30 s) "
+    "to stop\n(their checkpoint); a second, or the end of that time, escalates (the same "
+    "signal again, then\nSIGKILL after --grace-period, default 5 s); a third sends SIGKILL. "
+    "A failed process gives\nthe others --grace-period. A flag given twice takes its last "
+    "value.\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   fmt::print(stderr, "minigrad-run: {}\n{}", message, kUsage);
@@ -252,12 +268,42 @@ struct Process {
   Stream out, err;
 };
 
+// The longest piece of a line passed on whole. A longer line (a progress bar drawn with
+// '\r', a dump without newlines) goes on in pieces of this size, each but the last ended
+// with kContinues, so that what we hold of a line never grows past it.
+constexpr size_t kMaxLine = 64 * 1024;
+constexpr const char* kContinues = " [line continues]";
+
+// Where to cut a line of `text` that starts at `start` and is too long: after kMaxLine
+// bytes, moved back to the start of a UTF-8 character cut in two (at most 3 bytes back).
+size_t cut_point(const std::string& text, size_t start) {
+  size_t cut = start + kMaxLine;
+  for (int back = 0; back < 3 && cut > start + 1 &&
+                     (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80;
+       ++back)
+    --cut;
+  return cut;
+}
+
+// Passes on every whole line of what the stream holds and `data`, and every kMaxLine
+// piece of a line too long; keeps the rest (under kMaxLine bytes) for the next read.
 void emit_lines(const std::string& prefix, Stream& s, const char* data, size_t n) {
   s.partial.append(data, n);
-  size_t start = 0;
   std::string text;
-  for (size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1)
-    text += prefix + s.partial.substr(start, nl + 1 - start);
+  size_t start = 0;
+  for (;;) {
+    const size_t nl = s.partial.find('\n', start);
+    const size_t line_end = nl == std::string::npos ? s.partial.size() : nl;
+    if (line_end - start > kMaxLine) {
+      const size_t cut = cut_point(s.partial, start);
+      text.append(prefix).append(s.partial, start, cut - start).append(kContinues).append("\n");
+      start = cut;
+      continue;
+    }
+    if (nl == std::string::npos) break;
+    text.append(prefix).append(s.partial, start, nl + 1 - start);
+    start = nl + 1;
+  }
   s.partial.erase(0, start);
   if (!text.empty()) write_all(s.out_fd, text);
 }
@@ -355,18 +401,27 @@ int main(int argc, char** argv) {
   // again); 3 killed (SIGKILL).
   int stop_level = 0;
   int stop_sent = SIGTERM;  // what level 1 sent, which escalation sends again
+  const char* stop_bound = "--stop-timeout";  // the flag that bounds level 1
+  double stop_bound_seconds = 0;
   Clock::time_point next_step_at = Clock::time_point::max();
   int signals_handled = 0;
   int running = o.nproc_per_node;
   Clock::time_point all_exited_at{};
 
   auto after = [](double seconds) {
-    if (seconds < 0) return Clock::time_point::max();
-    // Past a century is never (and keeps the sum below from overflowing).
     return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                              std::chrono::duration<double>(std::min(seconds, 3.2e9)));
+                              std::chrono::duration<double>(seconds));
   };
-  auto escalate = [&](const char* why) {
+  // Level 1: `sig` to every process, which have `seconds` (the value of `flag`) to stop.
+  auto ask_to_stop = [&](int sig, double seconds, const char* flag) {
+    stop_level = 1;
+    stop_sent = sig;
+    stop_bound = flag;
+    stop_bound_seconds = seconds;
+    signal_all(procs, sig);
+    next_step_at = after(seconds);
+  };
+  auto escalate = [&](const std::string& why) {
     if (stop_level >= 2) return;
     stop_level = 2;
     // The signal the processes were asked to stop with, again: their second of that kind,
@@ -378,7 +433,7 @@ int main(int argc, char** argv) {
     signal_all(procs, stop_sent);
     next_step_at = after(o.grace_seconds);
   };
-  auto kill_all = [&](const char* why) {
+  auto kill_all = [&](const std::string& why) {
     if (stop_level >= 3) return;
     stop_level = 3;
     fmt::print(stderr, "minigrad-run: {}; sending SIGKILL to {} process(es)\n", why, running);
@@ -403,12 +458,13 @@ int main(int argc, char** argv) {
         // one of them may still be writing the checkpoint (rank 0): they are asked to stop
         // and given the time of a forwarded stop, not a failure's grace period.
         const bool orderly = p.exit_code == 128 + SIGINT || p.exit_code == 128 + SIGTERM;
-        fmt::print(stderr, "minigrad-run: rank {} (pid {}) {}; stopping the other {} process(es)\n",
-                   p.rank, p.pid, describe_status(status), running);
-        stop_level = 1;
-        stop_sent = SIGTERM;
-        signal_all(procs, SIGTERM);
-        next_step_at = after(orderly ? o.stop_timeout : o.grace_seconds);
+        const double seconds = orderly ? o.stop_timeout : o.grace_seconds;
+        const char* flag = orderly ? "--stop-timeout" : "--grace-period";
+        fmt::print(stderr,
+                   "minigrad-run: rank {} (pid {}) {}; stopping the other {} process(es), which "
+                   "have {:.1f} s ({}) to stop\n",
+                   p.rank, p.pid, describe_status(status), running, seconds, flag);
+        ask_to_stop(SIGTERM, seconds, flag);
       }
     }
     const int received = stop_signals;
@@ -416,20 +472,11 @@ int main(int argc, char** argv) {
       if (signals_handled == 0 && stop_level == 0) {
         const int sig = first_stop_signal;
         first_failure_code = 128 + sig;
-        stop_level = 1;
-        stop_sent = sig;
-        signal_all(procs, sig);
-        next_step_at = after(o.stop_timeout);
-        if (o.stop_timeout < 0)
-          fmt::print(stderr,
-                     "minigrad-run: received signal {}; forwarding it to {} process(es) and "
-                     "waiting for them to stop (send it again to escalate)\n",
-                     sig, running);
-        else
-          fmt::print(stderr,
-                     "minigrad-run: received signal {}; forwarding it to {} process(es), which "
-                     "have {:.1f} s (--stop-timeout) to stop (send it again to escalate)\n",
-                     sig, running, o.stop_timeout);
+        fmt::print(stderr,
+                   "minigrad-run: received signal {}; forwarding it to {} process(es), which "
+                   "have {:.1f} s (--stop-timeout) to stop (send it again to escalate)\n",
+                   sig, running, o.stop_timeout);
+        ask_to_stop(sig, o.stop_timeout, "--stop-timeout");
       } else if (stop_level < 2) {
         if (first_failure_code == 0) first_failure_code = 128 + first_stop_signal;
         escalate("a second stop signal");
@@ -439,13 +486,11 @@ int main(int argc, char** argv) {
     }
     if (running > 0 && stop_level > 0 && stop_level < 3 && Clock::now() >= next_step_at) {
       if (stop_level == 1)
-        escalate(first_failure_code != 0 && signals_handled == 0
-                     ? "the others did not stop within --grace-period"
-                     : "the processes did not stop within --stop-timeout");
+        escalate(fmt::format("{} process(es) did not stop within {} ({:.1f} s)", running,
+                             stop_bound, stop_bound_seconds));
       else
         kill_all(fmt::format("{} process(es) still running {:.1f} s after the escalation",
-                             running, o.grace_seconds)
-                     .c_str());
+                             running, o.grace_seconds));
     }
 
     // Everything read and everyone gone: done. (A pipe held open by a process that

@@ -21,8 +21,17 @@ void print_bad_option(const std::string& program, const std::string& what) {
 
 }  // namespace
 
+void take_last_value(CLI::App& app) {
+  for (CLI::Option* option : app.get_options())
+    if (option->get_items_expected_max() == 1 &&
+        option->get_multi_option_policy() == CLI::MultiOptionPolicy::Throw)
+      option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) take_last_value(*sub);
+}
+
 std::optional<int> parse_command_line(CLI::App& app, const std::string& program, int argc,
                                       char** argv) {
+  take_last_value(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help: printed by CLI11, exit code 0

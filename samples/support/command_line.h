@@ -42,9 +42,16 @@ class ReportedError : public Error {
 
 // Parses argv with `app`. Returns the exit code when the program should stop here
 // (--help: 0, after printing it; a bad flag: kExitBadOption, after reporting it), or
-// std::nullopt when it should run.
+// std::nullopt when it should run. An option of one value given twice takes the last
+// (take_last_value), as torchrun's and nanoGPT's users expect when they override a
+// script's flags by appending their own.
 std::optional<int> parse_command_line(CLI::App& app, const std::string& program, int argc,
                                       char** argv);
+
+// Makes every option of `app` (and of its subcommands) that takes one value take the last
+// of several occurrences (`--iters 100000 ... --iters 2` is 2), where CLI11 refuses them
+// ("At Most 1 required but received 2"). Options of several values keep them all.
+void take_last_value(CLI::App& app);
 
 // Reports `e` as "<program>: error: ..." on stderr (stdout flushed first, so the lines
 // come out in order) and returns the exit code: kExitBadOption for an OptionError, else 1

@@ -2,7 +2,9 @@
 // (launch_environment.h), a client of PyTorch's TCPStore (torch_store_client.h), and one
 // small training job of this binary's hidden worker below started by minigrad-run, with
 // torchrun's environment against a store served by PyTorch, by a real mpirun, and with
-// Slurm's variables: each must train to the same parameters, bit for bit.
+// Slurm's variables: each must train to the same parameters, bit for bit. Each rank writes
+// its result into a file of its own (rank_files.h): two ranks' output through mpirun or
+// torchrun interleaves, and one rank's line was seen cut by the other's.
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -11,7 +13,9 @@
 #include <sys/socket.h>
 
 #include "catch_compat.h"
+#include "rank_files.h"
 #include "shell_run.h"
+#include "temp_dir.h"
 
 #include <minigrad/core/error.h>
 #include <minigrad/parallel/c10d/launch_environment.h>
@@ -31,6 +35,7 @@ using namespace mg;
 using namespace mg::parallel;
 using mg::testing::Run;
 using mg::testing::run_shell;
+using mg::testing::TempDir;
 
 namespace {
 
@@ -93,19 +98,17 @@ int free_port() {
   return net::local_port(probe);
 }
 
-// The worker's result lines ("launch-worker 1 of 2 ... loss ... params ..."), without
-// the launcher's prefixes, in rank order; the launcher named in each is dropped.
-std::vector<std::string> results(const std::string& output) {
-  std::vector<std::string> found(2);
-  std::size_t at = 0;
-  while ((at = output.find("launch-worker ", at)) != std::string::npos) {
-    const std::size_t end = output.find('\n', at);
-    const std::string line = output.substr(at, end - at);
-    at = end;
-    const int rank = line[14] - '0';
+// The two ranks' result lines ("launch-worker 1 of 2 ... loss ... params ...") from their
+// files in `dir`, in rank order, the launcher named in each dropped; a rank that wrote
+// none (or something else) gives what it wrote, which no expected result equals.
+std::vector<std::string> results(const std::string& dir) {
+  std::vector<std::string> found;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string line = mg::testing::read_rank_file(dir, rank);
     const std::size_t loss = line.find(" loss ");
-    if ((rank == 0 || rank == 1) && loss != std::string::npos)
-      found[static_cast<std::size_t>(rank)] = line.substr(0, 20) + line.substr(loss);
+    const bool ok = line.rfind(fmt::format("launch-worker {} of 2 under ", rank), 0) == 0 &&
+                    loss != std::string::npos;
+    found.push_back(ok ? line.substr(0, 20) + line.substr(loss) : "rank wrote: '" + line + "'");
   }
   return found;
 }
@@ -202,6 +205,54 @@ TEST_CASE("launch environment: Slurm's variables, the master the step's first no
                                                "unclosed bracket"));
 }
 
+// A launcher's job id becomes the run id, which names the store's keys: it is checked as
+// MINIGRAD_RUN_ID is, naming its variable; a node list is checked whole.
+TEST_CASE("launch environment: a Slurm or Open MPI job id unfit for a run id, and a "
+          "descending node range, are refused naming the variable") {
+  Vars vars = slurm(0, 2);
+  vars["SLURM_JOB_ID"] = "1/../x.a b";
+  REQUIRE_THROWS_WITH(parse(vars),
+                      "rendezvous: environment variable SLURM_JOB_ID (which makes the run id "
+                      "unless MINIGRAD_RUN_ID is set): run id '1/../x.a b' has the character '/'; "
+                      "a run id is made of letters, digits and . _ : -");
+  vars["MINIGRAD_RUN_ID"] = "1/../x.a b";  // the same text, given as the run id itself
+  REQUIRE_THROWS_WITH(parse(vars), MG_CONTAINS("rendezvous: environment variable MINIGRAD_RUN_ID: "
+                                               "run id '1/../x.a b' has the character '/'"));
+  vars["MINIGRAD_RUN_ID"] = "job-7";  // a run id given: the job id is not used
+  REQUIRE(parse(vars).run_id == "job-7");
+  vars = slurm(0, 2);
+  vars["SLURM_STEP_ID"] = "0 1";
+  REQUIRE_THROWS_WITH(parse(vars), MG_CONTAINS("environment variable SLURM_STEP_ID (which makes "
+                                               "the run id unless MINIGRAD_RUN_ID is set): run id "
+                                               "'0 1' has the character ' '"));
+  vars = slurm(0, 2);
+  vars["SLURM_JOB_ID"] = std::string(125, '7');  // "slurm-" + 125 + ".0": 133 characters
+  REQUIRE_THROWS_WITH(parse(vars), MG_CONTAINS("rendezvous: the run id made of SLURM_JOB_ID and "
+                                               "SLURM_STEP_ID: a run id has 1 to 128 characters, "
+                                               "got 133"));
+  vars.erase("SLURM_JOB_ID");
+  REQUIRE(parse(vars).run_id == "default");
+  vars = open_mpi(1, 2);
+  vars["OMPI_MCA_ess_base_jobid"] = "14/36";
+  REQUIRE_THROWS_WITH(parse(vars), MG_CONTAINS("environment variable OMPI_MCA_ess_base_jobid "
+                                               "(which makes the run id unless MINIGRAD_RUN_ID "
+                                               "is set): run id '14/36' has the character '/'"));
+
+  vars = slurm(0, 2);
+  vars["SLURM_STEP_NODELIST"] = "a[03-01]";
+  REQUIRE_THROWS_WITH(parse(vars),
+                      "rendezvous: environment variable SLURM_STEP_NODELIST: node list 'a[03-01]' "
+                      "has the descending range 03-01; a Slurm range goes up (01-03)");
+  vars.erase("SLURM_STEP_NODELIST");
+  vars["SLURM_JOB_NODELIST"] = "gpu[1-2],b[10-9]";  // in a later entry too
+  REQUIRE_THROWS_WITH(parse(vars),
+                      "rendezvous: environment variable SLURM_JOB_NODELIST: node list "
+                      "'gpu[1-2],b[10-9]' has the descending range 10-9; a Slurm range goes up "
+                      "(9-10)");
+  vars["SLURM_JOB_NODELIST"] = "gpu[09-10]";  // numbers, not text: 09 < 10
+  REQUIRE(parse(vars).master_addr == "gpu09");
+}
+
 TEST_CASE("launch environment: the first host of a compressed Slurm node list") {
   REQUIRE(first_host_of_nodelist("node[01-04],other") == "node01");
   REQUIRE(first_host_of_nodelist("a1,b2") == "a1");
@@ -216,6 +267,14 @@ TEST_CASE("launch environment: the first host of a compressed Slurm node list") 
   REQUIRE_THROWS_WITH(first_host_of_nodelist("n[1[2]]"), MG_CONTAINS("has '[' inside brackets"));
   REQUIRE_THROWS_WITH(first_host_of_nodelist("n 1"), MG_CONTAINS("has the character ' '"));
   REQUIRE_THROWS_WITH(first_host_of_nodelist(",x"), MG_CONTAINS("names no host"));
+  REQUIRE(first_host_of_nodelist("n[3-3]") == "n3");
+  REQUIRE(first_host_of_nodelist("n[008-010,2]") == "n008");
+  REQUIRE_THROWS_WITH(first_host_of_nodelist("n[5-4]"),
+                      "node list 'n[5-4]' has the descending range 5-4; a Slurm range goes up (4-5)");
+  REQUIRE_THROWS_WITH(first_host_of_nodelist("n[1-]"), MG_CONTAINS("has a range without an end"));
+  REQUIRE_THROWS_WITH(first_host_of_nodelist("n[1-2-3]"), MG_CONTAINS("has a range with two '-'"));
+  REQUIRE_THROWS_WITH(first_host_of_nodelist("n[1,]"), MG_CONTAINS("has an empty entry in brackets"));
+  REQUIRE_THROWS_WITH(first_host_of_nodelist("a,b c"), MG_CONTAINS("has the character ' '"));
 }
 
 TEST_CASE("launch environment: launchers that disagree are an error naming both") {
@@ -509,9 +568,11 @@ TEST_CASE("worker process of a launched job: trains with DDP and prints its para
   std::string params;
   for (const Tensor& p : net->parameters())
     for (const float v : p.to_vector<float>()) params += fmt::format(" {:a}", v);
-  fmt::print("launch-worker {} of {} under {}{} loss {:a} params{}\n", pg->rank(), pg->size(),
-             launcher_name(env.launcher), env.use_agent_store ? " with its agent's store" : "",
-             loss_value, params);
+  mg::testing::write_rank_line(
+      pg->rank(), fmt::format("launch-worker {} of {} under {}{} loss {:a} params{}", pg->rank(),
+                              pg->size(), launcher_name(env.launcher),
+                              env.use_agent_store ? " with its agent's store" : "", loss_value,
+                              params));
 }
 
 namespace {
@@ -519,24 +580,30 @@ namespace {
 // The job under minigrad-run: the reference every other launcher must match.
 std::vector<std::string> minigrad_run_result() {
   mg::testing::require_program(kBin + "/minigrad-run");
-  const Run r = run_shell(kCleanEnv + kBin + "/minigrad-run --nproc-per-node 2 " + kWorker);
+  const TempDir dir;
+  const Run r = run_shell(kCleanEnv + mg::testing::rank_dir_assignment(dir.path()) + kBin +
+                          "/minigrad-run --nproc-per-node 2 " + kWorker);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  REQUIRE_THAT(r.output, MG_CONTAINS("launch-worker 0 of 2 under minigrad-run"));
-  const std::vector<std::string> result = results(r.output);
-  REQUIRE_FALSE(result[0].empty());
-  REQUIRE_FALSE(result[1].empty());
+  REQUIRE_THAT(mg::testing::read_rank_file(dir.path(), 0),
+               MG_CONTAINS("launch-worker 0 of 2 under minigrad-run loss "));
+  const std::vector<std::string> result = results(dir.path());
+  REQUIRE_THAT(result[0], MG_CONTAINS(" params "));
+  REQUIRE_THAT(result[1], MG_CONTAINS(" params "));
   return result;
 }
 
-// Two processes of the worker, each given `env_of_rank(r)` on top of kCleanEnv.
-Run start_pair(const std::function<std::string(int)>& env_of_rank) {
-  std::string command = "d=$(mktemp -d); ";
+// Two processes of the worker, each given `env_of_rank(r)` on top of kCleanEnv, writing
+// their results into `dir` (and their output into files of their own there).
+Run start_pair(const std::string& dir, const std::function<std::string(int)>& env_of_rank) {
+  std::string command;
   for (int rank = 0; rank < 2; ++rank)
-    command += fmt::format("{} {} {} >$d/{} 2>&1 & p{}=$!; ", kCleanEnv, env_of_rank(rank),
-                           kWorker, rank, rank);
-  command += "wait $p0; c0=$?; wait $p1; c1=$?; cat $d/0 $d/1; rm -rf $d; "
-             "[ $c0 = 0 ] && [ $c1 = 0 ]";
+    command += fmt::format("{} {}{} {} >{}/out{} 2>&1 & p{}=$!; ", kCleanEnv,
+                           mg::testing::rank_dir_assignment(dir), env_of_rank(rank), kWorker, dir,
+                           rank, rank);
+  command += fmt::format("wait $p0; c0=$?; wait $p1; c1=$?; cat {0}/out0 {0}/out1; "
+                         "[ $c0 = 0 ] && [ $c1 = 0 ]",
+                         dir);
   return run_shell(command);
 }
 
@@ -547,7 +614,8 @@ TEST_CASE("torchrun with its agent's store: a job served by PyTorch's TCPStore t
   require_torch();
   const std::vector<std::string> expected = minigrad_run_result();
   TorchStoreServer server;
-  const Run r = start_pair([&](int rank) {
+  const TempDir dir;
+  const Run r = start_pair(dir.path(), [&](int rank) {
     return fmt::format(
         "RANK={0} LOCAL_RANK={0} WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 "
         "MASTER_ADDR=127.0.0.1 MASTER_PORT={1} TORCHELASTIC_USE_AGENT_STORE=True "
@@ -556,8 +624,9 @@ TEST_CASE("torchrun with its agent's store: a job served by PyTorch's TCPStore t
   });
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  REQUIRE_THAT(r.output, MG_CONTAINS("launch-worker 1 of 2 under torchrun with its agent's store"));
-  REQUIRE(results(r.output) == expected);
+  REQUIRE_THAT(mg::testing::read_rank_file(dir.path(), 1),
+               MG_CONTAINS("launch-worker 1 of 2 under torchrun with its agent's store loss "));
+  REQUIRE(results(dir.path()) == expected);
 }
 
 TEST_CASE("torchrun itself: a job it starts (its agent serving the store) trains as under "
@@ -566,14 +635,17 @@ TEST_CASE("torchrun itself: a job it starts (its agent serving the store) trains
   const std::vector<std::string> expected = minigrad_run_result();
   // --redirects 1 --tee 1: Debian's torchrun 1.13 under Python 3.11 fails on the default
   // (Std.NONE, a zero flag that 3.11 no longer yields when iterating the enum).
+  const TempDir dir;
   const Run r = run_shell(fmt::format(
-      "{} {} -m torch.distributed.run --redirects 1 --tee 1 --no_python --nnodes 1 "
+      "{}{} {} -m torch.distributed.run --redirects 1 --tee 1 --no_python --nnodes 1 "
       "--nproc_per_node 2 --master_addr 127.0.0.1 --master_port {} {}",
-      kCleanEnv, torch_python(), free_port(), kWorker));
+      kCleanEnv, mg::testing::rank_dir_assignment(dir.path()), torch_python(), free_port(),
+      kWorker));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  REQUIRE_THAT(r.output, MG_CONTAINS("launch-worker 1 of 2 under torchrun with its agent's store"));
-  REQUIRE(results(r.output) == expected);
+  REQUIRE_THAT(mg::testing::read_rank_file(dir.path(), 1),
+               MG_CONTAINS("launch-worker 1 of 2 under torchrun with its agent's store loss "));
+  REQUIRE(results(dir.path()) == expected);
 }
 
 TEST_CASE("mpirun: a job started by Open MPI's mpirun trains as under minigrad-run") {
@@ -582,29 +654,35 @@ TEST_CASE("mpirun: a job started by Open MPI's mpirun trains as under minigrad-r
     std::exit(77);
   }
   const std::vector<std::string> expected = minigrad_run_result();
-  // Root may run it only when told so; --oversubscribe: two ranks fit a one-core machine.
-  const auto job = [&] {
+  // Root may run it only when told so; --oversubscribe: two ranks fit a one-core machine;
+  // -x passes the result directory on (mpirun does not pass the environment by itself).
+  const auto job = [&](const std::string& dir) {
     return run_shell(fmt::format(
-        "{} mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_PORT={} {}", kCleanEnv,
-        free_port(), kWorker));
+        "{} mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_PORT={} -x {}={} {}",
+        kCleanEnv, free_port(), mg::testing::kRankDirVariable, dir, kWorker));
   };
-  Run r = job();
+  const TempDir first, second;
+  std::string dir = first.path();
+  Run r = job(dir);
   // free_port() releases its port before the job binds it, and under ctest -j another test
   // may take it in between (seen once on a loaded machine): one more try on a fresh port.
   if (r.exit_code != 0) {
     UNSCOPED_INFO("first try, on a port taken in between?\n" << r.output);
-    r = job();
+    dir = second.path();
+    r = job(dir);
   }
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  REQUIRE_THAT(r.output, MG_CONTAINS("launch-worker 1 of 2 under mpirun (Open MPI)"));
-  REQUIRE(results(r.output) == expected);
+  REQUIRE_THAT(mg::testing::read_rank_file(dir, 1),
+               MG_CONTAINS("launch-worker 1 of 2 under mpirun (Open MPI) loss "));
+  REQUIRE(results(dir) == expected);
 }
 
 TEST_CASE("srun: a job given Slurm's variables trains as under minigrad-run") {
   const std::vector<std::string> expected = minigrad_run_result();
   const int port = free_port();
-  const Run r = start_pair([&](int rank) {
+  const TempDir dir;
+  const Run r = start_pair(dir.path(), [&](int rank) {
     return fmt::format(
         "SLURM_PROCID={0} SLURM_LOCALID={0} SLURM_NTASKS=2 SLURM_STEP_NODELIST='127.0.0.[1-2]' "
         "SLURM_JOB_NODELIST=localhost SLURM_JOB_ID=77 SLURM_STEP_ID=3 MASTER_PORT={1}",
@@ -612,8 +690,9 @@ TEST_CASE("srun: a job given Slurm's variables trains as under minigrad-run") {
   });
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  REQUIRE_THAT(r.output, MG_CONTAINS("launch-worker 1 of 2 under srun (Slurm)"));
-  REQUIRE(results(r.output) == expected);
+  REQUIRE_THAT(mg::testing::read_rank_file(dir.path(), 1),
+               MG_CONTAINS("launch-worker 1 of 2 under srun (Slurm) loss "));
+  REQUIRE(results(dir.path()) == expected);
 }
 
 #endif  // MINIGRAD_WITH_GLOO

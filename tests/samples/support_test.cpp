@@ -1,14 +1,47 @@
-// The support library of the sample programs: --devices parsing, the metrics CSV, the
-// SVG plot.
+// The support library of the sample programs: the command line's policy on a flag given
+// twice, --devices parsing, the metrics CSV, the SVG plot.
 #include "catch_compat.h"
 
 #include <minigrad/core/error.h>
+#include "../../samples/support/command_line.h"
 #include "../../samples/support/devices.h"
 #include "../../samples/support/metrics.h"
 #include "../../samples/support/svg_plot.h"
 
 using namespace mg;
 using samples::parse_devices;
+
+// torchrun's and nanoGPT's users override a script's flag by giving it again: the last
+// value wins, where CLI11 refuses ("At Most 1 required but received 2"); an option of
+// several values keeps every one, and every value given is still checked.
+TEST_CASE("parse_command_line: a flag given twice takes its last value, a list keeps them all") {
+  const auto parse = [](CLI::App& app, std::vector<std::string> args) {
+    args.insert(args.begin(), "prog");
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return samples::parse_command_line(app, "prog", static_cast<int>(argv.size()), argv.data());
+  };
+  CLI::App app{"test"};
+  int64_t iters = 0;
+  std::string name;
+  std::vector<int64_t> hidden;
+  bool flag = false;
+  app.add_option("--iters", iters)->check(samples::positive_integer());
+  app.add_option("--name", name);
+  app.add_option("--hidden", hidden)->delimiter(',');
+  app.add_flag("--flag", flag);
+  REQUIRE_FALSE(parse(app, {"--iters", "100000", "--name", "a", "--hidden", "64,32", "--flag",
+                            "--iters", "2", "--name=b", "--hidden", "16", "--flag"})
+                    .has_value());
+  REQUIRE(iters == 2);
+  REQUIRE(name == "b");
+  REQUIRE(hidden == std::vector<int64_t>{64, 32, 16});
+  REQUIRE(flag);
+  // Every value given is still checked, not only the last.
+  CLI::App strict{"test"};
+  strict.add_option("--iters", iters)->check(samples::positive_integer());
+  REQUIRE(parse(strict, {"--iters", "0", "--iters", "2"}) == samples::kExitBadOption);
+}
 
 TEST_CASE("parse_devices: cpu, all, GPU ids, repeats") {
   REQUIRE(parse_devices("cpu", 0) == std::vector<Device>{Device::cpu()});

@@ -3,6 +3,7 @@
 // run printed.
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -43,13 +44,20 @@ inline std::vector<double> metrics_losses(const std::string& path) {
   return values;
 }
 
-// The sample's text, as printed after the "---- a sample" line (rank 0's, prefix removed).
+// The sample's text, as printed after the "---- a sample" line. Under minigrad-run, rank
+// 0's lines alone, their prefix removed: another rank's whole line may come between them.
 inline std::string sample_of(const std::string& output) {
   const size_t at = output.find("---- a sample");
   if (at == std::string::npos) return "";
-  std::string text = output.substr(output.find('\n', at) + 1);
-  for (size_t p; (p = text.find("[rank 0] ")) != std::string::npos;) text.erase(p, 9);
-  return text;
+  const std::string text = output.substr(output.find('\n', at) + 1);
+  const bool launched = output.compare(at < 9 ? 0 : at - 9, 9, "[rank 0] ") == 0;
+  if (!launched) return text;
+  std::string rank_0;
+  for (size_t line = 0, end; line < text.size(); line = end + 1) {
+    end = std::min(text.find('\n', line), text.size());
+    if (text.compare(line, 9, "[rank 0] ") == 0) rank_0 += text.substr(line + 9, end + 1 - line - 9);
+  }
+  return rank_0;
 }
 
 }  // namespace mg::testing

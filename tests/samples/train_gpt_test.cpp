@@ -45,6 +45,19 @@ std::string read(const std::string& path) {
 
 }  // namespace
 
+// nanoGPT's way of overriding a config (`--iters 100000 ... --iters 2`): the last wins.
+TEST_CASE("train_gpt: a flag given twice takes its last value") {
+  TempDir dir;
+  const std::string corpus = make_corpus(dir);
+  const auto run = run_program(kProgram + kTiny + " --iters 100000 --n-layer 3 --sample-chars 0 "
+                               "--eval-interval 1000 --data-dir " + corpus +
+                               " --iters 2 --n-layer=2");  // kTiny gave 1, then 3
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK_THAT(run.output, MG_CONTAINS("GPT: n_layer=2, n_head=2, n_embd=16"));
+  CHECK_THAT(run.output, MG_CONTAINS("trained 2 steps in "));
+}
+
 TEST_CASE("train_gpt: trains a few steps, evaluates, writes its files and a sample") {
   TempDir dir;
   const std::string corpus = make_corpus(dir);

@@ -1,12 +1,14 @@
 #include <minigrad/parallel/c10d/launch_environment.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <minigrad/core/error.h>
-#include <minigrad/parallel/c10d/store/tcp_store.h>
+#include <minigrad/parallel/c10d/store/run_id.h>
 
 namespace mg::parallel {
 
@@ -75,7 +77,10 @@ void check_agrees(const Getenv& getenv, const LaunchEnvironment& env, const char
            rank_var);
 }
 
-void read_run_id(const Getenv& getenv, LaunchEnvironment& env, const std::string& fallback) {
+// The run id: MINIGRAD_RUN_ID or TORCHELASTIC_RUN_ID, else the launcher's job id made into
+// one by `fallback` (only then read, and checked as they are: it names the store's keys).
+void read_run_id(const Getenv& getenv, LaunchEnvironment& env,
+                 const std::function<std::string()>& fallback) {
   for (const char* name : {"MINIGRAD_RUN_ID", "TORCHELASTIC_RUN_ID"}) {
     const char* id = getenv(name);
     if (id == nullptr || *id == '\0') continue;
@@ -83,7 +88,27 @@ void read_run_id(const Getenv& getenv, LaunchEnvironment& env, const std::string
     check_run_id(env.run_id, fmt::format("rendezvous: environment variable {}", name));
     return;
   }
-  env.run_id = fallback;
+  env.run_id = fallback();
+}
+
+// `prefix` and the values of the `names` that are set, joined by '.' ("slurm-77.3"), each
+// checked as a run id is, naming its variable; "default" when the first is unset.
+std::string job_run_id(const Getenv& getenv, const std::string& prefix,
+                       std::initializer_list<const char*> names) {
+  std::string id = prefix;
+  for (const char* name : names) {
+    if (!is_set(getenv, name)) {
+      if (id == prefix) return "default";
+      continue;
+    }
+    const std::string value = getenv(name);
+    check_run_id(value, fmt::format("rendezvous: environment variable {} (which makes the run "
+                                    "id unless MINIGRAD_RUN_ID is set)",
+                                    name));
+    id += (id == prefix ? "" : ".") + value;
+  }
+  check_run_id(id, fmt::format("rendezvous: the run id made of {}", fmt::join(names, " and ")));
+  return id;
 }
 
 void read_master(const Getenv& getenv, LaunchEnvironment& env, const std::string& default_addr,
@@ -134,7 +159,7 @@ LaunchEnvironment from_torchrun_variables(const Getenv& getenv) {
   env.use_agent_store = read_bool(getenv, "TORCHELASTIC_USE_AGENT_STORE");
   const int no_restart = 0;
   env.restart_count = read_int(getenv, "TORCHELASTIC_RESTART_COUNT", &no_restart, 0, kMaxInt);
-  read_run_id(getenv, env, "default");
+  read_run_id(getenv, env, [] { return std::string("default"); });
   // torchrun keeps its own variables apart from an outer launcher's (one agent per node).
   if (env.launcher != Launcher::Torchrun) {
     check_agrees(getenv, env, "RANK", "WORLD_SIZE", kOpenMPI);
@@ -158,8 +183,8 @@ LaunchEnvironment from_open_mpi(const Getenv& getenv) {
   const bool one_node = env.local_world_size == env.world_size;
   read_master(getenv, env, one_node ? "127.0.0.1" : "",
               fmt::format("its {} ranks span several nodes", env.world_size));
-  const char* job = getenv("OMPI_MCA_ess_base_jobid");
-  read_run_id(getenv, env, job != nullptr && *job != '\0' ? fmt::format("ompi-{}", job) : "default");
+  read_run_id(getenv, env,
+              [&] { return job_run_id(getenv, "ompi-", {"OMPI_MCA_ess_base_jobid"}); });
   return env;
 }
 
@@ -186,12 +211,8 @@ LaunchEnvironment from_slurm(const Getenv& getenv) {
     break;
   }
   read_master(getenv, env, first_host, "neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set");
-  std::string fallback = "default";
-  if (is_set(getenv, "SLURM_JOB_ID")) {
-    fallback = fmt::format("slurm-{}", getenv("SLURM_JOB_ID"));
-    if (is_set(getenv, "SLURM_STEP_ID")) fallback += fmt::format(".{}", getenv("SLURM_STEP_ID"));
-  }
-  read_run_id(getenv, env, fallback);
+  read_run_id(getenv, env,
+              [&] { return job_run_id(getenv, "slurm-", {"SLURM_JOB_ID", "SLURM_STEP_ID"}); });
   return env;
 }
 
@@ -235,25 +256,60 @@ bool in_launched_job() {
   return false;
 }
 
+namespace {
+
+// Whether the decimal digits `a` stand for a larger number than `b` (leading zeros aside).
+bool greater_number(const std::string& a, const std::string& b) {
+  const std::string x = a.substr(std::min(a.find_first_not_of('0'), a.size()));
+  const std::string y = b.substr(std::min(b.find_first_not_of('0'), b.size()));
+  return x.size() != y.size() ? x.size() > y.size() : x > y;
+}
+
+}  // namespace
+
 std::string first_host_of_nodelist(const std::string& nodelist) {
   MG_CHECK(!nodelist.empty() && nodelist.size() <= 65536,
            "node list of {} characters: expected 1 to 65536", nodelist.size());
-  std::string host;
+  std::string host;          // the first host, built while the first entry is read
+  bool in_first = true;      // before the first ',' outside brackets
   bool in_brackets = false, skipping = false;
-  std::size_t digits = 0;  // of the first range's start, in the open bracket
+  std::string entry_start, entry_end;  // the bracket entry being read: "07" or "07-09"
+  bool in_range = false;
+  // A bracket entry ends at ',' or ']': it must have a start, and a range an end above it.
+  const auto end_entry = [&](char c) {
+    MG_CHECK(!entry_start.empty() || c != ']' || skipping, "node list '{}' has an empty bracket",
+             nodelist);
+    MG_CHECK(!entry_start.empty(), "node list '{}' has an empty entry in brackets", nodelist);
+    if (in_range) {
+      MG_CHECK(!entry_end.empty(), "node list '{}' has a range without an end", nodelist);
+      MG_CHECK(!greater_number(entry_start, entry_end),
+               "node list '{}' has the descending range {}-{}; a Slurm range goes up ({}-{})",
+               nodelist, entry_start, entry_end, entry_end, entry_start);
+    }
+    entry_start.clear();
+    entry_end.clear();
+    in_range = false;
+  };
   for (const char c : nodelist) {
     const bool digit = c >= '0' && c <= '9';
     if (in_brackets) {
       if (digit) {
-        if (!skipping) {
-          host += c;
-          ++digits;
+        if (in_range) {
+          entry_end += c;
+        } else {
+          entry_start += c;
+          if (in_first && !skipping) host += c;
         }
-      } else if (c == ',' || c == '-') {
-        MG_CHECK(digits > 0, "node list '{}' has a range without a start", nodelist);
+      } else if (c == '-') {
+        MG_CHECK(!entry_start.empty(), "node list '{}' has a range without a start", nodelist);
+        MG_CHECK(!in_range, "node list '{}' has a range with two '-'", nodelist);
+        in_range = true;
         skipping = true;  // the rest of the bracket: other hosts
+      } else if (c == ',') {
+        end_entry(c);
+        skipping = true;
       } else if (c == ']') {
-        MG_CHECK(digits > 0, "node list '{}' has an empty bracket", nodelist);
+        end_entry(c);
         in_brackets = false;
       } else {
         MG_FAIL("node list '{}' has '{}' inside brackets, where only numbers and ranges go",
@@ -262,12 +318,12 @@ std::string first_host_of_nodelist(const std::string& nodelist) {
     } else if (c == '[') {
       in_brackets = true;
       skipping = false;
-      digits = 0;
     } else if (c == ',') {
-      break;  // the end of the first host's entry
+      MG_CHECK(!host.empty() || !in_first, "node list '{}' names no host", nodelist);
+      in_first = false;  // the end of the first host's entry; the others are only checked
     } else if (digit || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-' ||
                c == '.' || c == '_') {
-      host += c;
+      if (in_first) host += c;
     } else {
       MG_FAIL("node list '{}' has the character '{}'", nodelist, c);
     }

@@ -64,7 +64,8 @@ struct LaunchEnvironment {
 bool in_launched_job();
 
 // The first host of a Slurm node list in its compressed form: "node[01-04],gpu7" ->
-// "node01", "rack[2-3]-n[5,7]" -> "rack2-n5". A malformed list is an mg::Error naming it.
+// "node01", "rack[2-3]-n[5,7]" -> "rack2-n5". The whole list is checked: a malformed one
+// (a descending range "a[03-01]" among them) is an mg::Error naming it.
 std::string first_host_of_nodelist(const std::string& nodelist);
 
 }  // namespace mg::parallel

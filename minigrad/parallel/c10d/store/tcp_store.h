@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include <minigrad/parallel/c10d/store/run_id.h>  // check_run_id, which the store applies
 #include <minigrad/parallel/c10d/store/store.h>
 #include <minigrad/parallel/c10d/store/tcp_store_options.h>
 
@@ -43,10 +44,6 @@ class Socket;
 }
 
 class TCPStoreServer;
-
-// A run id is 1 to 128 characters from [A-Za-z0-9._:-] (a UUID, "job-42", a host:port).
-// Otherwise an mg::Error naming `origin` (e.g. "MINIGRAD_RUN_ID").
-void check_run_id(const std::string& run_id, const std::string& origin);
 
 class TCPStore : public Store {
  public:
