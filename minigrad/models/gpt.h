@@ -54,7 +54,7 @@ struct GPTConfig {
 };
 
 // Causal self-attention: [B, T, C] -> [B, T, C].
-class CausalSelfAttention : public nn::Cloneable<CausalSelfAttention> {
+class CausalSelfAttention : public nn::Cloneable<CausalSelfAttention>, public nn::AttentionHost {
  public:
   explicit CausalSelfAttention(const GPTConfig& config);
   // x [B, T, C] -> [B, T, C]; the heads are as many as c_attn's output holds (all of
@@ -63,10 +63,8 @@ class CausalSelfAttention : public nn::Cloneable<CausalSelfAttention> {
 
   // How the heads attend: q, k, v [B, nh, T, hs] and the attention dropout -> [B, nh, T, hs].
   // Unset (the default): scaled_dot_product_attention, causal. Context parallelism sets
-  // ring attention here (a plan's ContextParallel style: parallel/parallelize.h).
-  using AttentionFunction =
-      std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p)>;
-  void set_attention_function(AttentionFunction attention) { attention_ = std::move(attention); }
+  // ring attention here (a plan's ContextParallel style: parallel/context_parallel/style.h).
+  void set_attention_function(AttentionFunction attention) override { attention_ = std::move(attention); }
 
  private:
   int64_t head_size_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -90,6 +91,19 @@ class Dropout : public Cloneable<Dropout> {
  private:
   double p_;
   std::shared_ptr<Generator> generator_;
+};
+
+// A module that attends through a function a form of parallelism may replace: context
+// parallelism puts ring attention over its group in place of scaled_dot_product_attention
+// (parallel/context_parallel/style.h). CausalSelfAttention (models/gpt.h) is one.
+class AttentionHost {
+ public:
+  // q, k, v [B, heads, T, head_size] and the attention dropout -> [B, heads, T, head_size].
+  using AttentionFunction =
+      std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p)>;
+  virtual ~AttentionHost() = default;
+  // Empty: scaled_dot_product_attention again.
+  virtual void set_attention_function(AttentionFunction attention) = 0;
 };
 
 }  // namespace mg::nn

@@ -68,6 +68,16 @@ void record_placement(const Tensor& t, const std::string& name, const Shape& sha
     spec->pieces.push_back({name, shape, {}, std::nullopt});
   }
   ParameterPiece& piece = spec->pieces[0];
+  for (const DimPlacement& had : piece.placements)
+    if (had.dim == placement.dim) {
+      // The same dimension again (a layer and the style that made it both record): one
+      // placement, which must agree.
+      MG_CHECK(had.placement == placement.placement && had.rank == placement.rank && had.size == placement.size &&
+                   had.partial_gradient == placement.partial_gradient,
+               "record_placement: {} is placed on {} already as {}; now asked {}", piece.name, had.dim,
+               had.str(), placement.str());
+      return;
+    }
   const Shape placed = sharded_shape(piece.placed_shape(), placement.placement, placement.size);
   MG_CHECK(placed == t.shape(), "record_placement: {} placed as {} would be {} on this rank, but the tensor is {}",
            piece.name, placement.str(), placed, t.shape());

@@ -98,8 +98,10 @@ const ParameterSpec* spec_of(const Tensor& t);
 
 // Appends `placement` to the placements of `t` (the single-device parameter `name` of shape
 // `shape`; a tensor with a spec already keeps its name and shape). The spec is replaced, not
-// changed: a copy of the tensor handle made earlier sees the new one. mg::Error when the
-// placement does not fit (a Shard of a dimension that does not divide).
+// changed: a copy of the tensor handle made earlier sees the new one. A dimension placed
+// already is left as it is when the placement agrees. mg::Error when the placement does not
+// fit (a Shard of a dimension that does not divide, a shape other than the tensor's) or
+// disagrees with the one recorded.
 void record_placement(const Tensor& t, const std::string& name, const Shape& shape,
                       DimPlacement placement);
 // Replaces the whole spec of `t` (FSDP and ZeRO: a flat shard's pieces).

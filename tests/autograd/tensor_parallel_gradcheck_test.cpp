@@ -67,13 +67,13 @@ TEST_CASE("gradcheck: copy_to_parallel (identity forward, all-reduce backward)")
     // The whole x on every rank; each rank's output is its own (Shard: side by side).
     const auto f = region([](int r, const Tensor& x, const parallel::TensorParallelGroupPtr& g) {
       return parallel::copy_to_parallel(x, g) * scale(r);
-    }, ranks, Placement::Replicate, Placement::Shard);
+    }, ranks, Placement::replicate(), Placement::shard(-1));
     CHECK_GRADCHECK(f, {random_input({3, 5}, 1)});
   }
   // The same check refuses a copy whose backward does not sum over the ranks.
   const auto wrong = region([](int r, const Tensor& x, const parallel::TensorParallelGroupPtr& g) {
     return copy_without_all_reduce(x, g) * scale(r);
-  }, 2, Placement::Replicate, Placement::Shard);
+  }, 2, Placement::replicate(), Placement::shard(-1));
   CHECK_FALSE(mg::testing::gradcheck(wrong, {random_input({3, 5}, 1)}).ok);
 }
 
@@ -83,7 +83,7 @@ TEST_CASE("gradcheck: reduce_from_parallel (all-reduce forward, identity backwar
     // Rank r's slice of x, scaled, summed over the ranks: one output, the same everywhere.
     const auto f = region([](int r, const Tensor& x, const parallel::TensorParallelGroupPtr& g) {
       return parallel::reduce_from_parallel(x * scale(r), g);
-    }, ranks, Placement::Shard, Placement::Replicate);
+    }, ranks, Placement::shard(-1), Placement::replicate());
     CHECK_GRADCHECK(f, {random_input({3, 2 * ranks}, 2)});
   }
 }
@@ -93,11 +93,11 @@ TEST_CASE("gradcheck: scatter_to_parallel and gather_from_parallel along the las
     INFO(ranks << " ranks");
     const auto scatter = region([](int r, const Tensor& x, const parallel::TensorParallelGroupPtr& g) {
       return parallel::scatter_to_parallel(x, g) * scale(r);
-    }, ranks, Placement::Replicate, Placement::Shard);
+    }, ranks, Placement::replicate(), Placement::shard(-1));
     CHECK_GRADCHECK(scatter, {random_input({3, 2 * ranks}, 3)});
     const auto gather = region([](int r, const Tensor& x, const parallel::TensorParallelGroupPtr& g) {
       return parallel::gather_from_parallel(x * scale(r), g);
-    }, ranks, Placement::Shard, Placement::Replicate);
+    }, ranks, Placement::shard(-1), Placement::replicate());
     CHECK_GRADCHECK(gather, {random_input({3, 2 * ranks}, 4)});
     // 3-D: the last dimension is split, the others kept.
     CHECK_GRADCHECK(gather, {random_input({2, 3, ranks}, 5)});

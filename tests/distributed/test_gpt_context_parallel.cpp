@@ -1,6 +1,8 @@
-// The GPT under context parallelism on 2 and 3 Gloo ranks: each rank holds two chunks of
-// every sequence (tokens and targets), takes the position embedding at their global
-// positions, attends through ring attention, and sums its gradients over the group. Its
+// The GPT under context parallelism on 2 and 3 Gloo ranks, split by its cp plan
+// (models/gpt_plan.h): each rank holds two chunks of every sequence (tokens and targets),
+// takes the position embedding at their global positions, attends through ring attention,
+// takes the loss over the whole sequences (LossParallel) and sums its gradients over the
+// group (reduce_partial_gradients: every parameter's placement says Partial over cp). Its
 // loss, every parameter's gradient, and the parameters after 3 AdamW steps equal the
 // plain GPT's on the whole batch; in float64 (loss and gradients: AdamW is float32 only)
 // to the last few bits, in float32 (with the steps) within the tolerance of sums taken in
@@ -18,11 +20,12 @@
 #include <minigrad/core/fault_injection.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/models/gpt.h>
-#include <minigrad/models/gpt_context_parallel.h>
+#include <minigrad/models/gpt_plan.h>
 #include <minigrad/nn/optim/adam.h>
-#include <minigrad/parallel/context_parallel/context_parallel_loss.h>
-#include <minigrad/parallel/context_parallel/ring_attention.h>
 #include <minigrad/parallel/context_parallel/sequence_layout.h>
+#include <minigrad/parallel/loss_parallel.h>
+#include <minigrad/parallel/parallelize.h>
+#include <minigrad/parallel/partial_gradients.h>
 
 using namespace mg;
 using namespace mg::parallel;
@@ -87,10 +90,9 @@ Worst compare_gpt(RankContext& ctx, const std::shared_ptr<ProcessGroup>& group, 
 
   auto plain = make_gpt(dtype, bias);
   auto sharded = make_gpt(dtype, bias);
-  models::set_attention_function(*sharded, ring_attention_function(group));
+  parallelize_module(*sharded, group, models::gpt_context_parallel_plan());
   const Tensor idx_local = shard_sequence(idx, group->rank(), cp);
   const Tensor targets_local = shard_sequence(targets, group->rank(), cp);
-  const Tensor positions = sequence_positions(T, group->rank(), cp);
 
   Worst w{rtol, atol};
   std::unique_ptr<optim::AdamW> plain_opt, sharded_opt;
@@ -101,10 +103,13 @@ Worst compare_gpt(RankContext& ctx, const std::shared_ptr<ProcessGroup>& group, 
   for (int step = 0; step < std::max(steps, 1); ++step) {
     const Tensor want = models::GPT::loss(plain->forward(idx), targets);
     want.backward();
-    const Tensor got = context_parallel_cross_entropy(
-        models::forward_at_positions(*sharded, idx_local, positions), targets_local, *group);
+    Tensor got;
+    {
+      LossParallel loss_parallel(nullptr, group);
+      got = models::GPT::loss(sharded->forward(idx_local), targets_local);
+    }
     got.backward();
-    all_reduce_gradients(sharded->parameters(), *group);
+    reduce_partial_gradients(sharded->parameters());
     w.compare(fmt::format("step {} loss", step), got, want);
     for (const auto& [name, p] : plain->named_parameters())
       w.compare(fmt::format("step {} grad {}", step, name), sharded->parameter(name).grad(),

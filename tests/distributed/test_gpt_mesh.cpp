@@ -1,11 +1,11 @@
 // The GPT on a composed mesh (issue 22): tensor parallelism x context parallelism on 4 Gloo
-// ranks (cp2 x tp2) and data x context x tensor parallelism on 8 (dp2 x cp2 x tp2), one
-// entry point (models::parallelize_gpt over the DeviceMesh), with and without sequence
-// parallelism. Every rank builds the GPT with the same seed, keeps a copy as the single-
-// device reference on the whole batch, and runs 3 AdamW steps on both: the loss, every
-// gradient of the first step (each rank's shard against the matching slice of the
-// reference's gradient, TensorParallelGPT::shard_of) and the parameters after the last
-// step must agree. The dp split of the batch rows is uneven (5 rows: 3 and 2).
+// ranks (cp2 x tp2) and data x context x tensor parallelism on 8 (dp2 x cp2 x tp2): the
+// GPT's cp and tp plans (models::parallelize_gpt over the DeviceMesh), with and without
+// sequence parallelism. Every rank builds the GPT with the same seed, keeps a copy as the
+// single-device reference on the whole batch, and runs 3 AdamW steps on both: the loss,
+// every gradient of the first step (each rank's shard against the matching part of the
+// reference's gradient, as its placement cuts it) and the parameters after the last step
+// must agree. The dp split of the batch rows is uneven (5 rows: 3 and 2).
 //
 // Float64: the tensor-parallel Gloo group carries float64 as int64 bits and sums in rank
 // order (tensor_parallel/group.cpp), the cp group likewise (context_parallel/wire.h), and
@@ -30,11 +30,16 @@
 #include <minigrad/core/fault_injection.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/models/gpt.h>
-#include <minigrad/models/gpt_tensor_parallel.h>
+#include <minigrad/models/gpt_plan.h>
 #include <minigrad/nn/optim/adam.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
+#include <minigrad/parallel/context_parallel/sequence_layout.h>
 #include <minigrad/parallel/context_parallel/wire.h>
 #include <minigrad/parallel/ddp/distributed_data_parallel.h>
+#include <minigrad/parallel/loss_parallel.h>
+#include <minigrad/parallel/partial_gradients.h>
+#include <minigrad/parallel/placement.h>
+#include <minigrad/parallel/tensor_parallel/layers.h>
 
 using namespace mg;
 using namespace mg::test;
@@ -85,48 +90,61 @@ SplitErrors against_single_device(const parallel::DeviceMesh& mesh, const GPTCon
   const Tensor y = from_vector(yv, Shape{B, T});
 
   auto ref = std::static_pointer_cast<GPT>(gpt.clone());
-  models::TensorParallelGPTOptions options;
-  options.sequence_parallel = sp;
-  auto model = models::parallelize_gpt(gpt, mesh, options);
-  const int dp = mesh.size("dp");
+  models::parallelize_gpt(gpt, mesh, sp);
+  const int dp = mesh.size("dp"), cp = mesh.size("cp");
+  const auto local = [&](const Tensor& t) {  // this cp rank's two chunks of each sequence
+    return cp > 1 ? parallel::context_parallel::shard_sequence(t, mesh.rank("cp"), cp) : t;
+  };
   const auto [start, rows] = rows_of(B, dp, mesh.rank("dp"));
-  const Tensor x_local = model->local_sequence(ops::contiguous(x.narrow(0, start, rows)));
-  const Tensor y_local = model->local_sequence(ops::contiguous(y.narrow(0, start, rows)));
-  // Without dp the loss's own mean (the count summed over cp); with dp each rank divides
-  // by the whole batch's count and the dp ranks' gradients are summed.
-  const double divide_by = dp > 1 ? static_cast<double>(targets) / (ddp ? dp : 1) : 0.0;
+  const Tensor y_rows = ops::contiguous(y.narrow(0, start, rows));
+  const Tensor x_local = local(ops::contiguous(x.narrow(0, start, rows)));
+  const Tensor y_local = local(y_rows);
+  // GPT::loss under LossParallel is the mean over this dp rank's targets (all its cp
+  // chunks); weighted by their share of the batch's it is the dp rank's part of the mean
+  // (times dp under DDP, which averages).
+  int64_t mine = 0;
+  for (int64_t t : y_rows.to_vector<int64_t>()) mine += t != -1;
+  const double weight = static_cast<double>(mine) / static_cast<double>(targets) * (ddp ? dp : 1);
   std::shared_ptr<parallel::DistributedDataParallel> wrapped;
+  auto model = std::shared_ptr<GPT>(&gpt, [](GPT*) {});
   if (ddp) wrapped = std::make_shared<parallel::DistributedDataParallel>(model, mesh.group("dp"));
+  const auto part_of = [&](const std::string& name, const Tensor& full) {
+    const parallel::ParameterSpec* spec = parallel::spec_of(gpt.parameter(name));
+    return spec ? parallel::local_part(spec->pieces[0], full) : full;
+  };
 
   optim::AdamW ref_opt(ref->parameters(), optim::AdamWOptions(1e-3));
-  optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
+  optim::AdamW opt(gpt.parameters(), optim::AdamWOptions(1e-3));
   SplitErrors out;
   for (int step = 0; step < 3; ++step) {
     ref_opt.zero_grad();
     const Tensor ref_loss = GPT::loss(ref->forward(x), y);
     ref_loss.backward();
     opt.zero_grad();
-    Tensor loss =
-        model->loss(wrapped ? wrapped->forward(x_local) : model->forward(x_local), y_local, divide_by);
+    Tensor loss;
+    {
+      parallel::LossParallel loss_parallel(mesh);
+      loss = mul(GPT::loss(wrapped ? wrapped->forward(x_local) : gpt.forward(x_local), y_local), weight);
+    }
     loss.backward();
-    model->finish_gradients();  // tp (with SP) and cp sums (after DDP's: they commute)
+    parallel::reduce_partial_gradients(gpt.parameters());  // tp (with SP) and cp sums (after DDP's: they commute)
     if (dp > 1) {
-      if (!ddp) sum_over_dp(model->parameters(), *mesh.group("dp"));
+      if (!ddp) sum_over_dp(gpt.parameters(), *mesh.group("dp"));
       loss = parallel::context_parallel::sum_over_group(loss.detach(), *mesh.group("dp"));
       if (ddp) loss = loss / static_cast<double>(dp);
     }
     if (step == 0) {
       out.loss_error = std::abs(as_double(loss) - as_double(ref_loss)) / std::abs(as_double(ref_loss));
-      out.compare_grads(model->named_parameters(), [&](const std::string& name) {
-        return model->shard_of(name, ref->parameter(name).grad());
+      out.compare_grads(gpt.named_parameters(), [&](const std::string& name) {
+        return part_of(name, ref->parameter(name).grad());
       });
     }
     ref_opt.step();
     opt.step();
   }
   NoGradGuard no_grad;
-  out.compare_params(model->named_parameters(), [&](const std::string& name) {
-    return model->shard_of(name, ref->parameter(name));
+  out.compare_params(gpt.named_parameters(), [&](const std::string& name) {
+    return part_of(name, ref->parameter(name));
   });
   return out;
 }
@@ -145,19 +163,29 @@ void require_caught(const RankResult& r, const std::string& prefix) {
   REQUIRE((e[0] >= 1e-3f || e[1] >= 1e-3f || e[2] >= 1e-3f));
 }
 
-// The tensor-parallel collectives of one float32 step (forward, loss, backward,
-// finish_gradients) of the composed model on [B, T].
+// The tensor-parallel collectives of one float32 step (forward, loss, backward, the
+// partial sums) of the composed model on [B, T].
 std::vector<float> tp_collectives(const parallel::DeviceMesh& mesh, int64_t B, int64_t T, bool sp) {
   manual_seed(7);
   GPT gpt(tiny());
   const Tensor x = randint(0, 18, {B, T}), y = randint(0, 18, {B, T});
-  models::TensorParallelGPTOptions options;
-  options.sequence_parallel = sp;
-  auto model = models::parallelize_gpt(gpt, mesh, options);
-  model->group()->reset_stats();
-  model->loss(model->forward(model->local_sequence(x)), model->local_sequence(y)).backward();
-  model->finish_gradients();
-  const parallel::TensorParallelStats s = model->group()->stats();
+  models::parallelize_gpt(gpt, mesh, sp);
+  const auto local = [&](const Tensor& t) {
+    return parallel::context_parallel::shard_sequence(t, mesh.rank("cp"), mesh.size("cp"));
+  };
+  const parallel::TensorParallelGroupPtr tp = parallel::tensor_parallel_group(mesh.group("tp"));
+  tp->reset_stats();
+  {
+    parallel::LossParallel loss_parallel(mesh);
+    GPT::loss(gpt.forward(local(x)), local(y)).backward();
+  }
+  // The sums over tp (with SP) alone: the cp group's are another group's traffic.
+  std::vector<Tensor> tp_partial;
+  for (const Tensor& p : gpt.parameters())
+    for (const parallel::DimPlacement& d : parallel::spec_of(p)->pieces[0].placements)
+      if (d.dim == "tp" && d.partial_gradient) tp_partial.push_back(p);
+  parallel::reduce_partial_gradients(tp_partial);
+  const parallel::TensorParallelStats s = tp->stats();
   return {static_cast<float>(s.all_reduces),     static_cast<float>(s.all_reduce_bytes),
           static_cast<float>(s.all_gathers),     static_cast<float>(s.all_gather_bytes),
           static_cast<float>(s.reduce_scatters), static_cast<float>(s.reduce_scatter_bytes)};
@@ -197,10 +225,12 @@ TEST_CASE("GPT cp2 x tp2 on 4 Gloo ranks equals the single-device GPT, unsummed 
     // Errors are raised before any collective, on every rank alike.
     manual_seed(5);
     GPT gpt(tiny(true, 0.1));
-    auto model = models::parallelize_gpt(gpt, mesh, {});
-    ctx.report("odd chunks", error_of([&] { model->forward(randint(0, 18, {2, 3})); }));
-    ctx.report("dropout", error_of([&] { model->forward(randint(0, 18, {2, 4})); }));
-    ctx.report("shard", error_of([&] { model->local_sequence(randint(0, 18, {2, 6})); }));
+    models::parallelize_gpt(gpt, mesh, false);
+    ctx.report("odd chunks", error_of([&] { gpt.forward(randint(0, 18, {2, 3})); }));
+    ctx.report("dropout", error_of([&] { gpt.forward(randint(0, 18, {2, 4})); }));
+    ctx.report("shard", error_of([&] {
+      parallel::context_parallel::shard_sequence(randint(0, 18, {2, 6}), mesh.rank("cp"), 2);
+    }));
   });
   INFO(describe(results));
   for (const RankResult& r : results) {
@@ -223,10 +253,9 @@ TEST_CASE("GPT cp2 x tp2 on 4 Gloo ranks equals the single-device GPT, unsummed 
                                4 * ((4 * L + 2) * rows / 2 * C + rows), 4 * L + 2,
                                4 * ((4 * L + 2) * rows * C)});
     REQUIRE_THAT(r.text("odd chunks"),
-                 MG_CONTAINS("TensorParallelGPT under context parallelism: a sequence of length "
-                             "6 does not cut into 2 * cp = 4 equal chunks"));
-    REQUIRE_THAT(r.text("dropout"),
-                 MG_CONTAINS("TensorParallelGPT: no dropout under context parallelism (cp = 2)"));
+                 MG_CONTAINS("ContextParallelPositions: a sequence of length 6 does not cut into 2 * cp = 4 "
+                             "equal chunks"));
+    REQUIRE_THAT(r.text("dropout"), MG_CONTAINS("ring_attention: no attention dropout under context parallelism, got dropout_p 0.1"));
     REQUIRE_THAT(r.text("shard"), MG_CONTAINS("shard_sequence: a sequence of length 6"));
   }
 }

@@ -1,9 +1,9 @@
-// The GPT split by tensor parallelism (models/gpt_tensor_parallel.h) on Gloo ranks, proven
-// against the single-device GPT on the whole batch: every rank builds the GPT with the same
-// seed, keeps a copy as the reference, runs 3 AdamW steps on both, and compares the loss,
-// every gradient of the first step (each shard against the matching slice of the
-// reference's gradient, TensorParallelGPT::shard_of) and the parameters after the last
-// step. dp x tp adds a data-parallel split of the batch rows (uneven) with the gradients
+// The GPT split by tensor parallelism -- its plan (models/gpt_plan.h) applied by
+// parallelize_module -- on Gloo ranks, proven against the single-device GPT on the whole
+// batch: every rank builds the GPT with the same seed, keeps a copy as the reference, runs 3
+// AdamW steps on both, and compares the loss, every gradient of the first step (each shard
+// against the matching part of the reference's gradient, as its placement cuts it:
+// parallel::local_part) and the parameters after the last step. dp x tp adds a data-parallel split of the batch rows (uneven) with the gradients
 // summed over the mesh's dp group. Faults (core/fault_injection.h) must break the match.
 // Also: the collectives of a step against the arithmetic, dropout's masks by region, and
 // the errors for impossible splits.
@@ -25,18 +25,19 @@
 #include <minigrad/core/fault_injection.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/models/gpt.h>
-#include <minigrad/models/gpt_tensor_parallel.h>
+#include <minigrad/models/gpt_plan.h>
 #include <minigrad/nn/optim/adam.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
 #include <minigrad/parallel/ddp/distributed_data_parallel.h>
-#include <minigrad/parallel/tensor_parallel/group.h>
-#include <minigrad/parallel/tensor_parallel/in_process_group.h>
+#include <minigrad/parallel/loss_parallel.h>
+#include <minigrad/parallel/partial_gradients.h>
+#include <minigrad/parallel/placement.h>
+#include <minigrad/parallel/tensor_parallel/layers.h>
 
 using namespace mg;
 using namespace mg::test;
 using models::GPT;
 using models::GPTConfig;
-using models::TensorParallelGPT;
 
 namespace {
 
@@ -67,27 +68,33 @@ Batch make_batch(const GPTConfig& c, int64_t B, int64_t T) {
 }
 
 
-// The check one rank runs: the TP model on its rows (all of them without a dp group)
-// against the single-device GPT on the whole batch.
-SplitErrors against_single_device(const GPTConfig& config, int64_t B, int64_t T,
-                              const parallel::TensorParallelGroupPtr& tp,
-                              const std::shared_ptr<parallel::ProcessGroup>& dp, bool sp,
-                              bool ddp = false) {
+// The part of the single-device tensor `full` that this rank's parameter `p` holds.
+Tensor part_of(const Tensor& p, const Tensor& full) {
+  const parallel::ParameterSpec* spec = parallel::spec_of(p);
+  return spec ? parallel::local_part(spec->pieces[0], full) : full;
+}
+
+// The check one rank runs: the GPT split by its plan over `mesh` (tp, and dp when the mesh
+// has it) on its rows (all of them without dp) against the single-device GPT on the whole
+// batch.
+SplitErrors against_single_device(const GPTConfig& config, int64_t B, int64_t T, const parallel::DeviceMesh& mesh,
+                                  bool sp, bool ddp = false) {
   manual_seed(1234);
-  GPT gpt(config);
+  auto model = std::make_shared<GPT>(config);
   const Batch batch = make_batch(config, B, T);
-  auto ref = std::static_pointer_cast<GPT>(gpt.clone());
-  models::TensorParallelGPTOptions options;
-  options.sequence_parallel = sp;
-  auto model = std::make_shared<TensorParallelGPT>(gpt, tp, options);
+  auto ref = std::static_pointer_cast<GPT>(model->clone());
+  models::parallelize_gpt(*model, mesh, sp);
+  const std::shared_ptr<parallel::ProcessGroup> dp = mesh.has_dim("dp") ? mesh.group("dp") : nullptr;
   const auto [start, rows] = rows_of(B, dp ? dp->size() : 1, dp ? dp->rank() : 0);
   const Tensor x = ops::contiguous(batch.x.narrow(0, start, rows));
   const Tensor y = ops::contiguous(batch.y.narrow(0, start, rows));
-  // With DistributedDataParallel (which averages the gradients over dp) each rank divides
-  // by the batch's count of targets / dp; with a plain all-reduce (a sum) by the count.
+  int64_t mine = 0;  // this rank's targets that count
+  for (int64_t t : y.to_vector<int64_t>()) mine += t != -1;
+  // GPT::loss is the mean over this rank's targets; weighted by their share of the batch's
+  // it is this rank's part of the whole batch's mean (times dp under DDP, which averages).
   std::shared_ptr<parallel::DistributedDataParallel> wrapped;
   if (ddp) wrapped = std::make_shared<parallel::DistributedDataParallel>(model, dp);
-  const double divide_by = static_cast<double>(batch.targets) / (ddp ? dp->size() : 1);
+  const double weight = static_cast<double>(mine) / static_cast<double>(batch.targets) * (ddp ? dp->size() : 1);
 
   optim::AdamW ref_opt(ref->parameters(), optim::AdamWOptions(1e-3));
   optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
@@ -97,10 +104,14 @@ SplitErrors against_single_device(const GPTConfig& config, int64_t B, int64_t T,
     const Tensor ref_loss = GPT::loss(ref->forward(batch.x), batch.y);
     ref_loss.backward();
     opt.zero_grad();
-    Tensor loss = model->loss(wrapped ? wrapped->forward(x) : model->forward(x), y, divide_by);
+    Tensor loss;
+    {
+      parallel::LossParallel loss_parallel(mesh);  // the logits are this rank's vocabulary
+      loss = mul(GPT::loss(wrapped ? wrapped->forward(x) : model->forward(x), y), weight);
+    }
     loss.backward();  // DDP: the dp average of the gradients, in buckets during backward
-    // After DDP's average: the tensor-parallel sum commutes with it.
-    model->finish_gradients();
+    // The partial gradients (sequence parallelism's) summed over tp: it commutes with DDP's average.
+    parallel::reduce_partial_gradients(model->parameters());
     if (dp) {  // the data-parallel ranks' losses are parts of a sum (DDP: of a mean)
       loss = ops::clone(loss.detach());
       dp->allreduce(loss, ddp ? parallel::ReduceOp::Average : parallel::ReduceOp::Sum)->wait();
@@ -114,7 +125,7 @@ SplitErrors against_single_device(const GPTConfig& config, int64_t B, int64_t T,
       out.loss_error = std::abs(loss.item<float>() - ref_loss.item<float>()) /
                        std::abs(ref_loss.item<float>());
       out.compare_grads(model->named_parameters(), [&](const std::string& name) {
-        return model->shard_of(name, ref->parameter(name).grad());
+        return part_of(model->parameter(name), ref->parameter(name).grad());
       });
     }
     ref_opt.step();
@@ -122,9 +133,14 @@ SplitErrors against_single_device(const GPTConfig& config, int64_t B, int64_t T,
   }
   NoGradGuard no_grad;
   out.compare_params(model->named_parameters(), [&](const std::string& name) {
-    return model->shard_of(name, ref->parameter(name));
+    return part_of(model->parameter(name), ref->parameter(name));
   });
   return out;
+}
+
+// A mesh of tp alone over `world`.
+parallel::DeviceMesh tp_mesh(const std::shared_ptr<parallel::ProcessGroup>& world) {
+  return parallel::DeviceMesh(world, {{"tp", world->size()}});
 }
 
 void require_equal(const RankResult& r, const std::string& prefix) {
@@ -141,18 +157,22 @@ void require_caught(const RankResult& r, const std::string& prefix) {
   REQUIRE((e[0] >= 1e-3f || e[1] >= 1e-3f || e[2] >= 1e-3f));
 }
 
-// The collectives of one training step (forward, loss, backward, finish_gradients).
-std::vector<float> step_collectives(const GPTConfig& config, int64_t B, int64_t T,
-                                    const parallel::TensorParallelGroupPtr& tp, bool sp) {
+// The collectives of one training step (forward, loss, backward, the partial sums), as
+// the tensor-parallel layers' group counts them (one group per plan: the head's).
+std::vector<float> step_collectives(const GPTConfig& config, int64_t B, int64_t T, const parallel::DeviceMesh& mesh,
+                                    bool sp) {
   manual_seed(7);
-  GPT gpt(config);
+  GPT model(config);
   const Batch batch = make_batch(config, B, T);
-  models::TensorParallelGPTOptions options;
-  options.sequence_parallel = sp;
-  TensorParallelGPT model(gpt, tp, options);
+  models::parallelize_gpt(model, mesh, sp);
+  const parallel::TensorParallelGroupPtr tp =
+      std::static_pointer_cast<nn::ColumnParallelLinear>(model.child("lm_head"))->group();
   tp->reset_stats();
-  model.loss(model.forward(batch.x), batch.y).backward();
-  model.finish_gradients();
+  {
+    parallel::LossParallel loss_parallel(mesh);
+    GPT::loss(model.forward(batch.x), batch.y).backward();
+  }
+  parallel::reduce_partial_gradients(model.parameters());
   const parallel::TensorParallelStats s = tp->stats();
   return {static_cast<float>(s.all_reduces),     static_cast<float>(s.all_reduce_bytes),
           static_cast<float>(s.all_gathers),     static_cast<float>(s.all_gather_bytes),
@@ -165,15 +185,15 @@ TEST_CASE("GPT tensor parallel over 2 Gloo ranks equals the single-device GPT, f
           "[gpt_tp]") {
   const GPTConfig config = tiny(4, 16);
   auto results = run_ranks(2, [&](RankContext& ctx) {
-    auto tp = parallel::tensor_parallel_group(ctx.gloo());
-    report_errors(ctx, "tp2", against_single_device(config, 3, 7, tp, nullptr, false));
+    const parallel::DeviceMesh tp = tp_mesh(ctx.gloo());
+    report_errors(ctx, "tp2", against_single_device(config, 3, 7, tp, false));
     {
       mg::testing::FaultGuard fault(mg::testing::Fault::VocabParallelLossNotReduced);
-      report_errors(ctx, "loss fault", against_single_device(config, 3, 7, tp, nullptr, false));
+      report_errors(ctx, "loss fault", against_single_device(config, 3, 7, tp, false));
     }
     {
       mg::testing::FaultGuard fault(mg::testing::Fault::RowParallelBiasPerRank);
-      report_errors(ctx, "row fault", against_single_device(config, 3, 7, tp, nullptr, false));
+      report_errors(ctx, "row fault", against_single_device(config, 3, 7, tp, false));
     }
     ctx.report("collectives", step_collectives(config, 3, 6, tp, false));
   });
@@ -198,15 +218,15 @@ TEST_CASE("GPT tensor + sequence parallel over 2 Gloo ranks equals the single-de
           "unreduced LayerNorm gradients are caught", "[gpt_tp]") {
   const GPTConfig config = tiny(4, 16);
   auto results = run_ranks(2, [&](RankContext& ctx) {
-    auto tp = parallel::tensor_parallel_group(ctx.gloo());
-    report_errors(ctx, "sp", against_single_device(config, 3, 8, tp, nullptr, true));
+    const parallel::DeviceMesh tp = tp_mesh(ctx.gloo());
+    report_errors(ctx, "sp", against_single_device(config, 3, 8, tp, true));
     {
       mg::testing::FaultGuard fault(mg::testing::Fault::SequenceParallelGradsNotReduced);
-      report_errors(ctx, "sp fault", against_single_device(config, 3, 8, tp, nullptr, true));
+      report_errors(ctx, "sp fault", against_single_device(config, 3, 8, tp, true));
     }
     {
       mg::testing::FaultGuard fault(mg::testing::Fault::VocabParallelLossNotReduced);
-      report_errors(ctx, "sp loss fault", against_single_device(config, 3, 8, tp, nullptr, true));
+      report_errors(ctx, "sp loss fault", against_single_device(config, 3, 8, tp, true));
     }
     ctx.report("collectives", step_collectives(config, 3, 6, tp, true));
   });
@@ -233,8 +253,7 @@ TEST_CASE("GPT tensor + sequence parallel over 2 Gloo ranks equals the single-de
 
 TEST_CASE("GPT tensor parallel over 3 and 4 Gloo ranks equals the single-device GPT", "[gpt_tp]") {
   auto three = run_ranks(3, [](RankContext& ctx) {
-    auto tp = parallel::tensor_parallel_group(ctx.gloo());
-    report_errors(ctx, "tp3", against_single_device(tiny(3, 12), 2, 5, tp, nullptr, false));
+    report_errors(ctx, "tp3", against_single_device(tiny(3, 12), 2, 5, tp_mesh(ctx.gloo()), false));
   });
   INFO(describe(three));
   for (const RankResult& r : three) {
@@ -242,8 +261,7 @@ TEST_CASE("GPT tensor parallel over 3 and 4 Gloo ranks equals the single-device 
     require_equal(r, "tp3");
   }
   auto four = run_ranks(4, [](RankContext& ctx) {
-    auto tp = parallel::tensor_parallel_group(ctx.gloo());
-    report_errors(ctx, "tp4", against_single_device(tiny(4, 16), 2, 5, tp, nullptr, false));
+    report_errors(ctx, "tp4", against_single_device(tiny(4, 16), 2, 5, tp_mesh(ctx.gloo()), false));
   });
   INFO(describe(four));
   for (const RankResult& r : four) {
@@ -257,14 +275,13 @@ TEST_CASE("GPT dp2 x tp2 (uneven batch rows, gradients summed over the dp group,
   auto results = run_ranks(4, [](RankContext& ctx) {
     auto world = ctx.gloo();
     parallel::DeviceMesh mesh(world, {{"dp", 2}, {"tp", 2}});
-    auto tp = parallel::tensor_parallel_group(mesh.group("tp"));
     // B = 5: dp rank 0 takes 3 rows, dp rank 1 takes 2.
-    report_errors(ctx, "dp2tp2", against_single_device(tiny(4, 16), 5, 6, tp, mesh.group("dp"), false));
-    report_errors(ctx, "dp2tp2 sp", against_single_device(tiny(4, 16), 5, 6, tp, mesh.group("dp"), true));
+    report_errors(ctx, "dp2tp2", against_single_device(tiny(4, 16), 5, 6, mesh, false));
+    report_errors(ctx, "dp2tp2 sp", against_single_device(tiny(4, 16), 5, 6, mesh, true));
     // DistributedDataParallel over the dp group, with and without SP: its average is the
     // single-device mean for uneven rows too, with each rank dividing by targets / dp.
-    report_errors(ctx, "dp2tp2 ddp", against_single_device(tiny(4, 16), 5, 6, tp, mesh.group("dp"), false, true));
-    report_errors(ctx, "dp2tp2 ddp sp", against_single_device(tiny(4, 16), 5, 6, tp, mesh.group("dp"), true, true));
+    report_errors(ctx, "dp2tp2 ddp", against_single_device(tiny(4, 16), 5, 6, mesh, false, true));
+    report_errors(ctx, "dp2tp2 ddp sp", against_single_device(tiny(4, 16), 5, 6, mesh, true, true));
   });
   INFO(describe(results));
   for (const RankResult& r : results) {
@@ -284,25 +301,30 @@ TEST_CASE("GPT tensor parallel dropout: one mask where activations are replicate
   // every rank, and dropout actually acted; the sharded regions' generator draws a
   // different mask on each rank, the default generator the same one.
   auto results = run_ranks(2, [](RankContext& ctx) {
-    auto tp = parallel::tensor_parallel_group(ctx.gloo());
+    const parallel::DeviceMesh mesh = tp_mesh(ctx.gloo());
     manual_seed(99);
-    GPT gpt(tiny(4, 16, 0.3));
+    GPT model(tiny(4, 16, 0.3));
     const Tensor x = randint(0, 24, {2, 8});
-    TensorParallelGPT model(gpt, tp);
+    models::parallelize_gpt(model, mesh, false);
+    auto tp = std::static_pointer_cast<nn::ColumnParallelLinear>(model.child("lm_head"))->group();
     NoGradGuard no_grad;
-    const Tensor train = model.hidden(x);
+    const Tensor train = (*model.child("transformer"))(x);  // ln_f's output: replicated
     model.eval();
-    const Tensor eval = model.hidden(x);
+    const Tensor eval = (*model.child("transformer"))(x);
     const Tensor both = tp->all_gather(train);  // [2, B, T, C]
     const auto gap = [](const Tensor& a, const Tensor& b) { return max_abs(a - b); };
     const auto masks = [&](Generator* gen) {
       const Tensor m = tp->all_gather(dropout(ones({256}), 0.5, true, gen));
       return gap(ops::narrow(m, 0, 0, 1), ops::narrow(m, 0, 1, 1));
     };
+    // The attention's dropout draws from the generator the plan gave it (ShardedDropout).
+    Generator* sharded = static_cast<const nn::Dropout&>(
+                             *model.child("transformer")->child("h")->child("0")->child("attn")->child("attn_dropout"))
+                             .generator();
     ctx.report("dropout", std::vector<float>{
         static_cast<float>(gap(ops::narrow(both, 0, 0, 1), ops::narrow(both, 0, 1, 1))),
         static_cast<float>(gap(train, eval)),
-        static_cast<float>(masks(&model.sharded_generator())),
+        static_cast<float>(masks(sharded)),
         static_cast<float>(masks(nullptr))});
   });
   INFO(describe(results));
@@ -317,35 +339,46 @@ TEST_CASE("GPT tensor parallel dropout: one mask where activations are replicate
 }
 
 TEST_CASE("GPT tensor parallel refuses impossible splits", "[gpt_tp]") {
-  parallel::InProcessGroup group({Device::cpu(), Device::cpu(), Device::cpu()});
-  const auto& rank0 = group.rank(0);
-  manual_seed(1);
-  {
-    GPT gpt(tiny(4, 12));  // 4 heads over 3 ranks
-    REQUIRE_THROWS_WITH(TensorParallelGPT(gpt, rank0),
-                        MG_CONTAINS("parallelize_gpt: n_head (attention is split by heads) = 4 "
-                                    "is not divisible by the tensor-parallel size 3"));
-  }
-  {
-    GPTConfig c = tiny(3, 12);
-    c.vocab_size = 25;
-    GPT gpt(c);
-    REQUIRE_THROWS_WITH(TensorParallelGPT(gpt, rank0),
-                        MG_CONTAINS("vocab_size (the embedding and the logits are split by "
-                                    "vocabulary; choose a multiple, as nanoGPT pads 50257 to "
-                                    "50304) = 25 is not divisible by the tensor-parallel size 3"));
-    REQUIRE_THROWS_WITH(TensorParallelGPT(gpt, rank0),
-                        MG_CONTAINS("minigrad refuses uneven shards rather than padding them"));
-  }
-  {
-    parallel::InProcessGroup two({Device::cpu(), Device::cpu()});
-    models::TensorParallelGPTOptions sp;
-    sp.sequence_parallel = true;
-    GPT gpt(tiny(4, 16));
-    TensorParallelGPT model(gpt, two.rank(0), sp);
-    REQUIRE_THROWS_WITH(model.forward(randint(0, 24, {2, 5})),
-                        MG_CONTAINS("with sequence parallelism the sequence length T = 5 must "
-                                    "divide over the 2 tensor-parallel ranks"));
+  auto results = run_ranks(3, [](RankContext& ctx) {
+    const parallel::DeviceMesh mesh = tp_mesh(ctx.gloo());
+    manual_seed(1);
+    std::string heads, vocab, sequence;
+    try {
+      GPT gpt(tiny(4, 12));  // 4 heads over 3 ranks
+      models::parallelize_gpt(gpt, mesh, false);
+    } catch (const Error& e) {
+      heads = e.what();
+    }
+    try {
+      GPTConfig c = tiny(3, 12);
+      c.vocab_size = 25;
+      GPT gpt(c);
+      models::parallelize_gpt(gpt, mesh, false);
+    } catch (const Error& e) {
+      vocab = e.what();
+    }
+    try {
+      GPT gpt(tiny(3, 12));
+      models::parallelize_gpt(gpt, mesh, true);
+      gpt.forward(randint(0, 24, {2, 5}));
+    } catch (const Error& e) {
+      sequence = e.what();
+    }
+    ctx.report("heads", heads);
+    ctx.report("vocab", vocab);
+    ctx.report("sequence", sequence);
+  });
+  INFO(describe(results));
+  for (const RankResult& r : results) {
+    REQUIRE(r.ok());
+    CHECK_THAT(r.text("heads"), MG_CONTAINS("parallelize_gpt: n_head (attention is split by heads) = 4 is not "
+                                            "divisible by the tensor-parallel size 3"));
+    CHECK_THAT(r.text("vocab"), MG_CONTAINS("vocab_size (the embedding and the logits are split by vocabulary; "
+                                            "choose a multiple, as nanoGPT pads 50257 to 50304) = 25 is not "
+                                            "divisible by the tensor-parallel size 3"));
+    CHECK_THAT(r.text("vocab"), MG_CONTAINS("minigrad refuses uneven shards rather than padding them"));
+    CHECK_THAT(r.text("sequence"), MG_CONTAINS("the sequence length T = 5"));
+    CHECK_THAT(r.text("sequence"), MG_CONTAINS("sequence parallelism needs T to be a multiple of 3"));
   }
 }
 

@@ -1,5 +1,8 @@
 #include <minigrad/parallel/tensor_parallel/group.h>
 
+#include <map>
+#include <mutex>
+
 #include <minigrad/core/ops.h>
 #include <minigrad/core/profiler.h>
 #include <minigrad/parallel/c10d/process_group.h>
@@ -143,7 +146,16 @@ TensorParallelGroupPtr tensor_parallel_group(std::shared_ptr<ProcessGroup> proce
   MG_CHECK(process_group != nullptr,
            "tensor_parallel_group: the process group is null (is this rank outside the group "
            "that new_group made?)");
-  return std::make_shared<ProcessGroupTensorParallel>(std::move(process_group));
+  // One view per process group while it is in use, so that everything talking over it
+  // (a plan's layers, the loss, the partial sums) counts into one stats().
+  static std::mutex mutex;
+  static std::map<const ProcessGroup*, std::weak_ptr<TensorParallelGroup>> views;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (auto it = views.begin(); it != views.end();) it = it->second.expired() ? views.erase(it) : std::next(it);
+  if (auto view = views[process_group.get()].lock()) return view;
+  auto view = std::make_shared<ProcessGroupTensorParallel>(process_group);
+  views[process_group.get()] = view;
+  return view;
 }
 
 }  // namespace mg::parallel

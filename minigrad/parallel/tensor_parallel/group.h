@@ -85,7 +85,8 @@ using TensorParallelGroupPtr = std::shared_ptr<TensorParallelGroup>;
 
 // This process's rank of `process_group` as a tensor-parallel group: its collectives are
 // the process group's allreduce and all_gather, waited for at once (the next layer needs
-// the result). Gloo and NCCL alike. Float64, which process groups do not reduce, travels as the
+// the result). One view per process group while any holder keeps it: every caller over
+// the same group shares its stats(). Gloo and NCCL alike. Float64, which process groups do not reduce, travels as the
 // bits of int64 (all-gathered, then summed on every rank in rank order).
 TensorParallelGroupPtr tensor_parallel_group(std::shared_ptr<ProcessGroup> process_group);
 

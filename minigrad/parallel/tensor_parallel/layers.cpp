@@ -6,6 +6,8 @@
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/fault_injection.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/parallel/placement.h>
+#include <minigrad/parallel/tensor_parallel/activation_layout.h>
 #include <minigrad/parallel/tensor_parallel/functions.h>
 #include <minigrad/parallel/tensor_parallel/sequence_parallel.h>
 
@@ -43,19 +45,30 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_feat
 
 ColumnParallelLinear::ColumnParallelLinear(const Linear& full,
                                            parallel::TensorParallelGroupPtr group,
-                                           bool gather_output)
+                                           bool gather_output, int64_t stride)
     : Cloneable<ColumnParallelLinear>("ColumnParallelLinear"),
       in_features_(full.in_features()),
       out_features_(full.out_features()),
       has_bias_(full.has_bias()),
       gather_output_(gather_output),
+      stride_(stride),
       group_(checked(group, "ColumnParallelLinear")) {
-  const int64_t part =
-      parallel::shard_size(out_features_, group_->size(), "ColumnParallelLinear: out_features");
-  const int64_t start = group_->rank() * part;
-  register_parameter("weight", shard_of(full.parameter("weight"), 0, start, part, group_->device()));
-  if (has_bias_)
-    register_parameter("bias", shard_of(full.parameter("bias"), 0, start, part, group_->device()));
+  MG_CHECK(stride_ >= 1 && out_features_ % stride_ == 0,
+           "ColumnParallelLinear: out_features {} is not {} blocks of equal size (stride {})", out_features_, stride_,
+           stride_);
+  parallel::shard_size(out_features_ / stride_, group_->size(),
+                       stride_ == 1 ? "ColumnParallelLinear: out_features"
+                                    : "ColumnParallelLinear: out_features / stride (each block's rows)");
+  MG_CHECK(stride_ == 1 || !gather_output_,
+           "ColumnParallelLinear: gather_output with stride {} would interleave the blocks' parts", stride_);
+  const parallel::Placement rows = parallel::Placement::shard(0, stride_);
+  auto shard = [&](const Tensor& t) {
+    NoGradGuard no_grad;
+    Tensor part = ops::clone(parallel::shard_tensor(t, rows, group_->rank(), group_->size()));
+    return part.device() == group_->device() ? part : ops::copy_to(part, group_->device());
+  };
+  register_parameter("weight", shard(full.parameter("weight")));
+  if (has_bias_) register_parameter("bias", shard(full.parameter("bias")));
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& input) {
@@ -64,19 +77,21 @@ Tensor ColumnParallelLinear::forward(const Tensor& input) {
            in_features_, out_features_, in_features_,
            input.defined() ? input.shape().str() : "undefined", group_->describe());
   // f: the whole input on every rank; its gradient is the sum of the ranks' parts. With
-  // sequence parallelism the whole input is first gathered from the ranks' positions.
-  const Tensor x = sequence_parallel_ ? parallel::gather_from_sequence_parallel(input, group_)
-                                      : parallel::copy_to_parallel(input, group_);
+  // sequence parallelism the whole input is first gathered from the ranks' positions. An
+  // input a style has made whole already carries that sum in its own backward.
+  const Tensor x = parallel::is_made_whole_for(input, *group_)  ? input
+                   : sequence_parallel_ ? parallel::gather_from_sequence_parallel(input, group_)
+                                        : parallel::copy_to_parallel(input, group_);
   const Tensor y = linear(x, weight(), has_bias_ ? bias() : Tensor());  // [.., out/n]
   return gather_output_ ? parallel::gather_from_parallel(y, group_) : y;
 }
 
 std::string ColumnParallelLinear::extra_repr() const {
-  return fmt::format("in_features={}, out_features={} ({} per rank), bias={}, "
+  return fmt::format("in_features={}, out_features={} ({} per rank{}), bias={}, "
                      "gather_output={}, rank {} of {}",
                      in_features_, out_features_, out_features_ / group_->size(),
-                     python_bool(has_bias_), python_bool(gather_output_), group_->rank(),
-                     group_->size());
+                     stride_ == 1 ? "" : fmt::format(", {} blocks", stride_), python_bool(has_bias_),
+                     python_bool(gather_output_), group_->rank(), group_->size());
 }
 
 // ---- RowParallelLinear: y = sum_r x_r W_r^T + b, W_r the columns r*in/n .. of W ----

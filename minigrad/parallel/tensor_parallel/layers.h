@@ -41,9 +41,11 @@ class ColumnParallelLinear : public Cloneable<ColumnParallelLinear> {
   ColumnParallelLinear(int64_t in_features, int64_t out_features,
                        parallel::TensorParallelGroupPtr group, bool gather_output = false,
                        bool bias = true);
-  // Rank group->rank()'s shard of an existing layer.
+  // Rank group->rank()'s shard of an existing layer. stride > 1: the output features are
+  // `stride` blocks side by side (c_attn's q, k and v: 3), and the rank holds its part of
+  // each block, stacked (Megatron's partition_stride; placement.h's Shard(0, stride)).
   ColumnParallelLinear(const Linear& full, parallel::TensorParallelGroupPtr group,
-                       bool gather_output = false);
+                       bool gather_output = false, int64_t stride = 1);
 
   Tensor forward(const Tensor& input) override;
   std::string extra_repr() const override;
@@ -56,15 +58,18 @@ class ColumnParallelLinear : public Cloneable<ColumnParallelLinear> {
   int64_t out_features_per_rank() const { return out_features_ / group_->size(); }
   bool gather_output() const { return gather_output_; }
   const parallel::TensorParallelGroupPtr& group() const { return group_; }
+  int64_t stride() const { return stride_; }
   // Sequence parallelism (sequence_parallel.h): the input is this rank's positions
   // [B, T/n, in], all-gathered along T before the product in place of copy_to_parallel.
-  // Off by default.
+  // Off by default. An input a style has already made whole (activation_layout.h: marked
+  // Replicate over this group) is taken as it is: its gradient's sum is that style's.
   void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
   bool sequence_parallel() const { return sequence_parallel_; }
 
  private:
   int64_t in_features_, out_features_;
   bool has_bias_, gather_output_;
+  int64_t stride_ = 1;
   parallel::TensorParallelGroupPtr group_;
   bool sequence_parallel_ = false;
 };

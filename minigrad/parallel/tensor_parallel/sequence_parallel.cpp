@@ -59,4 +59,19 @@ Tensor reduce_scatter_to_sequence_parallel(const Tensor& x, const TensorParallel
   return out;
 }
 
+Tensor scatter_to_sequence_parallel(const Tensor& x, const TensorParallelGroupPtr& group) {
+  check_input(group, x, "scatter_to_sequence_parallel");
+  if (group->size() == 1) return x;
+  const int64_t n = group->size();
+  MG_CHECK(x.size(1) % n == 0,
+           "scatter_to_sequence_parallel: the sequence length T = {} (shape {}) does not divide over the {} ranks "
+           "of the tensor-parallel group", x.size(1), x.shape(), n);
+  const int64_t part = x.size(1) / n;
+  Tensor out = ops::contiguous(ops::narrow(x, 1, group->rank() * part, part));
+  record_function("ScatterToSequenceParallelBackward", {x}, {out}, [group](const BackwardArgs& g) {
+    return std::vector<Tensor>{all_gather_seq(g.grad(), *group)};
+  });
+  return out;
+}
+
 }  // namespace mg::parallel

@@ -5,6 +5,7 @@
 //   function                              forward                   backward
 //   gather_from_sequence_parallel         all-gather along T        reduce-scatter along T
 //   reduce_scatter_to_sequence_parallel   reduce-scatter along T    all-gather along T
+//   scatter_to_sequence_parallel          keep this rank's T/n      all-gather along T
 //
 // Between two transformer blocks' column and row layers the activations are the same on
 // every tensor-parallel rank (replicated), so LayerNorm, dropout and the residual adds
@@ -29,6 +30,10 @@ namespace mg::parallel {
 
 // x [B, T/n, ...] -> [B, T, ...]
 Tensor gather_from_sequence_parallel(const Tensor& x, const TensorParallelGroupPtr& group);
+// x [B, T, ...] (the same on every rank) -> this rank's positions [B, T/n, ...]; backward
+// all-gathers the ranks' gradients along T (Megatron's scatter_to_sequence_parallel_region:
+// where a replicated activation enters a sequence-parallel region).
+Tensor scatter_to_sequence_parallel(const Tensor& x, const TensorParallelGroupPtr& group);
 // x [B, T, ...] (a partial sum on each rank) -> this rank's positions of the sum [B, T/n, ...]
 Tensor reduce_scatter_to_sequence_parallel(const Tensor& x, const TensorParallelGroupPtr& group);
 

@@ -41,7 +41,7 @@ void run_ranks(InProcessGroup& group, const std::function<void(size_t)>& body) {
 
 // One rank's piece of the region's input.
 Tensor piece_of(const Tensor& input, Placement placement, int rank, int size) {
-  if (placement == Placement::Replicate) return input;
+  if (placement.is_replicate()) return input;
   MG_CHECK(input.dim() >= 1,
            "TensorParallel: a Shard input is split along its last dimension, but it has shape {}",
            input.shape());
@@ -53,7 +53,7 @@ Tensor piece_of(const Tensor& input, Placement placement, int rank, int size) {
 // The ranks' outputs as one tensor on `device`: rank 0's (Replicate) or all of them side
 // by side along the last dimension (Shard).
 Tensor assemble(const std::vector<Tensor>& outputs, Placement placement, Device device) {
-  if (placement == Placement::Replicate) {
+  if (placement.is_replicate()) {
     const Tensor& y = outputs[0];
     return y.device() == device ? y.detach() : copy_to_device(y, device);
   }
@@ -93,7 +93,7 @@ class TensorParallelBackward final : public Node {
       const RankState& s = ranks_[r];
       const Device device = group_->devices()[r];
       Tensor piece = grad;
-      if (output_placement_ == Placement::Shard) {
+      if (output_placement_.is_shard()) {
         const int64_t width = s.output.size(-1);
         piece = ops::narrow(grad, grad.dim() - 1, offset, width);
         offset += width;
@@ -133,7 +133,7 @@ class TensorParallelBackward final : public Node {
       s.input.set_grad(Tensor());
       parts.push_back(g);
     }
-    if (input_placement_ == Placement::Replicate)
+    if (input_placement_.is_replicate())
       return parts[0].device() == input_device_ ? parts[0] : copy_to_device(parts[0], input_device_);
     return comm::gather(parts, input_device_, parts[0].dim() - 1);
   }

@@ -27,11 +27,10 @@
 #include <vector>
 
 #include <minigrad/nn/layers.h>
+#include <minigrad/parallel/placement.h>
 #include <minigrad/parallel/tensor_parallel/in_process_group.h>
 
 namespace mg::parallel {
-
-enum class Placement { Replicate, Shard };
 
 // shards[r]->forward(rank r's part of input) for every rank of `group` at once, each on
 // a thread of its own with devices()[r] current. Returns the ranks' outputs put together
@@ -40,8 +39,8 @@ enum class Placement { Replicate, Shard };
 // their collectives (InProcessGroup::abort) rather than left waiting.
 Tensor tensor_parallel_apply(const std::vector<nn::ModulePtr>& shards,
                              const InProcessGroupPtr& group, const Tensor& input,
-                             Placement input_placement = Placement::Replicate,
-                             Placement output_placement = Placement::Replicate,
+                             Placement input_placement = Placement::replicate(),
+                             Placement output_placement = Placement::replicate(),
                              std::optional<Device> output_device = std::nullopt);
 
 class TensorParallel : public nn::Cloneable<TensorParallel> {

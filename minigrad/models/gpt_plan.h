@@ -1,0 +1,36 @@
+// How the GPT (gpt.h) is split: its plans, beside the model, naming its modules. Everything
+// else of every split is generic (parallel/parallelize.h and the forms' own code).
+//
+//   tensor parallelism (Megatron's recipe, as torchtitan's apply_tp says it for Llama):
+//     transformer.wte       RowwiseParallel: the vocabulary's rows (an Embedding's rows)
+//     h.*.attn.c_attn       ColwiseParallel, stride 3: the q, k and v rows of this rank's heads
+//     h.*.attn.attn_dropout ShardedDropout: the attention of a rank's heads, its own masks
+//     h.*.attn.c_proj       RowwiseParallel: the columns of this rank's heads, all-reduced
+//     h.*.mlp.c_fc          ColwiseParallel, then GELU on the slice
+//     h.*.mlp.c_proj        RowwiseParallel, all-reduced
+//     lm_head               ColwiseParallel: wte's rows again (tied: the same tensor); the
+//                           logits stay Shard(-1), the loss is vocabulary-parallel
+//                           (parallel::LossParallel)
+//   with sequence parallelism the residual stream is Shard(1) (each rank its positions):
+//   the column layers gather it, the row layers reduce-scatter into it, and the modules
+//   on it (wpe at the rank's positions, drop, ln_*, the residual dropouts, ln_f) run
+//   SequenceParallel.
+//
+//   context parallelism: every block's attention through ring attention, wpe at the rank's
+//   chunks' positions.
+#pragma once
+
+#include <minigrad/models/gpt.h>
+#include <minigrad/parallel/c10d/device_mesh.h>
+#include <minigrad/parallel/parallelize.h>
+
+namespace mg::models {
+
+parallel::ParallelPlan gpt_tensor_parallel_plan(bool sequence_parallel);
+parallel::ParallelPlan gpt_context_parallel_plan();
+
+// The mesh's cp plan (cp > 1), then its tp plan (tp > 1), applied to `gpt` in place.
+void parallelize_gpt(GPT& gpt, const parallel::DeviceMesh& mesh, bool sequence_parallel,
+                     parallel::ParallelizeOptions options = {});
+
+}  // namespace mg::models
