@@ -18,13 +18,16 @@
 #include <minigrad/minigrad.h>
 #include <minigrad/models/gpt.h>
 #include <minigrad/models/gpt_checkpointing.h>
-#include <minigrad/models/gpt_context_parallel.h>
 #include <minigrad/models/gpt_mesh_pipeline.h>
 #include <minigrad/models/gpt_pipeline.h>
+#include <minigrad/models/gpt_plan.h>
 #include <minigrad/models/gpt_tensor_parallel.h>
 #include <minigrad/parallel/context_parallel/context_parallel_loss.h>
 #include <minigrad/parallel/context_parallel/ring_attention.h>
 #include <minigrad/parallel/context_parallel/sequence_layout.h>
+#include <minigrad/parallel/loss_parallel.h>
+#include <minigrad/parallel/partial_gradients.h>
+#include <minigrad/parallel/placement.h>
 #include <minigrad/parallel/sharded/gpt_fsdp.h>
 #include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
 #include <minigrad/parallel/sharded/sharded_grad_norm.h>
@@ -219,6 +222,27 @@ void report_gpt_shards(StepReport& s, const std::string& holder, const Model& mo
   }
 }
 
+// A rank's parameters as their placements cut them from the plain module's (found by
+// name in `plain`): whole where nothing split them, else the elements local_part takes
+// (found by letting it take them from a tensor of the elements' numbers).
+void report_placed(StepReport& s, const std::string& holder, const std::vector<nn::NamedTensor>& params,
+                   const std::vector<nn::NamedTensor>& plain, bool grad) {
+  for (const auto& [name, p] : params) {
+    Piece piece;
+    piece.holder = holder;
+    piece.param = index_of(plain, name);
+    if (const parallel::ParameterSpec* spec = parallel::spec_of(p)) {
+      const Tensor numbers = arange(static_cast<double>(spec->pieces[0].shape.numel()), DType::Float64)
+                                 .reshape(spec->pieces[0].shape);
+      piece.cut.kind = CutKind::Elements;
+      for (double v : values_of(parallel::local_part(spec->pieces[0], numbers)))
+        piece.cut.elements.push_back(static_cast<int64_t>(v));
+    }
+    piece.values = values_of(grad ? p.grad() : p);
+    s.pieces.push_back(std::move(piece));
+  }
+}
+
 // ---- the training loop every form runs (the plain module runs it too) ----
 
 // What differs between forms: one micro-step (forward and backward of `b`, whose loss is
@@ -373,6 +397,19 @@ void clip_tensor_parallel(const std::vector<Tensor>& counted, const std::vector<
     if (p.grad().defined()) Tensor(p.grad()).mul_(coef);
 }
 
+// clip_grad_norm_ of the whole model's gradient from every rank's parameters, each element
+// counted once as the placements say (the copies a dimension replicates, on its rank 0).
+void clip_placed(const std::vector<Tensor>& params, const std::shared_ptr<parallel::ProcessGroup>& world) {
+  std::vector<Tensor> counted, copies;
+  for (const Tensor& p : params) {
+    const parallel::ParameterSpec* spec = parallel::spec_of(p);
+    (spec == nullptr || spec->pieces[0].counted_here() ? counted : copies).push_back(p);
+  }
+  clip_tensor_parallel(counted, copies, [world](Tensor& partial, nn::utils::NormReduction) {
+    world->allreduce(partial, parallel::ReduceOp::Sum)->wait();
+  });
+}
+
 Report run_tensor_parallel(const Config& c) {
   auto plain = make_model(c);
   const auto kinds = mg::testing::shard_kinds(*plain);
@@ -444,7 +481,6 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
   std::optional<parallel::DeviceMesh> mesh;
   std::unique_ptr<parallel::PipelineStage> stage;
   nn::ModulePtr shard;  // tensor parallelism: this rank's
-  std::shared_ptr<models::TensorParallelGPT> gpt_tp;  // the GPT's tensor parallelism: this rank's
   std::unique_ptr<models::GPTPipeline> gpt_pipeline;  // the GPT's pipeline: this rank's stage
   std::shared_ptr<models::GPTMeshPipeline> gpt_mesh;  // the GPT's 4-D mesh: this rank's part
   const auto kinds = mlp ? mg::testing::shard_kinds(*mlp) : std::vector<mg::testing::ShardKind>{};
@@ -603,17 +639,18 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
         tp_size = c.degree2;
       }
       if (gpt) {
-        models::TensorParallelGPTOptions options;
-        options.sequence_parallel = c.sequence_parallel;
-        gpt_tp = c.cp > 1 ? models::parallelize_gpt(*gpt, *mesh, options)  // ring attention over cp too
-                          : std::make_shared<models::TensorParallelGPT>(*gpt, parallel::tensor_parallel_group(tp_group),
-                                                                        options);
-        shard = gpt_tp;
-        // The vocabulary-parallel loss over this rank's logits; with sequence parallelism
-        // the replicated parameters' gradients summed over tp after each backward.
-        loss_of = [&gpt_tp](const Tensor& out, const Tensor& y) { return gpt_tp->loss(out, y); };
-        after_backward = [&gpt_tp](bool last) {
-          if (last) gpt_tp->finish_gradients();  // once: the sum of the accumulated gradients
+        // The GPT's plans (models/gpt_plan.h): cp's (ring attention) and tp's, in place.
+        if (!mesh) mesh.emplace(world, std::vector<parallel::MeshDim>{{"tp", n}});
+        models::parallelize_gpt(*gpt, *mesh, c.sequence_parallel);
+        shard = gpt;
+        // The vocabulary- (and context-) parallel loss of this rank's logits; the partial
+        // gradients (sequence parallelism's, cp's) summed after the last micro-step.
+        loss_of = [&c, &mesh](const Tensor& out, const Tensor& y) {
+          parallel::LossParallel loss_parallel(*mesh);
+          return model_loss(c, out, y);
+        };
+        after_backward = [&gpt](bool last) {
+          if (last) parallel::reduce_partial_gradients(gpt->parameters());  // once: the accumulated sum
         };
       } else {
         shard = parallel::parallelize_mlp(*mlp, parallel::tensor_parallel_group(tp_group));
@@ -625,28 +662,29 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
         data_parallel_rows_and_weights(t, mesh->dp_rank(), mesh->dp_size());
         share = 1.0 / (mesh->dp_size() * c.cp * tp_size);
         if (c.cp > 1)  // the dp rank's rows, then this cp rank's two chunks of each
-          t.my_rows = [&gpt_tp, dp_rows = t.my_rows](const Batch& b, int step) {
+          t.my_rows = [&mesh, dp_rows = t.my_rows](const Batch& b, int step) {
             const Batch mine = dp_rows(b, step);
-            return Batch{gpt_tp->local_sequence(mine.x), gpt_tp->local_sequence(mine.y)};
+            const int cp_rank = mesh->rank("cp"), cp = mesh->size("cp");
+            return Batch{parallel::context_parallel::shard_sequence(mine.x, cp_rank, cp),
+                         parallel::context_parallel::shard_sequence(mine.y, cp_rank, cp)};
           };
       } else {
         share = 1.0 / tp_size;  // every rank computes the whole loss
       }
       opt = make_optimizer(c, shard->parameters());
       t.clip = [&, tp_group, tp_rank] {
+        if (gpt) return clip_placed(shard->parameters(), world);
         std::vector<Tensor> counted, copies;
         const auto params = shard->named_parameters();
-        for (size_t k = 0; k < params.size(); ++k) {
-          const bool whole = gpt ? models::TensorParallelGPT::is_replicated(params[k].first)
-                                 : kinds[k] == mg::testing::ShardKind::Whole;
-          (whole && tp_rank > 0 ? copies : counted).push_back(params[k].second);
-        }
+        for (size_t k = 0; k < params.size(); ++k)
+          (kinds[k] == mg::testing::ShardKind::Whole && tp_rank > 0 ? copies : counted).push_back(params[k].second);
         clip_tensor_parallel(counted, copies, [tp_group](Tensor& partial, nn::utils::NormReduction) {
           tp_group->allreduce(partial, parallel::ReduceOp::Sum)->wait();
         });
       };
-      t.report = [&, tp_rank, tp_size](StepReport& s, bool grad) {
-        if (gpt_tp) return report_gpt_shards(s, me, *gpt_tp, gpt->named_parameters(), grad);
+      t.report = [&, tp_rank, tp_size, plain = gpt ? gpt->named_parameters() : std::vector<nn::NamedTensor>{}](
+                     StepReport& s, bool grad) {
+        if (gpt) return report_placed(s, me, gpt->named_parameters(), plain, grad);
         report_tensor_parallel(s, me, *shard, kinds, tp_rank, tp_size, grad);
       };
       break;
@@ -658,19 +696,20 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       // are summed over the group after backward.
       MG_CHECK(gpt, "parity: context parallelism splits the GPT's sequence, not the {}'s", c.model);
       namespace cp = parallel::context_parallel;
-      models::set_attention_function(*gpt, cp::ring_attention_function(world));
+      parallel::parallelize_module(*gpt, world, models::gpt_context_parallel_plan());
       t.my_rows = [rank, n](const Batch& b, int) {
         return Batch{cp::shard_sequence(b.x, rank, n), cp::shard_sequence(b.y, rank, n)};
       };
-      const Tensor positions = cp::sequence_positions(kGptT, rank, n);
       share = 1.0 / n;  // every rank computes the whole loss
       opt = make_optimizer(c, gpt->parameters());
-      t.micro_step = [&, positions](const Batch& b, double w, bool last) {
-        const Tensor loss = mul(cp::context_parallel_cross_entropy(
-                                    models::forward_at_positions(*gpt, b.x, positions), b.y, *world),
-                                w);
+      t.micro_step = [&](const Batch& b, double w, bool last) {
+        Tensor loss;
+        {
+          parallel::LossParallel loss_parallel(nullptr, world);  // the mean over the whole sequences
+          loss = mul(model_loss(c, gpt->forward(b.x), b.y), w);
+        }
         loss.backward();
-        if (last) cp::all_reduce_gradients(gpt->parameters(), *world);  // once, the accumulated sum
+        if (last) parallel::reduce_partial_gradients(gpt->parameters());  // once, the accumulated sum
         return scalar(loss) * share;
       };
       t.clip = [&] { nn::utils::clip_grad_norm_(gpt->parameters(), kMaxNorm); };

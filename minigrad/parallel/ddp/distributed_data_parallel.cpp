@@ -4,6 +4,7 @@
 
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/parallel/c10d/same_model.h>
+#include <minigrad/parallel/placement.h>
 
 namespace mg::parallel {
 
@@ -31,6 +32,11 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module,
     if (!p.requires_grad() || !seen.insert(p.impl()).second) continue;
     params.push_back(p);
     names.push_back(name);
+    // Every dp rank holds it whole; DDP itself averages the gradients (not Partial).
+    const ParameterSpec* spec = spec_of(p);
+    record_placement(p, name, spec ? spec->pieces[0].shape : p.shape(),
+                     DimPlacement{"dp", process_group_, process_group_->rank(), process_group_->size(),
+                                  Placement::replicate(), false});
   }
 
   // Replicas start equal: same shapes on every rank, then rank 0's values everywhere.
