@@ -26,6 +26,7 @@ std::string_view fault_name(Fault fault) {
     case Fault::CheckpointFreshDropout: return "checkpoint: the recomputed forward draws fresh dropout masks";
     case Fault::PipelineTiedGradNotSummed: return "GPT pipeline: the tied embedding's gradient not summed between first and last stage";
     case Fault::PipelineMicroBatchCountedTwice: return "pipeline: the last micro-batch's loss counted twice";
+    case Fault::ColwiseStrideIgnored: return "plan: ColwiseParallel's stride ignored (c_attn cut as one block)";
   }
   return "unknown";
 }

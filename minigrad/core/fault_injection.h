@@ -71,6 +71,10 @@ enum class Fault {
   // Pipelines: the last micro-batch's loss counted twice, weight 2 rows_j / rows
   // (MicroBatches::weight).
   PipelineMicroBatchCountedTwice,
+  // Plans: ColwiseParallel's stride ignored, so c_attn's rows are cut as one block (a rank
+  // takes q and part of k, not the q, k and v rows of its heads), while its placement still
+  // says stride 3 (ColumnParallelLinear's constructor).
+  ColwiseStrideIgnored,
 };
 
 // Every fault the parity table catches, in declaration order: all but None.
@@ -82,6 +86,7 @@ inline constexpr Fault kAllFaults[] = {
     Fault::SequenceParallelGradsNotReduced, Fault::RingAttentionFutureBlocksSeen,
     Fault::ContextParallelGradsNotReduced,  Fault::CheckpointFreshDropout,
     Fault::PipelineTiedGradNotSummed,       Fault::PipelineMicroBatchCountedTwice,
+    Fault::ColwiseStrideIgnored,
 };
 
 std::string_view fault_name(Fault fault);

@@ -54,6 +54,7 @@ std::vector<Form> forms_of(Fault fault) {
     case Fault::CheckpointFreshDropout: return {Form::Checkpointed};
     case Fault::PipelineMicroBatchCountedTwice: return {Form::Pipe};
     case Fault::PipelineTiedGradNotSummed: return {Form::PipelineStages, Form::MeshPipeline};
+    case Fault::ColwiseStrideIgnored: return {Form::TensorParallelRanks};
     case Fault::None: break;
   }
   return {};
@@ -264,6 +265,10 @@ TEST_CASE("parity faults: context parallelism's gradients not summed fail a GPT 
 
 TEST_CASE("parity faults: the pipeline's tied embedding gradient not summed fails a GPT row", "[gpt]") {
   require_caught(Fault::PipelineTiedGradNotSummed);
+}
+
+TEST_CASE("parity faults: a plan's stride ignored on c_attn fails a GPT row", "[gpt]") {
+  require_caught(Fault::ColwiseStrideIgnored);
 }
 
 #endif

@@ -61,7 +61,9 @@ ColumnParallelLinear::ColumnParallelLinear(const Linear& full,
                                     : "ColumnParallelLinear: out_features / stride (each block's rows)");
   MG_CHECK(stride_ == 1 || !gather_output_,
            "ColumnParallelLinear: gather_output with stride {} would interleave the blocks' parts", stride_);
-  const parallel::Placement rows = parallel::Placement::shard(0, stride_);
+  // parity fault: the blocks ignored, the rows cut as one block.
+  const parallel::Placement rows =
+      parallel::Placement::shard(0, testing::fault_is_on(testing::Fault::ColwiseStrideIgnored) ? 1 : stride_);
   auto shard = [&](const Tensor& t) {
     NoGradGuard no_grad;
     Tensor part = ops::clone(parallel::shard_tensor(t, rows, group_->rank(), group_->size()));
