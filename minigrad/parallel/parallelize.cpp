@@ -70,6 +70,7 @@ DimPlacement ParallelContext::placement(Placement p, bool partial_gradient) cons
 }
 
 bool module_name_matches(const std::string& pattern, const std::string& name) {
+  if (name.empty() || pattern.empty()) return name == pattern;  // "" is the root, and only "" names it
   return fnmatch(slashes(pattern).c_str(), slashes(name).c_str(), FNM_PATHNAME) == 0;
 }
 
@@ -121,9 +122,9 @@ void parallelize_module(nn::Module& model, std::shared_ptr<ProcessGroup> group, 
         const ParameterSpec *first = spec_of(tied->second), *second = spec_of(now);
         MG_CHECK(tied->second.shape() == now.shape() && first && second &&
                      first->pieces[0].placements.back().placement == second->pieces[0].placements.back().placement,
-                 "parallelize_module: '{}' is tied to a parameter {} split as {}, and {} splits it as {}",
-                 joined(name, local), style->str(), first ? first->pieces[0].str() : "unplaced", style->str(),
-                 second ? second->pieces[0].str() : "unplaced");
+                 "parallelize_module: '{}' is tied to a parameter split as {}, and {} splits it as {}",
+                 joined(name, local), first ? first->pieces[0].str() : "nothing", style->str(),
+                 second ? second->pieces[0].str() : "nothing");
         model.set_parameter(joined(name, local), tied->second);
       }
     }

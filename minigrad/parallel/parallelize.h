@@ -14,7 +14,7 @@
 // pre/post hooks that move an activation between layouts), and records on every parameter
 // it splits what this rank holds of the single-device tensor (placement.h). Patterns are
 // dotted module names whose parts may hold '*' (one part: "h.*.attn" matches "h.0.attn",
-// not "h.0.x.attn"); every pattern must name at least one module.
+// not "h.0.x.attn"; "" is the root); every pattern must name at least one module.
 //
 // After the styles, every parameter the plan did not place on its dimension is recorded
 // Replicate there: under tp every rank holds it whole (each rank's copy counted once by the
