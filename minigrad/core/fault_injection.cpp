@@ -27,6 +27,7 @@ std::string_view fault_name(Fault fault) {
     case Fault::PipelineTiedGradNotSummed: return "GPT pipeline: the tied embedding's gradient not summed between first and last stage";
     case Fault::PipelineMicroBatchCountedTwice: return "pipeline: the last micro-batch's loss counted twice";
     case Fault::ColwiseStrideIgnored: return "plan: ColwiseParallel's stride ignored (c_attn cut as one block)";
+    case Fault::PlacementReplicateWhereSharded: return "placements: a sharded weight recorded as Replicate (the clip's norm)";
   }
   return "unknown";
 }

@@ -75,6 +75,10 @@ enum class Fault {
   // takes q and part of k, not the q, k and v rows of its heads), while its placement still
   // says stride 3 (ColumnParallelLinear's constructor).
   ColwiseStrideIgnored,
+  // Placements: ColumnParallelLinear records its weight's shard as a Replicate of a weight of
+  // the shard's shape, so the readers of placements take rank 0's rows for the whole: the
+  // distributed clip's norm leaves the other ranks' rows out (the MLP's tensor-parallel rows).
+  PlacementReplicateWhereSharded,
 };
 
 // Every fault the parity table catches, in declaration order: all but None.
@@ -86,7 +90,7 @@ inline constexpr Fault kAllFaults[] = {
     Fault::SequenceParallelGradsNotReduced, Fault::RingAttentionFutureBlocksSeen,
     Fault::ContextParallelGradsNotReduced,  Fault::CheckpointFreshDropout,
     Fault::PipelineTiedGradNotSummed,       Fault::PipelineMicroBatchCountedTwice,
-    Fault::ColwiseStrideIgnored,
+    Fault::ColwiseStrideIgnored,            Fault::PlacementReplicateWhereSharded,
 };
 
 std::string_view fault_name(Fault fault);

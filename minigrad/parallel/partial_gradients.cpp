@@ -2,15 +2,18 @@
 
 #include <algorithm>
 #include <map>
+#include <string>
+#include <tuple>
 
-#include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/fault_injection.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/parallel/c10d/process_group.h>
 #include <minigrad/parallel/placement.h>
 #include <minigrad/parallel/tensor_parallel/group.h>
 
 namespace mg::parallel {
+
 namespace {
 
 int order_of(const std::string& dim) {
@@ -26,43 +29,79 @@ bool skipped_by_fault(const std::string& dim) {
          (dim == "tied" && testing::fault_is_on(Fault::PipelineTiedGradNotSummed));
 }
 
+// The gradients partial over one group, in the order they were found.
+struct Bucket {
+  std::string dim;
+  std::shared_ptr<ProcessGroup> group;
+  size_t first = 0;            // the order of its first gradient, to break ties
+  std::vector<Tensor> values;  // views of the gradients (whole, or a flat shard's ranges)
+};
+
+// Sums `values` (one dtype) over `group` through one flat buffer.
+void sum_coalesced(const std::vector<Tensor>& values, const std::shared_ptr<ProcessGroup>& group) {
+  int64_t numel = 0;
+  for (const Tensor& v : values) numel += v.numel();
+  Tensor flat = empty(Shape{numel}, values.front().dtype(), group->device());
+  int64_t at = 0;
+  for (const Tensor& v : values) {
+    ops::copy_(ops::view(ops::narrow(flat, 0, at, v.numel()), v.shape()), v);
+    at += v.numel();
+  }
+  const Tensor sum = tensor_parallel_group(group)->all_reduce(flat);
+  at = 0;
+  for (const Tensor& v : values) {
+    ops::copy_(v, ops::view(ops::narrow(sum, 0, at, v.numel()), v.shape()));
+    at += v.numel();
+  }
+}
+
 }  // namespace
 
-void reduce_partial_gradients(const std::vector<Tensor>& parameters) {
-  // The parameters Partial on each (dimension, group), in the parameters' order.
-  using Key = std::pair<int, std::string>;
-  std::map<Key, std::pair<std::shared_ptr<ProcessGroup>, std::vector<Tensor>>> partial;
-  for (const Tensor& p : parameters) {
+int reduce_partial_gradients(const std::vector<Tensor>& parameters) {
+  NoGradGuard no_grad;
+  std::vector<Bucket> buckets;
+  size_t found = 0;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const Tensor& p = parameters[i];
+    MG_CHECK(p.defined(), "reduce_partial_gradients: parameter {} is an undefined tensor", i);
     const ParameterSpec* spec = spec_of(p);
     if (spec == nullptr) continue;
-    for (const DimPlacement& d : spec->pieces[0].placements) {
-      if (!d.partial_gradient || d.size == 1) continue;
-      MG_CHECK(d.group != nullptr, "reduce_partial_gradients: {} is Partial on {} but has no process group",
-               spec->pieces[0].name, d.dim);
-      auto& [group, tensors] = partial[{order_of(d.dim), d.dim}];
-      MG_CHECK(group == nullptr || group == d.group,
-               "reduce_partial_gradients: parameters Partial on {} name two different groups", d.dim);
-      group = d.group;
-      tensors.push_back(p);
+    for (const ParameterPiece& piece : spec->pieces) {
+      for (const DimPlacement& d : piece.placements) {
+        if (!d.partial_gradient || d.size == 1) continue;
+        MG_CHECK(d.group != nullptr,
+                 "reduce_partial_gradients: the gradient of {} is partial over {}, whose ranks have no process "
+                 "group (threads of one process): sum it over them where they meet",
+                 piece.str(), d.dim);
+        // No gradient here (nothing of it was used on this rank): zeros take part.
+        if (!p.grad().defined()) p.set_grad(zeros(p.shape(), p.dtype(), p.device()));
+        auto it = std::find_if(buckets.begin(), buckets.end(),
+                               [&](const Bucket& b) { return b.dim == d.dim && b.group == d.group; });
+        if (it == buckets.end()) it = buckets.insert(buckets.end(), Bucket{d.dim, d.group, found, {}});
+        it->values.push_back(piece_values(piece, p.grad()));
+        ++found;
+      }
     }
   }
-  NoGradGuard no_grad;
-  for (auto& [key, entry] : partial) {
-    if (skipped_by_fault(key.second)) continue;  // parity faults: the sum left out
-    auto& [group, tensors] = entry;
-    std::vector<Tensor> flat;
-    for (const Tensor& p : tensors) {
-      if (!p.grad().defined()) p.set_grad(zeros_like(p));
-      flat.push_back(ops::view(ops::contiguous(p.grad()), Shape{p.numel()}));
+  std::sort(buckets.begin(), buckets.end(), [](const Bucket& a, const Bucket& b) {
+    return std::make_tuple(order_of(a.dim), a.dim, a.first) < std::make_tuple(order_of(b.dim), b.dim, b.first);
+  });
+  int reductions = 0;
+  for (const Bucket& b : buckets) {
+    if (skipped_by_fault(b.dim)) continue;  // parity faults: the sum left out
+    std::map<DType, std::vector<Tensor>> by_dtype;
+    for (const Tensor& v : b.values) {
+      MG_CHECK(v.device() == b.group->device(),
+               "reduce_partial_gradients: a gradient of shape {} is on {}, but the {} group works on {}", v.shape(),
+               v.device(), b.dim, b.group->device());
+      by_dtype[v.dtype()].push_back(v);
     }
-    const Tensor summed = tensor_parallel_group(group)->all_reduce(cat(flat, 0));
-    int64_t at = 0;
-    for (const Tensor& p : tensors) {
-      Tensor g = p.grad();
-      ops::copy_(g, ops::view(ops::narrow(summed, 0, at, p.numel()), g.shape()));
-      at += p.numel();
+    for (const auto& [dtype, values] : by_dtype) {
+      sum_coalesced(values, b.group);
+      ++reductions;
     }
   }
+  return reductions;
 }
 
 }  // namespace mg::parallel

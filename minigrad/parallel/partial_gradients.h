@@ -9,10 +9,16 @@
 //   parallel::reduce_partial_gradients(model->parameters());
 //   optimizer.step();
 //
-// Per dimension (in a fixed order: tied, tp, cp, then any other by name), the gradients
-// Partial there are summed over that dimension's group in one coalesced all-reduce. A
-// parameter without a gradient reduces zeros, so every rank of a group reduces the same
-// list. With gradient accumulation, call it once, after the last micro-step.
+// Coalesced: per (dimension, group, dtype) one all-reduce of a flat buffer of its gradients
+// laid end to end (the whole gradient, or a flat shard's ranges of it: FSDP over a
+// sequence-parallel model). The buffers go in a fixed order every rank agrees on -- tied,
+// tp, cp, then any other dimension by name; within one, as the parameters come -- so every
+// rank of a group must pass the same parameters split alike (the ranks of a tp group hold
+// the same parameters, sharded or replicated). A parameter without a gradient reduces zeros
+// and gets the sum, so every rank of a group reduces the same list. The sums go through the
+// group's tensor-parallel view (tensor_parallel/group.h: counted in its stats; float64 as
+// its bits, added in rank order, the same sum on every rank). With gradient accumulation,
+// call it once, after the last micro-step.
 #pragma once
 
 #include <vector>
@@ -21,6 +27,9 @@
 
 namespace mg::parallel {
 
-void reduce_partial_gradients(const std::vector<Tensor>& parameters);
+// A collective over every group some gradient is Partial on (a dimension of one rank is
+// skipped). mg::Error for a Partial placement without a process group (ranks that are
+// threads of one process), naming the parameter. Returns the number of all-reduces it ran.
+int reduce_partial_gradients(const std::vector<Tensor>& parameters);
 
 }  // namespace mg::parallel

@@ -17,17 +17,41 @@
 // context parallelism, a pipeline's tied copies) until reduce_partial_gradients sums it.
 //
 // Every form records its dimension when it splits (record_placement): the tensor-parallel
-// layers (tp), DDP and ZeRO (dp), FSDP's flat shards, context parallelism (cp), a pipeline's
-// tied copies. Everything that must know the split reads placements, never names: the one
-// distributed clip, the sums of partial gradients, the full state dict gathered into the
-// single-device names and scattered into any other split (parallel/distributed_state.h).
-// A tensor without a spec is a whole single-device parameter that no form has split.
+// layers (tp), DDP and ZeRO (dp), FSDP's and ZeRO's flat shards (FlatParameter::record_spec),
+// context parallelism (cp), a pipeline's tied copies. Everything that must know the split
+// reads placements, never names or module types: the one distributed clip (clip_grad.h),
+// the sums of partial gradients (partial_gradients.h), the full state dict gathered into the
+// single-device names and scattered into any other split (full_state_dict.h,
+// full_optimizer_state.h).
+//
+// Rules every form and every reader keeps:
+//   - A tensor without a spec is a whole single-device parameter that no form has split: it
+//     counts on every rank that holds it (a pipeline stage's own layers). A replica nobody
+//     recorded would count once per rank, so every form that replicates records Replicate
+//     (the tensor-parallel layers' replicated biases, parallelize_mlp's layers left whole,
+//     DDP, ZeRO).
+//   - Names. A layer that splits a parameter does not know where it sits in the model, so it
+//     records an empty name; whoever holds the module tree fills it (name_placements over
+//     named_parameters(): parallelize_mlp does; a plan's styles name what they place). A name
+//     once set is kept: a later record_placement or name_placements never renames a piece.
+//     DDP and FSDP name what nobody named with the wrapped module's names (name_placements
+//     first when those are not the single device's: a pipeline stage's); ZeRO, given plain
+//     tensors, names nothing (its constructor over named parameters names them first). The
+//     readers take named tensors, and a piece whose name is still empty takes the name its
+//     tensor is given with.
+//   - Recording a dimension that the spec already has must agree with it (a layer and the
+//     style that made it both record; DDP over an already replicated module); changing one
+//     is replace_placement's, explicitly.
+//   - A flat shard's pieces keep the placements their parameters had when they were
+//     flattened (FSDP x TP: tp Shard), except the flat range's own dimension: a flat shard is
+//     not replicated over the ranks that split it.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <minigrad/core/shape.h>
@@ -96,28 +120,50 @@ struct ParameterSpec : DistributedSpec {
 // The spec recorded on `t`, or null.
 const ParameterSpec* spec_of(const Tensor& t);
 
-// Appends `placement` to the placements of `t` (the single-device parameter `name` of shape
-// `shape`; a tensor with a spec already keeps its name and shape). The spec is replaced, not
-// changed: a copy of the tensor handle made earlier sees the new one. A dimension placed
-// already is left as it is when the placement agrees. mg::Error when the placement does not
-// fit (a Shard of a dimension that does not divide, a shape other than the tensor's) or
-// disagrees with the one recorded.
+// Appends `placement` to the placements of `t`, the single-device parameter `name` (empty
+// when the caller does not know it) of shape `shape`. A tensor with a spec already keeps its
+// shape and its name (an empty name is filled from `name`). A dimension placed already is
+// left as it is when the placement agrees (a layer and the style that made it both record);
+// one that disagrees is an mg::Error (replace_placement changes one on purpose). The spec is
+// replaced, not changed: a copy of the tensor handle made earlier sees the new one. mg::Error
+// also when the placement does not fit (a Shard of a dimension that does not divide, a
+// result that is not the tensor's shape), naming the parameter, the placement and the shapes.
 void record_placement(const Tensor& t, const std::string& name, const Shape& shape,
                       DimPlacement placement);
+// Changes the placement of a dimension `t` has already (a row layer's bias becoming Partial
+// when sequence parallelism is switched on), or appends it; checked as record_placement.
+void replace_placement(const Tensor& t, DimPlacement placement);
 // Replaces the whole spec of `t` (FSDP and ZeRO: a flat shard's pieces).
 void set_spec(const Tensor& t, std::vector<ParameterPiece> pieces);
+// Records the single-device names: every tensor of `named` (a module's named_parameters(),
+// listed under the single-device model's names) whose spec has no name yet gets the name it
+// is listed under; one without a spec gets a spec of that name and no placements (still
+// whole, now named: FSDP and ZeRO then name its flat pieces so).
+void name_placements(const std::vector<std::pair<std::string, Tensor>>& named);
+
+// What the readers iterate: the pieces `t` holds, its spec's, or for a tensor without one a
+// single whole piece {name, t.shape()}; an empty piece name becomes `name`.
+std::vector<ParameterPiece> pieces_of(const Tensor& t, const std::string& name = "");
+// The elements of `local` (the tensor holding `piece`, or a tensor laid out as it is: its
+// gradient, an optimizer's state of it) that are the piece: `local` itself, or for a flat
+// range a 1-D view of its elements [local_offset, local_offset + numel). Writing into the
+// view writes `local`. mg::Error when the range falls outside.
+Tensor piece_values(const ParameterPiece& piece, const Tensor& local);
 
 // ---- the arithmetic of a placement ----
 // Part `rank` of `size` of `full` under `placement` (a view when it can be one; a copy for
 // a strided shard). Replicate: `full` itself.
 Tensor shard_tensor(const Tensor& full, const Placement& placement, int rank, int size);
 // The shape part `rank` of `size` has: `shape` with the sharded dimension divided.
-Shape sharded_shape(const Shape& shape, const Placement& placement, int size);
+// mg::Error when it does not divide (or names no dimension), naming `what` (a parameter).
+Shape sharded_shape(const Shape& shape, const Placement& placement, int size,
+                    const std::string& what = "");
 // This rank's part of the single-device tensor `full` (of piece.shape): every placement
-// applied in order, then the flat range. A new tensor, on full's device.
+// applied in order, then the flat range. A new contiguous tensor, on full's device.
 Tensor local_part(const ParameterPiece& piece, const Tensor& full);
 // The inverse, for a gather: writes `local` (what local_part gives on the rank that holds
-// `piece`, whose placements name that rank) into its place in `full`, in place.
+// `piece`, whose placements name that rank; any shape with that many elements) into its
+// place in `full`, in place.
 void place_into(Tensor& full, const ParameterPiece& piece, const Tensor& local);
 
 }  // namespace mg::parallel

@@ -77,7 +77,7 @@ int main() {
   ok &= check(pipe->forward(x).shape() == Shape{6, 3}, "Pipe");
   parallel::TensorParallel tp(*mlp(), two_cpus);
   cross_entropy(tp.forward(x), y).backward();
-  const float norm = parallel::clip_grad_norm_(tp, 0.01).item<float>();
+  const float norm = parallel::clip_grad_norm_(tp.parameters(), nullptr, 0.01).item<float>();
   ok &= check(norm > 0.01f, "TensorParallel and its clip_grad_norm_");
 
   // The launcher's environment, as mpirun would set it.

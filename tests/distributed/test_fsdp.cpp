@@ -13,7 +13,7 @@
 #include <minigrad/parallel/c10d/gloo/process_group_gloo.h>
 #include <minigrad/parallel/ddp/distributed_data_parallel.h>
 #include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
-#include <minigrad/parallel/sharded/sharded_grad_norm.h>
+#include <minigrad/parallel/clip_grad.h>
 #include <minigrad/parallel/sharded/sharded_state.h>
 
 using namespace mg;

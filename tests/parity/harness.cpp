@@ -22,6 +22,7 @@
 #include <minigrad/models/gpt_pipeline.h>
 #include <minigrad/models/gpt_plan.h>
 #include <minigrad/models/gpt_tensor_parallel.h>
+#include <minigrad/parallel/clip_grad.h>
 #include <minigrad/parallel/context_parallel/context_parallel_loss.h>
 #include <minigrad/parallel/context_parallel/ring_attention.h>
 #include <minigrad/parallel/context_parallel/sequence_layout.h>
@@ -30,7 +31,6 @@
 #include <minigrad/parallel/placement.h>
 #include <minigrad/parallel/sharded/gpt_fsdp.h>
 #include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
-#include <minigrad/parallel/sharded/sharded_grad_norm.h>
 #include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
 
 #ifdef MINIGRAD_WITH_GLOO
@@ -421,15 +421,8 @@ Report run_tensor_parallel(const Config& c) {
     loss.backward();
     return static_cast<double>(loss.item<float>());
   };
-  t.clip = [&] {
-    std::vector<Tensor> counted, copies;
-    for (int r = 0; r < c.degree; ++r) {
-      const auto params = tp->shard(r)->parameters();
-      for (size_t k = 0; k < params.size(); ++k)
-        (kinds[k] == mg::testing::ShardKind::Whole && r > 0 ? copies : counted).push_back(params[k]);
-    }
-    clip_tensor_parallel(counted, copies, nullptr);
-  };
+  // Every rank's shards are in this process: the clip reads their placements (no group).
+  t.clip = [&] { parallel::clip_grad_norm_(tp->parameters(), nullptr, kMaxNorm); };
   t.optimizer = opt.get();
   t.report = [&](StepReport& s, bool grad) {
     for (int r = 0; r < c.degree; ++r)
@@ -672,15 +665,10 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
         share = 1.0 / tp_size;  // every rank computes the whole loss
       }
       opt = make_optimizer(c, shard->parameters());
-      t.clip = [&, tp_group, tp_rank] {
+      t.clip = [&] {
         if (gpt) return clip_placed(shard->parameters(), world);
-        std::vector<Tensor> counted, copies;
-        const auto params = shard->named_parameters();
-        for (size_t k = 0; k < params.size(); ++k)
-          (kinds[k] == mg::testing::ShardKind::Whole && tp_rank > 0 ? copies : counted).push_back(params[k].second);
-        clip_tensor_parallel(counted, copies, [tp_group](Tensor& partial, nn::utils::NormReduction) {
-          tp_group->allreduce(partial, parallel::ReduceOp::Sum)->wait();
-        });
+        // The MLP's shards clip through their placements: tp, and dp on the mesh.
+        parallel::clip_grad_norm_(shard->parameters(), world, kMaxNorm);
       };
       t.report = [&, tp_rank, tp_size, plain = gpt ? gpt->named_parameters() : std::vector<nn::NamedTensor>{}](
                      StepReport& s, bool grad) {

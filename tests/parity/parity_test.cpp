@@ -55,6 +55,7 @@ std::vector<Form> forms_of(Fault fault) {
     case Fault::PipelineMicroBatchCountedTwice: return {Form::Pipe};
     case Fault::PipelineTiedGradNotSummed: return {Form::PipelineStages, Form::MeshPipeline};
     case Fault::ColwiseStrideIgnored: return {Form::TensorParallelRanks};
+    case Fault::PlacementReplicateWhereSharded: return {Form::TensorParallel, Form::TensorParallelRanks};
     case Fault::None: break;
   }
   return {};
@@ -272,6 +273,10 @@ TEST_CASE("parity faults: a plan's stride ignored on c_attn fails a GPT row", "[
 }
 
 #endif
+
+TEST_CASE("parity faults: a sharded weight recorded as Replicate fails a row (the clip reads placements)") {
+  require_caught(Fault::PlacementReplicateWhereSharded);
+}
 
 TEST_CASE("parity faults: recomputed blocks drawing fresh dropout masks fail a GPT row", "[gpt]") {
   require_caught(Fault::CheckpointFreshDropout);

@@ -41,6 +41,11 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module,
 
   // Replicas start equal: same shapes on every rank, then rank 0's values everywhere.
   sync_module_states(*process_group_, *module_, "DistributedDataParallel");
+  // The buffers, broadcast from rank 0, are replicas too.
+  for (const auto& [name, b] : module_->named_buffers())
+    record_placement(b, name, b.shape(),
+                     DimPlacement{"dp", process_group_, process_group_->rank(), process_group_->size(),
+                                  Placement::replicate(), false});
 
   const char* who = "DistributedDataParallel";
   reducer_ = Reducer::create(std::move(params), std::move(names), process_group_,

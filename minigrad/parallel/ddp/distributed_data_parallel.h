@@ -20,6 +20,10 @@
 //
 // The wrapped module is child "module", so parameter names read "module.<name>" (as in
 // PyTorch); the module's own parameters are the ones trained.
+//
+// Placements (parallel/placement.h): each trained parameter and each buffer is recorded
+// Replicate over "dp" (the process group's ranks), named by the wrapped module's names where
+// nothing named it before. A gradient is not Partial: DDP averages it itself.
 #pragma once
 
 #include <memory>

@@ -6,6 +6,7 @@
 #include <minigrad/core/checked_math.h>
 #include <minigrad/core/fault_injection.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/parallel/placement.h>
 
 namespace mg::parallel {
 
@@ -129,6 +130,28 @@ void FlatParameter::load_shard_from_full(const Tensor& flat) {
            layout_.padded_numel(), flat.shape());
   NoGradGuard no_grad;
   ops::copy_(shard_, ops::narrow(flat, 0, layout_.shard_begin(rank_), layout_.shard_numel));
+}
+
+void FlatParameter::record_spec(const std::vector<std::string>& names, const std::string& dim,
+                                std::shared_ptr<ProcessGroup> group) const {
+  MG_CHECK(names.size() == params_.size(), "FlatParameter::record_spec: {} names for {} parameters", names.size(),
+           params_.size());
+  std::vector<ParameterPiece> pieces;
+  for (const ShardLayout::Piece& at : layout_.pieces(rank_)) {
+    const std::vector<ParameterPiece> held = pieces_of(params_[at.param], names[at.param]);
+    MG_CHECK(held.size() == 1 && !held[0].flat,
+             "FlatParameter::record_spec: parameter {} is itself a flat shard ({} pieces); flat shards "
+             "are not flattened again",
+             indices_[at.param], held.size());
+    ParameterPiece piece = held[0];
+    std::vector<DimPlacement> kept;
+    for (DimPlacement& p : piece.placements)
+      if (p.dim != dim) kept.push_back(std::move(p));
+    piece.placements = std::move(kept);
+    piece.flat = FlatRange{dim, group, rank_, layout_.world_size, at.param_offset, at.numel, at.shard_offset};
+    pieces.push_back(std::move(piece));
+  }
+  set_spec(shard_, std::move(pieces));
 }
 
 }  // namespace mg::parallel

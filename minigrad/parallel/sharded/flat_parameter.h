@@ -17,6 +17,9 @@
 //   reduce_scatter(shard_grad, flat_grads): rank r gets the average over the ranks of
 //     elements [r*S, (r+1)*S) of the flattened gradients: its shard of the gradient.
 //
+// Its shard records the pieces it holds (record_spec), so that the distributed clip and the
+// full state dicts read a ZeRO or FSDP shard as they read any other split (placement.h).
+//
 // Two ways to hold the shard:
 //   ShardStorage::ViewOfFull (ZeRO-1/2): every rank keeps the whole flat buffer; the
 //     shard is a view of its own slot, so an optimizer stepping the shard updates the
@@ -111,6 +114,14 @@ class FlatParameter {
   Tensor shard_of_grads() const;
   // Copies this rank's slice of `flat` (a full-sized flat tensor) into the shard.
   void load_shard_from_full(const Tensor& flat);
+
+  // Records on shard() which pieces of which single-device parameters it holds (placement.h):
+  // for each parameter with elements in this rank's shard, its name (`names[k]`, unless its
+  // spec names it already), its single-device shape and placements (its spec's, but for
+  // dimension `dim`'s own: a flat shard is not replicated over the ranks that split it), and
+  // the flat range over `dim` (`group`: the ranks of the shards; null in one process).
+  void record_spec(const std::vector<std::string>& names, const std::string& dim,
+                   std::shared_ptr<ProcessGroup> group) const;
 
  private:
   std::vector<Tensor> params_;

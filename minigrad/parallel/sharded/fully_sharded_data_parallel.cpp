@@ -13,7 +13,8 @@
 #include <minigrad/nn/checkpoint.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/parallel/c10d/same_model.h>
-#include <minigrad/parallel/sharded/sharded_grad_norm.h>
+#include <minigrad/parallel/clip_grad.h>
+#include <minigrad/parallel/placement.h>
 
 namespace mg::parallel {
 
@@ -226,8 +227,12 @@ void FullyShardedDataParallel::build(std::vector<FSDPUnit> specs) {
              "every parameter",
              named[i].first);
 
-  // Every rank starts from rank 0's model.
+  // Every rank starts from rank 0's model; the buffers stay whole on every rank.
   sync_module_states(*process_group_, *module_, "FullyShardedDataParallel");
+  for (const Tensor& b : module_->buffers())
+    record_placement(b, "", b.shape(),
+                     DimPlacement{"dp", process_group_, process_group_->rank(), process_group_->size(),
+                                  Placement::replicate(), false});
 
   for (size_t u = 0; u < specs.size(); ++u) {
     Units::Unit unit;
@@ -239,6 +244,7 @@ void FullyShardedDataParallel::build(std::vector<FSDPUnit> specs) {
     unit.flat = std::make_unique<FlatParameter>(std::move(params), unit_params[u],
                                                 process_group_->rank(), process_group_->size(),
                                                 ShardStorage::Separate);
+    unit.flat->record_spec(unit.names, "dp", process_group_);  // the wrapped module's names
     register_parameter(fmt::format("flat_shard_{}", u), unit.flat->shard());
     units_->stats.shard_bytes += unit.flat->shard().nbytes();
     units_->stats.largest_unit_bytes =
@@ -371,7 +377,7 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
 }
 
 Tensor FullyShardedDataParallel::clip_grad_norm_(double max_norm, double norm_type) {
-  return parallel::clip_grad_norm_(parameters(), max_norm, *process_group_, norm_type);
+  return parallel::clip_grad_norm_(parameters(), process_group_, max_norm, norm_type);
 }
 
 nn::TensorDict FullyShardedDataParallel::full_state_dict() {

@@ -57,6 +57,10 @@
 // from rank 0 at construction and stay whole. Move the module to the group's device
 // before wrapping it: afterwards its parameters are views of the units' buffers.
 //
+// Placements (parallel/placement.h): each unit's shard records the pieces it holds, under
+// the wrapped module's names (unless a parameter's spec names it), with the placements the
+// parameters had (a tensor-parallel shard's), as flat ranges over "dp".
+//
 // Checkpoints: nn::state_dict(*fsdp) is this rank's shards ("flat_shard_<u>"), a sharded
 // checkpoint for resuming on the same number of ranks; full_state_dict() gathers the
 // unsharded parameters on rank 0 under the wrapped module's names, loadable into the
@@ -121,8 +125,10 @@ class FullyShardedDataParallel : public nn::Module {
   // Unit u's FlatParameter (its layout, its shard).
   const FlatParameter& unit(size_t u) const;
 
-  // The 2-norm of the whole gradient, from the shards' (one all-reduce), clipped to
-  // max_norm as nn::utils::clip_grad_norm_ would (sharded_grad_norm.h). A collective.
+  // The norm of the whole gradient, from the shards' (one all-reduce), clipped to max_norm
+  // as nn::utils::clip_grad_norm_ would: parallel::clip_grad_norm_ (parallel/clip_grad.h)
+  // over the process group. A collective. With other dimensions beside FSDP's (a
+  // tensor-parallel module), call parallel::clip_grad_norm_(parameters(), mesh) instead.
   Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0);
 
   // ---- checkpoints (collectives: every rank calls them) ----

@@ -5,10 +5,10 @@
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/fault_injection.h>
 #include <minigrad/core/ops.h>
-#include <minigrad/nn/utils/clip_grad.h>
 #include <minigrad/parallel/c10d/bucketing.h>
 #include <minigrad/parallel/c10d/same_model.h>
-#include <minigrad/parallel/sharded/sharded_grad_norm.h>
+#include <minigrad/parallel/clip_grad.h>
+#include <minigrad/parallel/placement.h>
 #include <minigrad/parallel/sharded/sharded_state.h>
 
 namespace mg::parallel {
@@ -18,6 +18,14 @@ namespace {
 ProcessGroup& group_of(const std::shared_ptr<ProcessGroup>& group) {
   MG_CHECK(group != nullptr, "ZeroRedundancyOptimizer: the process group is null");
   return *group;
+}
+
+// The tensors of `named`, their names recorded first (placement.h: name_placements).
+std::vector<Tensor> named_recorded(const std::vector<nn::NamedTensor>& named) {
+  name_placements(named);
+  std::vector<Tensor> tensors;
+  for (const auto& [name, p] : named) tensors.push_back(p);
+  return tensors;
 }
 
 }  // namespace
@@ -79,6 +87,13 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params,
     : ZeroRedundancyOptimizer(Buckets(params, group_of(process_group), options), params,
                               process_group, make_optimizer, options) {}
 
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(const std::vector<nn::NamedTensor>& params,
+                                                 std::shared_ptr<ProcessGroup> process_group,
+                                                 const OptimizerFactory& make_optimizer,
+                                                 ZeroOptions options)
+    : ZeroRedundancyOptimizer(named_recorded(params), std::move(process_group), make_optimizer,
+                              options) {}
+
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Buckets&& buckets, std::vector<Tensor> params,
                                                  std::shared_ptr<ProcessGroup> process_group,
                                                  const OptimizerFactory& make_optimizer,
@@ -97,6 +112,12 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Buckets&& buckets, std::vector<
            "ZeroRedundancyOptimizer: the optimizer factory must build the optimizer over the "
            "{} shard tensors it is given (it has {} parameters)",
            parameters().size(), given.size());
+  // Every rank keeps every parameter whole; each shard holds flat pieces of some.
+  for (const auto& b : buckets_) b->record_spec(std::vector<std::string>(b->params().size()), "dp", process_group_);
+  for (const Tensor& p : full_params_)
+    record_placement(p, "", p.shape(),
+                     DimPlacement{"dp", process_group_, process_group_->rank(), process_group_->size(),
+                                  Placement::replicate(), false});
   if (options_.stage == 2) {
     std::vector<FlatParameter*> groups;
     for (auto& b : buckets_) groups.push_back(b.get());
@@ -146,11 +167,9 @@ void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
 }
 
 Tensor ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm, double norm_type) {
-  if (options_.stage == 2)
-    return parallel::clip_grad_norm_(parameters(), max_norm, *process_group_, norm_type);
-  // Stage 1: every rank holds the whole averaged gradient, so every rank computes the
-  // same norm and scales by the same factor, without communication.
-  return nn::utils::clip_grad_norm_(full_params_, max_norm, norm_type);
+  // Stage 2's gradients are the shards'; stage 1's the full ones, alike on every rank.
+  return parallel::clip_grad_norm_(options_.stage == 2 ? parameters() : full_params_, process_group_, max_norm,
+                                   norm_type);
 }
 
 std::vector<const FlatParameter*> ZeroRedundancyOptimizer::buckets() const {

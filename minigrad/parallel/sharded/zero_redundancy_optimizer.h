@@ -36,6 +36,10 @@
 // full gradients of stage 1. full_state_dict() gathers the state an unsharded optimizer
 // over the original parameters would hold.
 //
+// Placements (parallel/placement.h): the parameters, which every rank keeps whole, are
+// recorded Replicate over "dp"; each shard holds pieces of them, flat ranges over "dp"
+// (FlatParameter::record_spec), which full_optimizer_state reads.
+//
 // Any elementwise optimizer (SGD, Adam, AdamW) steps a shard exactly as it would the
 // same elements inside whole tensors, so the parameters follow those of a single process.
 // A parameter without a gradient counts as a zero gradient (its elements share a flat
@@ -47,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include <minigrad/nn/module.h>
 #include <minigrad/nn/optim/optimizer.h>
 #include <minigrad/nn/serialize.h>
 #include <minigrad/parallel/c10d/process_group.h>
@@ -79,6 +84,11 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
  public:
   ZeroRedundancyOptimizer(std::vector<Tensor> params, std::shared_ptr<ProcessGroup> process_group,
                           const OptimizerFactory& make_optimizer, ZeroOptions options = {});
+  // The same over a model's named_parameters(), whose names (the single-device model's)
+  // name the pieces of the shards (name_placements, placement.h), for full_optimizer_state.
+  ZeroRedundancyOptimizer(const std::vector<nn::NamedTensor>& params,
+                          std::shared_ptr<ProcessGroup> process_group,
+                          const OptimizerFactory& make_optimizer, ZeroOptions options = {});
   ~ZeroRedundancyOptimizer() override;
 
   // Steps this rank's shards, then gathers every rank's update into all the parameters.
@@ -86,8 +96,10 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   // The shards' gradients and the original parameters'.
   void zero_grad(bool set_to_none = true) override;
   // The norm of the whole gradient, clipped to max_norm as nn::utils::clip_grad_norm_
-  // would (stage 1: on the full gradients every rank holds, no communication; stage 2: on
-  // the shards, one all-reduce). Call between backward and step().
+  // would: parallel::clip_grad_norm_ (parallel/clip_grad.h) over the process group, on the
+  // full gradients (stage 1: every rank holds them, rank 0's counted) or on the shards
+  // (stage 2). Call between backward and step(). With other dimensions beside ZeRO's (a
+  // tensor-parallel model), call parallel::clip_grad_norm_(parameters(), mesh) instead.
   Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0);
 
   double lr() const override { return local_->lr(); }

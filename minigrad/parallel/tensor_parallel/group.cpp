@@ -73,6 +73,11 @@ void TensorParallelGroup::reset_stats() {
   reduce_scatter_bytes_ = 0;
 }
 
+DimPlacement tensor_parallel_placement(const TensorParallelGroup& group, Placement placement,
+                                       bool partial_gradient) {
+  return DimPlacement{"tp", group.process_group(), group.rank(), group.size(), placement, partial_gradient};
+}
+
 int64_t shard_size(int64_t size, int parts, const char* what) {
   MG_CHECK(parts >= 1, "{}: the tensor-parallel size must be at least 1, got {}", what, parts);
   MG_CHECK(size % parts == 0,
@@ -96,6 +101,7 @@ class ProcessGroupTensorParallel final : public TensorParallelGroup {
   std::string describe() const override {
     return fmt::format("{} rank {} of {}", group_->backend_name(), rank(), size());
   }
+  std::shared_ptr<ProcessGroup> process_group() const override { return group_; }
 
  protected:
   // Float64: process groups (Gloo, NCCL) reduce float32 and int64 only, so its bits

@@ -23,6 +23,7 @@
 #include <string>
 
 #include <minigrad/core/tensor.h>
+#include <minigrad/parallel/placement.h>
 
 namespace mg::parallel {
 
@@ -50,6 +51,9 @@ class TensorParallelGroup {
   virtual Device device() const = 0;
   // "gloo rank 1 of 2", "in-process rank 0 of [cpu, cpu]": for messages.
   virtual std::string describe() const = 0;
+  // The process group behind the collectives (what a placement records as its group:
+  // placement.h); null when the ranks are threads of one process (InProcessGroup).
+  virtual std::shared_ptr<ProcessGroup> process_group() const { return nullptr; }
 
   // The sum over the ranks of `tensor` (on device(), one shape and dtype on every rank):
   // a new tensor, the same values on every rank. `tensor` is not changed.
@@ -89,6 +93,11 @@ using TensorParallelGroupPtr = std::shared_ptr<TensorParallelGroup>;
 // the same group shares its stats(). Gloo and NCCL alike. Float64, which process groups do not reduce, travels as the
 // bits of int64 (all-gathered, then summed on every rank in rank order).
 TensorParallelGroupPtr tensor_parallel_group(std::shared_ptr<ProcessGroup> process_group);
+
+// This rank's placement on the tensor-parallel dimension "tp" of `group` (placement.h),
+// for a layer to record on the parameters it splits or replicates.
+DimPlacement tensor_parallel_placement(const TensorParallelGroup& group, Placement placement,
+                                       bool partial_gradient = false);
 
 // `size` cut into `parts` equal shards, or an mg::Error naming `what` (e.g.
 // "ColumnParallelLinear: out_features") when it does not divide: minigrad refuses uneven

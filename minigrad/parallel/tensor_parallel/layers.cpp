@@ -33,6 +33,14 @@ Tensor whole_on(const Tensor& full, Device device) {
 
 const char* python_bool(bool b) { return b ? "True" : "False"; }
 
+// Records on `t` (a parameter of the Linear `full`, whose tensor `which` it is) how this
+// rank's tensor is the whole: the layer does not know the model's name for it (placement.h).
+void record(const Tensor& t, const Linear& full, const char* which, const parallel::TensorParallelGroup& group,
+            parallel::Placement placement, bool partial_gradient = false) {
+  parallel::record_placement(t, "", full.parameter(which).shape(),
+                             parallel::tensor_parallel_placement(group, placement, partial_gradient));
+}
+
 }  // namespace
 
 // ---- ColumnParallelLinear: y_r = x W_r^T + b_r, W_r the rows r*out/n .. of W ----
@@ -71,6 +79,16 @@ ColumnParallelLinear::ColumnParallelLinear(const Linear& full,
   };
   register_parameter("weight", shard(full.parameter("weight")));
   if (has_bias_) register_parameter("bias", shard(full.parameter("bias")));
+  // What the layer holds, whatever a fault cut: the placement the stride says.
+  // parity fault: the weight's shard recorded as a Replicate of a weight of its own shape,
+  // so a reader of placements counts only rank 0's rows (the clip's norm).
+  if (testing::fault_is_on(testing::Fault::PlacementReplicateWhereSharded)) {
+    parallel::record_placement(weight(), "", weight().shape(),
+                               parallel::tensor_parallel_placement(*group_, parallel::Placement::replicate()));
+  } else {
+    record(weight(), full, "weight", *group_, parallel::Placement::shard(0, stride_));
+  }
+  if (has_bias_) record(bias(), full, "bias", *group_, parallel::Placement::shard(0, stride_));
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& input) {
@@ -117,6 +135,8 @@ RowParallelLinear::RowParallelLinear(const Linear& full, parallel::TensorParalle
   register_parameter("weight", shard_of(full.parameter("weight"), 1, group_->rank() * part, part,
                                         group_->device()));
   if (has_bias_) register_parameter("bias", whole_on(full.parameter("bias"), group_->device()));
+  record(weight(), full, "weight", *group_, parallel::Placement::shard(1));
+  if (has_bias_) record(bias(), full, "bias", *group_, parallel::Placement::replicate());
 }
 
 Tensor RowParallelLinear::forward(const Tensor& input) {
@@ -144,6 +164,11 @@ void RowParallelLinear::set_sequence_parallel(bool on) {
            "RowParallelLinear({}, {}): sequence parallelism needs input_is_parallel (the input "
            "is the column layer's slice of the features)", in_features_, out_features_);
   sequence_parallel_ = on;
+  // The bias is added to this rank's positions only: each rank's gradient is a share of the
+  // sum (reduce_partial_gradients adds them).
+  if (has_bias_)
+    parallel::replace_placement(bias(),
+                                parallel::tensor_parallel_placement(*group_, parallel::Placement::replicate(), on));
 }
 
 std::string RowParallelLinear::extra_repr() const {
@@ -182,7 +207,10 @@ std::shared_ptr<nn::Sequential> parallelize_mlp(const nn::Sequential& mlp,
     }
     const auto& linear = static_cast<const nn::Linear&>(*child);
     if (index >= paired) {
-      out->push_back(child->clone(group->device()));  // whole on every rank
+      nn::ModulePtr whole = child->clone(group->device());  // whole on every rank
+      for (const Tensor& p : whole->parameters())
+        record_placement(p, "", p.shape(), tensor_parallel_placement(*group, Placement::replicate()));
+      out->push_back(whole);
     } else if (index % 2 == 0) {
       out->push_back(std::make_shared<nn::ColumnParallelLinear>(linear, group, false));
     } else {
@@ -190,6 +218,7 @@ std::shared_ptr<nn::Sequential> parallelize_mlp(const nn::Sequential& mlp,
     }
     ++index;
   }
+  name_placements(out->named_parameters());  // the Sequential's names are the plain one's
   return out;
 }
 

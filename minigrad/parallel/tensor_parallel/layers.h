@@ -19,6 +19,11 @@
 // (built with the same seed) does. The full draw is transient (Megatron's CPU
 // initialisation does the same); the shard is copied to the group's device.
 //
+// Placements (parallel/placement.h): each layer records on its parameters how they split
+// the whole over "tp": a column layer's weight and bias Shard(0), a row layer's weight
+// Shard(1) and its bias Replicate (with a Partial gradient under sequence parallelism);
+// parallelize_mlp records Replicate on the layers it leaves whole and names them all.
+//
 // Widths must divide evenly over the ranks (out for the column layer, in for the row
 // layer); others are refused with an mg::Error, never padded.
 //

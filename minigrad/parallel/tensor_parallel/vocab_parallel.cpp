@@ -29,6 +29,8 @@ VocabParallelEmbedding::VocabParallelEmbedding(const Embedding& full,
   Tensor rows = ops::clone(ops::narrow(full.parameter("weight"), 0, vocab_start_, part));
   register_parameter("weight", rows.device() == group_->device() ? rows
                                                                   : ops::copy_to(rows, group_->device()));
+  parallel::record_placement(weight(), "", full.parameter("weight").shape(),
+                             parallel::tensor_parallel_placement(*group_, parallel::Placement::shard(0)));
 }
 
 Tensor VocabParallelEmbedding::forward(const Tensor& idx) {

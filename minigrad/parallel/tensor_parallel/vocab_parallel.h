@@ -23,6 +23,8 @@
 // the conjugate reduce_from_parallel (functions.h), so autograd derives their backward:
 // the ops a CUDA device runs are the same kernels as the single-device GPT's.
 //
+// The embedding records its table's placement, Shard(0) over "tp" (parallel/placement.h).
+//
 // V must divide by the group's size: minigrad refuses (an mg::Error naming the vocabulary
 // size and a multiple to use) rather than pad the table, as nanoGPT's own 50304 (GPT-2's
 // 50257 padded up to a multiple of 64) already shows how to choose one.
