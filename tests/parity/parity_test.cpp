@@ -55,7 +55,7 @@ std::vector<Form> forms_of(Fault fault) {
     case Fault::PipelineMicroBatchCountedTwice: return {Form::Pipe};
     case Fault::PipelineTiedGradNotSummed: return {Form::PipelineStages, Form::MeshPipeline};
     case Fault::ColwiseStrideIgnored: return {Form::TensorParallelRanks};
-    case Fault::PlacementReplicateWhereSharded: return {Form::TensorParallel, Form::TensorParallelRanks};
+    case Fault::PlacementReplicateWhereSharded: return {Form::TensorParallel, Form::TensorParallelRanks, Form::Mesh2D};
     case Fault::None: break;
   }
   return {};
