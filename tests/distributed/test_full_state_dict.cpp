@@ -285,7 +285,7 @@ TEST_CASE("full_state_dict across Gloo ranks: tp 2 -> FSDP 3 -> ZeRO-2 -> dp 2 x
 }
 
 TEST_CASE("full_optimizer_state across Gloo ranks: 2 AdamW steps under one split, 2 more under another, against "
-          "the single device's 2 and 4 steps; a resume under the same split is the unbroken run, bit for bit") {
+          "the single device's 2 and 4 steps, and a resume under the same split is the unbroken run, bit for bit") {
   mg::testing::TempDir dir;
   const nn::Checkpoint two = single_device(2), four = single_device(4);
   struct Pair {

@@ -177,7 +177,7 @@ TEST_CASE("full_optimizer_state in one process: AdamW's state over tp shards is 
                                   "6] nor one value"));
 }
 
-TEST_CASE("reduce_partial_gradients: nothing partial, nothing done; a Partial placement with no group is an error") {
+TEST_CASE("reduce_partial_gradients: nothing partial, nothing done, and a Partial placement with no group is an error") {
   auto plain = mlp(5);
   parallel::TensorParallel tp(*plain, cpus(2));
   CHECK(parallel::reduce_partial_gradients(tp.parameters()) == 0);

@@ -158,7 +158,7 @@ TEST_CASE("placement: record_placement appends, replaces a dimension recorded ag
                       MG_CONTAINS("is a flat shard"));
 }
 
-TEST_CASE("placement: name_placements names what has no name, never renames; pieces_of reads any tensor") {
+TEST_CASE("placement: name_placements names what has no name and never renames, and pieces_of reads any tensor") {
   const Tensor unnamed = zeros(Shape{2, 3});
   record_placement(unnamed, "", Shape{2, 6}, on("tp", Placement::shard(1), 0, 2));
   const Tensor named = zeros(Shape{3});
