@@ -123,7 +123,8 @@ TEST_CASE("placement: local_part and place_into refuse what does not fit, naming
                       MG_CONTAINS("sits at [0, 3) of this rank's flat tensor, which has 2 elements"));
 }
 
-TEST_CASE("placement: record_placement appends, replaces a dimension recorded again, keeps and fills names") {
+TEST_CASE("placement: record_placement appends, keeps a dimension recorded again alike, keeps and fills names, "
+          "and replace_placement changes one") {
   const Tensor shard = zeros(Shape{4, 6});
   record_placement(shard, "", Shape{8, 6}, on("tp", Placement::shard(0), 1, 2));
   REQUIRE(spec_of(shard) != nullptr);
@@ -135,17 +136,24 @@ TEST_CASE("placement: record_placement appends, replaces a dimension recorded ag
   CHECK(piece.shape == Shape{8, 6});  // kept: the single-device shape
   CHECK(piece.str() == "0.weight [8, 6], tp: Shard(0) (rank 1 of 2), dp: Replicate() (rank 1 of 3)");
   CHECK_FALSE(piece.counted_here());  // dp rank 1 holds a replica
-  // A second DDP over the same module: dp again replaces dp, in its place; no renaming.
-  record_placement(shard, "module.0.weight", Shape{4, 6}, on("dp", Placement::replicate(), 0, 3));
+  // The layer and the style that made it both record tp: alike, one placement; no renaming.
+  record_placement(shard, "module.0.weight", Shape{8, 6}, on("tp", Placement::shard(0), 1, 2));
   piece = spec_of(shard)->pieces[0];
   CHECK(piece.name == "0.weight");
   CHECK(piece.placements.size() == 2u);
-  CHECK(piece.counted_here());
-  // Sequence parallelism: the same dimension, now with a Partial gradient.
+  REQUIRE_THROWS_WITH(record_placement(shard, "", Shape{8, 6}, on("tp", Placement::shard(0), 0, 2)),
+                      MG_CONTAINS("record_placement of '0.weight': placed on tp already as tp: Shard(0) (rank 1 of "
+                                  "2); now asked tp: Shard(0) (rank 0 of 2)"));
+  // Sequence parallelism switched on: the same dimension, now with a Partial gradient, in
+  // its place in the order.
   DimPlacement partial = on("tp", Placement::shard(0), 1, 2);
   partial.partial_gradient = true;
-  record_placement(shard, "", Shape{4, 6}, partial);
+  replace_placement(shard, partial);
   CHECK(spec_of(shard)->pieces[0].placements[0].str() == "tp: Shard(0), gradient Partial (rank 1 of 2)");
+  CHECK(spec_of(shard)->pieces[0].placements.size() == 2u);
+  REQUIRE_THROWS_WITH(replace_placement(shard, on("tp", Placement::shard(1), 1, 2)),
+                      MG_CONTAINS("replace_placement of '0.weight': [8, 6] placed as tp: Shard(1) (rank 1 of 2) "
+                                  "would be [8, 3] on this rank, but the tensor is [4, 6]"));
 
   REQUIRE_THROWS_WITH(record_placement(zeros(Shape{4, 6}), "w", Shape{8, 6}, on("tp", Placement::shard(1), 0, 2)),
                       MG_CONTAINS("record_placement of 'w': [8, 6] placed as tp: Shard(1) (rank 0 of 2) would be [8, 3] on this rank, "
