@@ -204,7 +204,7 @@ TEST_CASE("distributed clip: a vocabulary-parallel embedding's rows counted once
 }
 
 TEST_CASE("distributed clip: tensor and sequence parallelism, the row bias's Partial gradients summed by "
-          "reduce_partial_gradients") {
+          "reduce_partial_gradients, whole and inside FSDP's flat shards") {
   constexpr int64_t kB = 2, kT = 6;
   // A column/row pair without the ReLU between (a Linear and a ReLU run fused, on 2-D inputs only).
   const MakePlain block = [] {
@@ -254,6 +254,32 @@ TEST_CASE("distributed clip: tensor and sequence parallelism, the row bias's Par
       CHECK(apart > 1e-3f);
     }
   }
+  // FSDP over dp 2 of that model over tp 2: the row bias's Partial range inside a flat shard
+  // (each dp rank one sequence, each tp rank 3 of its positions), summed over tp in place.
+  const Build fsdp_sequence_parallel = [loss](RankContext& ctx, nn::Sequential& plain, const Tensor& x,
+                                              const Tensor& y) {
+    Split s;
+    auto mesh = std::make_shared<parallel::DeviceMesh>(ctx.gloo(), 2, 2);
+    s.world = mesh->world();
+    auto shard = parallel::parallelize_mlp(plain, parallel::tensor_parallel_group(mesh->tp_group()));
+    std::static_pointer_cast<nn::ColumnParallelLinear>((*shard)[0])->set_sequence_parallel(true);
+    std::static_pointer_cast<nn::RowParallelLinear>((*shard)[1])->set_sequence_parallel(true);
+    auto sharded = parallel::fully_shard(shard, mesh->dp_group());
+    const int64_t part = kT / 2, b = mesh->dp_rank(), t = mesh->tp_rank();
+    const Tensor mine = contiguous(x.narrow(0, b, 1).narrow(1, t * part, part));
+    const Tensor targets = contiguous(reshape(y, {kB, kT}).narrow(0, b, 1).narrow(1, t * part, part)).reshape(Shape{part});
+    // FSDP averages over dp: each dp rank's share counts dp times.
+    mul(loss(sharded->forward(mine), targets), 2.0).backward();
+    ctx.report("all-reduces", std::vector<float>{static_cast<float>(parallel::reduce_partial_gradients(sharded->parameters()))});
+    s.tensors = sharded->named_parameters();
+    s.keep = {mesh, sharded};
+    return s;
+  };
+  const auto results = check_case("FSDP 2 x tp 2 + sequence parallel", 4, fsdp_sequence_parallel, {}, {2.0, kInf},
+                                  block, sequences, loss);
+  // The bias ends the row unit, in dp rank 1's half of it: its tp group (ranks 2, 3) sums
+  // that range; dp rank 0's holds nothing Partial and sums nothing.
+  for (const RankResult& r : results) CHECK(r.floats("all-reduces")[0] == (r.rank >= 2 ? 1.0f : 0.0f));
 }
 
 TEST_CASE("distributed clip: FSDP over 2 and 3 ranks, uneven shards with padding") {
