@@ -34,7 +34,7 @@ static_assert(all_classes<
               mg::parallel::FullyShardedDataParallel, mg::parallel::Pipe,
               mg::parallel::PipelineStage, mg::parallel::TensorParallel,
               mg::parallel::InProcessGroup, mg::parallel::TensorParallelGroup,
-              mg::parallel::TensorParallelParameters
+              mg::parallel::Placement, mg::parallel::ParameterPiece
 #ifdef MINIGRAD_WITH_GLOO
               , mg::parallel::ProcessGroupGloo
 #endif
@@ -79,6 +79,11 @@ int main() {
   cross_entropy(tp.forward(x), y).backward();
   const float norm = parallel::clip_grad_norm_(tp.parameters(), nullptr, 0.01).item<float>();
   ok &= check(norm > 0.01f, "TensorParallel and its clip_grad_norm_");
+  std::vector<nn::NamedTensor> shards;
+  for (int r = 0; r < 2; ++r)
+    for (const auto& named : tp.shard(r)->named_parameters()) shards.push_back(named);
+  ok &= check(parallel::full_state_dict(shards, nullptr).size() == mlp()->named_parameters().size(),
+              "full_state_dict of the TensorParallel's shards");
 
   // The launcher's environment, as mpirun would set it.
   const std::map<std::string, std::string> vars = {{"OMPI_COMM_WORLD_RANK", "0"},
