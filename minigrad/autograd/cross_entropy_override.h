@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 
 #include <minigrad/core/cross_entropy_options.h>
 #include <minigrad/core/tensor.h>
@@ -26,5 +27,9 @@ class CrossEntropyOverrideGuard {
 
 // The override installed on this thread, or null.
 const CrossEntropyFunction* cross_entropy_override();
+// What the override computes (not re-entered: cross_entropy inside it is the plain op), or
+// nothing when none is installed.
+std::optional<Tensor> overridden_cross_entropy(const Tensor& logits, const Tensor& targets,
+                                               const CrossEntropyOptions& options);
 
 }  // namespace mg

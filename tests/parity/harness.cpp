@@ -397,19 +397,6 @@ void clip_tensor_parallel(const std::vector<Tensor>& counted, const std::vector<
     if (p.grad().defined()) Tensor(p.grad()).mul_(coef);
 }
 
-// clip_grad_norm_ of the whole model's gradient from every rank's parameters, each element
-// counted once as the placements say (the copies a dimension replicates, on its rank 0).
-void clip_placed(const std::vector<Tensor>& params, const std::shared_ptr<parallel::ProcessGroup>& world) {
-  std::vector<Tensor> counted, copies;
-  for (const Tensor& p : params) {
-    const parallel::ParameterSpec* spec = parallel::spec_of(p);
-    (spec == nullptr || spec->pieces[0].counted_here() ? counted : copies).push_back(p);
-  }
-  clip_tensor_parallel(counted, copies, [world](Tensor& partial, nn::utils::NormReduction) {
-    world->allreduce(partial, parallel::ReduceOp::Sum)->wait();
-  });
-}
-
 Report run_tensor_parallel(const Config& c) {
   auto plain = make_model(c);
   const auto kinds = mg::testing::shard_kinds(*plain);
@@ -666,7 +653,10 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       }
       opt = make_optimizer(c, shard->parameters());
       t.clip = [&] {
-        if (gpt) return clip_placed(shard->parameters(), world);
+        if (gpt) {  // the GPT's placements (its plan's, DDP's) say what each rank counts
+          parallel::clip_grad_norm_(shard->parameters(), world, kMaxNorm);
+          return;
+        }
         // The MLP's shards clip through their placements: tp, and dp on the mesh.
         parallel::clip_grad_norm_(shard->parameters(), world, kMaxNorm);
       };

@@ -2,7 +2,7 @@
 // backward: softmax minus the smoothed one-hot target), which is both faster and stabler
 // than composing log_softmax with a gather; ignore_index, label smoothing and the
 // reduction are options of the same kernels (core/cross_entropy_options.h).
-#include <vector>
+#include <optional>
 
 #include <minigrad/autograd/cross_entropy_override.h>
 #include <minigrad/autograd/functions.h>
@@ -20,32 +20,10 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
   return out;
 }
 
-namespace {
-// The guards alive on this thread, innermost last; `inside` while an override runs.
-thread_local std::vector<CrossEntropyFunction> overrides;
-thread_local bool inside = false;
-}  // namespace
-
-CrossEntropyOverrideGuard::CrossEntropyOverrideGuard(CrossEntropyFunction function) {
-  MG_CHECK(function != nullptr, "CrossEntropyOverrideGuard: the function is empty");
-  overrides.push_back(std::move(function));
-}
-
-CrossEntropyOverrideGuard::~CrossEntropyOverrideGuard() { overrides.pop_back(); }
-
-const CrossEntropyFunction* cross_entropy_override() {
-  return overrides.empty() || inside ? nullptr : &overrides.back();
-}
-
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
                      const CrossEntropyOptions& options) {
-  if (const CrossEntropyFunction* function = cross_entropy_override()) {
-    inside = true;
-    struct Leave {
-      ~Leave() { inside = false; }
-    } leave;
-    return (*function)(logits, targets, options);
-  }
+  // Over a split model's logits a LossParallel stands in (autograd/cross_entropy_override.h).
+  if (std::optional<Tensor> loss = overridden_cross_entropy(logits, targets, options)) return *loss;
   Tensor loss = ops::cross_entropy(logits, targets, options);
   record_function("CrossEntropyBackward", {logits}, {loss},
                   [logits = SavedTensor(logits), targets = SavedTensor(targets),
