@@ -2,6 +2,10 @@
 // by side in autograd/functions/<family>.cpp. Binary ops broadcast as in numpy, and
 // promote as torch does: int64 with a float tensor computes in that float type, float32
 // with float64 in float64 (the promoted operand's gradient comes back in its own dtype).
+// A scalar operand (core/scalar.h) promotes by its category, never by its value: an int64
+// tensor with an integer scalar stays int64 (ints * 2), with a floating-point scalar it
+// becomes float32, the default float dtype (ints * 2.0, ints + 1.0, ints * 0.5); a float
+// tensor keeps its dtype whatever the scalar.
 #pragma once
 
 #include <initializer_list>
@@ -9,6 +13,7 @@
 #include <vector>
 
 #include <minigrad/core/cross_entropy_options.h>
+#include <minigrad/core/scalar.h>
 #include <minigrad/core/tensor.h>
 
 namespace mg {
@@ -19,10 +24,17 @@ Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 // True division, as torch's `/`: int64 operands divide as float32 (7 / 2 == 3.5).
 Tensor div(const Tensor& a, const Tensor& b);
-// A scalar keeps an int64 tensor int64 when the result can be (a whole scalar); a
-// fractional one promotes the tensor to float32 (ints * 0.5 is float32, as in torch).
-Tensor add(const Tensor& a, double b);
-Tensor mul(const Tensor& a, double b);
+// With a scalar (promoted as the top of this file says): a + b, a - b, a * b, and a / b,
+// true division (int64 / 2 is float32, as torch's `/`).
+Tensor add(const Tensor& a, Scalar b);
+Tensor sub(const Tensor& a, Scalar b);
+Tensor mul(const Tensor& a, Scalar b);
+Tensor div(const Tensor& a, Scalar b);
+// b - a and b / a (torch's rsub, and `2 / x`: reciprocal(x) * 2, as torch computes it).
+Tensor rsub(const Tensor& a, Scalar b);
+Tensor rdiv(const Tensor& a, Scalar b);
+// neg and relu keep an int64 tensor int64 (relu(x) is max(x, 0)); exp, log and tanh of
+// an int64 tensor are float32, as in torch.
 Tensor neg(const Tensor& x);
 Tensor exp(const Tensor& x);
 Tensor log(const Tensor& x);
@@ -47,17 +59,21 @@ Tensor operator-(const Tensor& a, const Tensor& b);
 Tensor operator*(const Tensor& a, const Tensor& b);
 Tensor operator/(const Tensor& a, const Tensor& b);
 Tensor operator-(const Tensor& x);
-Tensor operator+(const Tensor& a, double b);
-Tensor operator+(double a, const Tensor& b);
-Tensor operator-(const Tensor& a, double b);
-Tensor operator-(double a, const Tensor& b);
-Tensor operator*(const Tensor& a, double b);
-Tensor operator*(double a, const Tensor& b);
-Tensor operator/(const Tensor& a, double b);
+Tensor operator+(const Tensor& a, Scalar b);
+Tensor operator+(Scalar a, const Tensor& b);
+Tensor operator-(const Tensor& a, Scalar b);
+Tensor operator-(Scalar a, const Tensor& b);
+Tensor operator*(const Tensor& a, Scalar b);
+Tensor operator*(Scalar a, const Tensor& b);
+Tensor operator/(const Tensor& a, Scalar b);
+Tensor operator/(Scalar a, const Tensor& b);
 
 // ---- reductions (functions/reduce.cpp) ----
+// sum keeps the dtype (int64 sums are int64); an empty sum is 0.
 Tensor sum(const Tensor& x);
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+// Floating-point tensors only (torch refuses int64 too). The mean of no elements is NaN,
+// as torch's (a [0, 3] tensor's mean over dim 0 is [NaN, NaN, NaN]); its gradient is empty.
 Tensor mean(const Tensor& x);
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
 
@@ -83,6 +99,8 @@ Tensor softmax(const Tensor& x, int64_t dim);
 // smoothing and the reduction (mean, sum, none) are options
 // (core/cross_entropy_options.h), e.g.
 //   cross_entropy(x, y, CrossEntropyOptions().ignore_index(-1).label_smoothing(0.1))
+// An empty batch ([0, classes]) gives torch's results: NaN for the mean (no rows to
+// average), 0 for the sum, [0] for none; its gradient is empty.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
                      const CrossEntropyOptions& options = {});
 

@@ -1,7 +1,8 @@
 // Tensor's differentiable methods (declared in core/tensor.h) forward to the functions
 // of autograd/functions.h; backward() starts the engine; the in-place methods update
 // values outside the graph, for optimizers and initialisation.
-#include <cmath>
+#include <string>
+#include <vector>
 
 #include <minigrad/autograd/engine.h>
 #include <minigrad/autograd/functions.h>
@@ -77,17 +78,30 @@ void check_inplace(const Tensor& t, const char* op) {
            op, t.shape());
 }
 
-// A scalar that an int64 tensor's in-place op takes: a whole number within int64's
-// range, since the result keeps the tensor's dtype.
-void check_int64_scalar(const Tensor& t, double value, const char* op, const char* what) {
-  if (t.dtype() != DType::Int64) return;
-  MG_CHECK(value == std::trunc(value),
-           "{}: the {} {} is not a whole number, but the tensor (shape {}) is int64", op, what,
-           value, t.shape());
-  MG_CHECK(value >= -9223372036854775808.0 && value < 9223372036854775808.0,
-           "{}: the {} {} cannot be converted to type int64 without overflow (the tensor, "
-           "shape {}, is int64)",
-           op, what, value, t.shape());
+// An in-place op keeps the tensor's dtype, so the scalar's category must fit it, as in
+// torch: a floating-point scalar would make an int64 tensor's result float32 ("result type
+// Float can't be cast to the desired output type Long"), whatever its value.
+void check_scalar_category(const Tensor& t, const Scalar& value, const char* op, const char* what) {
+  if (t.dtype() != DType::Int64 || value.is_integral()) return;
+  if (std::string(what) == "alpha")
+    MG_FAIL("{}: for an int64 tensor (shape {}) alpha must be an integer, got the "
+            "floating-point number {} (torch: \"For integral input tensors, argument alpha must "
+            "not be a floating point number\")",
+            op, t.shape(), value.str());
+  MG_FAIL("{}: the {} {} is a floating-point number, so the result is float32, which cannot be "
+          "written into the int64 tensor (shape {}) in place (torch: \"result type Float can't be "
+          "cast to the desired output type Long\"); pass an integer, or convert the tensor first",
+          op, what, value.str(), t.shape());
+}
+
+// An int64 scalar as a 0-dim tensor on t's device, exact (a double would round it past 2^53).
+Tensor int64_operand(const Tensor& t, const Scalar& value) {
+  return ops::copy_to(from_vector(std::vector<int64_t>{value.to_int64()}, Shape{}), t.device());
+}
+
+bool exact_in_double(const Scalar& value) {
+  constexpr int64_t kExact = int64_t{1} << 53;
+  return value.is_floating_point() || (value.to_int64() <= kExact && value.to_int64() >= -kExact);
 }
 
 // dst = src on dst's device, for a source made on that device (a broadcast value, fresh
@@ -119,21 +133,33 @@ Tensor& Tensor::fill_(double value) {
   return *this;
 }
 
-Tensor& Tensor::add_(const Tensor& other, double alpha) {
+Tensor& Tensor::add_(const Tensor& other, Scalar alpha) {
   check_inplace(*this, "add_");
   ops::check_same_device("add_", *this, other);
   MG_CHECK(dtype() == other.dtype(), "add_: dtype mismatch {} vs {}", dtype(), other.dtype());
-  check_int64_scalar(*this, alpha, "add_", "alpha");
-  const Tensor b = other.shape() == shape() ? other : ops::expand(other, shape());
-  if (numel() > 0) backend(device()).binary(BinaryOp::Add, *this, *this, b, alpha);
+  check_scalar_category(*this, alpha, "add_", "alpha");
+  Tensor b = other.shape() == shape() ? other : ops::expand(other, shape());
+  double scale = alpha.to_double();
+  if (!exact_in_double(alpha)) {  // other * alpha first, exactly (wrapping, as torch's)
+    b = ops::binary(BinaryOp::Mul, b, int64_operand(*this, alpha));
+    scale = 1.0;
+  }
+  if (numel() > 0) backend(device()).binary(BinaryOp::Add, *this, *this, b, scale);
   bump_version(*this, "add_");
   return *this;
 }
 
-Tensor& Tensor::mul_(double value) {
+Tensor& Tensor::mul_(Scalar value) {
   check_inplace(*this, "mul_");
-  check_int64_scalar(*this, value, "mul_", "scalar");
-  if (numel() > 0) backend(device()).binary_scalar(BinaryOp::Mul, *this, *this, value);
+  check_scalar_category(*this, value, "mul_", "scalar");
+  if (numel() > 0) {
+    if (exact_in_double(value)) {
+      backend(device()).binary_scalar(BinaryOp::Mul, *this, *this, value.to_double());
+    } else {
+      backend(device()).binary(BinaryOp::Mul, *this, *this,
+                               ops::expand(int64_operand(*this, value), shape()), 1.0);
+    }
+  }
   bump_version(*this, "mul_");
   return *this;
 }

@@ -190,7 +190,8 @@ class Backend {
                              uint64_t offset) = 0;
 
   // ---- elementwise (float32 and float64; add/sub/mul/div also int64) ----
-  // relu(NaN) is NaN (PyTorch's clamp_min propagates NaN).
+  // relu(NaN) is NaN (PyTorch's clamp_min propagates NaN). int64: Neg, Relu and Abs, -x
+  // and |x| wrapping at INT64_MIN (ops::unary computes the others of int64 in float32).
   virtual void unary(UnaryOp op, const Tensor& out, const Tensor& in) = 0;
   // out = a op (alpha * b) for Add/Sub; out = a op b otherwise. `out` may alias `a`
   // (in-place updates), element for element. Maximum: float32 and int64. int64 sums and
@@ -226,8 +227,9 @@ class Backend {
   // ---- reductions ----
   // `out` has in's rank, size 1 in the reduced dims (keepdim form): out = sum over them.
   virtual void sum(const Tensor& out, const Tensor& in) = 0;
-  // out[i] = argmax_j in[i, j]; in is 2-D, out int64 of size rows. NaN is larger than
-  // every number (PyTorch's order); ties go to the first index.
+  // out[i] = argmax_j in[i, j]; in is 2-D (any dtype, at least one row and one column),
+  // out int64 of size rows. NaN is larger than every number (PyTorch's order); ties go to
+  // the first index.
   virtual void argmax(const Tensor& out, const Tensor& in) = 0;
   // out (one float32) = the largest |in| over all elements, NaN if any is NaN (the
   // infinity norm, for gradient clipping). in is float32, contiguous, not empty.

@@ -64,9 +64,10 @@ Tensor as_strided(const Tensor& t, const Shape& shape, std::vector<int64_t> stri
            describe());
   const auto capacity =
       static_cast<int64_t>(t.storage().nbytes() / element_size(t.dtype()));  // elements
-  // An empty view reads nothing; its offset may sit at the end of the storage (narrow
-  // with length 0 at start == size), not past it.
-  MG_CHECK(empty_view ? offset <= capacity : last < capacity,
+  // An empty view reads nothing, so any offset will do, as in PyTorch (checkInBoundsForStorage
+  // returns early for 0 bytes): the columns [1, 3) of a [0, 3] tensor start at offset 1 of
+  // a storage of 0 elements.
+  MG_CHECK(empty_view || last < capacity,
            "as_strided: {} is out of bounds for a storage of {} elements ({})", describe(),
            capacity, t.dtype());
   return Tensor(std::make_shared<TensorImpl>(t.storage(), shape, std::move(strides), offset,
@@ -286,7 +287,10 @@ void check_int64_division(const Tensor& a, const Tensor& b, const char* op) {
 }  // namespace
 
 Tensor unary(UnaryOp op, const Tensor& x) {
-  check_float(op_name(op), x);
+  // As torch: neg, relu and abs of int64 are int64; exp, log, sqrt and tanh of int64 are
+  // float32 (the default float dtype), computed on the converted values.
+  if (x.dtype() == DType::Int64 && op != UnaryOp::Neg && op != UnaryOp::Relu && op != UnaryOp::Abs)
+    return unary(op, to_dtype(x, DType::Float32));
   Tensor out = empty(x.shape(), x.dtype(), x.device());
   if (x.numel() > 0) backend_of(x).unary(op, out, x);
   return out;
@@ -385,15 +389,20 @@ Tensor abs_max(const Tensor& x) {
 }
 
 Tensor argmax(const Tensor& x, int64_t dim) {
-  check_float("argmax", x);
-  MG_CHECK(x.dim() >= 1 && x.numel() > 0, "argmax: expected a non-empty tensor, got shape {}",
+  MG_CHECK(x.dim() >= 1, "argmax: expected a tensor of at least one dimension, got shape {}",
            x.shape());
   dim = wrap_dim(dim, x.dim(), "argmax");
+  // Empty rows have no maximum; no rows at all (a [0, 3] tensor along dim 1) is an empty
+  // result, as in torch.
+  MG_CHECK(x.size(dim) > 0,
+           "argmax: expected reduction dim {} to have non-zero size, got shape {} (an empty "
+           "row has no maximum)",
+           dim, x.shape());
   const Tensor moved = contiguous(transpose(x, dim, x.dim() - 1));
   const int64_t cols = moved.size(-1);
   const Tensor rows = view(moved, Shape{moved.numel() / cols, cols});
   Tensor out = empty(Shape{rows.size(0)}, DType::Int64, x.device());
-  backend_of(x).argmax(out, rows);
+  if (rows.size(0) > 0) backend_of(x).argmax(out, rows);
   std::vector<int64_t> out_sizes = moved.shape().sizes();
   out_sizes.pop_back();
   Tensor result = view(out, Shape(out_sizes));
@@ -501,14 +510,21 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
   MG_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0),
            "cross_entropy: targets of shape {} do not match logits of shape {} (expected [{}])",
            targets.shape(), logits.shape(), logits.size(0));
-  MG_CHECK(logits.size(0) > 0 && logits.size(1) > 0,
-           "cross_entropy: expected a non-empty batch, got logits of shape {}", logits.shape());
+  MG_CHECK(logits.size(1) > 0,
+           "cross_entropy: expected at least one class, got logits of shape {}", logits.shape());
   const double eps = options.label_smoothing();
   MG_CHECK(eps >= 0.0 && eps <= 1.0,
            "cross_entropy: label_smoothing must be between 0.0 and 1.0, got {}", eps);
   const Shape loss_shape =
       options.reduction() == Reduction::None ? Shape{logits.size(0)} : Shape{};
   Tensor loss = empty(loss_shape, logits.dtype(), logits.device());
+  // An empty batch, as torch: the mean of no rows is 0 / 0 = NaN, their sum 0.
+  if (logits.size(0) == 0) {
+    if (options.reduction() != Reduction::None)
+      backend_of(logits).fill(
+          loss, options.reduction() == Reduction::Mean ? std::numeric_limits<double>::quiet_NaN() : 0.0);
+    return loss;
+  }
   backend_of(logits).cross_entropy(loss, logits, targets, options);
   return loss;
 }
@@ -524,7 +540,8 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits,
            logits.dtype(), loss_shape, logits.device(), reduction_name(options.reduction()), grad_loss.shape(),
            grad_loss.dtype(), grad_loss.device());
   Tensor grad = empty(logits.shape(), logits.dtype(), logits.device());
-  backend_of(logits).cross_entropy_backward(grad, grad_loss, logits, targets, options);
+  if (grad.numel() > 0)
+    backend_of(logits).cross_entropy_backward(grad, grad_loss, logits, targets, options);
   return grad;
 }
 

@@ -29,6 +29,7 @@ Tensor copy_to(const Tensor& t, Device device);
 void copy_(const Tensor& dst, const Tensor& src);  // src broadcast to dst's shape
 
 // ---- elementwise (binary ops broadcast) ----
+// int64 x: Neg, Relu and Abs are int64; Exp, Log, Sqrt and Tanh float32 (as torch's).
 Tensor unary(UnaryOp op, const Tensor& x);
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
 Tensor binary_scalar(BinaryOp op, const Tensor& x, double scalar);
@@ -39,6 +40,8 @@ Tensor relu_backward(const Tensor& grad_out, const Tensor& input);
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim);
 // Sums a broadcast gradient back down to `shape` (the input's shape before broadcast).
 Tensor sum_to(const Tensor& x, const Shape& shape);
+// Any dtype. No rows (a [0, 3] tensor along dim 1) give an empty result; an empty dim
+// (along dim 0 of [0, 3]) has no maximum, an mg::Error as in torch.
 Tensor argmax(const Tensor& x, int64_t dim);
 // max |x| over all elements as a 0-dim float32 tensor on x's device: NaN if any element
 // is NaN, 0 for an empty x (torch's x.abs().max(), the infinity norm).
@@ -97,8 +100,9 @@ std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // The [vocab, dim] gradient of embedding given grad_out [..., dim].
 Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t vocab);
-// mg::Error unless q [..., L, E], k [..., S, E], v [..., S, Ev] (S > 0) fit together: one
-// device, one float dtype, the same leading dimensions.
+// mg::Error unless q [..., L, E], k [..., S, E], v [..., S, Ev] fit together: one device,
+// one float dtype, the same leading dimensions, and S > 0 unless there is no query (an
+// empty batch, L = 0).
 void check_attention(const Tensor& q, const Tensor& k, const Tensor& v);
 // Fused attention (Backend::attention) over q [..., tq, d], k [..., tk, d], v [..., tk, dv]
 // with equal batch dimensions: {out [..., tq, dv], lse [..., tq]}.

@@ -258,7 +258,13 @@ void check_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
            "{}: shapes do not fit: query {}, key {}, value {} (expected [..., L, E], "
            "[..., S, E] and [..., S, Ev])",
            op, q.shape(), k.shape(), v.shape());
-  MG_CHECK(k.size(-2) > 0, "{}: expected at least one key, got key of shape {}", op, k.shape());
+  // A query with no key to attend to has no softmax; no query at all (an empty batch, or
+  // no positions) is an empty result, whatever the keys.
+  int64_t query_rows = 1;
+  for (int64_t d = 0; d + 1 < q.dim(); ++d) query_rows = checked_mul(query_rows, q.size(d), op);
+  MG_CHECK(k.size(-2) > 0 || query_rows == 0,
+           "{}: expected at least one key, got key of shape {} for query of shape {}", op,
+           k.shape(), q.shape());
 }
 
 std::vector<Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

@@ -43,6 +43,9 @@ void* Tensor::data_ptr() const {
            "outside its forward and backward; read them through full_state_dict(), or train "
            "the shards its parameters() returns",
            t.shape, t.dtype, t.storage.device());
+  // An empty tensor of an empty storage (its offset may be anything, as in PyTorch): no
+  // address to offset from, and nothing is read through it.
+  if (data == nullptr) return nullptr;
   return static_cast<char*>(data) + t.offset * static_cast<int64_t>(element_size(t.dtype));
 }
 

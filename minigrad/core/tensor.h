@@ -19,6 +19,7 @@
 #include <minigrad/core/device.h>
 #include <minigrad/core/dtype.h>
 #include <minigrad/core/error.h>
+#include <minigrad/core/scalar.h>
 #include <minigrad/core/shape.h>
 #include <minigrad/core/storage.h>
 
@@ -177,8 +178,10 @@ class Tensor {
   Tensor& copy_(const Tensor& src);
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }
-  Tensor& add_(const Tensor& other, double alpha = 1.0);
-  Tensor& mul_(double value);
+  // The scalar's category must fit the tensor's dtype, as in torch: an int64 tensor takes
+  // integer scalars only (ints.mul_(2), not ints.mul_(2.0), whose result is float32).
+  Tensor& add_(const Tensor& other, Scalar alpha = 1);
+  Tensor& mul_(Scalar value);
   Tensor& mul_(const Tensor& other);
   Tensor& uniform_(double low, double high);
   Tensor& normal_(double mean = 0.0, double stddev = 1.0);

@@ -67,7 +67,8 @@ kernels::SumPlan sum_plan(const Tensor& out, const Tensor& in) {
 // ---- elementwise ----
 
 void CudaBackend::unary(UnaryOp op, const Tensor& out, const Tensor& in) {
-  MG_CHECK(out.dtype() != DType::Int64 || op == UnaryOp::Neg || op == UnaryOp::Relu,
+  MG_CHECK(out.dtype() != DType::Int64 || op == UnaryOp::Neg || op == UnaryOp::Relu ||
+               op == UnaryOp::Abs,
            "{} on CUDA: expected float32 or float64, got {}", op_name(op), out.dtype());
   OpScope scope(out);
   const auto layout = strided_layout<2>(op_name(op), out.shape(), {out, in});
@@ -115,11 +116,10 @@ void CudaBackend::sum(const Tensor& out, const Tensor& in) {
 }
 
 void CudaBackend::argmax(const Tensor& out, const Tensor& in) {
-  require_float32("argmax", in);
   OpScope scope(out);
-  kernels::argmax_rows(static_cast<int64_t*>(out.data_ptr()),
-                       static_cast<const float*>(in.data_ptr()), in.size(0), in.size(1),
-                       in.stride(0), in.stride(1), scope.stream());
+  kernels::argmax_rows(element_type(in.dtype()), static_cast<int64_t*>(out.data_ptr()),
+                       in.data_ptr(), in.size(0), in.size(1), in.stride(0), in.stride(1),
+                       scope.stream());
 }
 
 void CudaBackend::abs_max(const Tensor& out, const Tensor& in) {

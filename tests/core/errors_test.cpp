@@ -4,6 +4,8 @@
 #include "catch_compat.h"
 #include "host_backed_cuda.h"
 
+#include <cmath>
+
 #include <minigrad/autograd/functions.h>
 #include <minigrad/core/backend.h>
 #include <minigrad/core/ops.h>
@@ -64,7 +66,7 @@ TEST_CASE("error: binary ops on different dtypes name both") {
   CHECK((iota({2}) + labels({1, 2})).dtype() == DType::Float32);
   REQUIRE_THROWS_WITH(ops::binary(BinaryOp::Add, iota({2}), labels({1, 2})),
                       MG_CONTAINS("add") && MG_CONTAINS("float32") && MG_CONTAINS("int64"));
-  REQUIRE_THROWS_WITH(exp(labels({1, 2})), MG_CONTAINS("exp") && MG_CONTAINS("int64"));
+  CHECK(exp(labels({1, 2})).dtype() == DType::Float32);  // torch: exp of int64 is float32
   REQUIRE_THROWS_WITH(labels({1, 2}).log_softmax(), MG_CONTAINS("log_softmax"));
   REQUIRE_THROWS_WITH(mean(labels({1, 2})), MG_CONTAINS("mean") && MG_CONTAINS("int64"));
   REQUIRE_THROWS_WITH(iota({2}).to_vector<int64_t>(),
@@ -176,7 +178,7 @@ TEST_CASE("error: reductions, cat, chunk and split with bad arguments") {
   const Tensor x = iota({2, 3});
   REQUIRE_THROWS_WITH(x.sum({2}), MG_CONTAINS("sum") && MG_CONTAINS("dimension 2"));
   REQUIRE_THROWS_WITH(x.sum({1, -1}), MG_CONTAINS("sum") && MG_CONTAINS("more than once"));
-  REQUIRE_THROWS_WITH(zeros({0, 3}).mean(), MG_CONTAINS("mean") && MG_CONTAINS("[0, 3]"));
+  CHECK(std::isnan(zeros({0, 3}).mean().item<float>()));  // torch: the mean of nothing is NaN
   REQUIRE_THROWS_WITH(x.argmax(2), MG_CONTAINS("argmax"));
   REQUIRE_THROWS_WITH(cat({}), MG_CONTAINS("cat") && MG_CONTAINS("non-empty"));
   REQUIRE_THROWS_WITH(cat({x, iota({2, 4})}, 0),

@@ -286,6 +286,20 @@ TEST_CASE("int64 division by zero and INT64_MIN / -1 are errors on CUDA too") {
                 a.to(Device::cpu()) / from_vector(std::vector<int64_t>{2, 2}, {2}));
   // int64 sums and products wrap around as on the CPU.
   const Tensor top = from_vector(std::vector<int64_t>{std::numeric_limits<int64_t>::max(), 3}, {2});
-  require_equal(top.to(gpu()) * 2.0, top * 2.0);
+  require_equal(top.to(gpu()) * 2, top * 2);  // an integer scalar keeps int64 (2.0 would not)
   require_equal(top.to(gpu()) + top.to(gpu()), top + top);
+}
+
+TEST_CASE("int64 neg, relu and abs stay int64 and wrap at INT64_MIN as on the CPU") {
+  const Tensor x = from_vector(
+      std::vector<int64_t>{std::numeric_limits<int64_t>::min(), -7, 0, 5, std::numeric_limits<int64_t>::max()}, {5});
+  const Tensor xg = x.to(gpu());
+  for (const UnaryOp op : {UnaryOp::Neg, UnaryOp::Relu, UnaryOp::Abs}) {
+    CAPTURE(op_name(op));
+    require_equal(ops::unary(op, xg), ops::unary(op, x));
+    CHECK(ops::unary(op, xg).dtype() == DType::Int64);
+  }
+  // exp of int64 is float32 on both.
+  require_equal(ops::unary(UnaryOp::Exp, from_vector(std::vector<int64_t>{-2, 0, 3}, {3}).to(gpu())),
+                ops::unary(UnaryOp::Exp, from_vector(std::vector<int64_t>{-2, 0, 3}, {3})));
 }

@@ -147,3 +147,18 @@ TEST_CASE("abs_max matches the CPU exactly, NaN wins, across many blocks") {
   REQUIRE(std::isnan(ops::abs_max(with_nan.to(gpu())).item<float>()));
   REQUIRE(ops::abs_max(zeros({0}, DType::Float32, gpu())).item<float>() == 0.0f);
 }
+
+TEST_CASE("argmax of float64 and int64 matches the CPU, ties and empty rows included") {
+  for (int64_t n : cuda_test::sizes()) {
+    CAPTURE(n);
+    const Tensor x = ops::to_dtype(random_cpu({n, 33}, 37), DType::Float64);
+    require_equal(x.to(gpu()).argmax(-1), x.argmax(-1));
+    require_equal(x.to(gpu()).argmax(0), x.argmax(0));
+    manual_seed(38);
+    const Tensor ints = randint(-3, 3, {n, 40});  // many ties, across lanes
+    require_equal(ints.to(gpu()).argmax(-1), ints.argmax(-1));
+    require_equal(ints.to(gpu()).t().argmax(-1), ints.t().argmax(-1));
+  }
+  // No rows: an empty result, no kernel.
+  CHECK(zeros({0, 5}, DType::Int64, gpu()).argmax(-1).shape() == Shape{0});
+}

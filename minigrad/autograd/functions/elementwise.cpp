@@ -1,7 +1,7 @@
 // Elementwise ops: forward and backward side by side.
 // A broadcast input's gradient is summed back to that input's shape (ops::sum_to).
-#include <cmath>
 #include <utility>
+#include <vector>
 
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
@@ -20,9 +20,19 @@ std::pair<Tensor, Tensor> promoted(const Tensor& a, const Tensor& b) {
   return {to(a, common), to(b, common)};
 }
 
-// An int64 tensor meets a fractional scalar: the result is float32, as in torch.
-Tensor promoted_for_scalar(const Tensor& a, double scalar) {
-  return a.dtype() == DType::Int64 && scalar != std::trunc(scalar) ? to(a, DType::Float32) : a;
+// The tensor in the dtype of its result with scalar s: an int64 tensor meets a
+// floating-point scalar in float32, whatever the scalar's value (promotion by category).
+Tensor promoted_for_scalar(const Tensor& a, const Scalar& s) { return to(a, promote_types(a.dtype(), s)); }
+
+// x op s for an x already in the result's dtype. An int64 x takes an integer s (its
+// promotion saw to that), passed exactly even past 2^53, where a double would round it.
+Tensor scalar_op(BinaryOp op, const Tensor& x, const Scalar& s) {
+  constexpr int64_t kExactInDouble = int64_t{1} << 53;
+  if (x.dtype() == DType::Int64 && (s.to_int64() > kExactInDouble || s.to_int64() < -kExactInDouble)) {
+    const Tensor value = ops::copy_to(from_vector(std::vector<int64_t>{s.to_int64()}, Shape{}), x.device());
+    return ops::binary(op, x, value);
+  }
+  return ops::binary_scalar(op, x, s.to_double());
 }
 }  // namespace
 
@@ -85,21 +95,50 @@ Tensor div(const Tensor& a_in, const Tensor& b_in) {
   return out;
 }
 
-Tensor add(const Tensor& a_in, double b) {
+Tensor add(const Tensor& a_in, Scalar b) {
   const Tensor a = promoted_for_scalar(a_in, b);
-  Tensor out = ops::binary_scalar(BinaryOp::Add, a, b);
+  Tensor out = scalar_op(BinaryOp::Add, a, b);
   record_function("AddScalarBackward", {a}, {out},
                   [](const BackwardArgs& g) { return std::vector<Tensor>{g.grad()}; });
   return out;
 }
 
-Tensor mul(const Tensor& a_in, double b) {
+Tensor sub(const Tensor& a_in, Scalar b) {
   const Tensor a = promoted_for_scalar(a_in, b);
-  Tensor out = ops::binary_scalar(BinaryOp::Mul, a, b);
-  record_function("MulScalarBackward", {a}, {out}, [b](const BackwardArgs& g) {
+  Tensor out = scalar_op(BinaryOp::Sub, a, b);
+  record_function("SubScalarBackward", {a}, {out},
+                  [](const BackwardArgs& g) { return std::vector<Tensor>{g.grad()}; });
+  return out;
+}
+
+Tensor mul(const Tensor& a_in, Scalar b) {
+  const Tensor a = promoted_for_scalar(a_in, b);
+  Tensor out = scalar_op(BinaryOp::Mul, a, b);
+  record_function("MulScalarBackward", {a}, {out}, [b = b.to_double()](const BackwardArgs& g) {
     return std::vector<Tensor>{ops::binary_scalar(BinaryOp::Mul, g.grad(), b)};
   });
   return out;
+}
+
+Tensor div(const Tensor& a_in, Scalar b) {
+  Tensor a = promoted_for_scalar(a_in, b);
+  if (a.dtype() == DType::Int64) a = to(a, DType::Float32);  // true division
+  // a / b itself, not a * (1 / b): the quotient torch computes, correctly rounded.
+  Tensor out = ops::binary_scalar(BinaryOp::Div, a, b.to_double());
+  record_function("DivScalarBackward", {a}, {out}, [b = b.to_double()](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::binary_scalar(BinaryOp::Div, g.grad(), b)};
+  });
+  return out;
+}
+
+// b - a as (-a) + b: negation is exact, so this is b - a's rounding (and int64's wrap).
+Tensor rsub(const Tensor& a, Scalar b) { return add(neg(promoted_for_scalar(a, b)), b); }
+
+// torch's `b / a` is reciprocal(a) * b, two roundings; this takes the same two.
+Tensor rdiv(const Tensor& a_in, Scalar b) {
+  const Tensor a = a_in.dtype() == DType::Int64 ? to(a_in, DType::Float32) : a_in;
+  const Tensor one = ops::copy_to(scalar_tensor(1.0, a.dtype()), a.device());
+  return mul(div(one, a), b);
 }
 
 Tensor neg(const Tensor& x) {
@@ -142,16 +181,13 @@ Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
 Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
 Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
 Tensor operator-(const Tensor& x) { return neg(x); }
-Tensor operator+(const Tensor& a, double b) { return add(a, b); }
-Tensor operator+(double a, const Tensor& b) { return add(b, a); }
-Tensor operator-(const Tensor& a, double b) { return add(a, -b); }
-Tensor operator-(double a, const Tensor& b) { return add(neg(b), a); }
-Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
-Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
-// a * (1 / b); an int64 tensor divides as float32 (true division, as torch's `/`).
-Tensor operator/(const Tensor& a, double b) {
-  if (a.dtype() == DType::Int64) return mul(to(a, DType::Float32), 1.0 / b);
-  return mul(a, 1.0 / b);
-}
+Tensor operator+(const Tensor& a, Scalar b) { return add(a, b); }
+Tensor operator+(Scalar a, const Tensor& b) { return add(b, a); }
+Tensor operator-(const Tensor& a, Scalar b) { return sub(a, b); }
+Tensor operator-(Scalar a, const Tensor& b) { return rsub(b, a); }
+Tensor operator*(const Tensor& a, Scalar b) { return mul(a, b); }
+Tensor operator*(Scalar a, const Tensor& b) { return mul(b, a); }
+Tensor operator/(const Tensor& a, Scalar b) { return div(a, b); }
+Tensor operator/(Scalar a, const Tensor& b) { return rdiv(b, a); }
 
 }  // namespace mg

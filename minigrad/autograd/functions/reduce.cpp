@@ -42,7 +42,7 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   // The sum first: it refuses a dimension named twice, which count_reduced would count twice.
   const Tensor total = ops::sum(x, dims, keepdim);
   const int64_t n = count_reduced(x.shape(), dims);
-  MG_CHECK(n > 0, "mean: cannot take the mean of an empty tensor of shape {}", x.shape());
+  // No elements: 0 * (1 / 0) is NaN, torch's mean of nothing; backward spreads onto nothing.
   const double scale = 1.0 / static_cast<double>(n);
   Tensor out = ops::binary_scalar(BinaryOp::Mul, total, scale);
   record_function("MeanBackward", {x}, {out},

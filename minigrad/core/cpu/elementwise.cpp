@@ -113,6 +113,16 @@ void binary_scalar_typed(BinaryOp op, const Tensor& out, const Tensor& in, T s) 
 }  // namespace
 
 void CpuBackend::unary(UnaryOp op, const Tensor& out, const Tensor& in) {
+  // int64: the ops that stay integers (ops::unary computes the others in float32). -x and
+  // |x| wrap at INT64_MIN, as torch's (and the CUDA kernels') do.
+  if (in.dtype() == DType::Int64) {
+    switch (op) {
+      case UnaryOp::Neg: map1<int64_t>(out, in, [](int64_t x) { return sub<int64_t>(0, x); }); return;
+      case UnaryOp::Relu: map1<int64_t>(out, in, [](int64_t x) { return x < 0 ? int64_t{0} : x; }); return;
+      case UnaryOp::Abs: map1<int64_t>(out, in, [](int64_t x) { return x < 0 ? sub<int64_t>(0, x) : x; }); return;
+      default: MG_FAIL("{}: expected a floating-point tensor (float32 or float64), got int64", op_name(op));
+    }
+  }
   MG_DISPATCH_FLOATING_TYPES(in.dtype(), op_name(op), [&] {
     using T = scalar_t;
     switch (op) {

@@ -63,12 +63,19 @@ void argmax_typed(const Tensor& out, const Tensor& in) {
   auto* o = static_cast<int64_t*>(out.data_ptr());
   // NaN is the maximum, as in PyTorch: the first NaN of a row wins; otherwise the first
   // of the largest values.
+  const auto is_nan = [](T v) {
+    if constexpr (std::is_floating_point_v<T>) {
+      return std::isnan(v);
+    } else {
+      return false;
+    }
+  };
   for (int64_t i = 0; i < rows; ++i) {
     int64_t best = 0;
     T best_value = x[i * rs];
-    for (int64_t j = 1; j < cols && !std::isnan(best_value); ++j) {
+    for (int64_t j = 1; j < cols && !is_nan(best_value); ++j) {
       const T v = x[i * rs + j * cs];
-      if (std::isnan(v) || v > best_value) {
+      if (is_nan(v) || v > best_value) {
         best = j;
         best_value = v;
       }
@@ -95,7 +102,7 @@ void abs_max_typed(const Tensor& out, const Tensor& in) {
 }  // namespace
 
 void CpuBackend::argmax(const Tensor& out, const Tensor& in) {
-  MG_DISPATCH_FLOATING_TYPES(in.dtype(), "argmax", [&] { argmax_typed<scalar_t>(out, in); });
+  MG_DISPATCH_ALL_TYPES(in.dtype(), "argmax", [&] { argmax_typed<scalar_t>(out, in); });
 }
 
 void CpuBackend::abs_max(const Tensor& out, const Tensor& in) {

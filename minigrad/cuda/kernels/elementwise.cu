@@ -69,6 +69,10 @@ struct AbsValue {
   __device__ float operator()(float x) const { return fabsf(x); }
   __device__ double operator()(double x) const { return fabs(x); }
 };
+// |x| wrapping at INT64_MIN, as the CPU's and torch's.
+struct AbsInt64Value {
+  __device__ int64_t operator()(int64_t x) const { return x < 0 ? wrap_sub(int64_t{0}, x) : x; }
+};
 struct TanhValue {
   __device__ float operator()(float x) const { return tanhf(x); }
   __device__ double operator()(double x) const { return tanh(x); }
@@ -219,11 +223,13 @@ void unary(UnaryKind kind, ElementType type, void* out, const void* in,
     unary_float(kind, static_cast<double*>(out), static_cast<const double*>(in), layout, numel,
                 stream);
   } else {
-    // int64: Neg and Relu only (the backend refuses the others).
+    // int64: Neg, Relu and Abs only (the backend refuses the others).
     auto* o = static_cast<int64_t*>(out);
     const auto* x = static_cast<const int64_t*>(in);
     if (kind == UnaryKind::Neg) {
       map_unary(o, x, layout, numel, stream, NegValue<int64_t>{});
+    } else if (kind == UnaryKind::Abs) {
+      map_unary(o, x, layout, numel, stream, AbsInt64Value{});
     } else {
       map_unary(o, x, layout, numel, stream, ReluValue<int64_t>{});
     }

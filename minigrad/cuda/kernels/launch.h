@@ -69,9 +69,9 @@ void sum(ElementType type, void* out, const void* in, const SumPlan& plan, void*
 // *out = max |in[i]| over n > 0 contiguous floats, NaN if any is NaN. Deterministic (a
 // maximum does not depend on the order it is taken in).
 void abs_max(float* out, const float* in, int64_t n, cudaStream_t stream);
-// out[i] = the first j with the largest in[i, j].
-void argmax_rows(int64_t* out, const float* in, int64_t rows, int64_t cols, int64_t row_stride,
-                 int64_t col_stride, cudaStream_t stream);
+// out[i] = the first j with the largest in[i, j] (NaN the largest), for `type` elements.
+void argmax_rows(ElementType type, int64_t* out, const void* in, int64_t rows, int64_t cols,
+                 int64_t row_stride, int64_t col_stride, cudaStream_t stream);
 
 // ---- softmax.cu ----
 struct MatrixView {

@@ -14,6 +14,7 @@
 // CPU backend's full reduction does.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include <minigrad/cuda/check.h>
 #include <minigrad/cuda/kernels/launch.h>
@@ -260,35 +261,45 @@ void sum_typed(T* out, const T* in, const SumPlan& plan, void* scratch, cudaStre
 
 // ---- argmax ----
 
+template <typename T>
+__device__ __forceinline__ bool is_nan_value(T v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return isnan(v);
+  } else {
+    return false;
+  }
+}
+
 // Whether (value, index) beats (best, best_index) in PyTorch's order: NaN is larger than
 // every number, and among equal values (or NaNs) the smaller index wins.
-__device__ __forceinline__ bool argmax_beats(float value, int64_t index, float best,
-                                             int64_t best_index) {
-  if (isnan(best)) return isnan(value) && index < best_index;
-  if (isnan(value)) return true;
+template <typename T>
+__device__ __forceinline__ bool argmax_beats(T value, int64_t index, T best, int64_t best_index) {
+  if (is_nan_value(best)) return is_nan_value(value) && index < best_index;
+  if (is_nan_value(value)) return true;
   return value > best || (value == best && index < best_index);
 }
 
 // One warp per row: each lane keeps the first maximum of the columns it visits, then
 // the lanes combine by argmax_beats, as the CPU's first-maximum scan (NaN included).
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    argmax_rows_kernel(int64_t* out, const float* in, int64_t rows, int64_t cols,
+    argmax_rows_kernel(int64_t* out, const T* in, int64_t rows, int64_t cols,
                        int64_t row_stride, int64_t col_stride) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
   if (row >= rows) return;  // whole warps leave together
-  const float* x = in + row * row_stride;
-  float best = 0.0f;
+  const T* x = in + row * row_stride;
+  T best = T(0);
   int64_t best_index = -1;
   for (int64_t j = lane; j < cols; j += 32) {
-    const float v = x[j * col_stride];
+    const T v = x[j * col_stride];
     if (best_index < 0 || argmax_beats(v, j, best, best_index)) {
       best = v;
       best_index = j;
     }
   }
   for (int delta = 16; delta > 0; delta >>= 1) {
-    const float other = __shfl_down_sync(0xffffffffu, best, delta);
+    const T other = __shfl_down_sync(0xffffffffu, best, delta);
     const int64_t other_index = __shfl_down_sync(0xffffffffu, best_index, delta);
     const bool take = other_index >= 0 &&
                       (best_index < 0 || argmax_beats(other, other_index, best, best_index));
@@ -298,6 +309,14 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (lane == 0) out[row] = best_index;
+}
+
+template <typename T>
+void launch_argmax_rows(int64_t* out, const T* in, int64_t rows, int64_t cols, int64_t row_stride,
+                        int64_t col_stride, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(ceil_div(rows, kThreads / 32));
+  argmax_rows_kernel<T><<<blocks, kThreads, 0, stream>>>(out, in, rows, cols, row_stride, col_stride);
+  MG_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -327,12 +346,16 @@ void sum(ElementType type, void* out, const void* in, const SumPlan& plan, void*
   }
 }
 
-void argmax_rows(int64_t* out, const float* in, int64_t rows, int64_t cols, int64_t row_stride,
-                 int64_t col_stride, cudaStream_t stream) {
+void argmax_rows(ElementType type, int64_t* out, const void* in, int64_t rows, int64_t cols,
+                 int64_t row_stride, int64_t col_stride, cudaStream_t stream) {
   if (rows == 0) return;
-  const auto blocks = static_cast<unsigned>(ceil_div(rows, kThreads / 32));
-  argmax_rows_kernel<<<blocks, kThreads, 0, stream>>>(out, in, rows, cols, row_stride, col_stride);
-  MG_CUDA_CHECK_LAUNCH();
+  if (type == ElementType::Float32) {
+    launch_argmax_rows(out, static_cast<const float*>(in), rows, cols, row_stride, col_stride, stream);
+  } else if (type == ElementType::Float64) {
+    launch_argmax_rows(out, static_cast<const double*>(in), rows, cols, row_stride, col_stride, stream);
+  } else {
+    launch_argmax_rows(out, static_cast<const int64_t*>(in), rows, cols, row_stride, col_stride, stream);
+  }
 }
 
 // The largest |x|, by its bits: a float's magnitude (sign bit cleared) orders as an
