@@ -266,6 +266,28 @@ void Module::to(Device device) {
       [device](const Tensor& b) { return b.device() == device ? b : ops::copy_to(b, device); });
 }
 
+void Module::to(DType dtype) {
+  MG_CHECK(is_floating_point(dtype),
+           "Module::to: only floating-point dtypes (float32, float64) are accepted, got {}; "
+           "integer buffers keep their dtype whatever the module's (torch: \"nn.Module.to only "
+           "accepts floating point or complex dtypes\")",
+           dtype);
+  NoGradGuard no_grad;
+  // convert_tensors converts each distinct tensor once: a tied weight stays one tensor.
+  const auto wanted = [dtype](const Tensor& t) { return is_floating_point(t.dtype()) && t.dtype() != dtype; };
+  convert_tensors(
+      [&](const Tensor& p) {
+        if (!wanted(p)) return p;
+        const Tensor grad = p.grad();
+        Tensor wide = ops::to_dtype(p, dtype);
+        wide.set_requires_grad(p.requires_grad());
+        wide.set_distributed_spec(p.distributed_spec());
+        if (grad.defined()) wide.set_grad(ops::to_dtype(grad, dtype));
+        return wide;
+      },
+      [&](const Tensor& b) { return wanted(b) ? ops::to_dtype(b, dtype) : b; });
+}
+
 void Module::zero_grad(bool set_to_none) {
   for (Tensor& p : parameters()) {
     if (!p.grad().defined()) continue;

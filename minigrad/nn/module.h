@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <minigrad/core/device.h>
+#include <minigrad/core/dtype.h>
 #include <minigrad/core/tensor.h>
 
 namespace mg::nn {
@@ -103,6 +104,12 @@ class Module {
   // Moves every parameter and buffer to `device` in place (parameters stay leaves and
   // keep requires_grad; existing gradients move with them). Tied parameters stay tied.
   void to(Device device);
+  // Converts every floating-point parameter and buffer to `dtype` (float32 or float64) in
+  // place, as torch's module.to(dtype): parameters stay leaves and keep requires_grad,
+  // existing gradients are converted with them, int64 buffers are left as they are, and a
+  // tensor registered under several names (a tied weight) stays one tensor. mg::Error for
+  // an integer dtype (torch: "nn.Module.to only accepts floating point or complex dtypes").
+  void to(DType dtype);
   // Gradients of all parameters: cleared (set_to_none) or filled with zeros.
   void zero_grad(bool set_to_none = true);
 

@@ -13,7 +13,6 @@
 #include <cmath>
 
 #include "catch_compat.h"
-#include "models/module_dtype.h"
 #include "multiprocess.h"
 
 #include <minigrad/autograd/functions.h>
@@ -72,7 +71,7 @@ models::GPTConfig config(bool bias = true) {
 std::shared_ptr<models::GPT> make_gpt(DType dtype, bool bias) {
   manual_seed(7);  // the same weights for both models, on every rank
   auto gpt = std::make_shared<models::GPT>(config(bias));
-  if (dtype != DType::Float32) mg::test::set_parameters_dtype(*gpt, dtype);
+  gpt->to(dtype);  // its initialisation draws float32
   return gpt;
 }
 

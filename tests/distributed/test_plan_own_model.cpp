@@ -9,7 +9,6 @@
 
 #include "catch_compat.h"
 #include "gpt_split_check.h"
-#include "models/module_dtype.h"
 #include "multiprocess.h"
 
 #include <minigrad/autograd/functions.h>
@@ -120,7 +119,7 @@ parallel::ParallelPlan cp_plan() {
 std::shared_ptr<TinyTransformer> make_model() {
   manual_seed(31);
   auto model = std::make_shared<TinyTransformer>();
-  set_parameters_dtype(*model, DType::Float64);
+  model->to(DType::Float64);
   return model;
 }
 

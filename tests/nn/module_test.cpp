@@ -135,6 +135,72 @@ TEST_CASE("Module: to(cpu) on a CPU module keeps the same tensors and gradients"
   CHECK(net.parameter("scale").grad().is_same(grad));
 }
 
+TEST_CASE("Module: to(dtype) converts every float parameter and buffer in place, as torch's") {
+  Net net;
+  net.register_buffer("running", mg::full(Shape{3}, 0.1));  // a float buffer converts too
+  // A weight tied across two modules (one tensor under two names, as a tied embedding and
+  // head): it must stay one tensor.
+  auto twin = std::make_shared<nn::Linear>(4, 2);
+  twin->set_parameter("weight", net.parameter("layers.2.weight"));
+  net.register_module("twin", twin);
+  (net.forward(mg::ones(Shape{2, 3}))).sum().backward();
+  const std::vector<nn::NamedTensor> before = net.named_parameters();
+  std::vector<std::vector<float>> values, grads;
+  for (const auto& [name, p] : before) {
+    values.push_back(p.to_vector<float>());
+    grads.push_back(p.grad().defined() ? p.grad().to_vector<float>() : std::vector<float>{});
+  }
+  const Tensor steps = net.buffer("steps");
+
+  net.to(mg::DType::Float64);
+  const std::vector<nn::NamedTensor> after = net.named_parameters();
+  REQUIRE(after.size() == before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    INFO(after[i].first);
+    const Tensor& p = after[i].second;
+    CHECK(after[i].first == before[i].first);
+    CHECK(p.dtype() == mg::DType::Float64);
+    CHECK(p.is_leaf());
+    CHECK(p.requires_grad() == before[i].second.requires_grad());  // "frozen" stays frozen
+    const std::vector<double> v = p.to_vector<double>();
+    CHECK(std::vector<double>(values[i].begin(), values[i].end()) == v);  // float32 -> float64 is exact
+    if (grads[i].empty()) {
+      CHECK(!p.grad().defined());
+    } else {
+      REQUIRE(p.grad().defined());
+      CHECK(p.grad().dtype() == mg::DType::Float64);
+      CHECK(std::vector<double>(grads[i].begin(), grads[i].end()) == p.grad().to_vector<double>());
+    }
+  }
+  CHECK(net.buffer("running").dtype() == mg::DType::Float64);
+  CHECK(net.buffer("running").to_vector<double>() == std::vector<double>(3, static_cast<double>(0.1f)));
+  CHECK(net.buffer("steps").is_same(steps));  // int64 buffers are not floats: untouched
+  CHECK(net.parameter("layers.2.weight").is_same(net.parameter("twin.weight")));  // still tied
+
+  // The module computes in float64 now, gradients included.
+  net.zero_grad();
+  const Tensor out = net.forward(mg::ones(Shape{2, 3}, mg::DType::Float64));
+  CHECK(out.dtype() == mg::DType::Float64);
+  out.sum().backward();
+  CHECK(net.parameter("scale").grad().dtype() == mg::DType::Float64);
+
+  // A second call to the same dtype changes nothing; back to float32 gives the values back.
+  const std::vector<Tensor> wide = net.parameters();
+  net.to(mg::DType::Float64);
+  for (size_t i = 0; i < wide.size(); ++i) CHECK(net.parameters()[i].is_same(wide[i]));
+  net.to(mg::DType::Float32);
+  CHECK(net.parameter("frozen").to_vector<float>() == values[1]);
+  CHECK(net.parameter("scale").dtype() == mg::DType::Float32);
+
+  // torch: "nn.Module.to only accepts floating point or complex dtypes, but got desired
+  // dtype=torch.int64"; nothing is converted.
+  const std::vector<Tensor> kept = net.parameters();
+  REQUIRE_THROWS_WITH(net.to(mg::DType::Int64),
+                      MG_CONTAINS("Module::to: only floating-point dtypes (float32, float64) are "
+                                  "accepted, got int64"));
+  for (size_t i = 0; i < kept.size(); ++i) CHECK(net.parameters()[i].is_same(kept[i]));
+}
+
 TEST_CASE("Module: clone() is a deep copy with the same values, requires_grad, and no grads") {
   mg::manual_seed(2);
   Net net;

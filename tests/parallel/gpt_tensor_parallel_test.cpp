@@ -1,13 +1,11 @@
 // The GPT's tensor parallelism (models/gpt_tensor_parallel.h) in one process, in float64:
-// rank r is a thread driving the handle InProcessGroup::rank(r) on the CPU. Gloo reduces
-// float32 only (tests/distributed/test_gpt_tensor_parallel.cpp proves the same across
-// processes with float32 tolerances); here the sums are exact enough that the gradients
-// and the parameters after 3 AdamW steps agree with the single-device GPT to ~1e-12.
-// minigrad's optimizers take float32 only, so the steps are torch's AdamW written out
-// below on the host.
+// rank r is a thread driving the handle InProcessGroup::rank(r) on the CPU
+// (tests/distributed/test_gpt_tensor_parallel.cpp proves the same across processes with
+// float32 tolerances); here the sums are exact enough that the gradients and the
+// parameters after 3 AdamW steps agree with the single-device GPT to ~1e-12. The steps are
+// torch's AdamW written out below on the host (from before minigrad's AdamW took float64).
 // With sequence parallelism this also runs the in-process group's reduce_scatter.
 #include "catch_compat.h"
-#include "models/module_dtype.h"
 
 #include <cmath>
 #include <thread>
@@ -73,7 +71,7 @@ std::vector<double> float64_against_single_device(int n, bool sequence_parallel)
   c.n_embd = 16;
   manual_seed(21);
   models::GPT gpt(c);
-  mg::test::set_parameters_dtype(gpt, DType::Float64);
+  gpt.to(DType::Float64);
   const Tensor x = randint(0, c.vocab_size, {3, 8});
   std::vector<int64_t> yv = randint(0, c.vocab_size, {3, 8}).to_vector<int64_t>();
   yv[5] = -1;

@@ -296,7 +296,7 @@ Report train(const Config& c, Trainer& t) {
 // `dtype` (the row's, or float64: the same initial weights and batches, widened exactly).
 Report run_plain(const Config& c, DType dtype) {
   auto model = make_module(c);
-  if (dtype != c.dtype) mg::test::set_parameters_dtype(*model, dtype);
+  model->to(dtype);  // float64: the row's float32 weights, widened exactly
   auto opt = make_optimizer(c, model->parameters());
   Trainer t;
   t.my_rows = [dtype](const Batch& b, int) {

@@ -7,7 +7,6 @@
 #include <memory>
 #include <vector>
 
-#include "models/module_dtype.h"
 #include "parallel/dp_check.h"  // make_mlp
 #include "parity/table.h"
 
@@ -54,7 +53,7 @@ inline std::shared_ptr<models::GPT> make_gpt(const Config& c) {
   MG_CHECK(c.model == "GPT", "parity: the GPT's forms cannot take the model '{}'", c.model);
   manual_seed(kModelSeed);
   auto gpt = std::make_shared<models::GPT>(gpt_config(c));
-  if (c.dtype != DType::Float32) mg::test::set_parameters_dtype(*gpt, c.dtype);
+  gpt->to(c.dtype);  // its initialisation draws float32
   return gpt;
 }
 

@@ -19,7 +19,8 @@
 // loop does); group_lr / set_group_lr reach one group. A one-group optimizer, built from
 // a plain list of tensors, is what it always was.
 //
-// The parameters are leaf float32 tensors, held by handle and updated in place. They may
+// The parameters are leaf float32 or float64 tensors (each optimizer state follows its
+// parameter's dtype), held by handle and updated in place. They may
 // be any tensors the caller owns -- a module's parameters, or flat 1-D views into one
 // buffer (a shard: ops::narrow(flat, 0, begin, length), or flat.narrow(...) of a buffer
 // that does not require grad, so that the view is a leaf) whose gradients the caller sets
@@ -122,7 +123,7 @@ class Optimizer {
   void load_state_dict(const TensorDict& state, const std::string& source = "state dict");
 
  protected:
-  // Checks the parameters: defined, leaves, float32, no tensor twice (in any group).
+  // Checks the parameters: defined, leaves, float32 or float64, no tensor twice (in any group).
   Optimizer(std::vector<Tensor> params, std::string name);
   // Parameter groups: `groups[g]` are group g's parameters (a group may be empty).
   Optimizer(std::vector<std::vector<Tensor>> groups, std::string name);
