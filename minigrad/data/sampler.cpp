@@ -62,7 +62,11 @@ std::vector<int64_t> SequentialSampler::indices(int64_t) const {
 }
 
 RandomSampler::RandomSampler(int64_t n, uint64_t seed) : n_(n), seed_(seed) {
-  MG_CHECK(n >= 0, "RandomSampler: n must be non-negative, got {}", n);
+  // As torch's RandomSampler (and so DataLoader(shuffle=True)) over an empty dataset.
+  MG_CHECK(n > 0,
+           "RandomSampler: num_samples should be a positive integer value, but got "
+           "num_samples={} (an empty dataset has nothing to shuffle)",
+           n);
 }
 
 std::vector<int64_t> RandomSampler::indices(int64_t epoch) const {

@@ -33,7 +33,8 @@ class SequentialSampler : public Sampler {
 };
 
 // A permutation of 0..n-1 drawn from (seed, epoch): a new order each epoch, the same
-// order for the same seed and epoch.
+// order for the same seed and epoch. n > 0: an empty dataset is refused, as torch's
+// RandomSampler refuses num_samples=0 (a SequentialSampler of 0 gives no batch).
 class RandomSampler : public Sampler {
  public:
   RandomSampler(int64_t n, uint64_t seed);

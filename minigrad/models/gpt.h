@@ -109,8 +109,12 @@ class GPT : public nn::Cloneable<GPT> {
   // Appends max_new_tokens tokens to idx [B, T] (int64), each sampled from the softmax of
   // the last position's logits / temperature, keeping only the top_k most likely (0: all),
   // with the context cropped to the last block_size tokens: nanoGPT's generate. Runs
-  // without gradients; returns [B, T + max_new_tokens]. The module's train/eval mode is
-  // left as it is (call eval() first for no dropout).
+  // without gradients, in the model's dtype (float32 or float64); returns
+  // [B, T + max_new_tokens] ([0, T + max_new_tokens] for B = 0). The module's train/eval
+  // mode is left as it is (call eval() first for no dropout). temperature 0 is its limit:
+  // the most likely token every time (argmax's, the first of equal logits). Logits that make
+  // no distribution (NaN, +inf, all -inf: a model with NaN weights) are an mg::Error naming
+  // the step and the sequence, as torch.multinomial refuses them.
   Tensor generate(const Tensor& idx, int64_t max_new_tokens, double temperature = 1.0,
                   int64_t top_k = 0, Generator* generator = nullptr);
 

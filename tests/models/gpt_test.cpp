@@ -333,6 +333,75 @@ TEST_CASE("GPT::generate: appends tokens, crops to block_size, top_k = 1 is gree
     CHECK(greedy.to_vector<int64_t>()[static_cast<size_t>(row * 4 + 3)] ==
           std::max_element(first, first + 20) - first);
   }
-  REQUIRE_THROWS_WITH(model.generate(start, 1, 0.0), MG_CONTAINS("temperature must be > 0, got 0"));
+  REQUIRE_THROWS_WITH(model.generate(start, 1, -0.5), MG_CONTAINS("temperature must be >= 0 and finite"));
+  REQUIRE_THROWS_WITH(model.generate(start, 1, INFINITY), MG_CONTAINS("temperature must be >= 0 and finite"));
   REQUIRE_THROWS_WITH(model.generate(start, 1, 1.0, -1), MG_CONTAINS("top_k must be >= 0"));
+}
+
+TEST_CASE("GPT::generate: temperature 0 is its limit, the argmax, and a tiny one tends to it") {
+  GPT model(small_config());
+  model.eval();
+  const Tensor start = random_tokens(2, 3, 20, 10);
+  // temperature 0: every step the largest logit, as top_k = 1 (and no draw from the generator).
+  mg::Generator g(3);
+  const auto before = g.state();
+  const Tensor zero = model.generate(start, 6, 0.0, 0, &g);
+  CHECK(g.state().offset == before.offset);
+  CHECK(zero.to_vector<int64_t>() == model.generate(start, 6, 1.0, 1).to_vector<int64_t>());
+  // A temperature so small that logit / temperature overflows to inf samples the argmax too,
+  // rather than a NaN distribution.
+  CHECK(model.generate(start, 6, 1e-300).to_vector<int64_t>() == zero.to_vector<int64_t>());
+}
+
+TEST_CASE("GPT::generate: logits that make no distribution are an error naming the step, as torch.multinomial") {
+  GPT model(small_config());
+  model.eval();
+  const Tensor start = random_tokens(2, 3, 20, 10);
+  // A model whose weights are NaN: every logit NaN (it once sampled token 0 at every step).
+  GPT broken(small_config());
+  broken.eval();
+  {
+    mg::NoGradGuard no_grad;
+    broken.parameter("transformer.ln_f.weight").fill_(std::nan(""));
+  }
+  mg::Generator g(1);
+  const auto state = g.state();
+  REQUIRE_THROWS_WITH(broken.generate(start, 4, 1.0, 0, &g),
+                      MG_CONTAINS("GPT::generate: step 1 of 4, sequence 0: the logit of token 0 is nan") &&
+                          MG_CONTAINS("probability tensor contains either inf, nan or element < 0"));
+  CHECK(g.state().offset == state.offset);  // nothing drawn
+  // The same at temperature 0 and with top_k: there is no largest of NaNs.
+  REQUIRE_THROWS_WITH(broken.generate(start, 4, 0.0), MG_CONTAINS("step 1 of 4, sequence 0"));
+  REQUIRE_THROWS_WITH(broken.generate(start, 4, 1.0, 3), MG_CONTAINS("step 1 of 4, sequence 0"));
+  // Logits that overflow to +inf (softmax: inf / inf = NaN), named the same way: ln_f puts
+  // out 3e38 everywhere, and 32 channels of it times a head of ones overflow float32.
+  {
+    mg::NoGradGuard no_grad;
+    broken.parameter("transformer.ln_f.weight").fill_(0.0);
+    broken.parameter("transformer.ln_f.bias").fill_(3e38);
+    broken.parameter("transformer.wte.weight").fill_(1.0);
+  }
+  REQUIRE_THROWS_WITH(broken.generate(start, 2), MG_CONTAINS("the logit of token") && MG_CONTAINS("is inf") &&
+                                                      MG_CONTAINS("probabilities are not finite"));
+  // The healthy model is unaffected: it still samples.
+  CHECK(model.generate(start, 2).shape() == Shape{2, 5});
+}
+
+TEST_CASE("GPT::generate: a float64 GPT (Module::to) generates, and as its float32 self at temperature 0") {
+  GPT model(small_config());
+  model.eval();
+  const Tensor start = random_tokens(2, 3, 20, 10);
+  const Tensor narrow32 = model.generate(start, 8, 0.0);
+  model.to(mg::DType::Float64);  // the float32 weights, exactly, in float64
+  for (const Tensor& p : model.parameters()) CHECK(p.dtype() == mg::DType::Float64);
+  const Tensor wide = model.generate(start, 8, 0.0);
+  CHECK(wide.dtype() == mg::DType::Int64);
+  CHECK(wide.shape() == Shape{2, 11});
+  // Greedy decoding of the same weights: float32 and float64 logits pick the same argmax
+  // unless two logits are within float32's rounding (checked: they are not here).
+  CHECK(wide.to_vector<int64_t>() == narrow32.to_vector<int64_t>());
+  mg::Generator g1(9), g2(9);
+  const Tensor a = model.generate(start, 8, 0.8, 5, &g1), b = model.generate(start, 8, 0.8, 5, &g2);
+  CHECK(a.to_vector<int64_t>() == b.to_vector<int64_t>());
+  for (int64_t t : a.to_vector<int64_t>()) CHECK((t >= 0 && t < 20));
 }
