@@ -27,7 +27,9 @@ Tensor clip_mesh_grad_norm_(GPTMeshPipeline& model, const parallel::DeviceMesh& 
     const double norm = ops::to_dtype(nn::utils::get_total_norm(counted, 2.0, false, nullptr, device), DType::Float64).item<double>();
     local = norm * norm;
   }
-  Tensor sum = full({1}, local, DType::Float32, device);  // Gloo sums float32, not float64
+  // float32 on the wire: written when Gloo summed float32 alone, and kept (a float64 sum,
+  // possible now, would move the float32 runs' clipped norms by a rounding).
+  Tensor sum = full({1}, local, DType::Float32, device);
   if (tp->size() > 1) tp->allreduce({sum})->wait();
   if (pp->size() > 1) pp->allreduce({sum})->wait();
   const double total = std::sqrt(ops::copy_to(sum, Device::cpu()).to_vector<float>()[0]);

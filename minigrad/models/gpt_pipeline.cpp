@@ -187,8 +187,10 @@ Tensor GPTPipeline::train_step(const Tensor& idx, const Tensor& targets) {
   // The loss on every rank: the last stage has it; the others take it by broadcast, so a
   // trainer prints, logs and checks it the same on any rank.
   NoGradGuard no_grad;
+  // In the model's dtype (a float64 GPT's loss is float64), which every rank's blocks share.
+  const DType dtype = chunks_.front()->parameters().front().dtype();
   Tensor buffer = last ? ops::contiguous(loss.detach().reshape(Shape{1}))
-                       : zeros({1}, DType::Float32, pp_group_->device());
+                       : zeros({1}, dtype, pp_group_->device());
   if (p > 1) pp_group_->broadcast(buffer, p - 1)->wait();
   return buffer.reshape(Shape{});
 }

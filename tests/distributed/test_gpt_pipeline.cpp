@@ -4,7 +4,8 @@
 // whole batch, for fewer, as many and more micro-batches than stages, rows not divisible
 // by the micro-batches. The tied gradient left unsummed and a micro-batch's loss counted
 // twice (test-only faults, core/fault_injection.h) fail the comparison; a split with
-// fewer blocks than virtual stages is refused.
+// fewer blocks than virtual stages is refused. In float64 (Gloo carries it) the pipeline
+// equals the float64 single-device GPT to ~1e-12.
 //
 // Each rank runs the single-device GPT itself (the same seed, the whole batch) beside its
 // stage and compares what it holds, so nothing is lost to the float reports.
@@ -17,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "catch_compat.h"
+#include "gpt_split_check.h"  // as_double, max_abs
 #include "multiprocess.h"
 
 #include <minigrad/autograd/functions.h>
@@ -261,6 +263,82 @@ TEST_CASE("GPT pipeline: the tied gradient unsummed, or a micro-batch's loss cou
     const double worst = largest_error({2, 3, 5, Schedule::Interleaved1F1B, 2, 4}, where);
     INFO("a micro-batch counted twice: largest error " << worst << " at " << where);
     CHECK(worst > 100 * kTolerance);
+  }
+}
+
+// float64: the pipeline (its activations, the tied gradient's all-reduce, the loss's
+// broadcast) against the single-device GPT, both converted with Module::to. The only
+// differences are summation orders, ~1e-16 relative per sum; AdamW's division by a
+// gradient's own size magnifies an element's absolute error by up to lr / (4 eps) = 2.5e4
+// (see kStepTolerance), so the parameters are held to 1e-11 absolute, the loss and
+// gradients to 1e-12 normwise (observed: loss 2.8e-16, gradients 1.4e-15, parameters
+// 6.0e-16 after 3 steps).
+TEST_CASE("GPT pipeline in float64 over 2 Gloo ranks equals the float64 single-device GPT", "[gpt_pp]") {
+  for (const int chunks : {1, 2}) {
+    DYNAMIC_SECTION((chunks == 1 ? "1F1B" : "interleaved 1F1B, 2 chunks per rank")) {
+      const auto results = run_ranks(2, [&](RankContext& ctx) {
+        const GPTConfig config = config_of(4);
+        manual_seed(11);
+        GPT model(config);
+        model.to(DType::Float64);
+        GPTPipelineOptions options;
+        options.micro_batches = 2;
+        options.model_chunks = chunks;
+        options.schedule = chunks == 1 ? Schedule::OneFOneB : Schedule::Interleaved1F1B;
+        GPTPipeline pipe(model, ctx.gloo(), options);
+        manual_seed(11);
+        GPT plain(config);
+        plain.to(DType::Float64);
+        std::map<std::string, Tensor> reference;
+        for (auto& [name, p] : plain.named_parameters()) reference[name] = p;
+        reference["lm_head.weight"] = plain.wte_weight();
+        optim::AdamW opt(optim::weight_decay_groups(pipe.parameters(), adamw()));
+        optim::AdamW plain_opt(optim::weight_decay_groups(plain.parameters(), adamw()));
+        double loss_error = 0, grad_error = 0, param_error = 0;
+        std::string worst_grad, worst_param;
+        for (int step = 0; step < kSteps; ++step) {
+          manual_seed(300 + static_cast<uint64_t>(step));
+          const Tensor idx = randint(0, config.vocab_size, {5, kT});
+          const Tensor targets = randint(0, config.vocab_size, {5, kT});
+          pipe.zero_grad();
+          const Tensor loss = pipe.train_step(idx, targets);
+          MG_CHECK(loss.dtype() == DType::Float64, "the pipeline's loss is {}", loss.dtype());
+          plain.zero_grad();
+          const Tensor plain_loss = GPT::loss(plain.forward(idx), targets);
+          plain_loss.backward();
+          loss_error = std::max(loss_error, std::fabs(as_double(loss) - as_double(plain_loss)) /
+                                                std::fabs(as_double(plain_loss)));
+          for (auto& [name, p] : pipe.named_parameters()) {
+            MG_CHECK(p.dtype() == DType::Float64 && p.grad().dtype() == DType::Float64, "{} is {}", name, p.dtype());
+            const Tensor& want = reference.at(name).grad();
+            const double e = max_abs(p.grad() - want) / std::max(max_abs(want), 1e-30);
+            if (e >= grad_error) {
+              grad_error = e;
+              worst_grad = fmt::format("{} at step {}", name, step);
+            }
+          }
+          opt.step();
+          plain_opt.step();
+          for (auto& [name, p] : pipe.named_parameters()) {
+            const double e = max_abs(p - reference.at(name));
+            if (e >= param_error) {
+              param_error = e;
+              worst_param = fmt::format("{} after step {}", name, step);
+            }
+          }
+        }
+        ctx.report("errors", fmt::format("loss {:.3e}, gradient {:.3e} ({}), parameter {:.3e} ({})",
+                                         loss_error, grad_error, worst_grad, param_error, worst_param));
+        ctx.report("within", std::vector<float>{loss_error < 1e-12 && grad_error < 1e-12 && param_error < 1e-11
+                                                    ? 1.0f : 0.0f});
+      });
+      INFO(describe(results));
+      for (const RankResult& r : results) {
+        REQUIRE(r.ok());
+        INFO("rank " << r.rank << ": " << r.text("errors"));
+        CHECK(r.floats("within") == std::vector<float>{1.0f});
+      }
+    }
   }
 }
 

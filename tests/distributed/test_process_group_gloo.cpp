@@ -5,11 +5,16 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <thread>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "catch_compat.h"
 #include "multiprocess.h"
 
+#include <minigrad/core/ops.h>
 #include <minigrad/parallel/c10d/gloo/process_group_gloo.h>
 
 using namespace mg;
@@ -26,7 +31,102 @@ Tensor contribution(int rank, int64_t n, Shape shape) {
   return from_vector(v, shape);
 }
 
+// Rank r's float64 element i: 1 + (r + 1) (i + 1) 2^-40. float32 would round every one to 1;
+// their sums over 4 ranks are exact in float64, in any order.
+double wide_value(int rank, int64_t i) {
+  return 1.0 + static_cast<double>((rank + 1) * (i + 1)) * std::ldexp(1.0, -40);
+}
+
+Tensor wide_contribution(int rank, int64_t n) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = wide_value(rank, i);
+  return from_vector(v, Shape{n});
+}
+
+// Every value, spelled exactly (the shortest text that reads back as the same double).
+std::string exact(const Tensor& t) {
+  if (t.dtype() == DType::Int64) return fmt::format("{}", fmt::join(t.contiguous().to_vector<int64_t>(), ", "));
+  return fmt::format("{}", fmt::join(t.contiguous().to_vector<double>(), ", "));
+}
+std::string exact(const std::vector<double>& v) { return fmt::format("{}", fmt::join(v, ", ")); }
+
 }  // namespace
+
+TEST_CASE("ProcessGroupGloo: float64 and wide int64 through every collective and message, exactly") {
+  for (int world : {2, 4}) {
+    DYNAMIC_SECTION("world size " << world) {
+      auto results = run_ranks(world, [](RankContext& ctx) {
+        auto pg = ctx.gloo();
+        const int w = ctx.world_size, r = ctx.rank;
+        Tensor sum = wide_contribution(r, 5);
+        pg->allreduce(sum)->wait();
+        ctx.report("sum", exact(sum));
+        // A list of two, coalesced into one float64 buffer.
+        Tensor avg = wide_contribution(r, 3), avg2 = ops::to_dtype(full({2, 2}, r + 0.5), DType::Float64);
+        pg->allreduce(std::vector<Tensor>{avg, avg2}, ReduceOp::Average)->wait();
+        ctx.report("average", exact(avg) + "; " + exact(avg2));
+        Tensor root = wide_contribution(r, 4);
+        pg->broadcast(root, w - 1)->wait();
+        ctx.report("broadcast", exact(root));
+        Tensor gathered = empty({w * 2}, DType::Float64);
+        pg->all_gather(gathered, wide_contribution(r, 2))->wait();
+        ctx.report("all_gather", exact(gathered));
+        Tensor part = empty({3}, DType::Float64);
+        pg->reduce_scatter(part, wide_contribution(r, 3 * w))->wait();
+        ctx.report("reduce_scatter", exact(part));
+        Tensor mean_part = empty({3}, DType::Float64);
+        pg->reduce_scatter(mean_part, wide_contribution(r, 3 * w), ReduceOp::Average)->wait();
+        ctx.report("reduce_scatter mean", exact(mean_part));
+        // A message: rank 0 to rank 1, float64 (the pipeline's activations travel so).
+        if (r == 0) pg->send(wide_contribution(7, 6), 1, 3)->wait();
+        if (r == 1) {
+          Tensor in = empty({6}, DType::Float64);
+          pg->recv(in, 0, 3)->wait();
+          ctx.report("message", exact(in));
+        }
+        // int64 past 2^53, which a double could not carry: 2^60 + r summed exactly.
+        Tensor ints = from_vector(std::vector<int64_t>{(int64_t{1} << 60) + r, -r}, Shape{2});
+        pg->allreduce(ints)->wait();
+        ctx.report("int64", exact(ints));
+      });
+      INFO(describe(results));
+      const auto expected_sum = [&](int64_t i) {
+        double s = 0;
+        for (int r = 0; r < world; ++r) s += wide_value(r, i);  // exact: no rounding to differ
+        return s;
+      };
+      for (const RankResult& res : results) {
+        REQUIRE(res.ok());
+        std::vector<double> sum, avg, root, gathered, part, mean_part;
+        for (int64_t i = 0; i < 5; ++i) sum.push_back(expected_sum(i));
+        for (int64_t i = 0; i < 3; ++i) avg.push_back(expected_sum(i) * (1.0 / world));
+        for (int64_t i = 0; i < 4; ++i) root.push_back(wide_value(world - 1, i));
+        for (int r = 0; r < world; ++r)
+          for (int64_t i = 0; i < 2; ++i) gathered.push_back(wide_value(r, i));
+        for (int64_t i = 0; i < 3; ++i) part.push_back(expected_sum(res.rank * 3 + i));
+        for (double v : part) mean_part.push_back(v * (1.0 / world));
+        double avg2 = 0;
+        for (int r = 0; r < world; ++r) avg2 += r + 0.5;
+        avg2 *= 1.0 / world;
+        CHECK(res.text("sum") == exact(sum));
+        CHECK(res.text("average") == exact(avg) + "; " + exact(std::vector<double>(4, avg2)));
+        CHECK(res.text("broadcast") == exact(root));
+        CHECK(res.text("all_gather") == exact(gathered));
+        CHECK(res.text("reduce_scatter") == exact(part));
+        CHECK(res.text("reduce_scatter mean") == exact(mean_part));
+        if (res.rank == 1) {
+          std::vector<double> message;
+          for (int64_t i = 0; i < 6; ++i) message.push_back(wide_value(7, i));
+          CHECK(res.text("message") == exact(message));
+        }
+        CHECK(res.text("int64") == fmt::format("{}, {}", world * (int64_t{1} << 60) + world * (world - 1) / 2,
+                                               -world * (world - 1) / 2));
+      }
+      // Not float32's values: the 2^-40 parts survived.
+      REQUIRE(results[0].text("broadcast") != exact(std::vector<double>(4, 1.0)));
+    }
+  }
+}
 
 TEST_CASE("ProcessGroupGloo: allreduce sum and average, one tensor and a list") {
   for (int world : {2, 4}) {
@@ -148,7 +248,7 @@ TEST_CASE("ProcessGroupGloo: arguments are checked with clear errors") {
   INFO(describe(results));
   REQUIRE(results[0].ok());
   REQUIRE_THAT(results[0].text("int average"),
-               MG_CONTAINS("allreduce (gloo): ReduceOp::Average needs float32 tensors, tensor 0 is int64"));
+               MG_CONTAINS("allreduce (gloo): ReduceOp::Average needs float32 or float64 tensors, tensor 0 is int64"));
   REQUIRE_THAT(results[0].text("mixed dtypes"),
                MG_CONTAINS("tensor 1 is int64 but tensor 0 is float32"));
   REQUIRE_THAT(results[0].text("bad root"), MG_CONTAINS("root 3 is outside [0, 1)"));

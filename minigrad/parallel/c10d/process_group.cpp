@@ -42,11 +42,9 @@ void ProcessGroup::check_tensors(const char* collective, const std::vector<Tenso
     MG_CHECK(t.dtype() == tensors[0].dtype(),
              "{} ({}): tensor {} is {} but tensor 0 is {}; one call takes one dtype (rank {})",
              collective, backend_name(), i, t.dtype(), tensors[0].dtype(), rank_);
-    MG_CHECK(t.dtype() == DType::Float32 || t.dtype() == DType::Int64,
-             "{} ({}): tensor {} is {}; float32 and int64 are supported (rank {})", collective,
-             backend_name(), i, t.dtype(), rank_);
-    MG_CHECK(!average || t.dtype() == DType::Float32,
-             "{} ({}): ReduceOp::Average needs float32 tensors, tensor {} is {} (rank {})",
+    MG_CHECK(!average || is_floating_point(t.dtype()),
+             "{} ({}): ReduceOp::Average needs float32 or float64 tensors, tensor {} is {} "
+             "(rank {})",
              collective, backend_name(), i, t.dtype(), rank_);
   }
 }
@@ -119,9 +117,6 @@ bool ProcessGroup::check_flat_pair(const char* collective, const Tensor& whole,
     MG_CHECK(t.device() == device,
              "{} ({}): {} of shape {} is on {}, but this process group works on {} (rank {})",
              collective, backend, name, t.shape(), t.device(), device, rank_);
-    MG_CHECK(t.dtype() == DType::Float32 || t.dtype() == DType::Int64,
-             "{} ({}): {} is {}; float32 and int64 are supported (rank {})", collective, backend,
-             name, t.dtype(), rank_);
     MG_CHECK(t.is_contiguous(),
              "{} ({}): {} of shape {} is not contiguous; pass .contiguous() (rank {})",
              collective, backend, name, t.shape(), rank_);
@@ -129,9 +124,9 @@ bool ProcessGroup::check_flat_pair(const char* collective, const Tensor& whole,
   MG_CHECK(whole.dtype() == part.dtype(),
            "{} ({}): {} is {} but {} is {}; both take one dtype (rank {})", collective, backend,
            whole_name, whole.dtype(), part_name, part.dtype(), rank_);
-  MG_CHECK(!average || whole.dtype() == DType::Float32,
-           "{} ({}): ReduceOp::Average needs float32 tensors, {} is {} (rank {})", collective,
-           backend, whole_name, whole.dtype(), rank_);
+  MG_CHECK(!average || is_floating_point(whole.dtype()),
+           "{} ({}): ReduceOp::Average needs float32 or float64 tensors, {} is {} (rank {})",
+           collective, backend, whole_name, whole.dtype(), rank_);
   const int64_t n = part.numel();
   int64_t needed = 0;
   MG_CHECK(!__builtin_mul_overflow(n, static_cast<int64_t>(size_), &needed),

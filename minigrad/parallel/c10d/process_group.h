@@ -80,8 +80,9 @@ class ProcessGroup {
   virtual std::chrono::milliseconds timeout() const = 0;
 
   // In place on every tensor: tensors[k] becomes the sum (or mean) of tensors[k] over all
-  // ranks. The list is reduced as one coalesced buffer; shapes and dtype (Float32, or
-  // Int64 for Sum) must agree across ranks. The tensors must not be touched until wait().
+  // ranks. The list is reduced as one coalesced buffer; shapes and dtype (float32, float64
+  // or int64; an int64 mean is refused) must agree across ranks. The tensors must not be
+  // touched until wait().
   virtual std::shared_ptr<Work> allreduce(std::vector<Tensor> tensors,
                                           ReduceOp op = ReduceOp::Sum) = 0;
   std::shared_ptr<Work> allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::Sum) {
@@ -96,8 +97,9 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> barrier() = 0;
 
   // Flat collectives, as torch.distributed.reduce_scatter_tensor and
-  // all_gather_into_tensor. Both tensors contiguous, of one dtype (float32; int64 also for
-  // Sum), on device(); their shapes do not matter, only their element counts.
+  // all_gather_into_tensor. Both tensors contiguous, of one dtype (float32, float64, or
+  // int64 but for Average), on device(); their shapes do not matter, only their element
+  // counts.
   //   reduce_scatter: input.numel() == size() * output.numel(); output becomes the sum
   //     (or mean) over the ranks r of rank r's input[rank() * n, (rank() + 1) * n),
   //     n = output.numel().
@@ -114,7 +116,7 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> all_gather(Tensor output, Tensor input) = 0;
 
   // Point to point, as torch.distributed.isend / irecv: the tensors travel as one message
-  // (coalesced; float32 or int64, one dtype) to group rank `dst`, and recv fills its
+  // (coalesced; float32, float64 or int64, one dtype) to group rank `dst`, and recv fills its
   // tensors from the message that rank `src` sent. Messages from one rank to another are
   // matched by tag (tag >= 0), in the order they were posted; other tags and other peers
   // are independent, so any number may be in flight, and a send and a recv between the

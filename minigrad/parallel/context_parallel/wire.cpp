@@ -1,4 +1,4 @@
-// Float64 over groups that carry float32 and int64: see wire.h.
+// Float64 as int64 bits, and float64 sums in rank order: see wire.h.
 #include <minigrad/parallel/context_parallel/wire.h>
 
 #include <minigrad/core/ops.h>

@@ -1,9 +1,11 @@
 // How context parallelism's tensors travel through a ProcessGroup whatever their float
-// dtype. The groups carry float32 and int64 (c10d/process_group.h); the ring's blocks and
-// the tests' checks are also float64, whose 8 bytes travel as the bits of an int64 of the
-// same size (a message only moves bytes). Sums are the one place that needs arithmetic:
-// sum_over_group all-reduces float32, and for float64 gathers every rank's bits and adds
-// them here, in rank order, so every rank gets the same float64 sum.
+// dtype. The ring's blocks and the tests' checks are also float64, whose 8 bytes travel
+// as the bits of an int64 of the same size (a message only moves bytes; written when the
+// groups carried float32 and int64 alone, and still exact). Sums are the one place that
+// needs arithmetic: sum_over_group all-reduces float32, and for float64 gathers every
+// rank's values and adds them here, in rank order, so every rank gets the same float64
+// sum, in the order the float64 checks were derived for, whatever the backend's reduction
+// order.
 #pragma once
 
 #include <memory>

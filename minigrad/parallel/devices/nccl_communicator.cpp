@@ -31,6 +31,7 @@ namespace {
 ncclDataType_t nccl_dtype(DType dtype) {
   switch (dtype) {
     case DType::Float32: return ncclFloat32;
+    case DType::Float64: return ncclFloat64;
     case DType::Int64: return ncclInt64;
   }
   MG_FAIL("NCCL: unsupported dtype {}", dtype);

@@ -104,9 +104,9 @@ class ProcessGroupTensorParallel final : public TensorParallelGroup {
   std::shared_ptr<ProcessGroup> process_group() const override { return group_; }
 
  protected:
-  // Float64: process groups (Gloo, NCCL) reduce float32 and int64 only, so its bits
-  // travel as int64 (an all-gather, context_parallel/wire.h) and every rank adds the parts
-  // in rank order, getting the same sum; the composed mesh's tests check in float64.
+  // Float64: an all-gather (context_parallel/wire.h) and the parts added in rank order on
+  // every rank, so every rank gets the same sum in a fixed order whatever the backend's
+  // reduction algorithm; the composed mesh's tests check in float64 against that.
   Tensor all_reduce_impl(const Tensor& tensor) override {
     if (tensor.dtype() == DType::Float64) return sum_in_rank_order(all_gather_impl(tensor));
     Tensor out = ops::clone(tensor);  // allreduce works in place; the input stays as it was

@@ -352,6 +352,18 @@ void gloo_allgather(const std::shared_ptr<gloo::Context>& context, const Tensor*
   gloo::allgather(opts);
 }
 
+// Runs f(T{}) with T the element type of `dtype`: the three dtypes process groups carry
+// (gloo's sum and its transport work for any arithmetic type).
+template <typename F>
+void with_element_type(DType dtype, F f) {
+  switch (dtype) {
+    case DType::Float32: return f(float{});
+    case DType::Float64: return f(double{});
+    case DType::Int64: return f(int64_t{});
+  }
+  MG_FAIL("ProcessGroupGloo: unsupported dtype {}", dtype);
+}
+
 // A group of one: the result is the input itself.
 void copy_flat(const Tensor& dst, const Tensor& src) {
   if (dst.numel() > 0 && dst.data_ptr() != src.data_ptr())
@@ -371,11 +383,9 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(std::vector<Tensor> tensors, R
   return impl->enqueue("allreduce", detail, [impl, buffer, op](uint32_t tag) {
     const Tensor& flat = buffer->flat();
     if (flat.numel() > 0) {
-      if (flat.dtype() == DType::Float32) {
-        gloo_allreduce<float>(impl->context, flat, tag, impl->options.timeout);
-      } else {
-        gloo_allreduce<int64_t>(impl->context, flat, tag, impl->options.timeout);
-      }
+      with_element_type(flat.dtype(), [&](auto t) {
+        gloo_allreduce<decltype(t)>(impl->context, flat, tag, impl->options.timeout);
+      });
     }
     // Gloo has no average: sum, then scale, as PyTorch's DDP comm hook does.
     if (op == ReduceOp::Average)
@@ -395,11 +405,9 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(std::vector<Tensor> tensors, i
   return impl->enqueue("broadcast", detail, [impl, buffer, root](uint32_t tag) {
     const Tensor& flat = buffer->flat();
     if (flat.numel() > 0) {
-      if (flat.dtype() == DType::Float32) {
-        gloo_broadcast<float>(impl->context, flat, root, tag, impl->options.timeout);
-      } else {
-        gloo_broadcast<int64_t>(impl->context, flat, root, tag, impl->options.timeout);
-      }
+      with_element_type(flat.dtype(), [&](auto t) {
+        gloo_broadcast<decltype(t)>(impl->context, flat, root, tag, impl->options.timeout);
+      });
     }
     buffer->copy_back();
   });
@@ -420,11 +428,9 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(Tensor output, Tensor inp
     // slices[r] becomes rank r's input[rank * n, (rank + 1) * n): what this rank reduces.
     // Allocated here rather than by the caller, so queued collectives hold no scratch.
     const Tensor slices = empty(Shape{input.numel()}, input.dtype(), input.device());
-    if (input.dtype() == DType::Float32) {
-      gloo_alltoall<float>(impl->context, input, slices, tag, impl->options.timeout);
-    } else {
-      gloo_alltoall<int64_t>(impl->context, input, slices, tag, impl->options.timeout);
-    }
+    with_element_type(input.dtype(), [&](auto t) {
+      gloo_alltoall<decltype(t)>(impl->context, input, slices, tag, impl->options.timeout);
+    });
     // Summed in rank order, so every rank's slice is reduced the same way. The input is
     // no longer read, so output may be a slice of it (in place).
     const int64_t n = output.numel();
@@ -450,11 +456,9 @@ std::shared_ptr<Work> ProcessGroupGloo::all_gather(Tensor output, Tensor input) 
   Impl* impl = impl_.get();
   return impl->enqueue("all_gather", detail, [impl, output, input, in_place](uint32_t tag) {
     const Tensor* in = in_place ? nullptr : &input;
-    if (output.dtype() == DType::Float32) {
-      gloo_allgather<float>(impl->context, in, output, tag, impl->options.timeout);
-    } else {
-      gloo_allgather<int64_t>(impl->context, in, output, tag, impl->options.timeout);
-    }
+    with_element_type(output.dtype(), [&](auto t) {
+      gloo_allgather<decltype(t)>(impl->context, in, output, tag, impl->options.timeout);
+    });
   });
 }
 

@@ -23,7 +23,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-ncclDataType_t nccl_dtype(DType dtype) { return dtype == DType::Float32 ? ncclFloat32 : ncclInt64; }
+ncclDataType_t nccl_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return ncclFloat32;
+    case DType::Float64: return ncclFloat64;
+    case DType::Int64: return ncclInt64;
+  }
+  MG_FAIL("NCCL messages: no NCCL type for {}", dtype);
+}
 
 // A failure of the lane: its communicator is aborted and its messages fail with this.
 class LaneFailure : public std::runtime_error {

@@ -29,7 +29,12 @@ using Clock = std::chrono::steady_clock;
 double seconds_of(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
 
 ncclDataType_t nccl_dtype(DType dtype) {
-  return dtype == DType::Float32 ? ncclFloat32 : ncclInt64;  // check_tensors allows these two
+  switch (dtype) {
+    case DType::Float32: return ncclFloat32;
+    case DType::Float64: return ncclFloat64;
+    case DType::Int64: return ncclInt64;
+  }
+  MG_FAIL("ProcessGroupNccl: no NCCL type for {}", dtype);
 }
 
 cudaStream_t stream_handle(const Stream& stream) { return static_cast<cudaStream_t>(stream.handle); }
