@@ -80,10 +80,10 @@ install(FILES ${CMAKE_BINARY_DIR}/minigradConfig.cmake
               ${CMAKE_BINARY_DIR}/minigradConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/minigrad)
 
-# The programs a user runs: the launcher, the two trainers, the two tutorials. They find
-# libminigrad next door, in ../lib.
-set(MINIGRAD_INSTALLED_PROGRAMS minigrad-run train_fashion_mnist train_minimal
-                                data_parallel_tutorial model_parallel)
+# The programs a user runs: the launcher, the three trainers, the two tutorials and the
+# pipeline with a stage per process. They find libminigrad next door, in ../lib.
+set(MINIGRAD_INSTALLED_PROGRAMS minigrad-run train_fashion_mnist train_minimal train_gpt
+                                data_parallel_tutorial model_parallel pipeline_parallel)
 if(MINIGRAD_BUILD_SAMPLES)
   foreach(program IN LISTS MINIGRAD_INSTALLED_PROGRAMS)
     set_target_properties(${program} PROPERTIES INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")

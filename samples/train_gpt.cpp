@@ -5,6 +5,7 @@
 //   build/bin/train_gpt --iters 200 --n-layer 2 --n-embd 64          # a quick look
 //   build/bin/train_gpt --grad-accum 4 --batch-size 3                # the same step in 4 pieces
 //   build/bin/train_gpt --save gpt.safetensors; build/bin/train_gpt --resume gpt.safetensors
+//   build/bin/train_gpt --resume gpt.safetensors --sample-only --sample-chars 1000   # no data needed
 //   build/bin/train_gpt --metrics run.csv --plot run.svg --trace t.json
 //   build/bin/train_gpt --devices cpu,cpu                            # DataParallel, 2 replicas
 //   build/bin/minigrad-run --nproc-per-node 4 build/bin/train_gpt --devices cpu --dp 2 --tp 2
@@ -28,7 +29,10 @@
 // model under nanoGPT's names (model.transformer.wte.weight, ..., model.lm_head.weight),
 // so tests/models/reference/gpt_reference.py --load loads one into PyTorch's nanoGPT
 // with strict=True; --resume continues bit for bit (the windows of step s are drawn from
-// (--seed, s), the dropout generator's state is saved).
+// (--seed, s), the dropout generator's state is saved). The vocabulary is in the
+// checkpoint's metadata too (support/vocabulary_metadata.h: "vocab", each character's byte
+// in hex), so --sample-only samples from a checkpoint without the text it was trained on,
+// and --resume on a corpus of other characters is refused rather than misread.
 //
 // --dp/--tp/--cp (under minigrad-run, one process per rank): the GPT split over a mesh of
 // data, tensor and context parallelism; support/gpt_parallel.h holds the split (which rows,
@@ -75,6 +79,7 @@
 #include "support/command_line.h"
 #include "support/devices.h"
 #include "support/distributed_run.h"
+#include "support/vocabulary_metadata.h"
 #include "support/gpt_parallel.h"
 #include "support/progress.h"
 #include "support/run_files.h"
@@ -108,6 +113,7 @@ struct Options {
   int64_t sample_chars = 400;
   double temperature = 0.8;
   int64_t top_k = 0;
+  bool sample_only = false;  // --resume's weights and vocabulary, a sample, nothing else
   samples::TraceOptions trace;
   // The split over ranks (--dp, --tp, --cp, --sequence-parallel); distributed when given.
   samples::GPTSplit split;
@@ -144,8 +150,9 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   app.add_option("--metrics", o.metrics, "Write step,train_loss,val_loss,lr,seconds at every evaluation to this CSV");
   app.add_option("--plot", o.plot, "Draw the train and validation loss into this SVG");
   app.add_option("--sample-chars", o.sample_chars, "Characters of text to generate at the end (0: none)")->check(samples::non_negative_integer())->capture_default_str();
-  app.add_option("--temperature", o.temperature, "Sampling temperature")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--temperature", o.temperature, "Sampling temperature (0: always the likeliest character)")->check(samples::non_negative_number())->capture_default_str();
   app.add_option("--top-k", o.top_k, "Sample among the k likeliest characters (0: all)")->check(samples::non_negative_integer())->capture_default_str();
+  app.add_flag("--sample-only", o.sample_only, "With --resume: print a sample from the checkpoint alone (its weights and vocabulary; no data is read, no step taken)");
   samples::add_trace_options(app, o.trace, "training step");
   CLI::Option* dp = app.add_option("--dp", o.split.dp, "Data-parallel ranks (under minigrad-run): the batch's windows cut over them")->check(positive);
   CLI::Option* tp = app.add_option("--tp", o.split.tp, "Tensor-parallel ranks: every layer split over them (Megatron's)")->check(positive);
@@ -170,6 +177,13 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     o.device_list = samples::parse_devices(o.devices);
     o.split.interleaved = schedule == "interleaved";
     if (o.split.micro_batches == 0) o.split.micro_batches = o.split.pp;
+    if (o.sample_only && o.resume.empty())
+      throw samples::OptionError("--sample-only samples from a checkpoint: it needs --resume CHECKPOINT");
+    if (o.sample_only && o.sample_chars == 0)
+      throw samples::OptionError("--sample-only with --sample-chars 0 has nothing to do");
+    if (o.sample_only && (o.device_list.size() > 1 || dp->count() + tp->count() + pp->count() + cp->count() +
+                                                          sp->count() + zero->count() > 0))
+      throw samples::OptionError("--sample-only runs on one device: --devices with one device, no --dp/--tp/--pp/--cp/--zero");
     if (o.split.pp == 1 && sched->count() + mb->count() + chunks->count() > 0)
       throw samples::OptionError("--schedule, --micro-batches and --model-chunks are the pipeline's: they need --pp 2 or more");
     if (dp->count() + tp->count() + pp->count() + cp->count() + sp->count() + zero->count() > 0) {
@@ -193,6 +207,21 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
 }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// --sample-chars characters from `model`, decoded with `tokenizer`, printed. The sample
+// starts after a newline, where a fortune starts (token 0 if the corpus has none).
+void print_sample(const Options& o, models::GPT& model, const data::CharTokenizer& tokenizer, Device device) {
+  model.eval();
+  Generator sampler(o.seed);
+  const std::vector<uint8_t>& chars = tokenizer.vocab();
+  const auto newline = std::find(chars.begin(), chars.end(), '\n');
+  const int64_t first = newline == chars.end() ? 0 : newline - chars.begin();
+  const Tensor start = from_vector(std::vector<int64_t>{first}, Shape{1, 1});
+  const Tensor out = model.generate(ops::copy_to(start, device), o.sample_chars, o.temperature, o.top_k, &sampler);
+  fmt::print("---- a sample (temperature {}{}) ----\n{}\n", o.temperature,
+             o.top_k > 0 ? fmt::format(", top_k {}", o.top_k) : "",
+             tokenizer.decode(ops::copy_to(out, Device::cpu()).to_vector<int64_t>()));
+}
 
 // The corpus as tokens: from --tokens when that file exists, else encoded from the
 // fortune files (and written to --tokens when given).
@@ -228,6 +257,7 @@ struct Run {
   // one's, to shard).
   std::unique_ptr<optim::AdamW> whole_optimizer;
   data::TokenSplits splits;
+  const data::CharTokenizer* tokenizer = nullptr;  // the corpus's, written into checkpoints
   std::vector<samples::LossPoint> history;
   std::string metrics_csv = "step,train_loss,val_loss,lr,seconds\n";
   Device device = Device::cpu();
@@ -250,7 +280,8 @@ void save_checkpoint(Run& run, int64_t step) {
                  {"seed", std::to_string(run.options.seed)},
                  {"generator_seed", std::to_string(gen.seed)},
                  {"generator_offset", std::to_string(gen.offset)},
-                 {"metrics", run.metrics_csv}};
+                 {"metrics", run.metrics_csv},
+                 {samples::kVocabularyKey, samples::vocabulary_metadata(*run.tokenizer)}};
   nn::save_tensors(ck, run.options.save);
 }
 
@@ -265,6 +296,11 @@ int64_t load_checkpoint(Run& run) {
     MG_CHECK(it != ck.metadata.end(), "--resume {}: not a train_gpt checkpoint (no '{}')", path, key);
     return it->second;
   };
+  // Its vocabulary first: a corpus of other characters also changes vocab_size, and this
+  // says why. (A checkpoint from before the vocabulary was stored has none to check.)
+  if (const auto vocab = ck.metadata.find(samples::kVocabularyKey); vocab != ck.metadata.end())
+    samples::check_same_vocabulary(samples::tokenizer_from_metadata(vocab->second, "--resume " + path),
+                                   *run.tokenizer, "--resume " + path);
   const std::string config = config_json(run.model->config());
   MG_CHECK(meta("gpt_config") == config,
            "--resume {}: the checkpoint's model is {}, but the flags make {}; pass the flags it "
@@ -316,6 +352,43 @@ std::pair<double, double> estimate_loss(Run& run) {
   return {means[0], means[1]};
 }
 
+// --sample-only: the checkpoint's model and vocabulary, and a sample; no data, no step. The
+// model flags must be those it was trained with (as for --resume); vocab_size is its own.
+int sample_only(const Options& o) {
+  const nn::Checkpoint ck = nn::load_tensors(o.resume);
+  const auto meta = ck.metadata.find(samples::kVocabularyKey);
+  MG_CHECK(meta != ck.metadata.end(),
+           "--sample-only: {} holds no vocabulary (a checkpoint written before train_gpt stored "
+           "it, or not train_gpt's); sample at the end of a --resume run on the text it was "
+           "trained on instead",
+           o.resume);
+  const data::CharTokenizer tokenizer = samples::tokenizer_from_metadata(meta->second, o.resume);
+  models::GPTConfig config;
+  config.block_size = o.block_size;
+  config.vocab_size = tokenizer.vocab_size();
+  config.n_layer = o.n_layer;
+  config.n_head = o.n_head;
+  config.n_embd = o.n_embd;
+  config.dropout = o.dropout;
+  const auto written = ck.metadata.find("gpt_config");
+  MG_CHECK(written != ck.metadata.end(), "--resume {}: not a train_gpt checkpoint (no 'gpt_config')", o.resume);
+  MG_CHECK(written->second == config_json(config),
+           "--resume {}: the checkpoint's model is {}, but the flags make {}; pass the flags it "
+           "was trained with", o.resume, written->second, config_json(config));
+  const Device device = o.device_list.front();
+  manual_seed(o.seed);
+  models::GPT model(config);
+  const nn::TensorDict state = ck.get("model.");
+  model.check_state_dict(state, o.resume);
+  model.load_state_dict(state, o.resume);
+  model.to(device);
+  const auto step = ck.metadata.find("step");
+  fmt::print("GPT: {}; from {} (step {}), a vocabulary of {}\n", config.str(), o.resume,
+             step == ck.metadata.end() ? "?" : step->second, samples::describe_vocabulary(tokenizer));
+  print_sample(o, model, tokenizer, device);
+  return 0;
+}
+
 int train(Options options) {
   Run run;
   run.options = options;
@@ -327,6 +400,7 @@ int train(Options options) {
 
   const auto load_start = Clock::now();
   const data::TokenFile corpus = load_tokens(o);
+  run.tokenizer = &corpus.tokenizer;
   const int64_t vocab = corpus.tokenizer.vocab_size();
   const auto n_tokens = static_cast<int64_t>(corpus.tokens.size());
   run.splits = data::split_tokens(corpus.tokens, o.block_size);
@@ -478,21 +552,7 @@ int train(Options options) {
     run.split->finish_for_sampling();
     run.model = run.split->whole_model();  // under --zero 3 a fresh GPT with the gathered weights
   }
-  if (sample && rank0) {
-    run.model->eval();
-    Generator sampler(o.seed);
-    // The sample starts after a newline, where a fortune starts (token 0 if the corpus
-    // has none).
-    const std::vector<uint8_t>& chars = corpus.tokenizer.vocab();
-    const auto newline = std::find(chars.begin(), chars.end(), '\n');
-    const int64_t first = newline == chars.end() ? 0 : newline - chars.begin();
-    const Tensor start = from_vector(std::vector<int64_t>{first}, Shape{1, 1});
-    const Tensor out = run.model->generate(ops::copy_to(start, run.device), o.sample_chars,
-                                           o.temperature, o.top_k, &sampler);
-    fmt::print("---- a sample (temperature {}{}) ----\n{}\n", o.temperature,
-               o.top_k > 0 ? fmt::format(", top_k {}", o.top_k) : "",
-               corpus.tokenizer.decode(ops::copy_to(out, Device::cpu()).to_vector<int64_t>()));
-  }
+  if (sample && rank0) print_sample(o, *run.model, corpus.tokenizer, run.device);
   return 0;
 }
 
@@ -502,7 +562,7 @@ int main(int argc, char** argv) {
   Options options;
   if (const std::optional<int> exit_code = parse_options(argc, argv, options)) return *exit_code;
   try {
-    return train(std::move(options));
+    return options.sample_only ? sample_only(options) : train(std::move(options));
   } catch (const std::exception& e) {
     return samples::report_error(kProgram, e);
   }

@@ -3,7 +3,8 @@
 #   - the public headers are installed and closed under their own includes: one file
 #     including every installed header compiles against the prefix alone;
 #   - the consumer's program links minigrad::minigrad and runs one gradient step;
-#   - with EXPECT_PROGRAMS, the programs a user runs are in bin/ and run from there.
+#   - with EXPECT_PROGRAMS, the programs a user runs are in bin/ and run from there
+#     (train_gpt trains on a tiny corpus, saves, and samples from the checkpoint alone).
 cmake_minimum_required(VERSION 3.24)  # a -P script: the policies of this CMake
 function(run_step)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -34,8 +35,8 @@ run_step(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run_step(${WORK_DIR}/build/app)
 
 if(EXPECT_PROGRAMS)
-  foreach(program minigrad-run train_fashion_mnist train_minimal data_parallel_tutorial
-                  model_parallel)
+  foreach(program minigrad-run train_fashion_mnist train_minimal train_gpt data_parallel_tutorial
+                  model_parallel pipeline_parallel)
     if(NOT EXISTS ${prefix}/bin/${program})
       message(FATAL_ERROR "cmake --install did not install bin/${program}")
     endif()
@@ -46,5 +47,34 @@ if(EXPECT_PROGRAMS)
                   ERROR_VARIABLE err)
   if(NOT rc EQUAL 2 OR NOT err MATCHES "usage: train_minimal")
     message(FATAL_ERROR "installed train_minimal: exit code ${rc}, said: ${err}")
+  endif()
+  execute_process(COMMAND ${prefix}/bin/pipeline_parallel --help RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "a stage per process")
+    message(FATAL_ERROR "installed pipeline_parallel --help: exit code ${rc}, said: ${out}")
+  endif()
+  # train_gpt: two steps on a tiny corpus, a checkpoint, and the same sample from the
+  # checkpoint alone (its vocabulary travels in it), with the corpus gone.
+  string(REPEAT "A fortune a day keeps the doctor away.\n%\n" 60 fortunes)
+  file(WRITE ${WORK_DIR}/fortunes/wisdom "${fortunes}")
+  set(tiny --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4 --eval-iters 1
+           --sample-chars 30)
+  execute_process(COMMAND ${prefix}/bin/train_gpt ${tiny} --iters 2 --eval-interval 2 --data-dir
+                          ${WORK_DIR}/fortunes --save ${WORK_DIR}/gpt.safetensors
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "installed train_gpt: exit code ${rc}\n${out}\n${err}")
+  endif()
+  string(REGEX REPLACE ".*---- a sample" "" trained "${out}")
+  file(REMOVE_RECURSE ${WORK_DIR}/fortunes)
+  execute_process(COMMAND ${prefix}/bin/train_gpt ${tiny} --resume ${WORK_DIR}/gpt.safetensors
+                          --sample-only
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "installed train_gpt --sample-only: exit code ${rc}\n${out}\n${err}")
+  endif()
+  string(REGEX REPLACE ".*---- a sample" "" alone "${out}")
+  if(trained STREQUAL "" OR NOT trained STREQUAL alone)
+    message(FATAL_ERROR "installed train_gpt: the sample after training\n${trained}\nis not the "
+                        "checkpoint's alone\n${alone}")
   endif()
 endif()

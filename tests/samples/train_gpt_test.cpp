@@ -1,6 +1,7 @@
 // build/bin/train_gpt run as a user runs it, tiny: on a small corpus of fortune files made
 // here (and once on the real one), a few steps; the losses, the sample, the files it
-// writes, a checkpoint PyTorch's layout names, resuming, and its refusals.
+// writes, a checkpoint PyTorch's layout names, resuming, and its refusals; the vocabulary
+// in the checkpoint (a sample from it alone, a resume on other characters refused).
 #include "catch_compat.h"
 
 #include <filesystem>
@@ -11,6 +12,7 @@
 
 #include "samples/run_program.h"
 #include "temp_dir.h"
+#include "train_gpt_runs.h"  // sample_of
 
 using mg::testing::run_program;
 using mg::testing::TempDir;
@@ -116,6 +118,83 @@ TEST_CASE("train_gpt: a resumed run ends where an uninterrupted one does, bit fo
   CHECK_THAT(other.output, MG_CONTAINS("the checkpoint's model is {\"block_size\": 16") &&
                                MG_CONTAINS("\"n_layer\": 1") && MG_CONTAINS("but the flags make") &&
                                MG_CONTAINS("\"n_layer\": 2"));
+}
+
+TEST_CASE("train_gpt: the checkpoint holds the vocabulary: the same sample without the data, other characters refused") {
+  TempDir dir;
+  const std::string corpus = make_corpus(dir);
+  const std::string ck = dir / "ck.safetensors";
+  const std::string model = kTiny + " --warmup 2 --decay-iters 6 --sample-chars 60";
+  const auto trained = run_program(kProgram + model + " --iters 6 --eval-interval 3 --data-dir " + corpus +
+                                   " --save " + ck);
+  INFO(trained.output);
+  REQUIRE(trained.exit_code == 0);
+  const std::string sample = mg::testing::sample_of(trained.output);
+  REQUIRE(sample.size() > 60);  // the newline it starts after, 60 characters, a newline
+  // The metadata's "vocab": every character of the corpus, sorted, each byte in hex.
+  const mg::data::CharTokenizer corpus_tokenizer =
+      mg::data::CharTokenizer::from_text(mg::data::read_fortunes(corpus));
+  std::string hex;
+  for (uint8_t c : corpus_tokenizer.vocab()) hex += fmt::format("{:02x}", c);
+  CHECK(mg::nn::load_tensors(ck).metadata.at("vocab") == hex);
+  CHECK(hex.rfind("0a202c", 0) == 0);  // '\n', ' ', ',' first (the fortunes' '%' lines are not text)
+
+  // The checkpoint alone (its data gone): the same text, decoded with its own vocabulary.
+  const auto alone = run_program(kProgram + model + " --resume " + ck + " --sample-only --data-dir " +
+                                 (dir / "gone") + " --tokens " + (dir / "gone.tokens"));
+  INFO(alone.output);
+  REQUIRE(alone.exit_code == 0);
+  CHECK_THAT(alone.output, MG_CONTAINS("from " + ck + " (step 6), a vocabulary of 34 characters: \\n, space, ,, ., 0"));
+  CHECK(mg::testing::sample_of(alone.output) == sample);
+  CHECK(!std::filesystem::exists(dir / "gone.tokens"));  // no data read, none written
+
+  // Resumed on other text of the same characters (the fortunes in reverse order): nothing
+  // left to train, the same sample.
+  std::string reversed;
+  for (int i = 59; i >= 0; --i)
+    reversed += "A fortune a day keeps the doctor away, said number " + std::to_string(i) + ".\n%\n";
+  std::filesystem::create_directory(dir / "reversed");
+  write_file(dir / "reversed/wisdom", reversed);
+  const auto resumed = run_program(kProgram + model + " --iters 6 --eval-interval 3 --resume " + ck +
+                                   " --data-dir " + (dir / "reversed"));
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK_THAT(resumed.output, MG_CONTAINS("resumed at step 6"));
+  CHECK(mg::testing::sample_of(resumed.output) == sample);
+
+  // Resumed on text of other characters: refused, saying why, before any step.
+  std::filesystem::create_directory(dir / "other");
+  write_file(dir / "other/wisdom", reversed + "Zebras quickly jump over everything!\n%\n");
+  const auto other = run_program(kProgram + model + " --iters 8 --resume " + ck + " --data-dir " + (dir / "other"));
+  INFO(other.output);
+  CHECK(other.exit_code == 1);
+  CHECK_THAT(other.output,
+             MG_CONTAINS("--resume " + ck + ": the checkpoint's vocabulary (34 characters: \\n, space, ,") &&
+                 MG_CONTAINS("is not the corpus's (41 characters: \\n, space, !, ,") &&
+                 MG_CONTAINS("token 2 is , in the checkpoint, ! in the corpus") &&
+                 MG_CONTAINS("its token ids would stand for other characters"));
+  CHECK_THAT(other.output, !MG_CONTAINS("step 6: train loss"));
+
+  // --sample-only needs a checkpoint, and one that holds a vocabulary.
+  const auto lonely = run_program(kProgram + " --sample-only");
+  CHECK(lonely.exit_code == 2);
+  CHECK_THAT(lonely.output, MG_CONTAINS("--sample-only samples from a checkpoint: it needs --resume CHECKPOINT"));
+  mg::nn::Checkpoint stripped = mg::nn::load_tensors(ck);
+  stripped.metadata.erase("vocab");
+  mg::nn::save_tensors(stripped, dir / "old.safetensors");
+  const auto old = run_program(kProgram + model + " --resume " + (dir / "old.safetensors") + " --sample-only");
+  CHECK(old.exit_code == 1);
+  CHECK_THAT(old.output, MG_CONTAINS("--sample-only: " + (dir / "old.safetensors") + " holds no vocabulary"));
+  stripped.metadata["vocab"] = "0a20zz";
+  mg::nn::save_tensors(stripped, dir / "bad.safetensors");
+  const auto bad = run_program(kProgram + model + " --resume " + (dir / "bad.safetensors") + " --sample-only");
+  CHECK(bad.exit_code == 1);
+  CHECK_THAT(bad.output, MG_CONTAINS("the checkpoint's vocabulary ('vocab' in its metadata) has 'zz' at offset 4"));
+  // An older checkpoint without one still resumes on its corpus (nothing to check it against).
+  const auto old_resume = run_program(kProgram + model + " --iters 6 --resume " + (dir / "old.safetensors") +
+                                      " --data-dir " + corpus);
+  CHECK(old_resume.exit_code == 0);
+  CHECK(mg::testing::sample_of(old_resume.output) == sample);
 }
 
 TEST_CASE("train_gpt: bad flags and missing data are refused, naming them") {
