@@ -6,7 +6,6 @@
 //
 // train_fashion_mnist is the same loop with flags, checkpoints, signals, metrics and DDP.
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,9 +44,7 @@ int main(int argc, char** argv) try {
   train_options.batch_size = 64;
   train_options.shuffle = true;
   data::DataLoader train_loader(train_set, train_options);
-  data::DataLoaderOptions test_options;
-  test_options.batch_size = 1000;
-  data::DataLoader test_loader(test_set, test_options);
+  data::DataLoader test_loader(test_set, data::DataLoaderOptions{/*batch_size=*/1000});
 
   // The devices: every GPU, or two replicas on the CPU (the same code path, run on
   // threads that share the CPU).
