@@ -177,7 +177,7 @@ Variant make_variant(const std::vector<int64_t>& widths, int zero, const BenchOp
     v.net = v.ddp;
   }
   if (zero == 3) {
-    v.fsdp = parallel::fully_shard(v.model, pg);
+    v.fsdp = std::make_shared<parallel::FullyShardedDataParallel>(v.model, pg);
     v.net = v.fsdp;
     v.optimizer = make(v.fsdp->parameters());
   } else if (zero == 1 || zero == 2) {

@@ -70,6 +70,7 @@
 #include <minigrad/parallel/pipeline/pipeline_stage.h>
 #include <minigrad/parallel/replicate.h>
 #include <minigrad/parallel/scatter.h>
+#include <minigrad/parallel/sharded/fully_shard.h>
 #include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
 #include <minigrad/parallel/sharded/sharded_state.h>
 #include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>

@@ -142,7 +142,7 @@ nn::ModulePtr make_model_wrapper(const TrainOptions& options, const nn::ModulePt
   }
   if (options.distributed) {
     if (options.zero == 2) return model;
-    if (options.zero == 3) return parallel::fully_shard(model, dist.group);
+    if (options.zero == 3) return std::make_shared<parallel::FullyShardedDataParallel>(model, dist.group);
     return std::make_shared<parallel::DistributedDataParallel>(model, dist.group);
   }
   if (options.pipeline > 0) {

@@ -58,9 +58,9 @@ Tensor as_strided(const Tensor& t, const Shape& shape, std::vector<int64_t> stri
   }
   MG_CHECK(empty_view || !t.storage().is_freed(),
            "as_strided: {} of a tensor whose memory has been freed (Storage::resize_(0)). "
-           "FullyShardedDataParallel frees a unit's full parameters outside its forward and "
-           "backward; read them through full_state_dict(), or train the shards its "
-           "parameters() returns",
+           "FSDP (fully_shard) frees a unit's full parameters outside its forward and backward: "
+           "call the module through operator() (its hooks gather them), read them through "
+           "full_state_dict(), or train the shards its parameters() returns",
            describe());
   const auto capacity =
       static_cast<int64_t>(t.storage().nbytes() / element_size(t.dtype()));  // elements

@@ -55,7 +55,7 @@ class Storage {
   // Frees this block's memory (nbytes 0) or gives a freed block `nbytes` of fresh memory,
   // keeping the block itself: every tensor viewing it -- the tensors autograd saved for
   // backward among them -- sees the new memory, as after PyTorch's
-  // untyped_storage().resize_(). FullyShardedDataParallel frees a unit's gathered
+  // untyped_storage().resize_(). FSDP (fully_shard) frees a unit's gathered
   // parameters this way between its forward and its backward. Only these two moves are
   // allowed (to 0 bytes, or from 0 bytes), so no contents are ever copied: the new
   // memory holds whatever the allocator hands out until it is written. A tensor whose

@@ -35,13 +35,14 @@ bool Tensor::is_contiguous() const {
 void* Tensor::data_ptr() const {
   const TensorImpl& t = checked();
   void* data = t.storage.data();
-  // A storage freed by Storage::resize_(0) (FullyShardedDataParallel's parameters outside
+  // A storage freed by Storage::resize_(0) (FSDP's parameters outside
   // their unit's forward and backward): an error here, not a read of freed memory.
   MG_CHECK(data != nullptr || t.shape.numel() == 0,
            "Tensor: the memory of this tensor (shape {}, {}, {}) has been freed "
-           "(Storage::resize_(0)). FullyShardedDataParallel frees a unit's full parameters "
-           "outside its forward and backward; read them through full_state_dict(), or train "
-           "the shards its parameters() returns",
+           "(Storage::resize_(0)). FSDP (fully_shard) frees a unit's full parameters outside "
+           "its forward and backward: call the module through operator() (its hooks gather "
+           "them), read them through full_state_dict(), or train the shards its parameters() "
+           "returns",
            t.shape, t.dtype, t.storage.device());
   // An empty tensor of an empty storage (its offset may be anything, as in PyTorch): no
   // address to offset from, and nothing is read through it.

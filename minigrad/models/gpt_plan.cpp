@@ -48,4 +48,19 @@ void parallelize_gpt(GPT& gpt, const parallel::DeviceMesh& mesh, bool sequence_p
   if (tp > 1) parallel::parallelize_module(gpt, mesh, gpt_tensor_parallel_plan(sequence_parallel), options);
 }
 
+// ---- FSDP ----
+
+std::shared_ptr<parallel::FSDPModule> fully_shard_gpt(const std::shared_ptr<GPT>& gpt,
+                                                      std::shared_ptr<parallel::ProcessGroup> dp_group,
+                                                      parallel::FSDPOptions options) {
+  MG_CHECK(gpt != nullptr, "fully_shard_gpt: the GPT is null");
+  const std::vector<nn::ModulePtr> blocks = gpt->child("transformer")->child("h")->children();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    parallel::FSDPOptions block = options;
+    block.reshard_after_forward = options.reshard_after_forward && i + 1 < blocks.size();
+    parallel::fully_shard(blocks[i], dp_group, block);
+  }
+  return parallel::fully_shard(gpt, std::move(dp_group), options);
+}
+
 }  // namespace mg::models

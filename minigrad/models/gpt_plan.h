@@ -20,9 +20,12 @@
 //   chunks' positions.
 #pragma once
 
+#include <memory>
+
 #include <minigrad/models/gpt.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
 #include <minigrad/parallel/parallelize.h>
+#include <minigrad/parallel/sharded/fully_shard.h>
 
 namespace mg::models {
 
@@ -32,5 +35,17 @@ parallel::ParallelPlan gpt_context_parallel_plan();
 // The mesh's cp plan (cp > 1), then its tp plan (tp > 1), applied to `gpt` in place.
 void parallelize_gpt(GPT& gpt, const parallel::DeviceMesh& mesh, bool sequence_parallel,
                      parallel::ParallelizeOptions options = {});
+
+// ---- FSDP: the GPT's units (parallel/sharded/fully_shard.h) ----
+// fully_shard on each block, then on the GPT: a unit per block, and the root's unit of the
+// rest -- wte (the tied head's weight too: the nearest common ancestor of wte and lm_head is
+// the GPT), wpe, ln_f -- gathered from the GPT's forward to the end of its backward. The last
+// block keeps its parameters from its forward to its backward, which comes first
+// (torchtitan's reshard_after_forward=False for it). Under a tp plan, call it after
+// parallelize_gpt, over the mesh's dp group. Returns the GPT's state: parameters() for the
+// optimizer. docs/gpt-fsdp.md.
+std::shared_ptr<parallel::FSDPModule> fully_shard_gpt(const std::shared_ptr<GPT>& gpt,
+                                                      std::shared_ptr<parallel::ProcessGroup> dp_group,
+                                                      parallel::FSDPOptions options = {});
 
 }  // namespace mg::models

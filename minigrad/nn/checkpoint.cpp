@@ -114,7 +114,7 @@ Tensor checkpoint(CheckpointFunction fn, const Tensor& input) {
 }
 
 Tensor checkpoint(Module& module, const Tensor& input) {
-  // Hooks included: a FullyShardedDataParallel unit gathers its parameters for the rerun.
+  // Hooks included: an FSDP unit (fully_shard) gathers its parameters for the rerun.
   return checkpoint(
       [&module](const Tensor& x) {
         return module.call_with_hooks(x, [&module](const Tensor& in) { return module.forward(in); });

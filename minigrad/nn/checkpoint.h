@@ -48,7 +48,7 @@ void set_checkpointing(const ModulePtr& module, bool on = true);
 bool is_checkpointing(const Module& module);
 
 // True on this thread while a checkpoint's backward runs its forward again:
-// FullyShardedDataParallel's hooks gather a unit for that forward too.
+// FSDP's hooks (fully_shard) gather a unit for that forward too.
 bool is_recomputing();
 
 // How many regions have been recomputed in this process (for tests and benchmarks).

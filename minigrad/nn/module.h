@@ -39,7 +39,7 @@ class Module {
   // A pre-hook runs before forward and may replace its input; a hook runs after and may
   // replace its output: returning an undefined Tensor keeps what it was given. Hooks run
   // in registration order; each registration returns a handle for remove_hook.
-  // (FullyShardedDataParallel gathers a unit's parameters in one and frees them in the
+  // (fully_shard gathers a unit's parameters in one and frees them in the
   // other.) Copies of a module (clone, shallow_clone) keep its hooks, as PyTorch's do.
   using ForwardPreHook = std::function<Tensor(Module& module, const Tensor& input)>;
   using ForwardHook =

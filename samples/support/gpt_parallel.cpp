@@ -12,13 +12,13 @@
 #include <minigrad/core/ops.h>
 #include <minigrad/models/gpt_context_parallel.h>
 #include <minigrad/models/gpt_mesh_clip.h>
+#include <minigrad/models/gpt_plan.h>
 #include <minigrad/nn/utils/clip_grad.h>
 #include <minigrad/parallel/c10d/launch_environment.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
 #include <minigrad/parallel/context_parallel/context_parallel_loss.h>
 #include <minigrad/parallel/context_parallel/ring_attention.h>
 #include <minigrad/parallel/context_parallel/sequence_layout.h>
-#include <minigrad/parallel/sharded/gpt_fsdp.h>
 #include <minigrad/parallel/tensor_parallel/group.h>
 
 #include "command_line.h"
@@ -118,7 +118,7 @@ SplitGPT::SplitGPT(std::shared_ptr<models::GPT> gpt, const GPTSplit& split, cons
       dist.group, std::vector<parallel::MeshDim>{{"dp", split.dp}, {"cp", split.cp}, {"tp", split.tp}});
   // Under tp the tensor-parallel GPT runs cp itself (mesh.group("cp"): ring attention on
   // its heads, the loss and the gradients summed over cp); cp alone runs on `gpt`.
-  if (split.zero == 3) fsdp_ = parallel::fully_shard_gpt(gpt_, mesh_->group("dp"));
+  if (split.zero == 3) fsdp_ = models::fully_shard_gpt(gpt_, mesh_->group("dp"));
   if (split.tp > 1) {
     models::TensorParallelGPTOptions options;
     options.sequence_parallel = split.sequence_parallel;
@@ -167,7 +167,6 @@ std::vector<std::unique_ptr<optim::Optimizer>> SplitGPT::make_zero_optimizers(co
 void SplitGPT::set_training(bool on) {
   if (!pipeline_) {
     trained().train(on);
-    if (fsdp_) fsdp_->train(on);
     return;
   }
   for (const auto& chunk : pipeline_->chunks()) chunk->train(on);
@@ -195,7 +194,7 @@ Tensor SplitGPT::loss_share(const Tensor& x, const Tensor& y) {
   const Tensor xs = dp > 1 ? ops::contiguous(ops::narrow(x, 0, start, rows)) : x;
   const Tensor ys_ = dp > 1 ? ops::contiguous(ops::narrow(y, 0, start, rows)) : y;
   if (fsdp_) {
-    const Tensor mean = models::GPT::loss(fsdp_->forward(xs), ys_);
+    const Tensor mean = models::GPT::loss((*gpt_)(xs), ys_);  // through its hooks: FSDP's gathers
     return rows == B ? mean : mean * (static_cast<double>(rows) / static_cast<double>(B));
   }
   const Tensor ys = dp > 1 ? ops::contiguous(ops::narrow(y, 0, start, rows)) : y;

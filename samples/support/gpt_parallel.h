@@ -45,7 +45,7 @@
 // --zero over dp: 1 and 2 shard AdamW's state (and, 2, the gradients, reduce-scattered in
 // backward) with parallel::ZeroRedundancyOptimizer, 1 over any split (each rank's own
 // parameters: tp shards, pipeline chunks), 2 and 3 with --dp alone; 3 wraps the GPT in FSDP by
-// block (parallel::fully_shard_gpt). The library's ZeRO 2/3 average the gradients over dp,
+// block (models::fully_shard_gpt: fully_shard on each block, then on the GPT). The library's ZeRO 2/3 average the gradients over dp,
 // so the loss shares are scaled by dp before backward (backward_scale). Under 3 AdamW steps
 // FSDP's flat shards, which mix the 2-D weights with biases and LayerNorms: weight decay
 // only on the weights cannot be had, so --zero 3 needs --weight-decay 0.
@@ -69,7 +69,7 @@
 #include <minigrad/nn/optim/optimizer.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
 #include <minigrad/parallel/c10d/process_group.h>
-#include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
+#include <minigrad/parallel/sharded/fully_shard.h>
 #include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
 
 #include "distributed_run.h"
@@ -194,7 +194,7 @@ class SplitGPT {
   std::unique_ptr<parallel::DeviceMesh> mesh_;
   std::shared_ptr<models::TensorParallelGPT> tp_model_;  // null without tp (or with pp)
   std::shared_ptr<models::GPTMeshPipeline> pipeline_;     // --pp > 1
-  std::shared_ptr<parallel::FullyShardedDataParallel> fsdp_;  // --zero 3
+  std::shared_ptr<parallel::FSDPModule> fsdp_;  // --zero 3: the GPT's
   std::vector<parallel::ZeroRedundancyOptimizer*> zero_;       // --zero 1|2, owned by the trainer
   std::shared_ptr<models::GPT> gathered_;  // --zero 3, rank 0: FSDP's parameters gathered
 };

@@ -51,7 +51,7 @@ void put_state(nn::TensorDict& full, size_t index, const optim::TensorDict& stat
   for (const auto& [key, t] : state) full.emplace(key + "." + std::to_string(index), t);
 }
 
-std::vector<const parallel::FlatParameter*> units_of(const parallel::FullyShardedDataParallel& fsdp) {
+std::vector<const parallel::FlatParameter*> units_of(const parallel::FSDPModule& fsdp) {
   std::vector<const parallel::FlatParameter*> units;
   for (size_t u = 0; u < fsdp.num_units(); ++u) units.push_back(&fsdp.unit(u));
   return units;

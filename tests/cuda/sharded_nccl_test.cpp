@@ -2,7 +2,8 @@
 // one GPU (each its own NCCL "host", NCCL_HOSTID, sockets on loopback, as in
 // distributed_nccl_test.cpp). Each rank trains an MLP whose shards split tensors (and,
 // on 4 ranks, leave a rank a shard of padding alone) for three SGD-momentum steps on its
-// slice of each batch; the parameters must equal the whole batch's steps on the CPU.
+// slice of each batch; the parameters must equal the whole batch's steps on the CPU. A
+// module left on the CPU is refused by fully_shard, naming both devices.
 // In test_cuda, so skipped (exit 77, by test_main) without a GPU; compiled only when
 // minigrad was built with NCCL. The ranks are this binary's hidden worker case below.
 #ifdef MINIGRAD_WITH_NCCL
@@ -101,6 +102,15 @@ TEST_CASE("worker process of an NCCL job: ZeRO-1, ZeRO-2, FSDP", "[.][sharded-nc
   }
   const std::vector<float> expected = values_of(reference->parameters());
 
+  // A module left on the CPU is refused before any collective, on every rank alike.
+  try {
+    fully_shard(make_net(1), pg);
+    MG_FAIL("fully_shard took a module on the CPU over an NCCL group");
+  } catch (const Error& e) {
+    MG_CHECK(std::string(e.what()).find("is on cpu, but the process group (nccl) works on cuda") != std::string::npos,
+             "fully_shard's message for a module on the CPU: {}", e.what());
+  }
+
   std::string line;
   for (int stage : {1, 2, 3}) {
     auto net = make_net(77 + static_cast<uint64_t>(rank));  // rank 0's weights win
@@ -110,7 +120,7 @@ TEST_CASE("worker process of an NCCL job: ZeRO-1, ZeRO-2, FSDP", "[.][sharded-nc
     std::unique_ptr<optim::Optimizer> opt;
     if (stage == 1) forward = std::make_shared<DistributedDataParallel>(net, pg);
     if (stage == 3) {
-      fsdp = fully_shard(net, pg);
+      fsdp = std::make_shared<FullyShardedDataParallel>(net, pg);
       forward = fsdp;
       opt = sgd(fsdp->parameters());
     } else {

@@ -264,7 +264,7 @@ TEST_CASE("distributed clip: tensor and sequence parallelism, the row bias's Par
     auto shard = parallel::parallelize_mlp(plain, parallel::tensor_parallel_group(mesh->tp_group()));
     std::static_pointer_cast<nn::ColumnParallelLinear>((*shard)[0])->set_sequence_parallel(true);
     std::static_pointer_cast<nn::RowParallelLinear>((*shard)[1])->set_sequence_parallel(true);
-    auto sharded = parallel::fully_shard(shard, mesh->dp_group());
+    auto sharded = std::make_shared<parallel::FullyShardedDataParallel>(shard, mesh->dp_group());
     const int64_t part = kT / 2, b = mesh->dp_rank(), t = mesh->tp_rank();
     const Tensor mine = contiguous(x.narrow(0, b, 1).narrow(1, t * part, part));
     const Tensor targets = contiguous(reshape(y, {kB, kT}).narrow(0, b, 1).narrow(1, t * part, part)).reshape(Shape{part});
@@ -288,7 +288,7 @@ TEST_CASE("distributed clip: FSDP over 2 and 3 ranks, uneven shards with padding
     Split s;
     s.world = ctx.gloo();
     auto model = plain.clone();
-    auto sharded = parallel::fully_shard(model, s.world);
+    auto sharded = std::make_shared<parallel::FullyShardedDataParallel>(model, s.world);
     const Batch mine = rows_of({x, y}, ctx.rank, ctx.world_size);
     cross_entropy(sharded->forward(mine.x), mine.y).backward();
     s.tensors = sharded->named_parameters();
@@ -363,7 +363,7 @@ TEST_CASE("distributed clip: FSDP x TP on the 2-D mesh (FSDP over dp of a parall
     auto mesh = std::make_shared<parallel::DeviceMesh>(ctx.gloo(), 2, 2);
     s.world = mesh->world();
     auto shard = parallel::parallelize_mlp(plain, parallel::tensor_parallel_group(mesh->tp_group()));
-    auto sharded = parallel::fully_shard(shard, mesh->dp_group());
+    auto sharded = std::make_shared<parallel::FullyShardedDataParallel>(shard, mesh->dp_group());
     const Batch mine = rows_of({x, y}, mesh->dp_rank(), mesh->dp_size());
     cross_entropy(sharded->forward(mine.x), mine.y).backward();
     s.tensors = sharded->named_parameters();

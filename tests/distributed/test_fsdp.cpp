@@ -1,6 +1,7 @@
-// FullyShardedDataParallel (ZeRO-3) on CPU with Gloo: its steps equal the single-process
-// steps on the whole batch and DDP's, for shards that split tensors and shards of padding
-// alone; wrong variants fail that comparison; its checkpoints round-trip; its errors.
+// FSDP (ZeRO-3) on CPU with Gloo, through FullyShardedDataParallel (a unit per Linear, made
+// by fully_shard): its steps equal the single-process steps on the whole batch and DDP's,
+// for shards that split tensors and shards of padding alone; wrong variants fail that
+// comparison; its checkpoints round-trip; its errors, and fully_shard's for misuse.
 #ifdef MINIGRAD_WITH_GLOO
 
 #include <signal.h>
@@ -12,6 +13,9 @@
 #include <minigrad/nn/serialize.h>
 #include <minigrad/parallel/c10d/gloo/process_group_gloo.h>
 #include <minigrad/parallel/ddp/distributed_data_parallel.h>
+#include <minigrad/parallel/partial_gradients.h>
+#include <minigrad/parallel/placement.h>
+#include <minigrad/parallel/sharded/fully_shard.h>
 #include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
 #include <minigrad/parallel/clip_grad.h>
 #include <minigrad/parallel/sharded/sharded_state.h>
@@ -25,6 +29,10 @@ namespace {
 
 const optim::SGDOptions kSgd = optim::SGDOptions(0.1).momentum(0.9);
 constexpr int kSteps = 3;
+
+std::shared_ptr<FullyShardedDataParallel> wrap(nn::ModulePtr module, std::shared_ptr<ProcessGroup> pg) {
+  return std::make_shared<FullyShardedDataParallel>(std::move(module), std::move(pg));
+}
 
 std::vector<const FlatParameter*> units_of(const FullyShardedDataParallel& fsdp) {
   std::vector<const FlatParameter*> out;
@@ -53,7 +61,7 @@ void train_fsdp(RankContext& ctx, Variant variant, const MakeOptimizer& make,
   auto pg = variant == Variant::NoCommunication ? single_process_group() : ctx.gloo();
   // Each rank starts from other weights: FSDP must start them all from rank 0's.
   auto net = make_uneven_mlp(77 + static_cast<uint64_t>(ctx.rank));
-  auto fsdp = fully_shard(net, pg);
+  auto fsdp = wrap(net, pg);
   auto opt = make(fsdp->parameters());  // over the shards
   std::vector<float> losses;
   for (int step = 0; step < kSteps; ++step) {
@@ -161,7 +169,7 @@ TEST_CASE("FullyShardedDataParallel: full and sharded checkpoints resume bit for
   // Two steps, both checkpoints, two steps more.
   auto first = run_ranks(2, [&](RankContext& ctx) {
     auto pg = ctx.gloo();
-    auto fsdp = fully_shard(make_uneven_mlp(31), pg);
+    auto fsdp = wrap(make_uneven_mlp(31), pg);
     optim::SGD sgd(fsdp->parameters(), kSgd);
     fsdp_step(*fsdp, sgd, 0, ctx);
     fsdp_step(*fsdp, sgd, 1, ctx);
@@ -192,7 +200,7 @@ TEST_CASE("FullyShardedDataParallel: full and sharded checkpoints resume bit for
       auto resumed = run_ranks(2, [&](RankContext& ctx) {
         auto pg = ctx.gloo();
         // Other initial weights: the checkpoint must replace every one of them.
-        auto fsdp = fully_shard(make_uneven_mlp(999), pg);
+        auto fsdp = wrap(make_uneven_mlp(999), pg);
         optim::SGD sgd(fsdp->parameters(), kSgd);
         if (sharded) {
           const std::string path = shard_path(ctx.rank);
@@ -234,7 +242,7 @@ TEST_CASE("FullyShardedDataParallel: full and sharded checkpoints resume bit for
 TEST_CASE(
     "FullyShardedDataParallel: a rank that dies makes the next all-gather fail on the others") {
   auto results = run_ranks(2, [](RankContext& ctx) {
-    auto fsdp = fully_shard(make_uneven_mlp(3), ctx.gloo(5s));
+    auto fsdp = wrap(make_uneven_mlp(3), ctx.gloo(5s));
     optim::SGD sgd(fsdp->parameters(), kSgd);
     fsdp_step(*fsdp, sgd, 0, ctx);  // a good step
     if (ctx.rank == 1) ::raise(SIGKILL);
@@ -269,20 +277,17 @@ TEST_CASE("FullyShardedDataParallel: errors name what is wrong") {
   auto pg = single_process_group();
   SECTION("the wrapped module's parameters are freed outside forward and backward") {
     auto net = make_uneven_mlp(1);
-    auto fsdp = fully_shard(net, pg);
+    auto fsdp = wrap(net, pg);
     REQUIRE(fsdp->num_units() == 4);
     REQUIRE(fsdp->named_parameters()[0].first == "flat_shard_0");
-    REQUIRE_THROWS_WITH(
-        net->parameter("0.weight").to_vector<float>(),
-        MG_CONTAINS("has been freed (Storage::resize_(0)). FullyShardedDataParallel"));
-    REQUIRE_THROWS_WITH(net->forward(make_shard_batch(1).x), MG_CONTAINS("has been freed"));
+    REQUIRE_THROWS_WITH(net->parameter("0.weight").to_vector<float>(),
+                        MG_CONTAINS("has been freed (Storage::resize_(0)). FSDP (fully_shard)"));
     REQUIRE_THROWS_WITH(fsdp->clone(), MG_CONTAINS("FullyShardedDataParallel cannot be copied"));
   }
   SECTION("a parameter that does not require grad") {
     auto net = make_uneven_mlp(1);
     net->parameter("2.bias").set_requires_grad(false);
-    REQUIRE_THROWS_WITH(fully_shard(net, pg),
-                        MG_CONTAINS("parameter '2.bias' does not require grad"));
+    REQUIRE_THROWS_WITH(wrap(net, pg), MG_CONTAINS("fully_shard(Linear): parameter 'bias' does not require grad"));
   }
   SECTION("a parameter that gets no gradient is named at the next forward") {
     // One unit (not a Sequential): only the first Linear takes part.
@@ -297,12 +302,92 @@ TEST_CASE("FullyShardedDataParallel: errors name what is wrong") {
      private:
       nn::ModulePtr a_, b_;
     };
-    auto fsdp = fully_shard(std::make_shared<FirstOnly>(), pg);
+    auto fsdp = wrap(std::make_shared<FirstOnly>(), pg);
     REQUIRE(fsdp->num_units() == 1);
     const ShardBatch b = make_shard_batch(2);
     cross_entropy(fsdp->forward(b.x), b.y).backward();
     REQUIRE_THROWS_WITH(fsdp->forward(b.x),
                         MG_CONTAINS("parameter(s) 'b.weight', 'b.bias' received no gradient"));
+  }
+}
+
+namespace {
+
+// A root with a parameter of its own and two children; `tied`: b's weight is a's tensor.
+class TwoLayers : public nn::Cloneable<TwoLayers> {
+ public:
+  explicit TwoLayers(bool tied) : nn::Cloneable<TwoLayers>("TwoLayers") {
+    register_parameter("scale", ones(Shape{kShardIn}));
+    register_module("a", std::make_shared<nn::Linear>(kShardIn, kShardIn));
+    register_module("b", std::make_shared<nn::Linear>(kShardIn, kShardIn));
+    if (tied) child("b")->set_parameter("weight", child("a")->parameter("weight"));
+  }
+  Tensor forward(const Tensor& x) override { return (*child("b"))((*child("a"))(mul(x, parameter("scale")))); }
+};
+
+}  // namespace
+
+TEST_CASE("fully_shard: units per module in module order, their pieces, and misuse named") {
+  auto pg = single_process_group();
+  const ShardBatch batch = make_shard_batch(3);
+  SECTION("children, then the root: a unit each, the root's own first") {
+    auto model = std::make_shared<TwoLayers>(false);
+    auto a = fully_shard(model->child("a"), pg);
+    fully_shard(model->child("b"), pg);
+    REQUIRE(a->is_root());
+    auto root = fully_shard(model, pg);
+    REQUIRE(root->is_root());
+    REQUIRE_FALSE(a->is_root());
+    REQUIRE(root->num_units() == 3);
+    CHECK(root->unit_module(0).empty());
+    CHECK(root->unit_module(1) == "a");
+    CHECK(root->unit_module(2) == "b");
+    CHECK(a->unit_module(0).empty());
+    // Numbered among the root's parameters (scale, a.weight, a.bias, b.weight, b.bias).
+    CHECK(root->unit(1).indices() == std::vector<size_t>{1, 2});
+    CHECK(root->parameters().size() == 3);
+    // The shard records what it holds of which single-device parameter (placement.h).
+    const parallel::ParameterSpec* spec = parallel::spec_of(root->unit(1).shard());
+    REQUIRE(spec != nullptr);
+    REQUIRE(spec->pieces.size() == 2);
+    CHECK(spec->pieces[0].name == "a.weight");
+    CHECK(spec->pieces[1].name == "a.bias");
+    REQUIRE(spec->pieces[1].flat.has_value());
+    CHECK(spec->pieces[1].flat->local_offset == 25);
+    CHECK(spec->pieces[1].flat->numel == 5);
+    // FSDP2's contract: call the module, not forward(), or the root's own unit stays freed.
+    REQUIRE_THROWS_WITH(model->forward(batch.x), MG_CONTAINS("call the module through operator()"));
+    cross_entropy((*model)(batch.x), batch.y).backward();
+    CHECK(root->stats().gathered_bytes == 0);
+    CHECK(root->unit(0).shard().grad().defined());
+  }
+  SECTION("a tied parameter left unsharded lands in the nearest common ancestor's unit") {
+    auto model = std::make_shared<TwoLayers>(true);
+    auto root = fully_shard(model, pg);
+    REQUIRE(root->num_units() == 1);
+    CHECK(root->unit(0).params().size() == 4);  // scale, a.weight (b.weight too), a.bias, b.bias
+    cross_entropy((*model)(batch.x), batch.y).backward();
+    CHECK(root->unit(0).shard().grad().defined());
+  }
+  SECTION("sharded twice") {
+    auto model = std::make_shared<TwoLayers>(false);
+    fully_shard(model, pg);
+    REQUIRE_THROWS_WITH(fully_shard(model, pg),
+                        MG_CONTAINS("fully_shard(TwoLayers): this module is sharded already"));
+  }
+  SECTION("the parent before its children") {
+    auto model = std::make_shared<TwoLayers>(false);
+    fully_shard(model, pg);
+    REQUIRE_THROWS_WITH(fully_shard(model->child("a"), pg),
+                        MG_CONTAINS("fully_shard(Linear): parameter 'weight' is in the unit of a TwoLayers "
+                                    "sharded earlier; shard children before their parent"));
+  }
+  SECTION("a tied parameter in the unit of one holder, the other outside it") {
+    auto model = std::make_shared<TwoLayers>(true);
+    fully_shard(model->child("a"), pg);
+    REQUIRE_THROWS_WITH(fully_shard(model, pg),
+                        MG_CONTAINS("parameter 'b.weight' is in the unit of 'a' (sharded earlier), but 'b' "
+                                    "holds it too"));
   }
 }
 

@@ -95,7 +95,7 @@ Split tensor_parallel(RankContext& ctx, uint64_t seed) {
 Split fsdp(RankContext& ctx, uint64_t seed) {
   Split s;
   s.world = ctx.gloo();
-  auto sharded = parallel::fully_shard(mlp(seed), s.world);
+  auto sharded = std::make_shared<parallel::FullyShardedDataParallel>(mlp(seed), s.world);
   s.opt = adamw(sharded->parameters());
   s.train = [sharded, opt = s.opt, r = ctx.rank, n = ctx.world_size](int step) {
     const Batch b = rows_of(batch(step), r, n);

@@ -1,10 +1,11 @@
-// A GPT sharded with FSDP one block per unit (models/gpt_fsdp.h), with and without
-// activation checkpointing, and under ZeRO-1 (with DDP) and ZeRO-2, on 2 and 3 Gloo ranks
-// with an uneven split of the batch: the loss, every gradient (put back together from the
-// shards) and the parameters after 3 AdamW steps equal the single-process GPT on the
-// whole batch, with at most two units gathered at once; a missing reduction, or averaging
-// the ranks' means where their rows must be summed, fails the comparison; with dropout,
-// recomputed blocks under FSDP take the same steps as stored ones.
+// A GPT sharded with FSDP, fully_shard on each block then on the GPT (models/gpt_plan.h's
+// fully_shard_gpt), with and without activation checkpointing, and under ZeRO-1 (with DDP)
+// and ZeRO-2, on 2 and 3 Gloo ranks with an uneven split of the batch: the loss, every
+// gradient (put back together from the shards) and the parameters after 3 AdamW steps equal
+// the single-process GPT on the whole batch, with the root's unit and at most two blocks
+// gathered at once; a missing reduction, or averaging the ranks' means where their rows
+// must be summed, fails the comparison; with dropout, recomputed blocks under FSDP take the
+// same steps as stored ones; misuse of fully_shard on the GPT is named.
 #ifdef MINIGRAD_WITH_GLOO
 
 #include "sharding_helpers.h"
@@ -13,10 +14,10 @@
 #include <minigrad/core/fault_injection.h>
 #include <minigrad/models/gpt.h>
 #include <minigrad/models/gpt_checkpointing.h>
-#include <minigrad/parallel/sharded/gpt_fsdp.h>
+#include <minigrad/models/gpt_plan.h>
 #include <minigrad/nn/checkpoint.h>
 #include <minigrad/parallel/ddp/distributed_data_parallel.h>
-#include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
+#include <minigrad/parallel/sharded/fully_shard.h>
 #include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
 
 using namespace mg;
@@ -125,35 +126,42 @@ void train_fsdp(RankContext& ctx, const Setup& setup) {
   auto pg = setup.variant == Variant::NoCommunication ? single_process_group() : ctx.gloo();
   auto gpt = make_gpt(11 + static_cast<uint64_t>(ctx.rank), setup.dropout);  // rank 0's win
   if (setup.checkpointing) models::set_block_checkpointing(*gpt);
-  auto fsdp = fully_shard_gpt(gpt, pg);
+  auto fsdp = models::fully_shard_gpt(gpt, pg);
   manual_seed(1000 + static_cast<uint64_t>(ctx.rank));  // each rank's dropout masks
-  MG_CHECK(fsdp->num_units() == 5, "expected 5 units, got {}", fsdp->num_units());
+  // The root's unit (wte, which is the head's weight too, wpe, ln_f), then a unit per block.
+  MG_CHECK(fsdp->num_units() == 4, "expected 4 units, got {}", fsdp->num_units());
+  MG_CHECK(fsdp->unit_module(0).empty() && fsdp->unit_module(1) == "transformer.h.0",
+           "units of '{}' and '{}'", fsdp->unit_module(0), fsdp->unit_module(1));
   auto opt = gpt_adamw()(fsdp->parameters());
   std::vector<float> losses;
   const size_t recomputed = nn::checkpoint_recomputations();
+  const size_t root_bytes = fsdp->unit(0).full().nbytes();
+  size_t block_bytes = 0;
+  for (size_t u = 1; u < fsdp->num_units(); ++u) block_bytes = std::max(block_bytes, fsdp->unit(u).full().nbytes());
   for (int step = 0; step < kSteps; ++step) {
     const Local local = local_batch(step, ctx.rank, ctx.world_size);
     opt->zero_grad();
     fsdp->reset_peak_stats();
-    const Tensor loss = rank_loss(fsdp->forward(local.batch.idx), local, setup.variant);
+    const Tensor loss = rank_loss((*gpt)(local.batch.idx), local, setup.variant);
     losses.push_back(loss.item<float>());
     loss.backward();
     // At rest again: only the shards (every unit freed after its reduce-scatter).
     MG_CHECK(fsdp->stats().gathered_bytes == 0, "{} bytes still gathered after backward",
              fsdp->stats().gathered_bytes);
-    // Every unit gathered once in forward and once in backward, the embeddings' unit once
-    // more in forward for the head (which then stays gathered for the head's backward).
-    MG_CHECK(fsdp->stats().all_gathers == 2 * fsdp->num_units() + 1,
-             "{} all-gathers in a step of {} units", fsdp->stats().all_gathers, fsdp->num_units());
-    // At most two units at once: the one computing and the one prefetched.
-    MG_CHECK(fsdp->stats().peak_gathered_bytes <= 2 * fsdp->stats().largest_unit_bytes,
-             "{} bytes gathered at once, more than two units of at most {}",
-             fsdp->stats().peak_gathered_bytes, fsdp->stats().largest_unit_bytes);
+    // The root's unit once (kept from its forward to the end of backward), each block once in
+    // forward and once in backward but the last (kept from its forward to its backward).
+    MG_CHECK(fsdp->stats().all_gathers == static_cast<size_t>(2 * config().n_layer),
+             "{} all-gathers in a step of {} blocks", fsdp->stats().all_gathers, config().n_layer);
+    // The root's unit and at most two blocks at once: the one computing and the one prefetched.
+    MG_CHECK(fsdp->stats().peak_gathered_bytes <= root_bytes + 2 * block_bytes,
+             "{} bytes gathered at once, more than the root's {} and two blocks of {}",
+             fsdp->stats().peak_gathered_bytes, root_bytes, block_bytes);
     if (step == 0)
       for (size_t u = 0; u < fsdp->num_units(); ++u) {
         ctx.report(fmt::format("grad.{}", u), fsdp->unit(u).shard().grad());
-        ctx.report(fmt::format("numel.{}", u),
-                   std::vector<float>{static_cast<float>(fsdp->unit(u).layout().numel)});
+        std::vector<float> indices;
+        for (size_t i : fsdp->unit(u).indices()) indices.push_back(static_cast<float>(i));
+        ctx.report(fmt::format("indices.{}", u), indices);
       }
     opt->step();
   }
@@ -230,15 +238,25 @@ std::vector<float> gradient_from_buckets(const std::vector<RankResult>& results)
   return out;
 }
 
-// FSDP's first-step gradient: its units in order are the GPT's parameters in order.
+// FSDP's first-step gradient in the GPT's parameter order, from its units' shards: each
+// unit's parameters are the GPT's named by its indices.
 std::vector<float> gradient_from_units(const std::vector<RankResult>& results) {
-  std::vector<float> grads;
-  for (size_t u = 0; u < 5; ++u) {
-    const auto numel = static_cast<int64_t>(results[0].floats(fmt::format("numel.{}", u))[0]);
-    const auto unit = unshard_reports(results, fmt::format("grad.{}", u), numel);
-    grads.insert(grads.end(), unit.begin(), unit.end());
+  const std::vector<int64_t> numels = param_numels();
+  std::vector<std::vector<float>> per_param(numels.size());
+  for (size_t u = 0; u < 4; ++u) {
+    std::vector<int64_t> unit_numels;
+    const auto indices = results[0].floats(fmt::format("indices.{}", u));
+    for (float i : indices) unit_numels.push_back(numels[static_cast<size_t>(i)]);
+    const ShardLayout layout = make_shard_layout(unit_numels, static_cast<int>(results.size()));
+    const auto flat = unshard_reports(results, fmt::format("grad.{}", u), layout.numel);
+    for (size_t j = 0; j < indices.size(); ++j) {
+      const auto begin = flat.begin() + layout.offsets[j];
+      per_param[static_cast<size_t>(indices[j])].assign(begin, begin + layout.numels[j]);
+    }
   }
-  return grads;
+  std::vector<float> out;
+  for (const auto& p : per_param) out.insert(out.end(), p.begin(), p.end());
+  return out;
 }
 
 std::vector<RankResult> run(int world, const Setup& setup) {
@@ -322,7 +340,7 @@ TEST_CASE("GPT FSDP: with dropout, recomputed blocks take the same steps as stor
   REQUIRE(b[0].floats("recomputed")[0] == 3.0f * kSteps);
   CHECK(a[0].floats("losses") == b[0].floats("losses"));
   CHECK(a[0].floats("params") == b[0].floats("params"));
-  for (size_t u = 0; u < 5; ++u)
+  for (size_t u = 0; u < 4; ++u)
     for (size_t r = 0; r < 3; ++r)
       CHECK(a[r].floats(fmt::format("grad.{}", u)) == b[r].floats(fmt::format("grad.{}", u)));
   // A recompute with fresh masks (the test-only fault; the forked ranks inherit it) differs.
@@ -332,19 +350,32 @@ TEST_CASE("GPT FSDP: with dropout, recomputed blocks take the same steps as stor
   CHECK(c[0].floats("params") != a[0].floats("params"));
 }
 
-TEST_CASE("GPT FSDP: units must hold every parameter, each once") {
+TEST_CASE("GPT FSDP: fully_shard's misuse on the GPT is named") {
   auto pg = single_process_group();
   auto gpt = make_gpt(1);
-  std::vector<FSDPUnit> units = gpt_fsdp_units(*gpt);
-  units.pop_back();  // ln_f left out
-  REQUIRE_THROWS_WITH(fully_shard(gpt, pg, units),
-                      MG_CONTAINS("'transformer.ln_f.weight' is in no unit"));
-  units = gpt_fsdp_units(*gpt);
-  units.push_back({{gpt->child("transformer")->child("h")->children()[0]}, {}});
-  REQUIRE_THROWS_WITH(fully_shard(gpt, pg, units),
-                      MG_CONTAINS("is in units 1 and 5"));
-  auto mlp = make_uneven_mlp(1);
-  REQUIRE_THROWS_WITH(gpt_fsdp_units(*mlp), MG_CONTAINS("the module has no 'transformer'"));
+  const nn::ModulePtr wte = gpt->child("transformer")->child("wte");
+  SECTION("the tied embedding sharded on its own: the head holds it too") {
+    parallel::fully_shard(wte, pg);
+    REQUIRE_THROWS_WITH(models::fully_shard_gpt(gpt, pg),
+                        MG_CONTAINS("parameter 'lm_head.weight' is in the unit of 'transformer.wte' (sharded "
+                                    "earlier), but 'lm_head' holds it too, outside that module; a parameter two "
+                                    "modules hold belongs to the unit of their nearest common ancestor"));
+  }
+  SECTION("the GPT before its blocks") {
+    parallel::fully_shard(gpt, pg);
+    REQUIRE_THROWS_WITH(parallel::fully_shard(gpt->child("transformer")->child("h")->children()[0], pg),
+                        MG_CONTAINS("fully_shard(Block): parameter 'ln_1.weight' is in the unit of a GPT sharded "
+                                    "earlier; shard children before their parent"));
+  }
+  SECTION("sharded twice") {
+    models::fully_shard_gpt(gpt, pg);
+    REQUIRE_THROWS_WITH(models::fully_shard_gpt(gpt, pg),
+                        MG_CONTAINS("fully_shard(Block): this module is sharded already"));
+  }
+  SECTION("forward() instead of calling the GPT: the root's unit is not gathered") {
+    models::fully_shard_gpt(gpt, pg);
+    REQUIRE_THROWS_WITH(gpt->forward(whole_batch(0).idx), MG_CONTAINS("call the module through operator()"));
+  }
 }
 
 #endif  // MINIGRAD_WITH_GLOO

@@ -68,7 +68,7 @@ void measure(RankContext& ctx, const std::shared_ptr<ProcessGroup>& pg, Stage st
       model = std::make_shared<DistributedDataParallel>(net, pg, options);
     }
     if (stage == Stage::Zero3) {
-      fsdp = fully_shard(net, pg);
+      fsdp = std::make_shared<FullyShardedDataParallel>(net, pg);
       model = fsdp;
       opt = make(fsdp->parameters());
     } else if (stage == Stage::Zero1 || stage == Stage::Zero2) {

@@ -29,7 +29,7 @@
 #include <minigrad/parallel/loss_parallel.h>
 #include <minigrad/parallel/partial_gradients.h>
 #include <minigrad/parallel/placement.h>
-#include <minigrad/parallel/sharded/gpt_fsdp.h>
+#include <minigrad/parallel/sharded/fully_shard.h>
 #include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
 #include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
 
@@ -457,7 +457,8 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
   std::unique_ptr<optim::Optimizer> opt;
   std::shared_ptr<parallel::DistributedDataParallel> ddp;
   std::unique_ptr<parallel::ZeroRedundancyOptimizer> zero;
-  std::shared_ptr<parallel::FullyShardedDataParallel> fsdp;
+  std::shared_ptr<parallel::FullyShardedDataParallel> fsdp_wrapper;  // the MLP's
+  std::shared_ptr<parallel::FSDPModule> fsdp;
   std::optional<parallel::DeviceMesh> mesh;
   std::unique_ptr<parallel::PipelineStage> stage;
   nn::ModulePtr shard;  // tensor parallelism: this rank's
@@ -520,8 +521,15 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       break;
     }
     case Form::FSDP: {
-      fsdp = gpt ? parallel::fully_shard_gpt(gpt, world) : parallel::fully_shard(model, world);
-      forward = fsdp.get();
+      // The GPT: fully_shard on each block, then on the GPT (models/gpt_plan.h). The MLP:
+      // FSDP1's wrapper.
+      if (gpt) {
+        fsdp = models::fully_shard_gpt(gpt, world);
+      } else {
+        fsdp_wrapper = std::make_shared<parallel::FullyShardedDataParallel>(model, world);
+        fsdp = fsdp_wrapper->fsdp();
+        forward = fsdp_wrapper.get();
+      }
       opt = make_optimizer(c, fsdp->parameters());
       t.clip = [&] { fsdp->clip_grad_norm_(kMaxNorm); };
       data_parallel_rows_and_weights(t, rank, n);
@@ -748,7 +756,7 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
   t.micro_step = [&](const Batch& b, double w, bool last) {
     std::optional<parallel::DistributedDataParallel::NoSyncGuard> no_sync;
     if (ddp && !last) no_sync.emplace(*ddp);  // accumulate locally; the last one reduces
-    const Tensor loss = mul(loss_of(forward->forward(b.x), b.y), w);
+    const Tensor loss = mul(loss_of((*forward)(b.x), b.y), w);  // through its hooks (FSDP's)
     loss.backward();
     after_backward(last);
     return scalar(loss) * share;

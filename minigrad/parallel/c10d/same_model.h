@@ -1,5 +1,5 @@
 // What every data-parallel wrapper (DistributedDataParallel, ZeroRedundancyOptimizer,
-// FullyShardedDataParallel) does first: check that all ranks built the same model, then
+// fully_shard) does first: check that all ranks built the same model, then
 // start them from rank 0's values.
 #pragma once
 
@@ -22,8 +22,8 @@ void check_same_shapes_across_ranks(ProcessGroup& group,
 void broadcast_from_rank0(ProcessGroup& group, const std::vector<Tensor>& tensors);
 
 // PyTorch's _sync_module_states: the two steps above over a module's parameters and
-// buffers, so that every replica starts as rank 0's (DistributedDataParallel and
-// FullyShardedDataParallel start this way).
+// buffers, so that every replica starts as rank 0's (DistributedDataParallel starts this
+// way; fully_shard runs the two steps on each unit's parameters).
 void sync_module_states(ProcessGroup& group, const nn::Module& module, const std::string& who);
 
 }  // namespace mg::parallel

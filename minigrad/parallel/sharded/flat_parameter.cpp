@@ -80,6 +80,12 @@ FlatParameter::FlatParameter(std::vector<Tensor> params, std::vector<size_t> ind
   if (storage == ShardStorage::Separate) free_full();
 }
 
+void FlatParameter::set_indices(std::vector<size_t> indices) {
+  MG_CHECK(indices.size() == params_.size(), "FlatParameter::set_indices: {} indices for {} parameters",
+           indices.size(), params_.size());
+  indices_ = std::move(indices);
+}
+
 // A Storage is a handle to one block shared with every view of it (the parameters,
 // autograd's saved tensors): resizing it through this copy resizes it for all of them.
 void FlatParameter::allocate_full() {

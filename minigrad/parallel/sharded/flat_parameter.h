@@ -85,6 +85,9 @@ class FlatParameter {
   const ShardLayout& layout() const { return layout_; }
   const std::vector<Tensor>& params() const { return params_; }
   const std::vector<size_t>& indices() const { return indices_; }
+  // The indices again, among another module's parameters: fully_shard makes a block's unit
+  // before the root it will belong to is sharded, and the root numbers it among its own.
+  void set_indices(std::vector<size_t> indices);
   int rank() const { return rank_; }
 
   // The whole flat buffer (layout().padded_numel() elements); the parameters are views

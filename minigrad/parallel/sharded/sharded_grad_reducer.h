@@ -56,7 +56,7 @@ class ShardedGradReducer : public std::enable_shared_from_this<ShardedGradReduce
   static constexpr size_t kMaxInFlight = 1;
 
   // `groups` in launch order; names[g][k] names parameter k of group g in messages.
-  // `owner` ("ZeroRedundancyOptimizer", "FullyShardedDataParallel") starts every message.
+  // `owner` ("ZeroRedundancyOptimizer", "fully_shard") starts every message.
   static std::shared_ptr<ShardedGradReducer> create(
       std::vector<FlatParameter*> groups, std::vector<std::vector<std::string>> names,
       std::shared_ptr<ProcessGroup> process_group, std::string owner,
