@@ -73,6 +73,12 @@ int reduce_partial_gradients(const std::vector<Tensor>& parameters) {
                  "reduce_partial_gradients: the gradient of {} is partial over {}, whose ranks have no process "
                  "group (threads of one process): sum it over them where they meet",
                  piece.str(), d.dim);
+        // FSDP moves a parameter's gradient into its unit's shards and frees the parameter
+        // between uses: summing the parameter would sum zeros and leave the shards unsummed.
+        MG_CHECK(p.grad().defined() || !p.storage().is_freed(),
+                 "reduce_partial_gradients: {} has no gradient and its memory is freed: FSDP manages it (its "
+                 "gradient is in its unit's shards); pass the shards (FSDPModule::parameters())",
+                 piece.str());
         // No gradient here (nothing of it was used on this rank): zeros take part.
         if (!p.grad().defined()) p.set_grad(zeros(p.shape(), p.dtype(), p.device()));
         auto it = std::find_if(buckets.begin(), buckets.end(),

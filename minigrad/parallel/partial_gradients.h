@@ -19,6 +19,10 @@
 // group's tensor-parallel view (tensor_parallel/group.h: counted in its stats; float64 as
 // its bits, added in rank order, the same sum on every rank). With gradient accumulation,
 // call it once, after the last micro-step.
+//
+// Under FSDP pass the shards (FSDPModule::parameters()): its reduce-scatter over dp ran in
+// backward, and the sum over tp commutes with it (the tp ranks of a dp group lay their equal
+// units out alike); the model's parameters hold no gradient there, and are refused.
 #pragma once
 
 #include <vector>
