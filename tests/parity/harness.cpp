@@ -228,18 +228,31 @@ void report_gpt_shards(StepReport& s, const std::string& holder, const Model& mo
 void report_placed(StepReport& s, const std::string& holder, const std::vector<nn::NamedTensor>& params,
                    const std::vector<nn::NamedTensor>& plain, bool grad) {
   for (const auto& [name, p] : params) {
-    Piece piece;
-    piece.holder = holder;
-    piece.param = index_of(plain, name);
-    if (const parallel::ParameterSpec* spec = parallel::spec_of(p)) {
-      const Tensor numbers = arange(static_cast<double>(spec->pieces[0].shape.numel()), DType::Float64)
-                                 .reshape(spec->pieces[0].shape);
-      piece.cut.kind = CutKind::Elements;
-      for (double v : values_of(parallel::local_part(spec->pieces[0], numbers)))
-        piece.cut.elements.push_back(static_cast<int64_t>(v));
+    const parallel::ParameterSpec* spec = parallel::spec_of(p);
+    if (spec == nullptr) {  // whole
+      Piece piece;
+      piece.holder = holder;
+      piece.param = index_of(plain, name);
+      piece.values = values_of(grad ? p.grad() : p);
+      s.pieces.push_back(std::move(piece));
+      continue;
     }
-    piece.values = values_of(grad ? p.grad() : p);
-    s.pieces.push_back(std::move(piece));
+    // Each piece (one; a flat shard's several, FSDP's) cut from the single-device tensor as
+    // its placements and flat range say.
+    const std::vector<double> values = values_of(grad ? p.grad() : p);
+    for (const parallel::ParameterPiece& placed : spec->pieces) {
+      Piece piece;
+      piece.holder = holder;
+      piece.param = index_of(plain, placed.name);
+      const Tensor numbers = arange(static_cast<double>(placed.shape.numel()), DType::Float64).reshape(placed.shape);
+      piece.cut.kind = CutKind::Elements;
+      for (double v : values_of(parallel::local_part(placed, numbers)))
+        piece.cut.elements.push_back(static_cast<int64_t>(v));
+      const auto at = static_cast<std::ptrdiff_t>(placed.flat ? placed.flat->local_offset : 0);
+      piece.values.assign(values.begin() + at,
+                          values.begin() + at + static_cast<std::ptrdiff_t>(piece.cut.elements.size()));
+      s.pieces.push_back(std::move(piece));
+    }
   }
 }
 
@@ -521,19 +534,42 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       break;
     }
     case Form::FSDP: {
-      // The GPT: fully_shard on each block, then on the GPT (models/gpt_plan.h). The MLP:
-      // FSDP1's wrapper.
+      // The GPT: fully_shard on each block, then on the GPT (models/gpt_plan.h); with tp, after
+      // its tp plan over the mesh's tp, over the mesh's dp (FSDP x TP). The MLP: FSDP1's wrapper.
+      GroupPtr dp_group = world;
+      if (gpt && c.tp > 1) {
+        mesh.emplace(world, c.degree, c.tp);
+        models::parallelize_gpt(*gpt, *mesh, c.sequence_parallel);
+        dp_group = mesh->dp_group();
+        loss_of = [&c, &mesh](const Tensor& out, const Tensor& y) {
+          parallel::LossParallel loss_parallel(*mesh);  // the logits are this rank's vocabulary
+          return model_loss(c, out, y);
+        };
+        // Sequence parallelism's partial gradients, on the shards (FSDP reduce-scattered them
+        // over dp in backward; the sum over tp commutes with it), once: the accumulated sum.
+        after_backward = [&fsdp](bool last) {
+          if (last) parallel::reduce_partial_gradients(fsdp->parameters());
+        };
+      }
       if (gpt) {
-        fsdp = models::fully_shard_gpt(gpt, world);
+        fsdp = models::fully_shard_gpt(gpt, dp_group);
       } else {
         fsdp_wrapper = std::make_shared<parallel::FullyShardedDataParallel>(model, world);
         fsdp = fsdp_wrapper->fsdp();
         forward = fsdp_wrapper.get();
       }
       opt = make_optimizer(c, fsdp->parameters());
-      t.clip = [&] { fsdp->clip_grad_norm_(kMaxNorm); };
-      data_parallel_rows_and_weights(t, rank, n);
-      t.report = [&](StepReport& s, bool grad) {
+      t.clip = [&] {  // with tp over the world: the shards' pieces counted as their placements say
+        if (mesh) parallel::clip_grad_norm_(fsdp->parameters(), world, kMaxNorm);
+        else fsdp->clip_grad_norm_(kMaxNorm);
+      };
+      data_parallel_rows_and_weights(t, mesh ? mesh->dp_rank() : rank, c.degree);
+      t.report = [&, plain = gpt ? gpt->named_parameters() : std::vector<nn::NamedTensor>{}](StepReport& s, bool grad) {
+        if (mesh) {  // the shards' pieces, cut as their placements say
+          std::vector<nn::NamedTensor> shards;
+          for (const Tensor& flat : fsdp->parameters()) shards.emplace_back("", flat);
+          return report_placed(s, me, shards, plain, grad);
+        }
         for (size_t u = 0; u < fsdp->num_units(); ++u) {
           const parallel::FlatParameter& unit = fsdp->unit(u);
           report_flat_shard(s, me, unit, grad ? unit.shard().grad() : unit.shard());

@@ -23,7 +23,7 @@ enum class Form {
   DDP,                  // n Gloo ranks
   Zero1,                // ZeroRedundancyOptimizer stage 1 under DDP, n Gloo ranks
   Zero2,                // ZeroRedundancyOptimizer stage 2, n Gloo ranks
-  FSDP,                 // FullyShardedDataParallel (ZeRO-3), n Gloo ranks
+  FSDP,                 // FSDP (ZeRO-3): n Gloo ranks; the GPT's with a tp degree on a dp x tp mesh
   Pipe,                 // Pipe in one process over CPU devices
   PipelineStages,       // PipelineStage: a stage per Gloo rank, send/recv between them
   TensorParallel,       // TensorParallel in one process over CPU devices
@@ -54,7 +54,7 @@ struct Config {
   bool recompute = false;          // every block checkpointed (Checkpointed: always)
   double dropout = 0.0;            // the GPT's dropout (forms whose ranks draw their own masks: 0)
   int cp = 1;                      // the meshes' cp
-  int pp = 1, tp = 1;              // the 4-D mesh's pp and tp
+  int pp = 1, tp = 1;              // the 4-D mesh's pp and tp; FSDP's tp (FSDP x TP)
   int model_chunks = 1;            // per pipeline rank (Interleaved1F1B: more than one)
   int n_layer = 2;                 // the GPT's blocks (a pipeline needs one per virtual stage)
 };
@@ -68,6 +68,7 @@ inline bool multi_rank(Form form) {
 inline int world_size(const Config& c) {
   if (c.form == Form::Mesh2D) return c.degree * c.cp * c.degree2;
   if (c.form == Form::MeshPipeline) return c.degree * c.pp * c.cp * c.tp;
+  if (c.form == Form::FSDP) return c.degree * c.tp;
   return multi_rank(c.form) ? c.degree : 1;
 }
 
@@ -109,6 +110,9 @@ inline std::string degrees_of_form(const Config& c) {
       return fmt::format("dp {} x pp {} x cp {} x tp {}, {} Gloo ranks, {} micro-batches, {}{}", c.degree, c.pp, c.cp,
                          c.tp, world_size(c), c.degree2, schedule, chunks);
     case Form::ContextParallel: return fmt::format("cp {}, {} Gloo ranks", c.degree, c.degree);
+    case Form::FSDP:
+      if (c.tp > 1) return fmt::format("dp {} x tp {}, {} Gloo ranks", c.degree, c.tp, world_size(c));
+      return fmt::format("{} Gloo ranks", c.degree);
     case Form::Checkpointed: return "one device, every block recomputed";
     default:
       return fmt::format("{} Gloo ranks{}", c.degree, c.bucket_per_tensor ? ", a bucket per tensor" : "");
@@ -183,6 +187,12 @@ inline void gpt_rows(std::vector<Config>& rows) {
   add(Form::FSDP, 2, 5);
   add(Form::FSDP, 3, 5);
   add(Form::FSDP, 2, 5).recompute = true;
+  // FSDP x TP on a dp x tp mesh (torchtitan's default): the tp plan, then fully_shard over dp.
+  add(Form::FSDP, 2, 5).tp = 2;
+  Config& fsdp_sp = add(Form::FSDP, 2, 5);
+  fsdp_sp.tp = 2;
+  fsdp_sp.sequence_parallel = true;
+  fsdp_sp.accumulation = 2;  // SP's sums over tp once, after the last micro-step
   // The GPT's pipeline (models/gpt_pipeline.h) on Gloo ranks: micro-batches fewer and more
   // than the stages, 3 stages, the interleaved schedule; a block per virtual stage. The
   // tied wte sits on the first and the last stage: clipping counts it once.
