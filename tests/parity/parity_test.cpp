@@ -211,7 +211,7 @@ TEST_CASE("parity faults: replicas' gradients averaged instead of summed fail a 
                          "batch 11, float32, 3 steps: step 0: the gradient of 0.weight diverges "
                          "first: its error against the float64 step is "));
   CHECK_THAT(failing[0], MG_CONTAINS("times the plain float32 step's"));
-  CHECK_THAT(failing[0], MG_CONTAINS("(at most 16 times): element "));
+  CHECK_THAT(failing[0], MG_CONTAINS("(at most 8 times): element "));
 }
 
 TEST_CASE("parity faults: a pipeline's micro-batch losses summed instead of averaged fail a row") {
