@@ -11,9 +11,11 @@
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/fault_injection.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/models/gpt_plan.h>
 #include <minigrad/parallel/context_parallel/context_parallel_loss.h>
 #include <minigrad/parallel/context_parallel/sequence_layout.h>
 #include <minigrad/parallel/context_parallel/wire.h>
+#include <minigrad/parallel/pipeline/balance.h>
 #include <minigrad/parallel/tensor_parallel/functions.h>
 #include <minigrad/parallel/tensor_parallel/sequence_parallel.h>
 #include <minigrad/parallel/tensor_parallel/vocab_parallel.h>
@@ -108,8 +110,9 @@ GPTMeshPipeline::GPTMeshPipeline(const GPT& gpt, const parallel::DeviceMesh& mes
   dp_rank_ = mesh.rank("dp");
   tp_ = parallel::tensor_parallel_group(mesh.group("tp"));
   const int p = pp_->size(), rank = pp_->rank(), v = options_.pipeline.model_chunks;
-  // The split of the blocks, and its errors, are the GPT pipeline's.
-  const std::vector<int64_t> balance = gpt_pipeline_balance(config_, p, v);
+  // The blocks dealt as the GPT pipeline's cut deals them, and its errors.
+  gpt_pipeline_cut(config_, p, v);
+  const std::vector<int64_t> balance = parallel::even_balance(config_.n_layer, int64_t{p} * v);
   MG_CHECK(p > 1 || v == 1,
            "GPT pipeline: {} model chunks on one rank; interleaving needs at least two ranks", v);
   auto sharded_generator = std::make_shared<Generator>(
@@ -130,8 +133,7 @@ GPTMeshPipeline::GPTMeshPipeline(const GPT& gpt, const parallel::DeviceMesh& mes
   stage_options.schedule = options_.pipeline.schedule;
   stage_options.checkpoint = options_.pipeline.checkpoint;
   stage_options.weight_by_rows = false;  // each micro-batch's loss is already its share
-  stage_ = std::make_unique<parallel::PipelineStage>(
-      std::vector<nn::ModulePtr>(chunks_.begin(), chunks_.end()), pp_, stage_options);
+  stage_ = std::make_unique<parallel::PipelineStage>(chunks_, pp_, stage_options);
 }
 
 Tensor GPTMeshPipeline::local_batch(const Tensor& x) const {
@@ -193,7 +195,7 @@ void GPTMeshPipeline::finish_gradients() {
 
 void GPTMeshPipeline::sum_tied_gradient() {
   if (!embedding_group_) return;  // a middle stage, or one stage (the head reads wte)
-  TensorParallelGPTStage& holder = pp_->rank() == 0 ? *chunks_.front() : *chunks_.back();
+  auto& holder = static_cast<TensorParallelGPTStage&>(pp_->rank() == 0 ? *chunks_.front() : *chunks_.back());
   Tensor& weight = holder.tied_weight();
   // parity fault: the tied shard's gradient left unsummed, each copy stepping with its share.
   if (testing::fault_is_on(testing::Fault::PipelineTiedGradNotSummed)) return;
