@@ -16,6 +16,10 @@
 // Between stages travel [mb, T/cp, C] activations ([mb, T/(cp tp), C] with sequence
 // parallelism), forward and back; float64 as int64 bits (pipeline_stage.h).
 //
+// With tp 1 and cp 1 (pp, dp x pp) the model is the GPT cut by module name: the generic
+// parallel::MeshPipeline over gpt_pipeline_cut (split_module's stages, the tie and dp sums
+// by placement); the rest of this file is then the loss and the bookkeeping.
+//
 // The loss: the last stage's vocabulary-parallel cross entropy of each micro-batch, its
 // tokens' summed loss over the whole batch's count of targets (every dp rank, every cp
 // chunk), summed over cp; the micro-batches' parts add up (no weighting by rows). After
@@ -43,6 +47,7 @@
 #include <minigrad/models/gpt.h>
 #include <minigrad/models/gpt_tensor_parallel.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
+#include <minigrad/parallel/pipeline/mesh_pipeline.h>
 #include <minigrad/parallel/pipeline/pipeline_stage.h>
 
 namespace mg::models {
@@ -123,7 +128,7 @@ class GPTMeshPipeline {
   Tensor shard_of(const std::string& name, const Tensor& full) const;
 
   const std::vector<nn::ModulePtr>& chunks() const { return chunks_; }
-  parallel::PipelineStage& stage() { return *stage_; }
+  parallel::PipelineStage& stage() { return cut_ ? cut_->stage() : *stage_; }
   const parallel::TensorParallelGroupPtr& tp_group() const { return tp_; }
   // {first, last} stage of this rank's pp group; null on the middle stages and with pp 1.
   const std::shared_ptr<parallel::ProcessGroup>& embedding_group() const { return embedding_group_; }
@@ -138,6 +143,7 @@ class GPTMeshPipeline {
   parallel::TensorParallelGroupPtr tp_;
   std::vector<nn::ModulePtr> chunks_;
   std::unique_ptr<parallel::PipelineStage> stage_;
+  std::unique_ptr<parallel::MeshPipeline> cut_;  // tp 1, cp 1: the generic pipeline
 };
 
 // The trainer's entry: this rank's part of `gpt` on the mesh (GPTMeshPipeline's constructor).
