@@ -272,7 +272,7 @@ int main(int argc, char** argv) {
     const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
     const int stage = mesh.rank("pp");
     const bool first = stage == 0, last = stage == pp - 1;
-    const double Ls = static_cast<double>(models::gpt_pipeline_balance(config, pp)[static_cast<size_t>(stage)]);
+    const double Ls = static_cast<double>(parallel::even_balance(config.n_layer, pp)[static_cast<size_t>(stage)]);
     const double block = 12 * C * C / tp + 7 * C / tp + 6 * C;
     const double stage_params = Ls * block +
                                 (first ? V * C / tp + static_cast<double>(config.block_size) * C : 0) +

@@ -1,4 +1,5 @@
-// gpt-pipeline-bench: the bubble of the GPT's pipeline (models/gpt_pipeline.h), read from
+// gpt-pipeline-bench: the bubble of the GPT's pipeline (split_module with the GPT's cut,
+// models/gpt_plan.h, run by PipelineStage), read from
 // the ranks' timelines, against the arithmetic of docs/gpt-pipeline.md: 1F1B's
 // (p - 1) / (m + p - 1) and interleaved 1F1B's (p - 1) / (v m + p - 1). Under minigrad-run,
 // one Gloo rank per stage:
@@ -31,8 +32,10 @@
 #include <fmt/format.h>
 
 #include <minigrad/minigrad.h>
-#include <minigrad/models/gpt_pipeline.h>
+#include <minigrad/models/gpt_plan.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
+#include <minigrad/parallel/partial_gradients.h>
+#include <minigrad/parallel/pipeline/split_module.h>
 
 #include "samples/support/command_line.h"
 
@@ -105,22 +108,28 @@ int main(int argc, char** argv) {
     auto run = [&](parallel::Schedule schedule, int v) {
       manual_seed(1);
       models::GPT model(config);
-      models::GPTPipelineOptions options;
-      options.micro_batches = chunks;
+      parallel::PipelineStageOptions options;
+      options.chunks = chunks;
       options.schedule = schedule;
-      options.model_chunks = v;
-      models::GPTPipeline pipe(model, pg, options);
-      optim::AdamW opt(optim::weight_decay_groups(pipe.parameters(), optim::AdamWOptions(1e-3)));
+      parallel::PipelineStage pipe(parallel::split_module(model, models::gpt_pipeline_cut(config, p, v), pg), pg,
+                                   options);
+      const std::vector<Tensor> params = parallel::chunk_parameter_tensors(pipe.model_chunks());
+      optim::AdamW opt(optim::weight_decay_groups(params, optim::AdamWOptions(1e-3)));
       Measured measured;
       for (int step = 0; step < warmup + steps; ++step) {
         manual_seed(100 + static_cast<uint64_t>(step));
         const Tensor idx = randint(0, vocab, {batch, seq});
         const Tensor targets = randint(0, vocab, {batch, seq});
-        pipe.zero_grad();
+        for (const nn::ModulePtr& chunk : pipe.model_chunks()) chunk->zero_grad();
         pg->barrier()->wait();  // the ranks start the step together
-        pipe.train_step(idx, targets);
+        const Tensor loss = pipe.train_step(rank == 0 ? idx : Tensor(), rank + 1 == p ? targets : Tensor(),
+                                            [](const Tensor& logits, const Tensor& y) {
+                                              return models::GPT::loss(logits, y);
+                                            });
+        parallel::reduce_partial_gradients(params);
+        pipe.loss_on_every_rank(loss);  // as a trainer would, for the step's time
         opt.step();
-        const parallel::PipeTimeline t = pipe.stage().last_timeline();
+        const parallel::PipeTimeline t = pipe.last_timeline();
         const std::vector<double> busy = gather_to_all(*pg, t.busy_seconds(rank));
         const std::vector<double> window = gather_to_all(*pg, t.running_seconds());
         const double step_seconds = *std::max_element(window.begin(), window.end());

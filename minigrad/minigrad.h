@@ -68,6 +68,7 @@
 #include <minigrad/parallel/pipeline/balance.h>
 #include <minigrad/parallel/pipeline/pipe.h>
 #include <minigrad/parallel/pipeline/pipeline_stage.h>
+#include <minigrad/parallel/pipeline/split_module.h>
 #include <minigrad/parallel/replicate.h>
 #include <minigrad/parallel/scatter.h>
 #include <minigrad/parallel/sharded/fully_shard.h>

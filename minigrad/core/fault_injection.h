@@ -64,9 +64,10 @@ enum class Fault {
   // current state, so its dropout masks differ from forward's (nn/checkpoint.cpp,
   // CheckpointBackward).
   CheckpointFreshDropout,
-  // The GPT's pipeline (models/gpt_pipeline.h): the tied embedding's gradient is not
-  // summed between the first and the last stage, so each copy of wte steps with its own
-  // share (GPTPipeline::reduce_tied_gradients).
+  // Pipelines cut by module name: a tied weight's copies (the GPT's wte on the first stage,
+  // its copy lm_head.weight on the last) keep their own shares of the gradient, never
+  // summed, so each steps on its own (parallel/partial_gradients.cpp skips the "tied"
+  // placements; the 4-D mesh's own sum, models/gpt_mesh_pipeline.cpp).
   PipelineTiedGradNotSummed,
   // Pipelines: the last micro-batch's loss counted twice, weight 2 rows_j / rows
   // (MicroBatches::weight).

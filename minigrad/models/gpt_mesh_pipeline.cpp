@@ -11,9 +11,12 @@
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/fault_injection.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/models/gpt_plan.h>
 #include <minigrad/parallel/context_parallel/context_parallel_loss.h>
 #include <minigrad/parallel/context_parallel/sequence_layout.h>
 #include <minigrad/parallel/context_parallel/wire.h>
+#include <minigrad/parallel/pipeline/balance.h>
+#include <minigrad/parallel/placement.h>
 #include <minigrad/parallel/tensor_parallel/functions.h>
 #include <minigrad/parallel/tensor_parallel/sequence_parallel.h>
 #include <minigrad/parallel/tensor_parallel/vocab_parallel.h>
@@ -108,10 +111,26 @@ GPTMeshPipeline::GPTMeshPipeline(const GPT& gpt, const parallel::DeviceMesh& mes
   dp_rank_ = mesh.rank("dp");
   tp_ = parallel::tensor_parallel_group(mesh.group("tp"));
   const int p = pp_->size(), rank = pp_->rank(), v = options_.pipeline.model_chunks;
-  // The split of the blocks, and its errors, are the GPT pipeline's.
-  const std::vector<int64_t> balance = gpt_pipeline_balance(config_, p, v);
+  // The blocks dealt as the GPT pipeline's cut deals them, and its errors.
+  gpt_pipeline_cut(config_, p, v);
+  const std::vector<int64_t> balance = parallel::even_balance(config_.n_layer, int64_t{p} * v);
   MG_CHECK(p > 1 || v == 1,
            "GPT pipeline: {} model chunks on one rank; interleaving needs at least two ranks", v);
+  if (tp_->size() == 1 && !cp_) {
+    // pp and dp alone: the GPT cut by module name, run and summed by the generic pipeline.
+    parallel::MeshPipelineOptions generic;
+    generic.micro_batches = options_.pipeline.micro_batches;
+    generic.schedule = options_.pipeline.schedule;
+    generic.checkpoint = options_.pipeline.checkpoint;
+    generic.finish_gradients = false;  // this class's finish_gradients decides when
+    cut_ = std::make_unique<parallel::MeshPipeline>(gpt, mesh, gpt_pipeline_cut(config_, p, v), generic);
+    chunks_ = cut_->chunks();
+    for (const Tensor& t : cut_->parameters())  // the tie's group, as the placement says
+      if (const parallel::ParameterSpec* spec = parallel::spec_of(t))
+        for (const parallel::DimPlacement& d : spec->pieces[0].placements)
+          if (d.dim == "tied") embedding_group_ = d.group;
+    return;
+  }
   auto sharded_generator = std::make_shared<Generator>(
       options_.tensor_parallel.seed + 2718 + static_cast<uint64_t>(tp_->rank()));
   for (int c = 0; c < v; ++c) {
@@ -130,11 +149,11 @@ GPTMeshPipeline::GPTMeshPipeline(const GPT& gpt, const parallel::DeviceMesh& mes
   stage_options.schedule = options_.pipeline.schedule;
   stage_options.checkpoint = options_.pipeline.checkpoint;
   stage_options.weight_by_rows = false;  // each micro-batch's loss is already its share
-  stage_ = std::make_unique<parallel::PipelineStage>(
-      std::vector<nn::ModulePtr>(chunks_.begin(), chunks_.end()), pp_, stage_options);
+  stage_ = std::make_unique<parallel::PipelineStage>(chunks_, pp_, stage_options);
 }
 
 Tensor GPTMeshPipeline::local_batch(const Tensor& x) const {
+  if (cut_) return cut_->local_batch(x);
   MG_CHECK(x.defined() && x.dim() >= 2, "GPTMeshPipeline::local_batch: expected [B, T, ...], got {}",
            x.defined() ? x.shape().str() : "undefined");
   const int64_t B = x.size(0), base = B / dp_size_, extra = B % dp_size_;
@@ -164,6 +183,11 @@ Tensor GPTMeshPipeline::train_step(const Tensor& idx, const Tensor& targets, dou
     const Tensor part = parallel::vocab_parallel_cross_entropy(logits, target, tp_, -1, divide_by);
     return cp_ ? parallel::context_parallel::context_parallel_sum(part, *cp_) : part;
   };
+  if (cut_) {
+    const Tensor loss = cut_->train_step(idx, targets, loss_fn);  // on every rank
+    if (options_.finish_gradients) finish_gradients();
+    return loss;
+  }
   const Tensor loss = stage_->train_step(first ? idx : Tensor(), last ? targets : Tensor(), loss_fn);
   if (options_.finish_gradients) finish_gradients();
   // The loss on every rank: broadcast from the last stage over pp (as its bits, whatever
@@ -178,6 +202,7 @@ Tensor GPTMeshPipeline::train_step(const Tensor& idx, const Tensor& targets, dou
 }
 
 void GPTMeshPipeline::finish_gradients() {
+  if (cut_) return cut_->finish_gradients();
   const std::vector<Tensor> params = parameters();
   for (Tensor p : params)  // every rank of a group reduces the same list
     if (!p.grad().defined()) p.set_grad(zeros_like(p));
@@ -193,7 +218,7 @@ void GPTMeshPipeline::finish_gradients() {
 
 void GPTMeshPipeline::sum_tied_gradient() {
   if (!embedding_group_) return;  // a middle stage, or one stage (the head reads wte)
-  TensorParallelGPTStage& holder = pp_->rank() == 0 ? *chunks_.front() : *chunks_.back();
+  auto& holder = static_cast<TensorParallelGPTStage&>(pp_->rank() == 0 ? *chunks_.front() : *chunks_.back());
   Tensor& weight = holder.tied_weight();
   // parity fault: the tied shard's gradient left unsummed, each copy stepping with its share.
   if (testing::fault_is_on(testing::Fault::PipelineTiedGradNotSummed)) return;
@@ -202,6 +227,7 @@ void GPTMeshPipeline::sum_tied_gradient() {
 }
 
 std::vector<nn::NamedTensor> GPTMeshPipeline::named_parameters() const {
+  if (cut_) return cut_->named_parameters();
   std::vector<nn::NamedTensor> out;
   std::set<const void*> seen;
   for (const auto& chunk : chunks_)
@@ -217,6 +243,7 @@ std::vector<Tensor> GPTMeshPipeline::parameters() const {
 }
 
 void GPTMeshPipeline::zero_grad(bool set_to_none) {
+  if (cut_) return cut_->zero_grad(set_to_none);
   for (const auto& chunk : chunks_) chunk->zero_grad(set_to_none);
 }
 

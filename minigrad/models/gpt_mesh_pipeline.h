@@ -1,9 +1,11 @@
-// The GPT on all four dimensions of a DeviceMesh (dp x pp x cp x tp): a pipeline
-// (gpt_pipeline.h's split and schedules) whose stages are tensor-parallel, context-parallel
-// pieces of the GPT (gpt_tensor_parallel.h), the whole replicated over dp.
+// The GPT on all four dimensions of a DeviceMesh (dp x pp x cp x tp): a pipeline (the
+// blocks cut as gpt_plan.h's gpt_pipeline_cut cuts them, PipelineStage's schedules) whose
+// stages are tensor-parallel, context-parallel pieces of the GPT (gpt_tensor_parallel.h),
+// the whole replicated over dp. (To become the GPT's plan on the tp and cp groups, then
+// parallel::split_module over pp.)
 // docs/gpt-pipeline.md, "The GPT in four dimensions", walks through one step.
 //
-// Rank (dp d, pp s, cp c, tp t) holds pp stage s (its blocks, as split_gpt balances them),
+// Rank (dp d, pp s, cp c, tp t) holds pp stage s (its blocks, as gpt_pipeline_cut deals them),
 // every block split over its tp group as TensorParallelGPT splits it:
 //   s = 0      the vocabulary-parallel embedding (wte rows t V/tp ..), wpe whole
 //   s = p-1    ln_f and the vocabulary-parallel head: "lm_head.weight", a copy of the same
@@ -13,6 +15,10 @@
 // and runs them on dp rank d's rows of the batch, cp rank c's two chunks of each sequence.
 // Between stages travel [mb, T/cp, C] activations ([mb, T/(cp tp), C] with sequence
 // parallelism), forward and back; float64 as int64 bits (pipeline_stage.h).
+//
+// With tp 1 and cp 1 (pp, dp x pp) the model is the GPT cut by module name: the generic
+// parallel::MeshPipeline over gpt_pipeline_cut (split_module's stages, the tie and dp sums
+// by placement); the rest of this file is then the loss and the bookkeeping.
 //
 // The loss: the last stage's vocabulary-parallel cross entropy of each micro-batch, its
 // tokens' summed loss over the whole batch's count of targets (every dp rank, every cp
@@ -39,9 +45,9 @@
 #include <vector>
 
 #include <minigrad/models/gpt.h>
-#include <minigrad/models/gpt_pipeline.h>
 #include <minigrad/models/gpt_tensor_parallel.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
+#include <minigrad/parallel/pipeline/mesh_pipeline.h>
 #include <minigrad/parallel/pipeline/pipeline_stage.h>
 
 namespace mg::models {
@@ -70,9 +76,15 @@ class TensorParallelGPTStage : public nn::Cloneable<TensorParallelGPTStage> {
   bool sequence_parallel_, embedding_, head_;
 };
 
+// The pipeline's part of the options.
+struct GPTPipelineOptions {
+  int64_t micro_batches = 1;  // PipelineStageOptions::chunks; every rank the same
+  parallel::Schedule schedule = parallel::Schedule::OneFOneB;
+  int model_chunks = 1;  // per rank; more than one needs Schedule::Interleaved1F1B
+  parallel::Checkpoint checkpoint = parallel::Checkpoint::Never;
+};
+
 struct GPTMeshPipelineOptions {
-  // micro_batches, schedule, model_chunks, checkpoint (gpt_pipeline.h); its
-  // sum_tied_gradient is not read here: finish_gradients below covers the tied sum.
   GPTPipelineOptions pipeline;
   // sequence_parallel, seed (gpt_tensor_parallel.h)
   TensorParallelGPTOptions tensor_parallel;
@@ -115,8 +127,8 @@ class GPTMeshPipeline {
   // The part of the single-device GPT's tensor `full` named `name` this rank holds.
   Tensor shard_of(const std::string& name, const Tensor& full) const;
 
-  const std::vector<std::shared_ptr<TensorParallelGPTStage>>& chunks() const { return chunks_; }
-  parallel::PipelineStage& stage() { return *stage_; }
+  const std::vector<nn::ModulePtr>& chunks() const { return chunks_; }
+  parallel::PipelineStage& stage() { return cut_ ? cut_->stage() : *stage_; }
   const parallel::TensorParallelGroupPtr& tp_group() const { return tp_; }
   // {first, last} stage of this rank's pp group; null on the middle stages and with pp 1.
   const std::shared_ptr<parallel::ProcessGroup>& embedding_group() const { return embedding_group_; }
@@ -129,8 +141,9 @@ class GPTMeshPipeline {
   int dp_size_ = 1, dp_rank_ = 0;
   std::shared_ptr<parallel::ProcessGroup> pp_, dp_, cp_, embedding_group_;
   parallel::TensorParallelGroupPtr tp_;
-  std::vector<std::shared_ptr<TensorParallelGPTStage>> chunks_;
+  std::vector<nn::ModulePtr> chunks_;
   std::unique_ptr<parallel::PipelineStage> stage_;
+  std::unique_ptr<parallel::MeshPipeline> cut_;  // tp 1, cp 1: the generic pipeline
 };
 
 // The trainer's entry: this rank's part of `gpt` on the mesh (GPTMeshPipeline's constructor).

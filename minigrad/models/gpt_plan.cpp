@@ -63,4 +63,17 @@ std::shared_ptr<parallel::FSDPModule> fully_shard_gpt(const std::shared_ptr<GPT>
   return parallel::fully_shard(gpt, std::move(dp_group), options);
 }
 
+// ---------------------------------------------------------------- the pipeline cut
+
+parallel::PipelineCut gpt_pipeline_cut(const GPTConfig& config, int stages, int model_chunks) {
+  MG_CHECK(stages >= 1 && model_chunks >= 1 && config.n_layer >= int64_t{stages} * model_chunks,
+           "GPT pipeline: {} blocks (n_layer) cannot fill {} stages x {} model chunks = {} virtual stages; "
+           "every virtual stage needs at least one block",
+           config.n_layer, stages, model_chunks, int64_t{stages} * model_chunks);
+  parallel::PipelineCut cut;
+  cut.split_points = parallel::even_split_points("transformer.h", config.n_layer, stages * model_chunks);
+  cut.ties = {{"transformer.wte.weight", "lm_head.weight"}};
+  return cut;
+}
+
 }  // namespace mg::models

@@ -25,6 +25,7 @@
 #include <minigrad/models/gpt.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
 #include <minigrad/parallel/parallelize.h>
+#include <minigrad/parallel/pipeline/split_module.h>
 #include <minigrad/parallel/sharded/fully_shard.h>
 
 namespace mg::models {
@@ -47,5 +48,14 @@ void parallelize_gpt(GPT& gpt, const parallel::DeviceMesh& mesh, bool sequence_p
 std::shared_ptr<parallel::FSDPModule> fully_shard_gpt(const std::shared_ptr<GPT>& gpt,
                                                       std::shared_ptr<parallel::ProcessGroup> dp_group,
                                                       parallel::FSDPOptions options = {});
+
+// ---------------------------------------------------------------- the pipeline cut
+// (parallel/pipeline/split_module.h, docs/gpt-pipeline.md)
+// The n_layer blocks dealt over stages x model_chunks virtual stages as even_balance deals
+// them (the first n_layer mod (stages x model_chunks) one more): the first block of every
+// later stage ("transformer.h.2"); the head's weight tied to the token embedding. wte, wpe
+// and drop go to the first stage, ln_f and lm_head to the last. mg::Error when there are
+// fewer blocks than virtual stages.
+parallel::PipelineCut gpt_pipeline_cut(const GPTConfig& config, int stages, int model_chunks = 1);
 
 }  // namespace mg::models

@@ -29,12 +29,15 @@ bool skipped_by_fault(const std::string& dim) {
          (dim == "tied" && testing::fault_is_on(Fault::PipelineTiedGradNotSummed));
 }
 
-// The gradients partial over one group, in the order they were found.
+// The gradients partial over one group. Laid end to end in the order of their single-device
+// names (and flat offsets), the same on every rank of the group: the ranks' parameter lists
+// need not come alike (a pipeline's tied copies sit at either end of different stages: wte
+// first on one, lm_head.weight last on another).
 struct Bucket {
   std::string dim;
   std::shared_ptr<ProcessGroup> group;
-  size_t first = 0;            // the order of its first gradient, to break ties
-  std::vector<Tensor> values;  // views of the gradients (whole, or a flat shard's ranges)
+  // (name, flat offset) -> a view of the gradient (whole, or a flat shard's range)
+  std::map<std::pair<std::string, int64_t>, Tensor> values;
 };
 
 // Sums `values` (one dtype) over `group` through one flat buffer.
@@ -60,7 +63,6 @@ void sum_coalesced(const std::vector<Tensor>& values, const std::shared_ptr<Proc
 int reduce_partial_gradients(const std::vector<Tensor>& parameters) {
   NoGradGuard no_grad;
   std::vector<Bucket> buckets;
-  size_t found = 0;
   for (size_t i = 0; i < parameters.size(); ++i) {
     const Tensor& p = parameters[i];
     MG_CHECK(p.defined(), "reduce_partial_gradients: parameter {} is an undefined tensor", i);
@@ -83,20 +85,20 @@ int reduce_partial_gradients(const std::vector<Tensor>& parameters) {
         if (!p.grad().defined()) p.set_grad(zeros(p.shape(), p.dtype(), p.device()));
         auto it = std::find_if(buckets.begin(), buckets.end(),
                                [&](const Bucket& b) { return b.dim == d.dim && b.group == d.group; });
-        if (it == buckets.end()) it = buckets.insert(buckets.end(), Bucket{d.dim, d.group, found, {}});
-        it->values.push_back(piece_values(piece, p.grad()));
-        ++found;
+        if (it == buckets.end()) it = buckets.insert(buckets.end(), Bucket{d.dim, d.group, {}});
+        it->values[{piece.name, piece.flat ? piece.flat->offset : 0}] = piece_values(piece, p.grad());
       }
     }
   }
   std::sort(buckets.begin(), buckets.end(), [](const Bucket& a, const Bucket& b) {
-    return std::make_tuple(order_of(a.dim), a.dim, a.first) < std::make_tuple(order_of(b.dim), b.dim, b.first);
+    return std::make_tuple(order_of(a.dim), a.dim, a.values.begin()->first) <
+           std::make_tuple(order_of(b.dim), b.dim, b.values.begin()->first);
   });
   int reductions = 0;
   for (const Bucket& b : buckets) {
     if (skipped_by_fault(b.dim)) continue;  // parity faults: the sum left out
     std::map<DType, std::vector<Tensor>> by_dtype;
-    for (const Tensor& v : b.values) {
+    for (const auto& [name, v] : b.values) {
       MG_CHECK(v.device() == b.group->device(),
                "reduce_partial_gradients: a gradient of shape {} is on {}, but the {} group works on {}", v.shape(),
                v.device(), b.dim, b.group->device());

@@ -12,9 +12,10 @@
 // Coalesced: per (dimension, group, dtype) one all-reduce of a flat buffer of its gradients
 // laid end to end (the whole gradient, or a flat shard's ranges of it: FSDP over a
 // sequence-parallel model). The buffers go in a fixed order every rank agrees on -- tied,
-// tp, cp, then any other dimension by name; within one, as the parameters come -- so every
+// tp, cp, then any other dimension by name; within one, by single-device name -- so every
 // rank of a group must pass the same parameters split alike (the ranks of a tp group hold
-// the same parameters, sharded or replicated). A parameter without a gradient reduces zeros
+// the same parameters, sharded or replicated; a pipeline's tied copies the same tensor under
+// other local names, in another order). A parameter without a gradient reduces zeros
 // and gets the sum, so every rank of a group reduces the same list. The sums go through the
 // group's tensor-parallel view (tensor_parallel/group.h: counted in its stats; float64 as
 // its bits, added in rank order, the same sum on every rank). With gradient accumulation,

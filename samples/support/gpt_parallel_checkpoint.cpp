@@ -5,8 +5,9 @@
 //   tp       each sharded tensor all-gathered over tp with the indices each rank holds
 //            (TensorParallelGPT::shard_of of a tensor of indices): any shard, any layout;
 //   pp       the same inside each stage, then broadcast over pp from the stage that holds
-//            the tensor (the blocks as gpt_pipeline_balance cuts them, wte and wpe on the
-//            first stage, ln_f on the last). The last stage's lm_head.weight is a copy of
+//            the tensor (parallel::stage_of under the GPT's pipeline cut: the blocks as
+//            gpt_pipeline_cut deals them, wte and wpe on the first stage, ln_f on the
+//            last). The last stage's lm_head.weight is a copy of
 //            wte, kept equal to it (the same summed gradient, the same AdamW steps), so
 //            the checkpoint has wte alone (nanoGPT's lm_head.weight is wte) and a resume
 //            sets both copies from it;
@@ -25,8 +26,9 @@
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/models/gpt_context_parallel.h>
-#include <minigrad/models/gpt_pipeline.h>
+#include <minigrad/models/gpt_plan.h>
 #include <minigrad/parallel/context_parallel/wire.h>
+#include <minigrad/parallel/pipeline/split_module.h>
 #include <minigrad/parallel/sharded/sharded_state.h>
 
 namespace mg::samples {
@@ -96,21 +98,9 @@ Tensor SplitGPT::gather(const std::string& name, const Tensor& part) {
 }
 
 int SplitGPT::pipeline_owner(const std::string& name) const {
-  const int p = split_.pp;
-  if (name == kWte || name == "transformer.wpe.weight") return 0;
-  if (name.rfind("transformer.ln_f.", 0) == 0) return p - 1;
-  const std::string prefix = "transformer.h.";
-  MG_CHECK(name.rfind(prefix, 0) == 0, "SplitGPT: no pipeline stage holds a parameter named '{}'", name);
-  const int64_t block = std::stoll(name.substr(prefix.size()));
-  // Virtual stage k holds balance[k] blocks; chunk c of pp rank r is virtual stage c p + r.
-  const std::vector<int64_t> balance = models::gpt_pipeline_balance(gpt_->config(), p, split_.model_chunks);
-  int64_t first = 0;
-  for (size_t k = 0; k < balance.size(); ++k) {
-    if (block < first + balance[k]) return static_cast<int>(k) % p;
-    first += balance[k];
-  }
-  MG_CHECK(false, "SplitGPT: block {} is past the pipeline's {} blocks", block, first);
-  return 0;
+  // Chunk c of pp rank r is virtual stage c p + r (wte is the first stage's: its name comes first).
+  const parallel::PipelineCut cut = models::gpt_pipeline_cut(gpt_->config(), split_.pp, split_.model_chunks);
+  return parallel::stage_of(*gpt_, cut, name) % split_.pp;
 }
 
 Tensor SplitGPT::gather_over_pipeline(const std::string& name, const Tensor& part, const Tensor& like) {

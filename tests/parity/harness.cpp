@@ -19,7 +19,6 @@
 #include <minigrad/models/gpt.h>
 #include <minigrad/models/gpt_checkpointing.h>
 #include <minigrad/models/gpt_mesh_pipeline.h>
-#include <minigrad/models/gpt_pipeline.h>
 #include <minigrad/models/gpt_plan.h>
 #include <minigrad/models/gpt_tensor_parallel.h>
 #include <minigrad/parallel/clip_grad.h>
@@ -28,6 +27,7 @@
 #include <minigrad/parallel/context_parallel/sequence_layout.h>
 #include <minigrad/parallel/loss_parallel.h>
 #include <minigrad/parallel/partial_gradients.h>
+#include <minigrad/parallel/pipeline/split_module.h>
 #include <minigrad/parallel/placement.h>
 #include <minigrad/parallel/sharded/fully_shard.h>
 #include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
@@ -475,7 +475,6 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
   std::optional<parallel::DeviceMesh> mesh;
   std::unique_ptr<parallel::PipelineStage> stage;
   nn::ModulePtr shard;  // tensor parallelism: this rank's
-  std::unique_ptr<models::GPTPipeline> gpt_pipeline;  // the GPT's pipeline: this rank's stage
   std::shared_ptr<models::GPTMeshPipeline> gpt_mesh;  // the GPT's 4-D mesh: this rank's part
   const auto kinds = mlp ? mg::testing::shard_kinds(*mlp) : std::vector<mg::testing::ShardKind>{};
   nn::Module* forward = model.get();
@@ -493,13 +492,6 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
   const parallel::Schedule schedule = c.schedule == Schedule::GPipe     ? parallel::Schedule::GPipe
                                       : c.schedule == Schedule::OneFOneB ? parallel::Schedule::OneFOneB
                                                                          : parallel::Schedule::Interleaved1F1B;
-  // A sum over `group` of clipping's partial norms.
-  auto sum_over = [](GroupPtr group) -> nn::utils::NormReducer {
-    return [group](Tensor& partial, nn::utils::NormReduction) {
-      group->allreduce(partial, parallel::ReduceOp::Sum)->wait();
-    };
-  };
-
   switch (c.form) {
     case Form::DDP:
     case Form::Zero1: {
@@ -579,30 +571,30 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
     }
     case Form::PipelineStages: {
       if (gpt) {
-        // Rank s holds the GPT's virtual stages s, s + n, ... (split_gpt); the first and
-        // the last hold the tied wte, summed over them once, after the last micro-step.
-        models::GPTPipelineOptions options;
-        options.micro_batches = c.degree2;
+        // Rank s holds the GPT's virtual stages s, s + n, ..., cut by module name
+        // (split_module with the GPT's cut); the first and the last hold a copy of the tied
+        // wte each, placed on their tie group, summed over it once, after the last micro-step.
+        parallel::PipelineStageOptions options;
+        options.chunks = c.degree2;
         options.schedule = schedule;
-        options.model_chunks = c.model_chunks;
-        options.sum_tied_gradient = false;
-        gpt_pipeline = std::make_unique<models::GPTPipeline>(*gpt, world, options);
-        opt = make_optimizer(c, gpt_pipeline->parameters());
-        t.clip = [&, n] {  // the ranks' partial norms added, the head's copy of wte not counted
-          std::vector<Tensor> counted, copies;
-          for (const auto& [name, p] : gpt_pipeline->named_parameters())
-            (name == "lm_head.weight" && n > 1 ? copies : counted).push_back(p);
-          clip_tensor_parallel(counted, copies, sum_over(world));
+        stage = std::make_unique<parallel::PipelineStage>(
+            parallel::split_module(*gpt, models::gpt_pipeline_cut(gpt->config(), n, c.model_chunks), world), world,
+            options);
+        opt = make_optimizer(c, parallel::chunk_parameter_tensors(stage->model_chunks()));
+        t.clip = [&] {  // by placements: each stage's own layers, the tied copy on its tie group's rank 0
+          parallel::clip_grad_norm_(parallel::chunk_parameter_tensors(stage->model_chunks()), world, kMaxNorm);
         };
         t.report = [&, plain = gpt->named_parameters()](StepReport& s, bool grad) {
-          report_named(s, me, gpt_pipeline->named_parameters(), plain, grad);
+          report_named(s, me, parallel::chunk_parameters(stage->model_chunks()), plain, grad);
         };
         t.micro_step = [&, rank, n](const Batch& b, double w, bool last_micro_step) {
           const bool last = rank == n - 1;
-          const Tensor loss = gpt_pipeline->stage().train_step(
-              rank == 0 ? b.x : Tensor(), last ? b.y : Tensor(),
-              [&c, w](const Tensor& out, const Tensor& y) { return weighted_loss(c, out, y, w); });
-          if (last_micro_step) gpt_pipeline->sum_tied_gradient();
+          const Tensor loss = stage->train_step(rank == 0 ? b.x : Tensor(), last ? b.y : Tensor(),
+                                                [&c, w](const Tensor& out, const Tensor& y) {
+                                                  return weighted_loss(c, out, y, w);
+                                                });
+          if (last_micro_step)  // the tied copies' shares summed, once
+            parallel::reduce_partial_gradients(parallel::chunk_parameter_tensors(stage->model_chunks()));
           return last ? scalar(loss) : 0.0;  // the last rank's alone
         };
         break;
@@ -788,7 +780,7 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       MG_FAIL("parity: {} is not a multi-rank form", form_name(c.form));
   }
   t.optimizer = zero ? zero.get() : opt.get();
-  if (stage || gpt_pipeline) return train(c, t);
+  if (stage) return train(c, t);
   t.micro_step = [&](const Batch& b, double w, bool last) {
     std::optional<parallel::DistributedDataParallel::NoSyncGuard> no_sync;
     if (ddp && !last) no_sync.emplace(*ddp);  // accumulate locally; the last one reduces

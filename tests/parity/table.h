@@ -193,9 +193,10 @@ inline void gpt_rows(std::vector<Config>& rows) {
   fsdp_sp.tp = 2;
   fsdp_sp.sequence_parallel = true;
   fsdp_sp.accumulation = 2;  // SP's sums over tp once, after the last micro-step
-  // The GPT's pipeline (models/gpt_pipeline.h) on Gloo ranks: micro-batches fewer and more
-  // than the stages, 3 stages, the interleaved schedule; a block per virtual stage. The
-  // tied wte sits on the first and the last stage: clipping counts it once.
+  // The GPT's pipeline (split_module with models/gpt_plan.h's cut) on Gloo ranks:
+  // micro-batches fewer and more than the stages, 3 stages, the interleaved schedule; a
+  // block per virtual stage. The tied wte sits on the first and the last stage: clipping
+  // counts it once.
   auto pipeline = [&add](int stages, int micro, Schedule schedule, int chunks, int n_layer) -> Config& {
     Config& c = add(Form::PipelineStages, stages, 5);
     c.degree2 = micro;

@@ -55,7 +55,28 @@ PipelineStage::PipelineStage(std::vector<nn::ModulePtr> model_chunks,
   MG_CHECK(chunks_.size() == 1 || options_.schedule == Schedule::Interleaved1F1B,
            "PipelineStage: {} model chunks on a rank need the interleaved schedule, not {}",
            chunks_.size(), schedule_name(options_.schedule));
+  // A rank's chunks hand on to each other through the group: with one rank, to itself.
+  MG_CHECK(chunks_.size() == 1 || group_->size() > 1,
+           "PipelineStage: {} model chunks on one rank; interleaving needs at least two ranks", chunks_.size());
   for (const nn::ModulePtr& chunk : chunks_) chunk->to(group_->device());
+}
+
+Tensor PipelineStage::loss_on_every_rank(const Tensor& loss) const {
+  const int p = num_stages();
+  const bool last = stage() + 1 == p;
+  MG_CHECK(!last || (loss.defined() && loss.numel() == 1),
+           "PipelineStage::loss_on_every_rank: the last stage's loss must be a scalar, got {}",
+           loss.defined() ? loss.shape().str() : "an undefined tensor");
+  NoGradGuard no_grad;
+  // Every rank must know the dtype to receive it: the last stage's is sent first.
+  Tensor dtype = from_vector(std::vector<int64_t>{last ? static_cast<int64_t>(loss.dtype()) : 0}, Shape{1},
+                             group_->device());
+  if (p > 1) group_->broadcast(dtype, p - 1)->wait();
+  const DType type = static_cast<DType>(dtype.to_vector<int64_t>()[0]);
+  Tensor buffer = last ? ops::clone(ops::copy_to(loss.detach(), group_->device()).reshape(Shape{1}))
+                       : zeros({1}, type, group_->device());
+  if (p > 1) group_->broadcast(context_parallel::wire_view(buffer), p - 1)->wait();
+  return buffer.reshape(Shape{});
 }
 
 PipeTimeline PipelineStage::last_timeline() const {

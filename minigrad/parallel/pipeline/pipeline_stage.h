@@ -75,6 +75,10 @@ class PipelineStage {
   // parameters' gradients accumulate on each rank. Returns the batch's loss on the last
   // rank (the micro-batches' losses weighted by their rows), undefined elsewhere.
   Tensor train_step(const Tensor& input, const Tensor& target, const PipeLoss& loss_fn);
+  // train_step's loss on every rank: the last rank's scalar broadcast over the group (any
+  // float dtype, as its bits); the others pass what train_step gave them (undefined). A
+  // collective of the group: a trainer prints, logs and checks the loss alike on any rank.
+  Tensor loss_on_every_rank(const Tensor& loss) const;
 
   int stage() const { return group_->rank(); }
   int num_stages() const { return group_->size(); }
