@@ -106,9 +106,10 @@ void parallelize_module(nn::Module& model, std::shared_ptr<ProcessGroup> group, 
       } catch (const Error& e) {
         MG_FAIL("parallelize_module: {} on '{}': {}", style->str(), name, e.what());
       }
-      for (const auto& [local, now] : tensors_at(model, name)) {
+      for (const nn::NamedTensor& entry : tensors_at(model, name)) {
+        const Tensor& now = entry.second;
         const auto old = std::find_if(before.begin(), before.end(), [&](const nn::NamedTensor& b) {
-          return b.first == local;
+          return b.first == entry.first;
         });
         if (old == before.end() || old->second.is_same(now)) continue;
         const auto tied = std::find_if(replaced.begin(), replaced.end(),
@@ -123,9 +124,9 @@ void parallelize_module(nn::Module& model, std::shared_ptr<ProcessGroup> group, 
         MG_CHECK(tied->second.shape() == now.shape() && first && second &&
                      first->pieces[0].placements.back().placement == second->pieces[0].placements.back().placement,
                  "parallelize_module: '{}' is tied to a parameter split as {}, and {} splits it as {}",
-                 joined(name, local), first ? first->pieces[0].str() : "nothing", style->str(),
+                 joined(name, entry.first), first ? first->pieces[0].str() : "nothing", style->str(),
                  second ? second->pieces[0].str() : "nothing");
-        model.set_parameter(joined(name, local), tied->second);
+        model.set_parameter(joined(name, entry.first), tied->second);
       }
     }
   }
