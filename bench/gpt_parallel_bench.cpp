@@ -1,5 +1,6 @@
 // gpt-parallel-bench: the accounting of issues 22/23. The GPT on a dp x pp x cp x tp mesh
-// (models/gpt_mesh_pipeline.h, which runs every combination, each dimension possibly 1),
+// (its plans over cp and tp, models/gpt_plan.h, then cut over pp and replicated over dp by
+// parallel::MeshPipeline: every combination, each dimension possibly 1),
 // a few AdamW steps, and per rank the measured quantities beside their arithmetic from the
 // same run:
 //
@@ -56,7 +57,10 @@
 #include <minigrad/core/allocator.h>
 #include <minigrad/minigrad.h>
 #include <minigrad/models/gpt.h>
-#include <minigrad/models/gpt_mesh_pipeline.h>
+#include <minigrad/models/gpt_plan.h>
+#include <minigrad/parallel/loss_parallel.h>
+#include <minigrad/parallel/pipeline/mesh_pipeline.h>
+#include <minigrad/parallel/placement.h>
 #include <minigrad/nn/optim/adam.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
@@ -221,17 +225,27 @@ int main(int argc, char** argv) {
     world->barrier()->wait();
 
     parallel::DeviceMesh mesh(world, {{"dp", dp}, {"pp", pp}, {"cp", cp}, {"tp", tp}});
-    models::GPTMeshPipelineOptions options;
-    options.pipeline.micro_batches = micro_batches;
-    options.tensor_parallel.sequence_parallel = sp;
-    auto model = models::pipeline_gpt_on_mesh(gpt, mesh, options);
+    models::parallelize_gpt(gpt, mesh, sp);
+    parallel::MeshPipelineOptions options;
+    options.micro_batches = micro_batches;
+    auto model = std::make_unique<parallel::MeshPipeline>(gpt, mesh, models::gpt_pipeline_cut(config, pp), options);
     const Tensor xl = model->local_batch(x), yl = model->local_batch(y);
     optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
+    // A micro-batch's share of the batch's loss: its tokens' sum over the batch's B T.
+    const double tokens = static_cast<double>(batch * T);
+    const auto share = [&mesh, tokens](const Tensor& out, const Tensor& t) {
+      parallel::LossParallel loss_parallel(mesh);
+      return mul(models::GPT::loss(out, t, Reduction::Sum), 1.0 / tokens);
+    };
 
-    // The groups to count, by name; the embedding group is the pp group's sub-group.
+    // The groups to count, by name; the embedding group ("emb") is the tie's, the pp
+    // group's sub-group of the first and the last stage (its placement names it).
     std::vector<std::pair<std::string, std::shared_ptr<parallel::ProcessGroup>>> groups;
     for (const char* d : {"tp", "cp", "dp", "pp"}) groups.emplace_back(d, mesh.group(d));
-    if (model->embedding_group()) groups.emplace_back("emb", model->embedding_group());
+    for (const Tensor& p : model->parameters())
+      if (const parallel::ParameterSpec* spec = parallel::spec_of(p))
+        for (const parallel::DimPlacement& d : spec->pieces[0].placements)
+          if (d.dim == "tied" && groups.back().first != "emb") groups.emplace_back("emb", d.group);
     std::map<std::string, Counts> step_counts;
 
     double activations = 0;
@@ -243,7 +257,7 @@ int main(int argc, char** argv) {
       const size_t at_rest = cpu_memory_allocated();
       cpu_reset_peak_memory_stats();
       const auto t0 = Clock::now();
-      model->train_step(xl, yl);
+      model->train_step(xl, yl, share);
       opt.step();
       const double t = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (s == 0) continue;  // the warm-up creates the gradients and AdamW's state
@@ -298,13 +312,13 @@ int main(int argc, char** argv) {
     const double m = static_cast<double>(micro_batches);
     if (cp > 1) {
       Counts& c = f["cp"];
-      // + the count of targets (int64, last stage) and each micro-batch's loss (float32).
+      // + each micro-batch's loss (float32, the last stage: summed over cp).
       const double hop = 2 * b * Tl * C * S / tp;  // k and v of this rank's heads
       c.send = c.recv = static_cast<int64_t>(Ls * (3 * cp - 2) * hop);
-      c.all_reduce = static_cast<int64_t>(stage_params * S + (last ? 8 + m * S : 0));
+      c.all_reduce = static_cast<int64_t>(stage_params * S + (last ? m * S : 0));
     }
-    // + the count of targets (int64, last stage) and the step's loss (float32, every rank).
-    if (dp > 1) f["dp"].all_reduce = static_cast<int64_t>(stage_params * S + (last ? 8 : 0) + S);
+    // + the step's loss (float32, every rank).
+    if (dp > 1) f["dp"].all_reduce = static_cast<int64_t>(stage_params * S + S);
     if (pp > 1) {
       // Forward: each micro-batch's activation behind a header of kHeaderLength int64
       // (pipeline_stage.cpp: 4 + 8 dimensions); backward: its gradient alone.

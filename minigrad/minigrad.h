@@ -28,8 +28,7 @@
 #include <minigrad/data/text_dataset.h>
 #include <minigrad/data/token_file.h>
 #include <minigrad/models/gpt.h>
-#include <minigrad/models/gpt_context_parallel.h>
-#include <minigrad/models/gpt_tensor_parallel.h>
+#include <minigrad/models/gpt_plan.h>
 #include <minigrad/nn/fusion.h>
 #include <minigrad/nn/init.h>
 #include <minigrad/nn/layers.h>
@@ -55,6 +54,7 @@
 #include <minigrad/parallel/context_parallel/context_parallel_loss.h>
 #include <minigrad/parallel/context_parallel/ring_attention.h>
 #include <minigrad/parallel/context_parallel/sequence_layout.h>
+#include <minigrad/parallel/context_parallel/style.h>
 #include <minigrad/parallel/data_parallel.h>
 #include <minigrad/parallel/ddp/distributed_data_parallel.h>
 #include <minigrad/parallel/devices/communicator.h>
@@ -62,10 +62,13 @@
 #include <minigrad/parallel/full_optimizer_state.h>
 #include <minigrad/parallel/full_state_dict.h>
 #include <minigrad/parallel/gather.h>
+#include <minigrad/parallel/loss_parallel.h>
 #include <minigrad/parallel/parallel_apply.h>
+#include <minigrad/parallel/parallelize.h>
 #include <minigrad/parallel/partial_gradients.h>
 #include <minigrad/parallel/placement.h>
 #include <minigrad/parallel/pipeline/balance.h>
+#include <minigrad/parallel/pipeline/mesh_pipeline.h>
 #include <minigrad/parallel/pipeline/pipe.h>
 #include <minigrad/parallel/pipeline/pipeline_stage.h>
 #include <minigrad/parallel/pipeline/split_module.h>
@@ -80,5 +83,6 @@
 #include <minigrad/parallel/tensor_parallel/in_process_group.h>
 #include <minigrad/parallel/tensor_parallel/layers.h>
 #include <minigrad/parallel/tensor_parallel/sequence_parallel.h>
+#include <minigrad/parallel/tensor_parallel/styles.h>
 #include <minigrad/parallel/tensor_parallel/tensor_parallel.h>
 #include <minigrad/parallel/tensor_parallel/vocab_parallel.h>

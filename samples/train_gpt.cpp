@@ -42,11 +42,12 @@
 // pipeline (--schedule 1f1b|interleaved, --micro-batches, --model-chunks), which does
 // forward and backward itself (the loop's fourth place: pipeline_step; evaluation through
 // it too). --zero 1|2|3 shards AdamW's state, the gradients, the parameters over --dp
-// (ZeRO-1/2, FSDP by block; 1 with any split, 2 and 3 with --dp alone); --recompute checkpoints the blocks. Checkpoints and the
-// sample keep the single-device layout under any split: the tp shards, the pipeline's
-// stages (the head's copy of wte left out) and the ZeRO/FSDP shards of the model and of
-// AdamW's state are gathered first (support/gpt_parallel_checkpoint.cpp), so a run saved
-// under one split resumes under another, or on one device, and the other way round.
+// (ZeRO-1/2, FSDP by block; 1 with any split, 2 and 3 with any but --pp); --recompute
+// checkpoints the blocks. Checkpoints and the sample keep the single-device layout under
+// any split: the parameters and AdamW's state are gathered by their placements
+// (parallel/full_state_dict.h, full_optimizer_state.h) and scattered back the same way,
+// so a run saved under one split resumes under another, or on one device, and the other
+// way round.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -161,7 +162,7 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   CLI::Option* sched = app.add_option("--schedule", schedule, "With --pp: 1f1b or interleaved")->check(CLI::IsMember({"1f1b", "interleaved"}))->capture_default_str();
   CLI::Option* mb = app.add_option("--micro-batches", o.split.micro_batches, "With --pp: micro-batches per pipeline step (default: --pp)")->check(positive);
   CLI::Option* chunks = app.add_option("--model-chunks", o.split.model_chunks, "With --pp --schedule interleaved: model chunks per rank")->check(positive);
-  CLI::Option* zero = app.add_option("--zero", o.split.zero, "ZeRO over --dp: 1 (optimizer state sharded; with any split), 2 (gradients too), 3 (FSDP by block) (2 and 3 with --dp alone)")->check(CLI::IsMember({1, 2, 3}));
+  CLI::Option* zero = app.add_option("--zero", o.split.zero, "ZeRO over --dp: 1 (optimizer state sharded; with any split), 2 (gradients too), 3 (FSDP by block) (2 and 3 not with --pp)")->check(CLI::IsMember({1, 2, 3}));
   app.add_flag("--recompute", o.split.recompute, "Recompute each block's activations in backward (block checkpointing)");
   CLI::Option* cp = app.add_option("--cp", o.split.cp, "Context-parallel ranks: every window's positions split over them (ring attention)")->check(positive);
   CLI::Option* sp = app.add_flag("--sequence-parallel", o.split.sequence_parallel, "With --tp: the activations between the layers split along the sequence too");
@@ -188,9 +189,6 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       throw samples::OptionError("--schedule, --micro-batches and --model-chunks are the pipeline's: they need --pp 2 or more");
     if (dp->count() + tp->count() + pp->count() + cp->count() + sp->count() + zero->count() > 0) {
       samples::check_split(o.split, o.batch_size, o.block_size, o.dropout, o.weight_decay);
-      if (o.split.zero > 0 && o.split.ranks() > o.split.dp && (!o.save.empty() || !o.resume.empty()))
-        throw samples::OptionError(fmt::format("--zero {} with {}: --save and --resume gather ZeRO's shards or the "
-                                               "tp/pp/cp parts, not both at once", o.split.zero, o.split.str()));
       // --dp 1 alone is the single-device run; under a launcher a job of one rank.
       o.distributed = o.split.ranks() > 1 || parallel::in_launched_job();
     }
@@ -252,10 +250,6 @@ struct Run {
   // --zero 1|2: the sharded optimizers (support/gpt_parallel.h), in place of `optimizer`.
   std::vector<std::unique_ptr<optim::Optimizer>> zero;
   std::vector<optim::Optimizer*> optimizers;  // the step's: `optimizer` or the `zero` pair
-  // Under --tp, --pp and --zero: an optimizer over the whole model, grouped alike, that
-  // holds the gathered state for a checkpoint in the single-device layout (and a resumed
-  // one's, to shard).
-  std::unique_ptr<optim::AdamW> whole_optimizer;
   data::TokenSplits splits;
   const data::CharTokenizer* tokenizer = nullptr;  // the corpus's, written into checkpoints
   std::vector<samples::LossPoint> history;
@@ -263,17 +257,16 @@ struct Run {
   Device device = Device::cpu();
 };
 
-// Every rank calls it (under --tp, --pp and --zero the parts are gathered first); rank 0 writes.
+// Every rank calls it (under a split the single-device layout is gathered first: the same
+// file under every split); rank 0 writes.
 void save_checkpoint(Run& run, int64_t step) {
-  std::shared_ptr<models::GPT> model = run.model;
-  if (run.whole_optimizer) {
-    model = run.split->gather_whole_model();  // under --zero 3 a GPT of its own on rank 0
-    run.split->gather_optimizer(run.optimizers, *run.whole_optimizer);
-  }
+  const nn::TensorDict model = run.split ? run.split->model_state_dict() : run.model->state_dict();
+  const optim::TensorDict optim = run.split ? run.split->optimizer_state_dict(run.optimizers)
+                                            : run.optimizer->state_dict();
   if (run.dist.rank != 0) return;
   nn::Checkpoint ck;
-  ck.put("model.", model->state_dict());
-  ck.put("optim.", (run.whole_optimizer ? run.whole_optimizer : run.optimizer)->state_dict());
+  ck.put("model.", model);
+  ck.put("optim.", optim);
   const Generator::State gen = default_generator().state();
   ck.metadata = {{"step", std::to_string(step)},
                  {"gpt_config", config_json(run.model->config())},
@@ -308,12 +301,15 @@ int64_t load_checkpoint(Run& run) {
   MG_CHECK(meta("seed") == std::to_string(run.options.seed),
            "--resume {}: written with --seed {}, not {}", path, meta("seed"), run.options.seed);
   const nn::TensorDict model_state = ck.get("model."), optim_state = ck.get("optim.");
-  optim::AdamW& optimizer = run.whole_optimizer ? *run.whole_optimizer : *run.optimizer;
-  run.model->check_state_dict(model_state, path);
-  optimizer.check_state_dict(optim_state, path);
-  optimizer.load_state_dict(optim_state, path);
-  if (run.whole_optimizer) run.split->scatter_whole_state(model_state, optimizer, run.optimizers);
-  else run.model->load_state_dict(model_state, path);
+  if (run.split) {  // each rank its part, every tensor checked against the single-device shapes first
+    run.split->load_model_state_dict(model_state, path);
+    run.split->load_optimizer_state_dict(run.optimizers, optim_state, path);
+  } else {  // both checked before either is loaded
+    run.model->check_state_dict(model_state, path);
+    run.optimizer->check_state_dict(optim_state, path);
+    run.optimizer->load_state_dict(optim_state, path);
+    run.model->load_state_dict(model_state, path);
+  }
   default_generator().set_state({std::stoull(meta("generator_seed")), std::stoull(meta("generator_offset"))});
   run.metrics_csv = meta("metrics");
   return std::stoll(meta("step"));
@@ -414,6 +410,10 @@ int train(Options options) {
   config.dropout = o.dropout;
   run.model = std::make_shared<models::GPT>(config);
   run.model->to(run.device);
+  // Counted before a split cuts the model in place: nanoGPT's count, and every parameter.
+  const int64_t model_parameters = run.model->num_parameters();
+  int64_t all_parameters = 0;
+  for (const Tensor& p : run.model->parameters()) all_parameters += p.numel();
   // --recompute: each block's activations recomputed in backward (under --pp the
   // pipeline's own checkpointing, set in SplitGPT).
   if (o.split.recompute && o.split.pp == 1) models::set_block_checkpointing(*run.model);
@@ -431,8 +431,6 @@ int train(Options options) {
     run.zero = run.split->make_zero_optimizers(optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay));
   else
     run.optimizer = adamw(trained);
-  if (run.split && run.split->shards_state() && (!o.save.empty() || !o.resume.empty()))
-    run.whole_optimizer = adamw(run.model->parameters());
   if (run.optimizer) run.optimizers.push_back(run.optimizer.get());
   for (const auto& z : run.zero) run.optimizers.push_back(z.get());
   const optim::WarmupCosine schedule(o.lr, o.min_lr, o.warmup, o.decay_iters);
@@ -444,15 +442,15 @@ int train(Options options) {
                n_tokens, vocab, run.splits.train->token_count(), run.splits.val->token_count(),
                seconds_since(load_start));
     fmt::print("GPT: {}; {:.2f}M parameters on {}\n", config.str(),
-               static_cast<double>(run.model->num_parameters()) / 1e6, samples::devices_str(o.device_list));
+               static_cast<double>(model_parameters) / 1e6, samples::devices_str(o.device_list));
     fmt::print("AdamW lr {} (warmup {}, cosine to {} at step {}), weight decay {}; {} steps of {} x {} x {} tokens{}\n",
                o.lr, o.warmup, o.min_lr, o.decay_iters, o.weight_decay, o.iters, o.grad_accum,
                o.batch_size, o.block_size, step > 0 ? fmt::format(", resumed at step {}", step) : "");
     if (run.split) {
       // Counted with the position embedding (num_parameters(), nanoGPT's count, leaves it out).
-      int64_t held = 0, whole = 0;
+      int64_t held = 0;
       for (const Tensor& p : trained) held += p.numel();
-      for (const Tensor& p : run.model->parameters()) whole += p.numel();
+      const int64_t whole = all_parameters;
       fmt::print("split: {} over {} ranks ({}); {} parameters on each rank (of {})\n",
                  o.split.str(), run.dist.world_size, run.dist.group->backend_name(), held, whole);
     }
@@ -548,10 +546,7 @@ int train(Options options) {
 
   // Under a split the whole model is gathered first (tp shards, pp stages, FSDP's shards).
   const bool sample = o.sample_chars > 0;
-  if (run.split && sample) {  // every rank
-    run.split->finish_for_sampling();
-    run.model = run.split->whole_model();  // under --zero 3 a fresh GPT with the gathered weights
-  }
+  if (run.split && sample) run.model = run.split->whole_model();  // every rank: the whole GPT gathered
   if (sample && rank0) print_sample(o, *run.model, corpus.tokenizer, run.device);
   return 0;
 }

@@ -49,7 +49,7 @@ enum class Fault {
   VocabParallelLossNotReduced,
   // Sequence parallelism: the gradients of the replicated parameters (LayerNorms, wpe,
   // row layers' biases) are not all-reduced over the tensor-parallel group, so each rank
-  // keeps the part from its own positions (TensorParallelGPT::finish_gradients).
+  // keeps the part from its own positions (parallel/partial_gradients.cpp).
   SequenceParallelGradsNotReduced,
   // Context parallelism (the GPT's context-parallel rows; also
   // tests/distributed/test_ring_attention.cpp and test_gpt_context_parallel.cpp):
@@ -57,7 +57,7 @@ enum class Fault {
   // the keys of later chunks (context_parallel/ring_attention.cpp: block_mask).
   RingAttentionFutureBlocksSeen,
   // the GPT's parameter gradients are left each cp rank's own, never summed over the
-  // group (context_parallel/context_parallel_loss.cpp: all_reduce_gradients).
+  // group (parallel/partial_gradients.cpp, and context_parallel_loss.cpp's all_reduce_gradients).
   ContextParallelGradsNotReduced,
   // Activation checkpointing (the GPT's checkpointed-blocks row, dropout on; also
   // tests/nn/checkpoint_test.cpp): the recomputation reruns a region from the generator's
@@ -67,7 +67,7 @@ enum class Fault {
   // Pipelines cut by module name: a tied weight's copies (the GPT's wte on the first stage,
   // its copy lm_head.weight on the last) keep their own shares of the gradient, never
   // summed, so each steps on its own (parallel/partial_gradients.cpp skips the "tied"
-  // placements; the 4-D mesh's own sum, models/gpt_mesh_pipeline.cpp).
+  // placements).
   PipelineTiedGradNotSummed,
   // Pipelines: the last micro-batch's loss counted twice, weight 2 rows_j / rows
   // (MicroBatches::weight).

@@ -175,14 +175,14 @@ Tensor GPT::forward(const Tensor& idx) {
   return has_child("lm_head") ? (*child("lm_head"))(x) : x;
 }
 
-Tensor GPT::loss(const Tensor& logits, const Tensor& targets) {
+Tensor GPT::loss(const Tensor& logits, const Tensor& targets, Reduction reduction) {
   MG_CHECK(logits.dim() == 3 && targets.dim() == 2 && targets.size(0) == logits.size(0) &&
                targets.size(1) == logits.size(1),
            "GPT::loss: expected logits [B, T, V] and targets [B, T], got {} and {}",
            logits.shape(), targets.shape());
   const int64_t rows = logits.size(0) * logits.size(1);
   return cross_entropy(reshape(logits, {rows, logits.size(2)}), reshape(targets, {rows}),
-                       CrossEntropyOptions().ignore_index(-1));
+                       CrossEntropyOptions().ignore_index(-1).reduction(reduction));
 }
 
 Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperature,
@@ -293,10 +293,13 @@ int64_t GPT::num_parameters(bool non_embedding) const {
 
 // ---------------------------------------------------------------- checkpoints
 
-nn::TensorDict GPT::state_dict() const {
-  nn::TensorDict out = nn::state_dict(*this);
-  out.emplace("lm_head.weight", parameter("transformer.wte.weight"));
-  return out;
+nn::TensorDict GPT::state_dict() const { return state_dict_of(nn::state_dict(*this)); }
+
+nn::TensorDict GPT::state_dict_of(nn::TensorDict parameters) {
+  const auto wte = parameters.find("transformer.wte.weight");
+  MG_CHECK(wte != parameters.end(), "GPT::state_dict_of: the parameters have no 'transformer.wte.weight'");
+  parameters.emplace("lm_head.weight", wte->second);
+  return parameters;
 }
 
 namespace {

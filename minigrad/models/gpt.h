@@ -103,8 +103,9 @@ class GPT : public nn::Cloneable<GPT> {
   // idx [B, T] int64, T <= block_size -> logits [B, T, vocab_size].
   Tensor forward(const Tensor& idx) override;
   // Mean cross-entropy of logits [B, T, V] against targets [B, T] (int64; -1 is ignored,
-  // as nanoGPT's ignore_index=-1).
-  static Tensor loss(const Tensor& logits, const Tensor& targets);
+  // as nanoGPT's ignore_index=-1); Reduction::Sum: the targets' summed losses (a split
+  // step's share: its tokens' sum over the whole batch's count).
+  static Tensor loss(const Tensor& logits, const Tensor& targets, Reduction reduction = Reduction::Mean);
 
   // Appends max_new_tokens tokens to idx [B, T] (int64), each sampled from the softmax of
   // the last position's logits / temperature, keeping only the top_k most likely (0: all),
@@ -128,6 +129,9 @@ class GPT : public nn::Cloneable<GPT> {
   // ---- checkpoints with nanoGPT's keys ----
   // nn::state_dict(*this) plus lm_head.weight (the same tensor as transformer.wte.weight).
   nn::TensorDict state_dict() const;
+  // The same layout from a dict of the parameters under named_parameters()' names (what a
+  // split's parallel::full_state_dict gathers): lm_head.weight added beside wte.
+  static nn::TensorDict state_dict_of(nn::TensorDict parameters);
   // Checks `tensors` as nn::check_state_dict does, with lm_head.weight required and equal
   // to transformer.wte.weight (they are one tensor here); then loads. mg::Error naming
   // `source` and changing nothing otherwise.

@@ -44,6 +44,10 @@ void parallelize_gpt(GPT& gpt, const parallel::DeviceMesh& mesh, bool sequence_p
            "parallelize_gpt: vocab_size (the embedding and the logits are split by vocabulary; choose a "
            "multiple, as nanoGPT pads 50257 to 50304) = {} is not divisible by the tensor-parallel size {} ({}); "
            "minigrad refuses uneven shards rather than padding them", c.vocab_size, tp, c.str());
+  MG_CHECK(mesh.size("cp") == 1 || c.dropout == 0.0,
+           "parallelize_gpt: no dropout under context parallelism (cp = {}), got dropout {}: ring attention has "
+           "no attention dropout, and each cp rank would draw the residual dropout's masks for other tokens "
+           "(set dropout to 0)", mesh.size("cp"), c.dropout);
   if (mesh.size("cp") > 1) parallel::parallelize_module(gpt, mesh, gpt_context_parallel_plan(), options);
   if (tp > 1) parallel::parallelize_module(gpt, mesh, gpt_tensor_parallel_plan(sequence_parallel), options);
 }

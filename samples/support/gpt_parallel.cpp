@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 
 #include <fmt/format.h>
 
@@ -10,22 +9,20 @@
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
-#include <minigrad/models/gpt_context_parallel.h>
-#include <minigrad/models/gpt_mesh_clip.h>
 #include <minigrad/models/gpt_plan.h>
-#include <minigrad/nn/utils/clip_grad.h>
 #include <minigrad/parallel/c10d/launch_environment.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
-#include <minigrad/parallel/context_parallel/context_parallel_loss.h>
-#include <minigrad/parallel/context_parallel/ring_attention.h>
+#include <minigrad/parallel/clip_grad.h>
 #include <minigrad/parallel/context_parallel/sequence_layout.h>
-#include <minigrad/parallel/tensor_parallel/group.h>
+#include <minigrad/parallel/context_parallel/wire.h>
+#include <minigrad/parallel/full_state_dict.h>
+#include <minigrad/parallel/loss_parallel.h>
+#include <minigrad/parallel/partial_gradients.h>
+#include <minigrad/parallel/placement.h>
 
 #include "command_line.h"
 
 namespace mg::samples {
-
-namespace cp = parallel::context_parallel;
 
 std::string GPTSplit::str() const {
   return fmt::format("dp {} x tp {} x {}cp {}{}{}{}{}", dp, tp, pp > 1 ? fmt::format("pp {} x ", pp) : "", cp,
@@ -51,10 +48,10 @@ void check_split(const GPTSplit& s, int64_t batch_size, int64_t block_size, doub
         s.ranks(), s.ranks()));
   if (s.model_chunks > 1 && !s.interleaved)
     throw OptionError(fmt::format("--model-chunks {}: more than one chunk per rank needs --schedule interleaved", s.model_chunks));
-  if (s.zero > 1 && (s.tp > 1 || s.pp > 1 || s.cp > 1 || s.sequence_parallel))
-    throw OptionError(fmt::format("--zero {} shards over --dp alone: not with --tp, --pp, --cp or --sequence-parallel "
-                                  "(got {}; ZeRO-2's gradient buckets and FSDP wrap the plain GPT; --zero 1, which "
-                                  "shards only AdamW's state, composes with them)", s.zero, s.str()));
+  if (s.zero > 1 && s.pp > 1)
+    throw OptionError(fmt::format("--zero {} with --pp {}: ZeRO-2's and FSDP's reductions run in backward hooks, "
+                                  "which would fire once per micro-batch inside the pipeline; --zero 1, which "
+                                  "shards only AdamW's state, composes with the pipeline", s.zero, s.pp));
   if (s.zero > 0 && s.dp == 1)
     throw OptionError(fmt::format("--zero {} shards over the data-parallel ranks: it needs --dp 2 or more", s.zero));
   if (s.zero == 3 && weight_decay != 0.0)
@@ -98,55 +95,57 @@ DistributedRun join_split_run(double timeout_seconds, std::vector<Device>& devic
 SplitGPT::SplitGPT(std::shared_ptr<models::GPT> gpt, const GPTSplit& split, const DistributedRun& dist,
                    uint64_t seed)
     : gpt_(std::move(gpt)), split_(split) {
-  if (split.pp > 1) {
-    mesh_ = std::make_unique<parallel::DeviceMesh>(
-        dist.group, std::vector<parallel::MeshDim>{{"dp", split.dp}, {"pp", split.pp}, {"cp", split.cp}, {"tp", split.tp}});
-    models::GPTMeshPipelineOptions options;
-    options.pipeline.micro_batches = split.micro_batches;
-    options.pipeline.schedule = split.interleaved ? parallel::Schedule::Interleaved1F1B : parallel::Schedule::OneFOneB;
-    options.pipeline.model_chunks = split.model_chunks;
-    if (split.recompute) options.pipeline.checkpoint = parallel::Checkpoint::Always;
-    options.tensor_parallel.sequence_parallel = split.sequence_parallel;
-    options.tensor_parallel.seed = seed;
-    options.finish_gradients = false;  // once per step, after gradient accumulation
-    pipeline_ = models::pipeline_gpt_on_mesh(*gpt_, *mesh_, options);
-    if (mesh_->rank("dp") > 0) manual_seed(seed + 7919 * static_cast<uint64_t>(mesh_->rank("dp")));
-    return;
-  }
   // Every dimension, size 1 included, so that every group exists.
   mesh_ = std::make_unique<parallel::DeviceMesh>(
-      dist.group, std::vector<parallel::MeshDim>{{"dp", split.dp}, {"cp", split.cp}, {"tp", split.tp}});
-  // Under tp the tensor-parallel GPT runs cp itself (mesh.group("cp"): ring attention on
-  // its heads, the loss and the gradients summed over cp); cp alone runs on `gpt`.
-  if (split.zero == 3) fsdp_ = models::fully_shard_gpt(gpt_, mesh_->group("dp"));
-  if (split.tp > 1) {
-    models::TensorParallelGPTOptions options;
-    options.sequence_parallel = split.sequence_parallel;
-    options.seed = seed;
-    tp_model_ = models::parallelize_gpt(*gpt_, *mesh_, options);
+      dist.group, std::vector<parallel::MeshDim>{{"dp", split.dp}, {"pp", split.pp}, {"cp", split.cp}, {"tp", split.tp}});
+  parallel::ParallelizeOptions plan_options;
+  plan_options.seed = seed;
+  models::parallelize_gpt(*gpt_, *mesh_, split.sequence_parallel, plan_options);
+  if (split.pp > 1) {
+    parallel::MeshPipelineOptions options;
+    options.micro_batches = split.micro_batches;
+    options.schedule = split.interleaved ? parallel::Schedule::Interleaved1F1B : parallel::Schedule::OneFOneB;
+    if (split.recompute) options.checkpoint = parallel::Checkpoint::Always;
+    options.finish_gradients = false;  // once per step, after gradient accumulation
+    pipeline_ = std::make_unique<parallel::MeshPipeline>(
+        *gpt_, *mesh_, models::gpt_pipeline_cut(gpt_->config(), split.pp, split.model_chunks), options);
+  } else if (split.zero == 3) {
+    fsdp_ = models::fully_shard_gpt(gpt_, mesh_->group("dp"));
+  } else if (split.dp > 1) {
+    // Each dp rank's gradient is its rows' share of the mean: summed over dp with the other
+    // Partial gradients (ZeRO-2 and FSDP reduce over dp themselves).
+    const auto& dp = mesh_->group("dp");
+    for (const auto& [name, p] : gpt_->named_parameters()) {
+      const parallel::ParameterSpec* spec = parallel::spec_of(p);
+      parallel::record_placement(p, name, spec ? spec->pieces[0].shape : p.shape(),
+                                 parallel::DimPlacement{"dp", dp, dp->rank(), dp->size(),
+                                                        parallel::Placement::replicate(), split.zero < 2});
+    }
   }
-  if (split.cp > 1 && !tp_model_) models::set_attention_function(*gpt_, cp::ring_attention_function(mesh_->group("cp")));
   // Dropout: other rows, other masks. Rank 0 of dp keeps the single-device run's stream;
   // the ranks of one dp row (a tp group) stay alike, as replicated regions need.
   if (mesh_->rank("dp") > 0) manual_seed(seed + 7919 * static_cast<uint64_t>(mesh_->rank("dp")));
 }
 
-nn::Module& SplitGPT::trained() const {
-  return tp_model_ ? static_cast<nn::Module&>(*tp_model_) : static_cast<nn::Module&>(*gpt_);
-}
-
 std::vector<Tensor> SplitGPT::parameters() const {
   if (fsdp_) return fsdp_->parameters();
-  return pipeline_ ? pipeline_->parameters() : trained().parameters();
+  return pipeline_ ? pipeline_->parameters() : gpt_->parameters();
+}
+
+std::vector<nn::NamedTensor> SplitGPT::named_parameters() const {
+  if (pipeline_) return pipeline_->named_parameters();
+  if (!fsdp_) return gpt_->named_parameters();
+  std::vector<nn::NamedTensor> out;  // flat shards: their pieces carry the names
+  for (const Tensor& p : fsdp_->parameters()) out.emplace_back(fmt::format("flat_shard_{}", out.size()), p);
+  return out;
 }
 
 std::vector<std::unique_ptr<optim::Optimizer>> SplitGPT::make_zero_optimizers(const optim::AdamWOptions& options) {
   MG_CHECK(split_.zero == 1 || split_.zero == 2, "SplitGPT::make_zero_optimizers: --zero {}", split_.zero);
-  // This rank's parameters: the whole GPT's under dp alone, its tp shards or its pipeline
-  // chunks' otherwise; ZeRO-1 cuts each list's AdamW state over dp after the gradients
-  // were summed over every group (reduce_gradients), so the split underneath is unseen.
-  std::vector<Tensor> decayed, rest;
-  for (const Tensor& p : parameters()) (p.dim() >= 2 ? decayed : rest).push_back(p);
+  // This rank's parameters (its plan's shards, its pipeline stages), in nanoGPT's two
+  // groups; ZeRO cuts each list's AdamW state over dp.
+  std::vector<nn::NamedTensor> decayed, rest;
+  for (const nn::NamedTensor& p : named_parameters()) (p.second.dim() >= 2 ? decayed : rest).push_back(p);
   parallel::ZeroOptions zero_options;
   zero_options.stage = split_.zero;
   std::vector<std::unique_ptr<optim::Optimizer>> out;
@@ -165,15 +164,17 @@ std::vector<std::unique_ptr<optim::Optimizer>> SplitGPT::make_zero_optimizers(co
 }
 
 void SplitGPT::set_training(bool on) {
-  if (!pipeline_) {
-    trained().train(on);
-    return;
-  }
-  for (const auto& chunk : pipeline_->chunks()) chunk->train(on);
+  if (pipeline_) return pipeline_->train(on);
+  gpt_->train(on);
 }
 
 Tensor SplitGPT::pipeline_step(const Tensor& x, const Tensor& y, double divide_by) {
-  return pipeline_->train_step(pipeline_->local_batch(x), pipeline_->local_batch(y), divide_by);
+  const parallel::DeviceMesh& mesh = *mesh_;
+  return pipeline_->train_step(pipeline_->local_batch(x), pipeline_->local_batch(y),
+                               [&mesh, divide_by](const Tensor& out, const Tensor& t) {
+                                 parallel::LossParallel loss_parallel(mesh);
+                                 return mul(models::GPT::loss(out, t, Reduction::Sum), 1.0 / divide_by);
+                               });
 }
 
 double SplitGPT::eval_loss(const Tensor& x, const Tensor& y) {
@@ -186,60 +187,35 @@ double SplitGPT::eval_loss(const Tensor& x, const Tensor& y) {
 }
 
 Tensor SplitGPT::loss_share(const Tensor& x, const Tensor& y) {
-  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t B = x.size(0);
   const int dp = mesh_->size("dp"), dp_rank = mesh_->rank("dp");
   const int64_t base = B / dp, extra = B % dp;
   const int64_t start = dp_rank * base + std::min<int64_t>(dp_rank, extra);
   const int64_t rows = base + (dp_rank < extra ? 1 : 0);
-  const Tensor xs = dp > 1 ? ops::contiguous(ops::narrow(x, 0, start, rows)) : x;
-  const Tensor ys_ = dp > 1 ? ops::contiguous(ops::narrow(y, 0, start, rows)) : y;
-  if (fsdp_) {
-    const Tensor mean = models::GPT::loss((*gpt_)(xs), ys_);  // through its hooks: FSDP's gathers
-    return rows == B ? mean : mean * (static_cast<double>(rows) / static_cast<double>(B));
-  }
-  const Tensor ys = dp > 1 ? ops::contiguous(ops::narrow(y, 0, start, rows)) : y;
-  // Tensor parallel: this dp rank's token losses summed (over cp too: each cp rank's part
-  // of every row, local_sequence) / the global batch's tokens.
-  if (tp_model_) {
-    const Tensor x_local = tp_model_->local_sequence(xs), y_local = tp_model_->local_sequence(ys);
-    return tp_model_->loss(tp_model_->forward(x_local), y_local, static_cast<double>(B * T));
-  }
-  // Otherwise the mean over this rank's rows (whole or over the cp group), weighted by
-  // their part of the batch. Context parallel: two chunks of every row's positions.
-  Tensor mean;
-  if (split_.cp > 1) {
-    const int c = mesh_->rank("cp");
-    const Tensor logits = models::forward_at_positions(
-        *gpt_, cp::shard_sequence(xs, c, split_.cp), cp::sequence_positions(T, c, split_.cp, xs.device()));
-    mean = cp::context_parallel_cross_entropy(logits, cp::shard_sequence(ys, c, split_.cp), *mesh_->group("cp"));
-  } else {
-    mean = models::GPT::loss(gpt_->forward(xs), ys);
-  }
+  const auto local = [&](const Tensor& t) {  // this dp rank's rows, this cp rank's chunks of each
+    const Tensor mine = dp > 1 ? ops::contiguous(ops::narrow(t, 0, start, rows)) : t;
+    return split_.cp > 1 ? parallel::context_parallel::shard_sequence(mine, mesh_->rank("cp"), split_.cp) : mine;
+  };
+  parallel::LossParallel loss_parallel(*mesh_);
+  const Tensor mean = models::GPT::loss((*gpt_)(local(x)), local(y));  // through FSDP's hooks too
   return rows == B ? mean : mean * (static_cast<double>(rows) / static_cast<double>(B));
 }
 
+std::vector<Tensor> SplitGPT::gradient_holders() const {
+  if (split_.zero != 2) return parameters();
+  std::vector<Tensor> shards;
+  for (const auto* zero : zero_)
+    for (const Tensor& s : zero->parameters()) shards.push_back(s);
+  return shards;
+}
+
 void SplitGPT::reduce_gradients(Tensor& step_loss) {
-  if (pipeline_) {  // the loss is already the whole batch's
-    pipeline_->finish_gradients();
-    return;
-  }
-  if (tp_model_) tp_model_->finish_gradients();  // with SP the tp sums, under cp the cp sum
-  if (split_.zero >= 2) {  // the gradients were reduce-scattered in backward: the loss alone
+  // Every Partial gradient: SP's over tp, everything over cp, the tied copies, dp's shares.
+  if (pipeline_) pipeline_->finish_gradients();
+  else parallel::reduce_partial_gradients(gradient_holders());
+  if (split_.dp > 1 && !pipeline_) {  // the pipeline's loss is the whole batch's already
     step_loss = ops::clone(step_loss);
     mesh_->group("dp")->allreduce({step_loss})->wait();
-    return;
-  }
-  const std::vector<Tensor> params = parameters();
-  if (split_.cp > 1 && !tp_model_) cp::all_reduce_gradients(params, *mesh_->group("cp"));
-  if (split_.dp > 1) {
-    std::vector<Tensor> tensors;
-    for (const Tensor& p : params) {
-      MG_CHECK(p.grad().defined(), "train_gpt --dp: a parameter of shape {} has no gradient", p.shape());
-      tensors.push_back(p.grad());
-    }
-    step_loss = ops::clone(step_loss);
-    tensors.push_back(step_loss);
-    mesh_->group("dp")->allreduce(tensors)->wait();
   }
 }
 
@@ -248,44 +224,55 @@ void SplitGPT::sum_over_dp(Tensor& shares) {
 }
 
 Tensor SplitGPT::clip_grad_norm_(double max_norm) {
-  if (pipeline_) return models::clip_mesh_grad_norm_(*pipeline_, *mesh_, max_norm);
-  if (fsdp_) return fsdp_->clip_grad_norm_(max_norm);
-  if (split_.zero == 2) {  // the shards' gradients of both optimizers: squares summed over dp
-    NoGradGuard no_grad;
-    std::vector<Tensor> shards, grads;
-    for (const auto* zero : zero_)
-      for (const Tensor& s : zero->parameters())
-        if (s.grad().defined()) {
-          shards.push_back(s);
-          grads.push_back(s.grad());
-        }
-    const auto& dp_group = mesh_->group("dp");
-    const auto sum_over_dp = [&](Tensor& partial, nn::utils::NormReduction) {
-      partial = ops::clone(partial);
-      dp_group->allreduce({partial})->wait();
-    };
-    const Tensor total = nn::utils::get_total_norm(grads, 2.0, false, sum_over_dp, dp_group->device());
-    nn::utils::clip_grads_with_norm_(shards, max_norm, total);
-    return total;
-  }
-  if (!tp_model_) return nn::utils::clip_grad_norm_(parameters(), max_norm);
+  return parallel::clip_grad_norm_(gradient_holders(), *mesh_, max_norm);
+}
+
+// ---- the single-device layout ----
+
+std::vector<std::string> SplitGPT::whole_optimizer_names() const {
+  // optim::weight_decay_groups' order over the single-device parameters: the 2-D weights,
+  // then the rest. A parameter's dimensions are the same in every split.
+  std::vector<std::string> decayed, rest;
+  for (const auto& [name, p] : gpt_->named_parameters()) (p.dim() >= 2 ? decayed : rest).push_back(name);
+  decayed.insert(decayed.end(), rest.begin(), rest.end());
+  return decayed;
+}
+
+nn::TensorDict SplitGPT::model_state_dict() {
   NoGradGuard no_grad;
-  std::vector<Tensor> sharded, replicated;
-  for (const auto& [name, p] : tp_model_->named_parameters())
-    if (p.grad().defined())
-      (models::TensorParallelGPT::is_replicated(name) ? replicated : sharded).push_back(p.grad());
-  const auto& tp_group = mesh_->group("tp");
-  const Device device = tp_group->device();
-  const auto sum_over_tp = [&](Tensor& partial, nn::utils::NormReduction) {
-    partial = ops::clone(partial);
-    tp_group->allreduce({partial})->wait();
-  };
-  const Tensor s = nn::utils::get_total_norm(sharded, 2.0, false, sum_over_tp, device);
-  const Tensor r = nn::utils::get_total_norm(replicated, 2.0, false, nullptr, device);
-  const double sv = s.item<float>(), rv = r.item<float>();
-  const Tensor total = full({}, std::sqrt(sv * sv + rv * rv), DType::Float32, device);
-  nn::utils::clip_grads_with_norm_(parameters(), max_norm, total);
-  return total;
+  // The GPT's own layout (lm_head.weight beside wte): a single-device GPT's state dict.
+  return models::GPT::state_dict_of(parallel::full_state_dict(named_parameters(), *mesh_));
+}
+
+optim::TensorDict SplitGPT::optimizer_state_dict(const std::vector<optim::Optimizer*>& optimizers) {
+  parallel::OptimizerState whole;
+  const std::vector<nn::NamedTensor> named = named_parameters();
+  for (const optim::Optimizer* opt : optimizers)
+    for (auto& [name, state] : parallel::full_optimizer_state(*opt, named, mesh_->world())) whole[name] = state;
+  return parallel::indexed_optimizer_state(whole, whole_optimizer_names());
+}
+
+void SplitGPT::load_model_state_dict(const nn::TensorDict& state, const std::string& source) {
+  parallel::load_full_state_dict(named_parameters(), state, source);
+}
+
+void SplitGPT::load_optimizer_state_dict(const std::vector<optim::Optimizer*>& optimizers,
+                                         const optim::TensorDict& state, const std::string& source) {
+  const parallel::OptimizerState whole = parallel::named_optimizer_state(state, whole_optimizer_names());
+  const std::vector<nn::NamedTensor> named = named_parameters();
+  for (optim::Optimizer* opt : optimizers) parallel::load_full_optimizer_state(*opt, named, whole, source);
+}
+
+std::shared_ptr<models::GPT> SplitGPT::whole_model() {
+  const nn::TensorDict state = model_state_dict();
+  // Building a GPT draws its initial weights: the generator is left where training left it,
+  // so the sample draws what the single-device run's does.
+  const Generator::State generator = default_generator().state();
+  auto gpt = std::make_shared<models::GPT>(gpt_->config());
+  default_generator().set_state(generator);
+  gpt->load_state_dict(state, "the gathered model");
+  gpt->to(mesh_->world()->device());
+  return gpt;
 }
 
 }  // namespace mg::samples

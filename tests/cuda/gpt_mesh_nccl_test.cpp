@@ -1,5 +1,5 @@
-// The GPT split over real NCCL: pipeline_gpt_on_mesh (models/gpt_mesh_pipeline.h, every
-// dimension possibly 1) on 4 and 8 processes started by minigrad-run on one GPU, each its
+// The GPT split over real NCCL: its plans over cp and tp (models/gpt_plan.h), then cut over
+// pp and replicated over dp (parallel::MeshPipeline; every dimension possibly 1) on 4 and 8 processes started by minigrad-run on one GPU, each its
 // own NCCL "host" (as in distributed_nccl_test.cpp). The same code ran on Gloo ranks in
 // tests/distributed/test_gpt_4d.cpp; here its tensors live on the GPU and its collectives
 // and messages (tp all-reduces and all-gathers, sequence parallelism's reduce-scatters,
@@ -24,10 +24,13 @@
 #include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/models/gpt.h>
-#include <minigrad/models/gpt_mesh_pipeline.h>
+#include <minigrad/models/gpt_plan.h>
 #include <minigrad/nn/optim/adam.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
+#include <minigrad/parallel/loss_parallel.h>
+#include <minigrad/parallel/pipeline/mesh_pipeline.h>
+#include <minigrad/parallel/placement.h>
 
 using namespace mg;
 
@@ -99,13 +102,25 @@ TEST_CASE("worker process of an NCCL GPT mesh job", "[.][nccl-gpt-mesh-worker]")
 
   auto reference = std::static_pointer_cast<models::GPT>(gpt.clone());
   reference->to(gpu);
-  models::GPTMeshPipelineOptions options;
-  options.pipeline.micro_batches = 2;
-  options.pipeline.model_chunks = split.model_chunks;
-  if (split.model_chunks > 1) options.pipeline.schedule = parallel::Schedule::Interleaved1F1B;
-  options.tensor_parallel.sequence_parallel = split.sp;
-  auto model = models::pipeline_gpt_on_mesh(gpt, mesh, options);
-  const Tensor x_local = model->local_batch(x), y_local = model->local_batch(y);
+  gpt.to(gpu);
+  models::parallelize_gpt(gpt, mesh, split.sp);
+  parallel::MeshPipelineOptions options;
+  options.micro_batches = 2;
+  if (split.model_chunks > 1) options.schedule = parallel::Schedule::Interleaved1F1B;
+  auto model = std::make_unique<parallel::MeshPipeline>(
+      gpt, mesh, models::gpt_pipeline_cut(config, split.pp, split.model_chunks), options);
+  int64_t targets = 0;
+  for (int64_t t : yv) targets += t != -1;
+  const auto share = [&mesh, targets](const Tensor& out, const Tensor& t) {
+    parallel::LossParallel loss_parallel(mesh);
+    return mul(models::GPT::loss(out, t, Reduction::Sum), 1.0 / static_cast<double>(targets));
+  };
+  // The part of the single-device tensor `full` that this rank's `p` holds.
+  const auto part_of = [](const Tensor& p, const Tensor& full) {
+    const parallel::ParameterSpec* spec = parallel::spec_of(p);
+    return spec ? parallel::local_part(spec->pieces[0], full) : full;
+  };
+  const Tensor x_local = model->local_batch(x.to(gpu)), y_local = model->local_batch(y.to(gpu));
   const Tensor x_gpu = x.to(gpu), y_gpu = y.to(gpu);
 
   optim::AdamW reference_opt(reference->parameters(), optim::AdamWOptions(1e-3));
@@ -120,12 +135,12 @@ TEST_CASE("worker process of an NCCL GPT mesh job", "[.][nccl-gpt-mesh-worker]")
     const Tensor reference_loss = models::GPT::loss(reference->forward(x_gpu), y_gpu);
     reference_loss.backward();
     model->zero_grad();
-    const Tensor loss = model->train_step(x_local, y_local);
+    const Tensor loss = model->train_step(x_local, y_local, share);
     const double want = reference_loss.item<float>();
     loss_error = std::max(loss_error, std::abs(loss.item<float>() - want) / std::abs(want));
     if (step == 0)
       for (const auto& [name, p] : model->named_parameters()) {
-        const Tensor expected = model->shard_of(name, whole(name).grad());
+        const Tensor expected = part_of(p, whole(name).grad());
         const double err = max_abs(p.grad() - expected) / std::max(max_abs(expected), 1e-6);
         if (err > grad_error) {
           grad_error = err;
@@ -137,7 +152,7 @@ TEST_CASE("worker process of an NCCL GPT mesh job", "[.][nccl-gpt-mesh-worker]")
   }
   NoGradGuard no_grad;
   for (const auto& [name, p] : model->named_parameters())
-    param_error = std::max(param_error, max_abs(p - model->shard_of(name, whole(name))));
+    param_error = std::max(param_error, max_abs(p - part_of(p, whole(name))));
   MG_CHECK(loss_error < 1e-5 && grad_error < 1e-4 && param_error < 1e-4,
            "{} rank {}: loss {:.2e}, gradient {:.2e} ({}), parameter {:.2e}", split.name(),
            world->rank(), loss_error, grad_error, worst, param_error);

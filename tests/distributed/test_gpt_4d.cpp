@@ -1,6 +1,7 @@
-// The GPT on all four dimensions (issue 23): the pipeline of tensor-parallel, context-
-// parallel stages (models/gpt_mesh_pipeline.h) on Gloo ranks, tp2 x pp2 (4 ranks),
-// dp2 x pp2 (4), dp2 x tp2 x pp2 (8) and dp2 x pp2 x cp2 x tp2 (16). Every rank builds the
+// The GPT on all four dimensions: split by its plans over cp and tp (models/gpt_plan.h),
+// then cut over pp by its pipeline cut and replicated over dp (parallel::MeshPipeline), on
+// Gloo ranks, tp2 x pp2 (4 ranks), dp2 x pp2 (4), dp2 x tp2 x pp2 (8) and dp2 x pp2 x cp2 x
+// tp2 (16). Every rank builds the
 // GPT with the same seed, keeps a copy as the single-device reference on the whole batch,
 // and runs 3 AdamW steps on both: the loss (on every rank), every gradient of the first
 // step (each rank's shard against the matching slice of the reference's gradient; the
@@ -30,9 +31,13 @@
 #include <minigrad/core/fault_injection.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/models/gpt.h>
-#include <minigrad/models/gpt_mesh_pipeline.h>
+#include <minigrad/models/gpt_plan.h>
 #include <minigrad/nn/optim/adam.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
+#include <minigrad/parallel/loss_parallel.h>
+#include <minigrad/parallel/pipeline/mesh_pipeline.h>
+#include <minigrad/parallel/placement.h>
+#include <minigrad/parallel/tensor_parallel/group.h>
 
 using namespace mg;
 using namespace mg::test;
@@ -65,31 +70,48 @@ struct Run {
   DType dtype = DType::Float64;  // float32: without biases (see the header)
 };
 
+// This rank's part of `gpt` on the mesh: the plans over cp and tp, then the cut over pp.
+std::unique_ptr<parallel::MeshPipeline> split_4d(GPT& gpt, const parallel::DeviceMesh& mesh, const Run& run) {
+  models::parallelize_gpt(gpt, mesh, run.sp);
+  parallel::MeshPipelineOptions options;
+  options.micro_batches = run.micro_batches;
+  options.schedule = run.schedule;
+  options.checkpoint = run.checkpoint;
+  return std::make_unique<parallel::MeshPipeline>(
+      gpt, mesh, models::gpt_pipeline_cut(gpt.config(), mesh.size("pp"), run.model_chunks), options);
+}
+
+// A micro-batch's share of the whole batch's loss: its targets' summed losses over the
+// batch's count of targets (vocabulary- and context-parallel under LossParallel).
+parallel::PipeLoss share_of(const parallel::DeviceMesh& mesh, double targets) {
+  return [&mesh, targets](const Tensor& out, const Tensor& y) {
+    parallel::LossParallel loss_parallel(mesh);
+    return mul(GPT::loss(out, y, Reduction::Sum), 1.0 / targets);
+  };
+}
+
+// The part of the single-device tensor `full` that this rank's parameter `p` holds.
+Tensor part_of(const Tensor& p, const Tensor& full) {
+  const parallel::ParameterSpec* spec = parallel::spec_of(p);
+  return spec ? parallel::local_part(spec->pieces[0], full) : full;
+}
+
 // One rank's check: its part of the 4-D model against the single-device GPT on the whole
 // batch [B, T]; some targets are -1 (ignored), unevenly over the ranks.
 SplitErrors against_single_device(const parallel::DeviceMesh& mesh, const Run& run) {
   const GPTConfig config = tiny(run.n_layer, run.dtype == DType::Float64);
   manual_seed(1234);
   GPT gpt(config);
-  if (run.dtype == DType::Float64)
-    for (const auto& [name, p] : gpt.named_parameters()) {
-      Tensor wide = ops::to_dtype(p, DType::Float64);
-      wide.set_requires_grad(true);
-      gpt.set_parameter(name, wide);
-    }
+  gpt.to(run.dtype);
   const Tensor x = randint(0, config.vocab_size, {run.B, run.T});
   std::vector<int64_t> yv = randint(0, config.vocab_size, {run.B, run.T}).to_vector<int64_t>();
+  int64_t targets = 0;
   for (size_t i = 2; i < yv.size(); i += 5) yv[i] = -1;
+  for (int64_t t : yv) targets += t != -1;
   const Tensor y = from_vector(yv, Shape{run.B, run.T});
 
   auto ref = std::static_pointer_cast<GPT>(gpt.clone());
-  models::GPTMeshPipelineOptions options;
-  options.pipeline.micro_batches = run.micro_batches;
-  options.pipeline.schedule = run.schedule;
-  options.pipeline.model_chunks = run.model_chunks;
-  options.pipeline.checkpoint = run.checkpoint;
-  options.tensor_parallel.sequence_parallel = run.sp;
-  auto model = models::pipeline_gpt_on_mesh(gpt, mesh, options);
+  auto model = split_4d(gpt, mesh, run);
   const Tensor x_local = model->local_batch(x), y_local = model->local_batch(y);
 
   optim::AdamW ref_opt(ref->parameters(), optim::AdamWOptions(1e-3));
@@ -98,26 +120,31 @@ SplitErrors against_single_device(const parallel::DeviceMesh& mesh, const Run& r
   const auto reference = [&](const std::string& name) -> const Tensor& {
     return ref->parameter(name == "lm_head.weight" ? "transformer.wte.weight" : name);
   };
+  const std::vector<nn::NamedTensor> named = model->named_parameters();
   SplitErrors out;
   for (int step = 0; step < 3; ++step) {
     ref_opt.zero_grad();
     const Tensor ref_loss = GPT::loss(ref->forward(x), y);
     ref_loss.backward();
     model->zero_grad();
-    const Tensor loss = model->train_step(x_local, y_local);
+    const Tensor loss = model->train_step(x_local, y_local, share_of(mesh, static_cast<double>(targets)));
     out.loss_error = std::max(out.loss_error,
                               std::abs(as_double(loss) - as_double(ref_loss)) / std::abs(as_double(ref_loss)));
     if (step == 0) {
-      out.compare_grads(model->named_parameters(), [&](const std::string& name) {
-        return model->shard_of(name, reference(name).grad());
+      out.compare_grads(named, [&](const std::string& name) {
+        for (const auto& [n, p] : named)
+          if (n == name) return part_of(p, reference(name).grad());
+        return Tensor();
       });
     }
     ref_opt.step();
     opt.step();
   }
   NoGradGuard no_grad;
-  out.compare_params(model->named_parameters(), [&](const std::string& name) {
-    return model->shard_of(name, reference(name));
+  out.compare_params(named, [&](const std::string& name) {
+    for (const auto& [n, p] : named)
+      if (n == name) return part_of(p, reference(name));
+    return Tensor();
   });
   return out;
 }
@@ -149,13 +176,13 @@ std::vector<float> tp_collectives(const parallel::DeviceMesh& mesh, bool sp) {
   manual_seed(7);
   GPT gpt(tiny(3));
   const Tensor x = randint(0, 18, {5, 8}), y = randint(0, 18, {5, 8});
-  models::GPTMeshPipelineOptions options;
-  options.pipeline.micro_batches = 2;
-  options.tensor_parallel.sequence_parallel = sp;
-  auto model = models::pipeline_gpt_on_mesh(gpt, mesh, options);
-  model->tp_group()->reset_stats();
-  model->train_step(model->local_batch(x), model->local_batch(y));
-  const parallel::TensorParallelStats s = model->tp_group()->stats();
+  Run run;
+  run.sp = sp;
+  auto model = split_4d(gpt, mesh, run);
+  const parallel::TensorParallelGroupPtr tp = parallel::tensor_parallel_group(mesh.group("tp"));
+  tp->reset_stats();
+  model->train_step(model->local_batch(x), model->local_batch(y), share_of(mesh, 40.0));
+  const parallel::TensorParallelStats s = tp->stats();
   return {static_cast<float>(s.all_reduces), static_cast<float>(s.all_gathers),
           static_cast<float>(s.reduce_scatters)};
 }
@@ -200,15 +227,15 @@ TEST_CASE("GPT tp2 x pp2 on 4 Gloo ranks equals the single-device GPT (1F1B, SP,
     // Refused on every rank alike, before any collective.
     manual_seed(5);
     GPT three(tiny(3));
-    models::GPTMeshPipelineOptions chunks;
-    chunks.pipeline.schedule = parallel::Schedule::Interleaved1F1B;
-    chunks.pipeline.model_chunks = 2;
-    ctx.report("too few blocks", error_of([&] { models::pipeline_gpt_on_mesh(three, mesh, chunks); }));
+    Run chunks;
+    chunks.schedule = parallel::Schedule::Interleaved1F1B;
+    chunks.model_chunks = 2;
+    ctx.report("too few blocks", error_of([&] { split_4d(three, mesh, chunks); }));
     GPTConfig odd = tiny(2);
     odd.n_head = 1;
     odd.n_embd = 6;
     GPT one_head(odd);
-    ctx.report("heads", error_of([&] { models::pipeline_gpt_on_mesh(one_head, mesh, {}); }));
+    ctx.report("heads", error_of([&] { split_4d(one_head, mesh, {}); }));
     ctx.report("world", error_of([&] {
                  parallel::DeviceMesh wrong(ctx.gloo(), {{"dp", 1}, {"pp", 3}, {"tp", 2}});
                }));
@@ -249,7 +276,8 @@ TEST_CASE("GPT dp2 x pp2 on 4 Gloo ranks (uneven batch rows) equals the single-d
     report_errors(ctx, "dp2pp2", against_single_device(mesh, {}));  // rows 3 and 2
     parallel::DeviceMesh one_stage(ctx.gloo(), {{"dp", 2}, {"pp", 1}, {"tp", 2}});
     report_errors(ctx, "dp2tp2", against_single_device(one_stage, {}));
-    const auto named = models::pipeline_gpt_on_mesh(GPT(tiny()), one_stage, {})->named_parameters();
+    GPT whole(tiny());
+    const auto named = split_4d(whole, one_stage, {})->named_parameters();
     ctx.report("head copies",
                std::vector<float>{static_cast<float>(std::count_if(
                    named.begin(), named.end(),
@@ -305,7 +333,7 @@ TEST_CASE("GPT dp2 x pp2 x cp2 x tp2 on 16 Gloo ranks equals the single-device G
     GPTConfig dropping = tiny(2);
     dropping.dropout = 0.1;
     GPT gpt(dropping);
-    ctx.report("dropout", error_of([&] { models::pipeline_gpt_on_mesh(gpt, mesh, {}); }));
+    ctx.report("dropout", error_of([&] { split_4d(gpt, mesh, {}); }));
   });
   INFO(describe(results));
   for (const RankResult& r : results) {
@@ -313,7 +341,7 @@ TEST_CASE("GPT dp2 x pp2 x cp2 x tp2 on 16 Gloo ranks equals the single-device G
     require_equal(r, "4d");
     require_equal(r, "4d sp");
     REQUIRE_THAT(r.text("dropout"),
-                 MG_CONTAINS("GPTMeshPipeline: no dropout under context parallelism (cp = 2)"));
+                 MG_CONTAINS("parallelize_gpt: no dropout under context parallelism (cp = 2)"));
   }
 }
 

@@ -224,10 +224,11 @@ TEST_CASE("GPT cp2 x tp2 on 4 Gloo ranks equals the single-device GPT, unsummed 
     ctx.report("collectives sp", tp_collectives(mesh, 3, 8, true));
     // Errors are raised before any collective, on every rank alike.
     manual_seed(5);
-    GPT gpt(tiny(true, 0.1));
+    GPT gpt(tiny(true));
     models::parallelize_gpt(gpt, mesh, false);
     ctx.report("odd chunks", error_of([&] { gpt.forward(randint(0, 18, {2, 3})); }));
-    ctx.report("dropout", error_of([&] { gpt.forward(randint(0, 18, {2, 4})); }));
+    GPT dropping(tiny(true, 0.1));
+    ctx.report("dropout", error_of([&] { models::parallelize_gpt(dropping, mesh, false); }));
     ctx.report("shard", error_of([&] {
       parallel::context_parallel::shard_sequence(randint(0, 18, {2, 6}), mesh.rank("cp"), 2);
     }));
@@ -255,7 +256,7 @@ TEST_CASE("GPT cp2 x tp2 on 4 Gloo ranks equals the single-device GPT, unsummed 
     REQUIRE_THAT(r.text("odd chunks"),
                  MG_CONTAINS("ContextParallelPositions: a sequence of length 6 does not cut into 2 * cp = 4 "
                              "equal chunks"));
-    REQUIRE_THAT(r.text("dropout"), MG_CONTAINS("ring_attention: no attention dropout under context parallelism, got dropout_p 0.1"));
+    REQUIRE_THAT(r.text("dropout"), MG_CONTAINS("parallelize_gpt: no dropout under context parallelism (cp = 2), got dropout 0.1"));
     REQUIRE_THAT(r.text("shard"), MG_CONTAINS("shard_sequence: a sequence of length 6"));
   }
 }

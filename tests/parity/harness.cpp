@@ -18,9 +18,7 @@
 #include <minigrad/minigrad.h>
 #include <minigrad/models/gpt.h>
 #include <minigrad/models/gpt_checkpointing.h>
-#include <minigrad/models/gpt_mesh_pipeline.h>
 #include <minigrad/models/gpt_plan.h>
-#include <minigrad/models/gpt_tensor_parallel.h>
 #include <minigrad/parallel/clip_grad.h>
 #include <minigrad/parallel/context_parallel/context_parallel_loss.h>
 #include <minigrad/parallel/context_parallel/ring_attention.h>
@@ -28,6 +26,7 @@
 #include <minigrad/parallel/loss_parallel.h>
 #include <minigrad/parallel/partial_gradients.h>
 #include <minigrad/parallel/pipeline/split_module.h>
+#include <minigrad/parallel/pipeline/mesh_pipeline.h>
 #include <minigrad/parallel/placement.h>
 #include <minigrad/parallel/sharded/fully_shard.h>
 #include <minigrad/parallel/sharded/fully_sharded_data_parallel.h>
@@ -195,28 +194,6 @@ void report_named(StepReport& s, const std::string& holder, const std::vector<nn
     Piece piece;
     piece.holder = holder;
     piece.param = index_of(plain, name);
-    piece.values = values_of(grad ? p.grad() : p);
-    s.pieces.push_back(std::move(piece));
-  }
-}
-
-// A rank's pieces of a split GPT (a TensorParallelGPT, or a GPTMeshPipeline's stage with
-// the last stage's head copy of its wte rows): the replicated parameters whole, every other
-// one as the elements the model's shard_of takes from the plain tensor (found by letting it
-// take them from a tensor of the elements' numbers). `plain`: the plain GPT's.
-template <typename Model>
-void report_gpt_shards(StepReport& s, const std::string& holder, const Model& model,
-                       const std::vector<nn::NamedTensor>& plain, bool grad) {
-  for (const auto& [name, p] : model.named_parameters()) {
-    Piece piece;
-    piece.holder = holder;
-    piece.param = index_of(plain, name);
-    if (!models::TensorParallelGPT::is_replicated(name)) {
-      const Tensor& whole = plain[static_cast<size_t>(piece.param)].second;
-      const Tensor numbers = arange(static_cast<double>(whole.numel()), DType::Float64).reshape(whole.shape());
-      piece.cut.kind = CutKind::Elements;
-      for (double v : values_of(model.shard_of(name, numbers))) piece.cut.elements.push_back(static_cast<int64_t>(v));
-    }
     piece.values = values_of(grad ? p.grad() : p);
     s.pieces.push_back(std::move(piece));
   }
@@ -454,7 +431,7 @@ void data_parallel_rows_and_weights(Trainer& t, int dp_rank, int dp_ranks) {
 // (data-parallel rows: data_parallel_rows_and_weights), the loss (`loss_of`, `share`),
 // what follows backward, the clipping, and what it reports: whole parameters
 // (report_whole, report_named by name), slices (report_tensor_parallel,
-// report_gpt_shards), or flat shards (report_flat_shard). The forms that compose
+// report_placed, by placement), or flat shards (report_flat_shard). The forms that compose
 // (the mesh: DDP over dp around tensor parallelism) share this setup.
 Report run_rank(const Config& c, mg::test::RankContext& ctx) {
   const GroupPtr world = ctx.gloo();
@@ -475,7 +452,7 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
   std::optional<parallel::DeviceMesh> mesh;
   std::unique_ptr<parallel::PipelineStage> stage;
   nn::ModulePtr shard;  // tensor parallelism: this rank's
-  std::shared_ptr<models::GPTMeshPipeline> gpt_mesh;  // the GPT's 4-D mesh: this rank's part
+  std::unique_ptr<parallel::MeshPipeline> mesh_pipeline;  // the GPT's 4-D mesh: this rank's part
   const auto kinds = mlp ? mg::testing::shard_kinds(*mlp) : std::vector<mg::testing::ShardKind>{};
   nn::Module* forward = model.get();
   double share = 1.0 / n;  // of a weighted loss, this rank's part of the step's loss
@@ -734,44 +711,37 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       return train(c, t);
     }
     case Form::MeshPipeline: {
-      // pipeline_gpt_on_mesh: every loss divides by the whole batch's targets, so the
-      // micro-steps' losses and gradients add up; finish_gradients (tp, cp, the tied
-      // embedding, dp) once, after the last.
+      // The GPT split by its plans over cp and tp, then cut over pp (its pipeline cut) and
+      // replicated over dp (parallel::MeshPipeline): every micro-batch's loss is its
+      // tokens' sum over the whole batch's count, so the micro-steps' losses and gradients
+      // add up; the partial gradients (SP's, cp's, the tied embedding's, dp's) summed once,
+      // after the last.
       MG_CHECK(gpt, "parity: the 4-D mesh splits the GPT, not the {}", c.model);
       mesh.emplace(world, std::vector<parallel::MeshDim>{{"dp", c.degree}, {"pp", c.pp}, {"cp", c.cp}, {"tp", c.tp}});
-      models::GPTMeshPipelineOptions options;
-      options.pipeline.micro_batches = c.degree2;
-      options.pipeline.schedule = schedule;
-      options.pipeline.model_chunks = c.model_chunks;
-      options.tensor_parallel.sequence_parallel = c.sequence_parallel;
+      models::parallelize_gpt(*gpt, *mesh, c.sequence_parallel);
+      parallel::MeshPipelineOptions options;
+      options.micro_batches = c.degree2;
+      options.schedule = schedule;
       options.finish_gradients = false;
-      gpt_mesh = models::pipeline_gpt_on_mesh(*gpt, *mesh, options);
-      opt = make_optimizer(c, gpt_mesh->parameters());
-      t.my_rows = [&](const Batch& b, int) { return Batch{gpt_mesh->local_batch(b.x), gpt_mesh->local_batch(b.y)}; };
+      mesh_pipeline = std::make_unique<parallel::MeshPipeline>(
+          *gpt, *mesh, models::gpt_pipeline_cut(gpt->config(), c.pp, c.model_chunks), options);
+      opt = make_optimizer(c, mesh_pipeline->parameters());
+      t.my_rows = [&](const Batch& b, int) {
+        return Batch{mesh_pipeline->local_batch(b.x), mesh_pipeline->local_batch(b.y)};
+      };
       share = 1.0 / n;  // every rank returns the whole loss
       t.micro_step = [&](const Batch& b, double, bool last_micro_step) {
-        const Tensor loss = gpt_mesh->train_step(b.x, b.y, static_cast<double>(c.batch * kGptT));
-        if (last_micro_step) gpt_mesh->finish_gradients();
+        const double targets = static_cast<double>(c.batch * kGptT);
+        const Tensor loss = mesh_pipeline->train_step(b.x, b.y, [&](const Tensor& out, const Tensor& y) {
+          parallel::LossParallel loss_parallel(*mesh);
+          return mul(models::GPT::loss(out, y, Reduction::Sum), 1.0 / targets);
+        });
+        if (last_micro_step) mesh_pipeline->finish_gradients();
         return scalar(loss) * share;
       };
-      // The norm: every rank's partial summed over the world counts each dp and cp replica,
-      // so divided by their number; a replicated parameter counted on tp rank 0, the head's
-      // copy of wte not at all.
-      const int tp_rank = mesh->rank("tp"), replicas = mesh->size("dp") * mesh->size("cp");
-      t.clip = [&, tp_rank, replicas] {
-        std::vector<Tensor> counted, copies;
-        for (const auto& [name, p] : gpt_mesh->named_parameters()) {
-          const bool copy = (name == "lm_head.weight" && c.pp > 1) ||
-                            (models::TensorParallelGPT::is_replicated(name) && tp_rank > 0);
-          (copy ? copies : counted).push_back(p);
-        }
-        clip_tensor_parallel(counted, copies, [&, replicas](Tensor& partial, nn::utils::NormReduction) {
-          world->allreduce(partial, parallel::ReduceOp::Sum)->wait();
-          partial.mul_(1.0 / replicas);
-        });
-      };
+      t.clip = [&] { parallel::clip_grad_norm_(mesh_pipeline->parameters(), world, kMaxNorm); };
       t.report = [&, plain = gpt->named_parameters()](StepReport& s, bool grad) {
-        report_gpt_shards(s, me, *gpt_mesh, plain, grad);
+        report_placed(s, me, mesh_pipeline->named_parameters(), plain, grad);
       };
       t.optimizer = opt.get();
       return train(c, t);

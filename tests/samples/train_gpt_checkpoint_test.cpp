@@ -1,5 +1,7 @@
 // build/bin/train_gpt's checkpoints and end-of-run sample under --pp (the 4-D pipeline) and
-// --zero 1|2|3 (samples/support/gpt_parallel_checkpoint.cpp): a run saved under one of them
+// --zero 1|2|3, alone and with tp, pp and cp (samples/support/gpt_parallel.h: the state
+// gathered and scattered by placements, parallel::full_state_dict and
+// full_optimizer_state): a run saved under one of them
 // writes the single-device run's checkpoint (the model in nanoGPT's names, AdamW's state),
 // a resume under another split -- or on one device -- continues to the uninterrupted
 // single-device run's losses and weights (float32 rounding apart, as the split runs
@@ -181,6 +183,27 @@ TEST_CASE("train_gpt --save under --dp 2 --zero 3 (FSDP) writes the single-devic
   runs.run(2, "--dp 2 --zero 3", 8, "on-split", "single-half");
   require_same_losses(runs, "on-split", "whole");
   runs.require_same_checkpoint("on-split", "whole");
+}
+
+TEST_CASE("train_gpt --save under --zero 1 with tp x pp, and --zero 2 with tp, writes the single-device "
+          "checkpoint; --zero 3 with cp, and with tp and sequence parallelism, resumes them to the "
+          "uninterrupted run") {
+  // Every --zero with a split: the state of ZeRO's and FSDP's flat shards, which hold pieces
+  // of the plan's tp shards, gathered into the single-device names and cut into another
+  // split's. Weight decay 0: --zero 3's AdamW steps flat shards.
+  Runs runs("--n-layer 2 --sample-chars 0 --weight-decay 0");
+  runs.run(0, "", 8, "whole");
+  runs.run(0, "", 4, "single-half");
+  runs.run(8, "--dp 2 --tp 2 --pp 2 --zero 1", 4, "zero1-tp-pp");
+  runs.require_same_checkpoint("zero1-tp-pp", "single-half");
+  runs.run(4, "--dp 2 --cp 2 --zero 3", 8, "zero3-cp", "zero1-tp-pp");
+  require_same_losses(runs, "zero3-cp", "whole");
+  runs.require_same_checkpoint("zero3-cp", "whole");
+  runs.run(4, "--dp 2 --tp 2 --zero 2", 4, "zero2-tp");
+  runs.require_same_checkpoint("zero2-tp", "single-half");
+  runs.run(4, "--dp 2 --tp 2 --sequence-parallel --zero 3", 8, "zero3-tp-sp", "zero2-tp");
+  require_same_losses(runs, "zero3-tp-sp", "whole");
+  runs.require_same_checkpoint("zero3-tp-sp", "whole");
 }
 
 #endif

@@ -8,12 +8,11 @@
 // by the global token count; backward through it gives each rank d(its own sum) / count,
 // so the summed gradients are exactly the single-device mean's.
 //
-// The trainer's step under context parallelism (group: the cp ProcessGroup):
-//   gpt->... attention through ring_attention  (models/gpt_context_parallel.h)
+// A step under context parallelism (the model split by a plan: context_parallel/style.h):
+//   parallelize_module(model, mesh, {"cp", {{"...attn", ContextParallel}, {"...wpe", ...}}})
 //   idx_local = shard_sequence(idx, rank, cp); targets_local = shard_sequence(targets, ...)
-//   logits = models::forward_at_positions(*gpt, idx_local, sequence_positions(T, rank, cp))
-//   loss = context_parallel_cross_entropy(logits, targets_local, *group)
-//   loss.backward(); all_reduce_gradients(gpt->parameters(), *group); optimizer.step();
+//   loss = context_parallel_cross_entropy(model(idx_local), targets_local, *group)
+//   loss.backward(); reduce_partial_gradients(model, mesh); optimizer.step();
 #pragma once
 
 #include <vector>
@@ -34,7 +33,7 @@ Tensor context_parallel_cross_entropy(const Tensor& logits, const Tensor& target
 // the value is the sum of every rank's `local`, the gradient reaches `local` alone (each
 // rank's tokens count once, in its own backward). context_parallel_cross_entropy is this
 // of the local sum over the global count; the tensor-parallel GPT's loss under cp is it of
-// the vocabulary-parallel loss (models/gpt_tensor_parallel.h).
+// the vocabulary-parallel loss (loss_parallel.h).
 Tensor context_parallel_sum(const Tensor& local, ProcessGroup& group);
 
 // Sums every parameter's gradient over the group, in place (a parameter without one gets

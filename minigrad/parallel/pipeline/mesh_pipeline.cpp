@@ -6,6 +6,7 @@
 
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/parallel/context_parallel/sequence_layout.h>
 #include <minigrad/parallel/context_parallel/wire.h>
 #include <minigrad/parallel/partial_gradients.h>
 #include <minigrad/parallel/placement.h>
@@ -16,12 +17,22 @@ MeshPipeline::MeshPipeline(const nn::Module& model, const DeviceMesh& mesh, cons
                            MeshPipelineOptions options)
     : options_(options) {
   MG_CHECK(mesh.has_dim("pp"), "MeshPipeline: the mesh {} has no pp dimension to cut the model over", mesh.str());
-  for (const char* dim : {"cp", "tp"})
-    MG_CHECK(mesh.size(dim) == 1,
-             "MeshPipeline: the mesh {} splits over {} ({} ranks); a plan splits the model over cp and tp "
-             "before the cut, this pipeline runs pp and dp", mesh.str(), dim, mesh.size(dim));
+  // cp and tp are a plan's, applied before the cut: every parameter must say so.
+  for (const char* dim : {"cp", "tp"}) {
+    if (mesh.size(dim) == 1) continue;
+    for (const auto& [name, p] : model.named_parameters()) {
+      const ParameterSpec* spec = spec_of(p);
+      const bool placed = spec != nullptr && std::any_of(spec->pieces[0].placements.begin(),
+                                                         spec->pieces[0].placements.end(),
+                                                         [&](const DimPlacement& d) { return d.dim == dim; });
+      MG_CHECK(placed,
+               "MeshPipeline: the mesh {} splits over {} ({} ranks), but '{}' has no {} placement: apply the model's "
+               "{} plan (parallelize_module) before the cut", mesh.str(), dim, mesh.size(dim), name, dim, dim);
+    }
+  }
   pp_ = mesh.group("pp");
   if (mesh.size("dp") > 1) dp_ = mesh.group("dp");
+  if (mesh.size("cp") > 1) cp_ = mesh.group("cp");
   chunks_ = split_module(model, cut, pp_);
   if (dp_)
     for (const auto& [name, p] : named_parameters()) {
@@ -46,11 +57,15 @@ MeshPipeline::MeshPipeline(const nn::Module& model, const DeviceMesh& mesh, cons
 Tensor MeshPipeline::local_batch(const Tensor& x) const {
   MG_CHECK(x.defined() && x.dim() >= 1, "MeshPipeline::local_batch: expected a batch [B, ...], got {}",
            x.defined() ? x.shape().str() : "an undefined tensor");
-  if (!dp_) return x;
-  const int64_t B = x.size(0), dp = dp_->size(), d = dp_->rank(), base = B / dp, extra = B % dp;
-  const int64_t rows = base + (d < extra ? 1 : 0);
-  MG_CHECK(rows >= 1, "MeshPipeline::local_batch: {} rows cannot feed {} dp ranks", B, dp);
-  return ops::contiguous(x.narrow(0, d * base + std::min(d, extra), rows));
+  Tensor mine = x;
+  if (dp_) {
+    const int64_t B = x.size(0), dp = dp_->size(), d = dp_->rank(), base = B / dp, extra = B % dp;
+    const int64_t rows = base + (d < extra ? 1 : 0);
+    MG_CHECK(rows >= 1, "MeshPipeline::local_batch: {} rows cannot feed {} dp ranks", B, dp);
+    mine = ops::contiguous(x.narrow(0, d * base + std::min(d, extra), rows));
+  }
+  // Under cp, this rank's two chunks of every sequence (dimension 1).
+  return cp_ ? context_parallel::shard_sequence(mine, cp_->rank(), cp_->size()) : mine;
 }
 
 Tensor MeshPipeline::train_step(const Tensor& input, const Tensor& target, const PipeLoss& loss_fn) {

@@ -27,8 +27,12 @@
 // then every gradient over dp (a plain sum: the shares already divide by the whole batch).
 // What else reads placements (a clip, a full state dict) finds every copy and replica.
 //
-// The mesh's other dimensions (cp, tp) must have one rank: splitting over them is a plan's
-// (parallelize_module) before the cut, and its sums are the placements' generic ones.
+// The mesh's other dimensions (cp, tp) are a plan's (parallelize_module), applied to the model
+// before the cut: every parameter must carry their placements (an mg::Error names one that
+// does not), the stages keep the plan's swapped layers and hooks, and their sums (sequence
+// parallelism's, cp's) are among the placements' generic ones. Under cp, local_batch also
+// cuts every row into this rank's two chunks of its sequence, and the loss is the caller's
+// over the whole sequences (parallel::LossParallel).
 #pragma once
 
 #include <memory>
@@ -55,7 +59,8 @@ class MeshPipeline {
   MeshPipeline(const nn::Module& model, const DeviceMesh& mesh, const PipelineCut& cut,
                MeshPipelineOptions options = {});
 
-  // This dp rank's rows of the job's batch x [B, ...].
+  // This dp rank's rows of the job's batch x [B, T, ...], and under cp this cp rank's two
+  // chunks of each (context_parallel/sequence_layout.h).
   Tensor local_batch(const Tensor& x) const;
   // One step on this rank's rows (input read on the first pp stage, target on the last;
   // elsewhere they may be undefined). Returns the batch's loss on every rank, a scalar.
@@ -74,7 +79,7 @@ class MeshPipeline {
   PipelineStage& stage() { return *stage_; }
 
  private:
-  std::shared_ptr<ProcessGroup> pp_, dp_;  // dp_ null with one dp rank
+  std::shared_ptr<ProcessGroup> pp_, dp_, cp_;  // dp_, cp_ null with one rank
   MeshPipelineOptions options_;
   std::vector<nn::ModulePtr> chunks_;
   std::unique_ptr<PipelineStage> stage_;

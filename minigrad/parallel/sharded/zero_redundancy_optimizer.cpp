@@ -1,5 +1,7 @@
 #include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
 
+#include <algorithm>
+
 #include <unordered_set>
 
 #include <minigrad/autograd/grad_mode.h>
@@ -114,10 +116,17 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Buckets&& buckets, std::vector<
            parameters().size(), given.size());
   // Every rank keeps every parameter whole; each shard holds flat pieces of some.
   for (const auto& b : buckets_) b->record_spec(std::vector<std::string>(b->params().size()), "dp", process_group_);
-  for (const Tensor& p : full_params_)
-    record_placement(p, "", p.shape(),
-                     DimPlacement{"dp", process_group_, process_group_->rank(), process_group_->size(),
-                                  Placement::replicate(), false});
+  // Unless the caller placed them on dp already (stage 1 under a trainer that sums the dp
+  // ranks' gradients itself records them Partial there).
+  for (const Tensor& p : full_params_) {
+    const ParameterSpec* spec = spec_of(p);
+    const bool placed = spec != nullptr && std::any_of(spec->pieces[0].placements.begin(), spec->pieces[0].placements.end(),
+                                                       [](const DimPlacement& d) { return d.dim == "dp"; });
+    if (!placed)
+      record_placement(p, "", p.shape(),
+                       DimPlacement{"dp", process_group_, process_group_->rank(), process_group_->size(),
+                                    Placement::replicate(), false});
+  }
   if (options_.stage == 2) {
     std::vector<FlatParameter*> groups;
     for (auto& b : buckets_) groups.push_back(b.get());
