@@ -23,7 +23,8 @@ void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
 
 void check_float(const char* op, const Tensor& t) {
   MG_CHECK(is_floating_point(t.dtype()),
-           "{}: expected a floating-point tensor (float32 or float64), got {} (shape {})", op,
+           "{}: expected a floating-point tensor (float32, float64, bfloat16 or float16), got {} "
+           "(shape {})", op,
            t.dtype(), t.shape());
 }
 
