@@ -2,6 +2,7 @@
 #pragma once
 
 #include <minigrad/autograd/anomaly_mode.h>
+#include <minigrad/autograd/autocast.h>
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/autograd/saved_tensor.h>
