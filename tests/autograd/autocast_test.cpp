@@ -216,7 +216,7 @@ TEST_CASE("autocast: a float16 region on the CPU", "[autocast]") {
   CHECK(cat({ops::to_dtype(x, DType::Float16), ops::to_dtype(x, DType::Float16)}).dtype() == DType::Float16);
 }
 
-TEST_CASE("autocast: an op's values are the op on cast inputs; backward converts the gradients back",
+TEST_CASE("autocast: an op's values are the op on cast inputs, and backward converts the gradients back",
           "[autocast]") {
   manual_seed(6);
   const Tensor x = randn({7, 5}).set_requires_grad(true), w = randn({3, 5}).set_requires_grad(true);
@@ -294,7 +294,7 @@ TEST_CASE("autocast: a parameter is cast once per region, again after an in-plac
   }
 }
 
-TEST_CASE("autocast: a checkpoint reruns under its forward's region; worker threads run under the caller's",
+TEST_CASE("autocast: a checkpoint reruns under its forward's region, worker threads under the caller's",
           "[autocast]") {
   manual_seed(8);
   const Tensor w = randn({4, 4}).set_requires_grad(true);

@@ -277,7 +277,7 @@ TEST_CASE("reduced floats: dtypes, tensors, item, to_vector, printing and promot
   for (bfloat16 v : u.to_vector<bfloat16>()) REQUIRE((static_cast<float>(v) >= -1.0f && static_cast<float>(v) <= 1.0f));
 }
 
-TEST_CASE("reduced floats: to(dtype) is differentiable; its gradient comes back in the input's dtype",
+TEST_CASE("reduced floats: to(dtype) is differentiable, its gradient back in the input's dtype",
           "[reduced_float]") {
   const Tensor x = from_vector(std::vector<float>{1.0f, 2.0f, 3.0f}, Shape{3}).set_requires_grad(true);
   const Tensor y = x.to(DType::BFloat16);
