@@ -36,7 +36,9 @@
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/module.h>
 #include <minigrad/nn/optim/adam.h>
+#include <minigrad/nn/amp/grad_scaler.h>
 #include <minigrad/nn/optim/lr_schedule.h>
+#include <minigrad/nn/optim/master_weights.h>
 #include <minigrad/nn/optim/optimizer.h>
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/nn/serialize.h>

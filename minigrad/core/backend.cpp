@@ -73,6 +73,9 @@ namespace {
 }  // namespace
 
 void Backend::convert(const Tensor&, const Tensor&) { missing_kernel(*this, "to (dtype)"); }
+void Backend::round_stochastic(const Tensor&, const Tensor&, uint64_t, uint64_t) {
+  missing_kernel(*this, "round_stochastic");
+}
 void Backend::gelu(const Tensor&, const Tensor&, bool) { missing_kernel(*this, "gelu"); }
 void Backend::gelu_backward(const Tensor&, const Tensor&, const Tensor&, bool) {
   missing_kernel(*this, "gelu_backward");

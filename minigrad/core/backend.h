@@ -193,6 +193,15 @@ class Backend {
                               uint64_t offset) = 0;
   virtual void random_normal(const Tensor& dst, double mean, double stddev, uint64_t seed,
                              uint64_t offset) = 0;
+  // out (bfloat16 or float16) = in (float32; both contiguous, one shape) rounded
+  // stochastically: to one of the two 16-bit values around it, the upper one with
+  // probability (in - lower) / (upper - lower), so that E[out] = in (llm.c's rounding of
+  // float32 master weights into bfloat16 parameters). Element i draws
+  // philox::uniform(seed, offset, i); a value that is representable, not finite, or
+  // whose nearest rounding overflows, rounds to nearest; one between the largest finite
+  // value and that overflow stays at the largest.
+  virtual void round_stochastic(const Tensor& out, const Tensor& in, uint64_t seed,
+                                uint64_t offset);
 
   // ---- elementwise (the floats; add/sub/mul/div also int64) ----
   // relu(NaN) is NaN (PyTorch's clamp_min propagates NaN). int64: Neg, Relu and Abs, -x

@@ -247,6 +247,16 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
   return out;
 }
 
+Tensor round_stochastic(const Tensor& t, DType dtype, uint64_t seed, uint64_t offset) {
+  MG_CHECK(t.dtype() == DType::Float32 && is_reduced_float(dtype),
+           "round_stochastic: rounds float32 to bfloat16 or float16, got {} to {} (shape {})",
+           t.dtype(), dtype, t.shape());
+  const Tensor in = contiguous(t);
+  Tensor out = empty(t.shape(), dtype, t.device());
+  if (out.numel() > 0) backend_of(t).round_stochastic(out, in, seed, offset);
+  return out;
+}
+
 Tensor copy_to(const Tensor& t, Device device) {
   Tensor out = empty(t.shape(), t.dtype(), device);
   copy_(out, t);

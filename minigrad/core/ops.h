@@ -65,6 +65,10 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits,
 // ---- dtypes ----
 // t converted to `dtype` (a new tensor; t itself when it already has that dtype).
 Tensor to_dtype(const Tensor& t, DType dtype);
+// A float32 tensor rounded stochastically to `dtype` (bfloat16 or float16), unbiased, with
+// Philox draws from (seed, offset): Backend::round_stochastic. It takes ceil(numel / 4)
+// Philox blocks from `offset`.
+Tensor round_stochastic(const Tensor& t, DType dtype, uint64_t seed, uint64_t offset);
 
 // ---- the transformer's ops (core/ops_transformer.cpp) ----
 // The view of t with its dimensions in the order `dims` (a permutation; negative dims count

@@ -2,6 +2,7 @@
 // convert through float (core/bfloat16.h, core/float16.h): a fill or a random draw is
 // computed as float32's and rounded once.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -110,6 +111,42 @@ void CpuBackend::random_normal(const Tensor& dst, double mean, double stddev, ui
     for (uint64_t i = 0; i < n; ++i)
       d[i] = scalar_t(m + s * static_cast<C>(philox::normal(seed, offset, i)));
   });
+}
+
+namespace {
+// The 16-bit values either side of a finite float x of magnitude a (bits of T), by
+// magnitude: nearest rounding gives one; the other is one step away in the bit pattern
+// (magnitudes of one sign are ordered as their bits are).
+template <typename T>
+T round_stochastic_value(float x, float u) {
+  const T nearest(x);
+  const float n = static_cast<float>(nearest);
+  if (n == x || !std::isfinite(x) || !std::isfinite(n)) return nearest;
+  const float a = std::fabs(x);
+  const auto nearest_bits = static_cast<uint16_t>(T(a).bits);
+  const float na = static_cast<float>(T::from_bits(nearest_bits));
+  const uint16_t lo_bits = na > a ? static_cast<uint16_t>(nearest_bits - 1) : nearest_bits;
+  const float lo = static_cast<float>(T::from_bits(lo_bits));
+  const float hi = static_cast<float>(T::from_bits(static_cast<uint16_t>(lo_bits + 1)));
+  if (!std::isfinite(hi)) return T(std::copysign(lo, x));  // past the largest finite: stay there
+  // Up with probability (a - lo) / (hi - lo), computed in double (exact for these widths).
+  const double p_up = (static_cast<double>(a) - lo) / (static_cast<double>(hi) - lo);
+  const float magnitude = static_cast<double>(u) < p_up ? hi : lo;
+  return T(std::copysign(magnitude, x));
+}
+}  // namespace
+
+void CpuBackend::round_stochastic(const Tensor& out, const Tensor& in, uint64_t seed,
+                                  uint64_t offset) {
+  const auto n = static_cast<uint64_t>(out.numel());
+  const float* x = static_cast<const float*>(in.data_ptr());
+  if (out.dtype() == DType::BFloat16) {
+    auto* o = static_cast<bfloat16*>(out.data_ptr());
+    for (uint64_t i = 0; i < n; ++i) o[i] = round_stochastic_value<bfloat16>(x[i], philox::uniform(seed, offset, i));
+  } else {
+    auto* o = static_cast<float16*>(out.data_ptr());
+    for (uint64_t i = 0; i < n; ++i) o[i] = round_stochastic_value<float16>(x[i], philox::uniform(seed, offset, i));
+  }
 }
 
 }  // namespace mg
