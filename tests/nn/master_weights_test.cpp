@@ -37,7 +37,7 @@ std::vector<float> floats(const Tensor& t) { return ops::to_dtype(t, DType::Floa
 
 }  // namespace
 
-TEST_CASE("MasterWeights: bfloat16 parameters stepped in bfloat16 lose 1e-3 steps on weights of 1; the masters keep them",
+TEST_CASE("MasterWeights: bfloat16 parameters stepped in bfloat16 lose 1e-3 steps on weights of 1, the masters keep them",
           "[master_weights]") {
   // loss = sum(w): every gradient is 1, so SGD moves each weight by -lr a step, and Adam
   // by about -lr (its update is m / sqrt(v) ~ 1 times lr). Near 1 a bfloat16 is spaced
@@ -167,7 +167,7 @@ TEST_CASE("MasterWeights: stochastic rounding is unbiased, lands on a neighbour,
   CHECK(std::fabs(mean - 1.0) > 1e-3);
 }
 
-TEST_CASE("MasterWeights: its state dict holds the float32 masters; a resumed run continues exactly",
+TEST_CASE("MasterWeights: its state dict holds the float32 masters, a resumed run continues exactly",
           "[master_weights]") {
   manual_seed(12);
   auto make_model = [] {

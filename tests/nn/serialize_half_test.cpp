@@ -99,7 +99,7 @@ TEST_CASE("safetensors: BF16 and F16 are written as torch writes them, byte for 
         reference.tensors.at("bf16_as_f32").to_vector<float>());
 }
 
-TEST_CASE("safetensors: a bfloat16 model round-trips; 16-bit NaN and infinities are refused unless allowed",
+TEST_CASE("safetensors: a bfloat16 model round-trips, 16-bit NaN and infinities are refused unless allowed",
           "[serialize][reduced_float]") {
   mg::testing::TempDir dir;
   nn::Linear model(5, 3);
