@@ -107,6 +107,13 @@ TEST_CASE("GPT in mixed precision: autocast and bfloat16 parameters, forward and
     CHECK(g.dtype() == DType::BFloat16);
     CHECK(relative_error(g, grads32[i]) <= 3e-2);
   }
+  // A bfloat16 GPT generates (its logits are read in double), and under autocast too.
+  const Tensor prompt = narrow(x, 1, 0, 4);
+  CHECK(half->generate(prompt, 5, 0.0).shape() == Shape{4, 9});
+  {
+    AutocastGuard autocast(DeviceType::CPU, DType::BFloat16);
+    CHECK(model.generate(prompt, 5, 1.0, 3).shape() == Shape{4, 9});
+  }
 }
 
 TEST_CASE("GPT in mixed precision: 30 AdamW steps, bf16-mixed and bfloat16 with masters, track float32",
