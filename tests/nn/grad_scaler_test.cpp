@@ -94,8 +94,12 @@ TEST_CASE("GradScaler: torch's defaults, scale() multiplies, a disabled scaler d
   CHECK(values(p.linear->parameters()) != before);
   disabled.update();
 
-  REQUIRE_THROWS_WITH(amp::GradScaler(amp::GradScalerOptions{65536.0, 1.0}), MG_CONTAINS("growth factor must be > 1.0"));
-  REQUIRE_THROWS_WITH(amp::GradScaler(amp::GradScalerOptions{65536.0, 2.0, 1.5}), MG_CONTAINS("backoff factor must be < 1.0"));
+  amp::GradScalerOptions no_growth;
+  no_growth.growth_factor = 1.0;
+  REQUIRE_THROWS_WITH(amp::GradScaler(no_growth), MG_CONTAINS("growth factor must be > 1.0"));
+  amp::GradScalerOptions no_backoff;
+  no_backoff.backoff_factor = 1.5;
+  REQUIRE_THROWS_WITH(amp::GradScaler(no_backoff), MG_CONTAINS("backoff factor must be < 1.0"));
 }
 
 TEST_CASE("GradScaler: an inf or a NaN skips the step, halves the scale, leaves parameters and optimizer state untouched",
