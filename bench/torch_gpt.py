@@ -33,6 +33,8 @@ def main():
     parser.add_argument("--batch", type=int, default=12)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
+    # bf16-mixed: torch.autocast("cpu", torch.bfloat16) around forward and loss, as gpt-bench's.
+    parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true")
     a = parser.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -46,7 +48,8 @@ def main():
     for s in range(a.warmup + a.steps):
         start, cpu_start = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
-        _, loss = model(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16-mixed"):
+            _, loss = model(x, y)
         loss.backward()
         opt.step()
         value = loss.item()
@@ -56,7 +59,8 @@ def main():
     ms.sort()
     median = statistics.median(ms)
     print(json.dumps({
-        "framework": "pytorch", "torch": torch.__version__, "work": "gpt", "threads": a.threads,
+        "framework": "pytorch", "torch": torch.__version__, "work": "gpt", "precision": a.precision,
+        "threads": a.threads,
         "n_layer": a.n_layer, "n_head": a.n_head, "n_embd": a.n_embd,
         "block_size": a.block_size, "batch": a.batch, "steps": a.steps,
         "median_ms": round(median, 3), "p10_ms": round(ms[int(0.1 * (len(ms) - 1) + 0.5)], 3),

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <minigrad/autograd/anomaly_mode.h>
+#include <minigrad/autograd/autocast.h>
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/autograd/saved_tensor.h>
@@ -34,7 +35,9 @@
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/module.h>
 #include <minigrad/nn/optim/adam.h>
+#include <minigrad/nn/amp/grad_scaler.h>
 #include <minigrad/nn/optim/lr_schedule.h>
+#include <minigrad/nn/optim/master_weights.h>
 #include <minigrad/nn/optim/optimizer.h>
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/nn/serialize.h>

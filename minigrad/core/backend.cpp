@@ -73,6 +73,9 @@ namespace {
 }  // namespace
 
 void Backend::convert(const Tensor&, const Tensor&) { missing_kernel(*this, "to (dtype)"); }
+void Backend::round_stochastic(const Tensor&, const Tensor&, uint64_t, uint64_t) {
+  missing_kernel(*this, "round_stochastic");
+}
 void Backend::gelu(const Tensor&, const Tensor&, bool) { missing_kernel(*this, "gelu"); }
 void Backend::gelu_backward(const Tensor&, const Tensor&, const Tensor&, bool) {
   missing_kernel(*this, "gelu_backward");
@@ -195,11 +198,11 @@ void check_adam_step(const AdamStep& step, Device device) {
              x.shape() == t.param.shape() && x.device() == device;
     };
     const bool max_fits = step.amsgrad ? fits(t.max_exp_avg_sq) : !t.max_exp_avg_sq.defined();
-    MG_CHECK((dtype == DType::Float32 || dtype == DType::Float64) && fits(t.param) &&
+    MG_CHECK(is_floating_point(dtype) && fits(t.param) &&
                  fits(t.grad) && fits(t.exp_avg) && fits(t.exp_avg_sq) && max_fits,
              "adam_step on {}: tensor {} does not fit (param: {}; grad: {}; exp_avg: {}; "
              "exp_avg_sq: {}; max_exp_avg_sq: {}; amsgrad {}): expected contiguous {} "
-             "tensors (float32 or float64, as parameter 0) of the param's shape on {}, with "
+             "tensors (a floating dtype, as parameter 0's) of the param's shape on {}, with "
              "max_exp_avg_sq exactly when amsgrad",
              device, i, describe_operand(t.param), describe_operand(t.grad),
              describe_operand(t.exp_avg), describe_operand(t.exp_avg_sq),

@@ -10,6 +10,11 @@
 // version counter (core/tensor.h: bump_version), never the backend: Tensor's in-place
 // methods, ops::copy_, the optimizers and the engine do it, and code that writes a
 // visible tensor through a Backend directly must do it too.
+//
+// Every op on floats takes the 16-bit floats too (bfloat16, float16: core/dtype.h): each
+// output is computed in float32 from the inputs' exact float32 values and rounded once
+// (reductions and GEMMs accumulate in float32), so a 16-bit op equals the float32 op on
+// the same inputs, rounded, up to the order of its float32 sums.
 #pragma once
 
 #include <cstdint>
@@ -188,8 +193,17 @@ class Backend {
                               uint64_t offset) = 0;
   virtual void random_normal(const Tensor& dst, double mean, double stddev, uint64_t seed,
                              uint64_t offset) = 0;
+  // out (bfloat16 or float16) = in (float32; both contiguous, one shape) rounded
+  // stochastically: to one of the two 16-bit values around it, the upper one with
+  // probability (in - lower) / (upper - lower), so that E[out] = in (llm.c's rounding of
+  // float32 master weights into bfloat16 parameters). Element i draws
+  // philox::uniform(seed, offset, i); a value that is representable, not finite, or
+  // whose nearest rounding overflows, rounds to nearest; one between the largest finite
+  // value and that overflow stays at the largest.
+  virtual void round_stochastic(const Tensor& out, const Tensor& in, uint64_t seed,
+                                uint64_t offset);
 
-  // ---- elementwise (float32 and float64; add/sub/mul/div also int64) ----
+  // ---- elementwise (the floats; add/sub/mul/div also int64) ----
   // relu(NaN) is NaN (PyTorch's clamp_min propagates NaN). int64: Neg, Relu and Abs, -x
   // and |x| wrapping at INT64_MIN (ops::unary computes the others of int64 in float32).
   virtual void unary(UnaryOp op, const Tensor& out, const Tensor& in) = 0;
@@ -207,7 +221,7 @@ class Backend {
   virtual void relu_backward(const Tensor& grad_in, const Tensor& grad_out,
                              const Tensor& input) = 0;
 
-  // ---- the transformer's elementwise ops (float32 and float64, any strides) ----
+  // ---- the transformer's elementwise ops (the floats, any strides) ----
   // The entries below the line default to an mg::Error naming the op and the backend, so
   // a backend that lacks a kernel says so rather than failing to link.
   // out = gelu(in): exact (x * Phi(x), erf) or, with tanh_form, GPT-2's tanh
@@ -280,8 +294,8 @@ class Backend {
   // ---- the transformer's fused ops ----
   // Layer normalisation of each row of in [rows, cols] (contiguous): out = (in - mean) *
   // rstd * weight + bias, with rstd = 1 / sqrt(var + eps) (the biased variance), and the
-  // row statistics saved for backward in mean and rstd ([rows], in's dtype). weight and
-  // bias are [cols], contiguous, or undefined (no affine part).
+  // row statistics saved for backward in mean and rstd ([rows], compute_dtype(in): float32
+  // for a 16-bit in). weight and bias are [cols], contiguous, or undefined (no affine part).
   virtual void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                           const Tensor& in, const Tensor& weight, const Tensor& bias, double eps);
   // The gradients of layer_norm given grad_out [rows, cols] (contiguous): grad_in always;
@@ -302,7 +316,8 @@ class Backend {
   // Attention over [batch, tq, d] queries and [batch, tk, d] keys and [batch, tk, dv] values
   // (contiguous): out = dropout(softmax(q k^T * scale [+ causal mask])) v in one pass over
   // key blocks with an online softmax, never forming the [tq, tk] matrix; lse [batch, tq]
-  // keeps each row's log-sum-exp (of the scaled, masked scores) for backward. causal masks
+  // (compute_dtype(q)) keeps each row's log-sum-exp (of the scaled, masked scores) for
+  // backward. causal masks
   // key j > query i (torch's is_causal: tril(ones(tq, tk)), aligned to the top left).
   // Dropout draws philox::uniform(seed, offset, (b * tq + i) * tk + j) for score (i, j):
   // the element index of the [batch, tq, tk] probability tensor, as dropout() would.

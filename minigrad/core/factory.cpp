@@ -92,6 +92,17 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, Device
 Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape, Device device) {
   return from_host(values, shape, device);
 }
+Tensor from_vector(const std::vector<bfloat16>& values, const Shape& shape, Device device) {
+  return from_host(values, shape, device);
+}
+Tensor from_vector(const std::vector<float16>& values, const Shape& shape, Device device) {
+  return from_host(values, shape, device);
+}
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType dtype,
+                   Device device) {
+  MG_CHECK(is_floating_point(dtype), "from_vector: float values cannot make a {} tensor", dtype);
+  return ops::to_dtype(from_host(values, shape, device), dtype);
+}
 
 Tensor rand(const Shape& shape, Device device) {
   Tensor t = empty(shape, DType::Float32, device);

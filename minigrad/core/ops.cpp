@@ -23,7 +23,8 @@ void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
 
 void check_float(const char* op, const Tensor& t) {
   MG_CHECK(is_floating_point(t.dtype()),
-           "{}: expected a floating-point tensor (float32 or float64), got {} (shape {})", op,
+           "{}: expected a floating-point tensor (float32, float64, bfloat16 or float16), got {} "
+           "(shape {})", op,
            t.dtype(), t.shape());
 }
 
@@ -243,6 +244,16 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t;
   Tensor out = empty(t.shape(), dtype, t.device());
   if (out.numel() > 0) backend_of(t).convert(out, t);
+  return out;
+}
+
+Tensor round_stochastic(const Tensor& t, DType dtype, uint64_t seed, uint64_t offset) {
+  MG_CHECK(t.dtype() == DType::Float32 && is_reduced_float(dtype),
+           "round_stochastic: rounds float32 to bfloat16 or float16, got {} to {} (shape {})",
+           t.dtype(), dtype, t.shape());
+  const Tensor in = contiguous(t);
+  Tensor out = empty(t.shape(), dtype, t.device());
+  if (out.numel() > 0) backend_of(t).round_stochastic(out, in, seed, offset);
   return out;
 }
 

@@ -65,6 +65,10 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits,
 // ---- dtypes ----
 // t converted to `dtype` (a new tensor; t itself when it already has that dtype).
 Tensor to_dtype(const Tensor& t, DType dtype);
+// A float32 tensor rounded stochastically to `dtype` (bfloat16 or float16), unbiased, with
+// Philox draws from (seed, offset): Backend::round_stochastic. It takes ceil(numel / 4)
+// Philox blocks from `offset`.
+Tensor round_stochastic(const Tensor& t, DType dtype, uint64_t seed, uint64_t offset);
 
 // ---- the transformer's ops (core/ops_transformer.cpp) ----
 // The view of t with its dimensions in the order `dims` (a permutation; negative dims count
@@ -85,7 +89,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 // Layer normalisation over the last `normalized_dims` dimensions of x; weight and bias
 // (or undefined) have the shape of those dimensions. mean and rstd are [rows], rows the
-// product of the other dimensions.
+// product of the other dimensions, in compute_dtype(x) (float32 for a 16-bit x).
 struct LayerNormOutput {
   Tensor out, mean, rstd;
 };
@@ -105,7 +109,8 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
 // empty batch, L = 0).
 void check_attention(const Tensor& q, const Tensor& k, const Tensor& v);
 // Fused attention (Backend::attention) over q [..., tq, d], k [..., tk, d], v [..., tk, dv]
-// with equal batch dimensions: {out [..., tq, dv], lse [..., tq]}.
+// with equal batch dimensions: {out [..., tq, dv], lse [..., tq]}; lse in compute_dtype(q)
+// (float32 for 16-bit q, k, v).
 std::vector<Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                               bool causal, double dropout_p, uint64_t seed, uint64_t offset);
 // {grad_q, grad_k, grad_v} of attention.

@@ -168,8 +168,9 @@ LayerNormOutput layer_norm(const Tensor& x, int64_t normalized_dims, const Tenso
   MG_CHECK(in.size(1) > 0, "layer_norm: cannot normalise over an empty shape {} (input {})",
            normalized, x.shape());
   Tensor out = empty(x.shape(), x.dtype(), x.device());
-  Tensor mean = empty(Shape{in.size(0)}, x.dtype(), x.device());
-  Tensor rstd = empty(Shape{in.size(0)}, x.dtype(), x.device());
+  // The statistics in float32 for a 16-bit x: backward reads them unrounded.
+  Tensor mean = empty(Shape{in.size(0)}, compute_dtype(x.dtype()), x.device());
+  Tensor rstd = empty(Shape{in.size(0)}, compute_dtype(x.dtype()), x.device());
   const auto flat = [](const Tensor& t) {
     return t.defined() ? view(contiguous(t), Shape{t.numel()}) : Tensor();
   };
@@ -274,7 +275,7 @@ std::vector<Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v,
   std::vector<int64_t> out_sizes = qs, lse_sizes(qs.begin(), qs.end() - 1);
   out_sizes.back() = v.size(-1);
   Tensor out = empty(Shape(out_sizes), q.dtype(), q.device());
-  Tensor lse = empty(Shape(lse_sizes), q.dtype(), q.device());
+  Tensor lse = empty(Shape(lse_sizes), compute_dtype(q.dtype()), q.device());  // float32 for 16-bit q
   if (out.numel() == 0) return {out, lse};
   const Tensor q3 = as_batch3(q), k3 = as_batch3(k), v3 = as_batch3(v);
   backend_of(q).attention(view(out, Shape{q3.size(0), q3.size(1), v.size(-1)}),

@@ -68,9 +68,13 @@ T Tensor::item() const {
 template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
 template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<bfloat16> Tensor::to_vector<bfloat16>() const;
+template std::vector<float16> Tensor::to_vector<float16>() const;
 template float Tensor::item<float>() const;
 template double Tensor::item<double>() const;
 template int64_t Tensor::item<int64_t>() const;
+template bfloat16 Tensor::item<bfloat16>() const;
+template float16 Tensor::item<float16>() const;
 
 namespace {
 // Nested brackets like PyTorch, eliding the middle of long dimensions.
@@ -92,7 +96,7 @@ void format_values(std::string& out, const std::vector<T>& values, const Shape& 
     }
     if (dim == shape.dim() - 1) {
       const T v = values[static_cast<size_t>(offset + i)];
-      if constexpr (std::is_floating_point_v<T>) {
+      if constexpr (!std::is_same_v<T, int64_t>) {  // the floats, 16-bit ones as float
         out += fmt::format("{:.4g}", v);
       } else {
         out += fmt::format("{}", v);
@@ -112,6 +116,8 @@ std::string Tensor::str() const {
     case DType::Float32: format_values(values, to_vector<float>(), shape(), 0, 0, numel()); break;
     case DType::Float64: format_values(values, to_vector<double>(), shape(), 0, 0, numel()); break;
     case DType::Int64: format_values(values, to_vector<int64_t>(), shape(), 0, 0, numel()); break;
+    case DType::BFloat16: format_values(values, to_vector<bfloat16>(), shape(), 0, 0, numel()); break;
+    case DType::Float16: format_values(values, to_vector<float16>(), shape(), 0, 0, numel()); break;
   }
   std::string extra;
   if (dtype() != DType::Float32) extra += fmt::format(", dtype={}", dtype());
@@ -122,8 +128,8 @@ std::string Tensor::str() const {
 
 Tensor& Tensor::set_requires_grad(bool requires_grad) {
   MG_CHECK(!requires_grad || is_floating_point(dtype()),
-           "set_requires_grad: only floating-point tensors (float32, float64) can require "
-           "gradients, got {}",
+           "set_requires_grad: only floating-point tensors (float32, float64, bfloat16, "
+           "float16) can require gradients, got {}",
            dtype());
   MG_CHECK(is_leaf() || requires_grad,
            "set_requires_grad: cannot turn off gradients of a non-leaf tensor; use detach()");

@@ -102,6 +102,8 @@ class Tensor {
   }
 
   // ---- values (copies to the host when needed; waits for the device) ----
+  // T is the tensor's element type (float, double, int64_t, bfloat16, float16: a 16-bit
+  // value converts to float implicitly); to(DType::Float32) first for another type.
   template <typename T>
   T item() const;
   template <typename T>
@@ -218,6 +220,13 @@ Tensor from_vector(const std::vector<float>& values, const Shape& shape,
 Tensor from_vector(const std::vector<double>& values, const Shape& shape,
                    Device device = Device::cpu());
 Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
+                   Device device = Device::cpu());
+Tensor from_vector(const std::vector<bfloat16>& values, const Shape& shape,
+                   Device device = Device::cpu());
+Tensor from_vector(const std::vector<float16>& values, const Shape& shape,
+                   Device device = Device::cpu());
+// float values rounded to `dtype` (any floating dtype: torch.tensor(values, dtype=...)).
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType dtype,
                    Device device = Device::cpu());
 Tensor scalar_tensor(double value, DType dtype = DType::Float32, Device device = Device::cpu());
 // Random tensors from the default generator (seed it with manual_seed).

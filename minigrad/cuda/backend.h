@@ -52,6 +52,8 @@ class CudaBackend final : public Backend {
   void arange(const Tensor& dst, double start, double step) override;
   void random_uniform(const Tensor& dst, double low, double high, uint64_t seed,
                       uint64_t offset) override;
+  void round_stochastic(const Tensor& out, const Tensor& in, uint64_t seed,
+                        uint64_t offset) override;
   void random_normal(const Tensor& dst, double mean, double stddev, uint64_t seed,
                      uint64_t offset) override;
 

@@ -2,6 +2,7 @@
 #include <minigrad/core/ops.h>
 #include <minigrad/cuda/backend.h>
 #include <minigrad/cuda/layout.h>
+#include <minigrad/cuda/widen.h>
 
 namespace mg::cuda {
 
@@ -26,6 +27,11 @@ void CudaBackend::arange(const Tensor& dst, double start, double step) {
 
 void CudaBackend::random_uniform(const Tensor& dst, double low, double high, uint64_t seed,
                                  uint64_t offset) {
+  if (is_reduced_float(dst.dtype())) {  // float32's draws, rounded (as on the CPU)
+    const Tensor wide = float32_stand_in(dst);
+    random_uniform(wide, low, high, seed, offset);
+    return round_into(dst, wide);
+  }
   require_float32("random_uniform", dst);
   MG_CHECK(dst.is_contiguous() && dst.dtype() == DType::Float32,
            "random_uniform on CUDA: expected a contiguous float32 destination");
@@ -38,6 +44,11 @@ void CudaBackend::random_uniform(const Tensor& dst, double low, double high, uin
 
 void CudaBackend::random_normal(const Tensor& dst, double mean, double stddev, uint64_t seed,
                                 uint64_t offset) {
+  if (is_reduced_float(dst.dtype())) {
+    const Tensor wide = float32_stand_in(dst);
+    random_normal(wide, mean, stddev, seed, offset);
+    return round_into(dst, wide);
+  }
   require_float32("random_normal", dst);
   MG_CHECK(dst.is_contiguous() && dst.dtype() == DType::Float32,
            "random_normal on CUDA: expected a contiguous float32 destination");
@@ -45,6 +56,19 @@ void CudaBackend::random_normal(const Tensor& dst, double mean, double stddev, u
   kernels::random_normal(static_cast<float*>(dst.data_ptr()), dst.numel(),
                          static_cast<float>(mean), static_cast<float>(stddev), seed, offset,
                          scope.stream());
+}
+
+void CudaBackend::round_stochastic(const Tensor& out, const Tensor& in, uint64_t seed,
+                                   uint64_t offset) {
+  MG_CHECK(in.dtype() == DType::Float32 && is_reduced_float(out.dtype()) && in.is_contiguous() &&
+               out.is_contiguous(),
+           "round_stochastic on CUDA: expected a contiguous float32 input and a contiguous "
+           "bfloat16 or float16 output, got {} and {}",
+           in.dtype(), out.dtype());
+  OpScope scope(out);
+  kernels::round_stochastic(element_type(out.dtype()), out.data_ptr(),
+                            static_cast<const float*>(in.data_ptr()), out.numel(), seed, offset,
+                            scope.stream());
 }
 
 }  // namespace mg::cuda

@@ -4,6 +4,7 @@
 #include <minigrad/cuda/backend.h>
 #include <minigrad/cuda/layout.h>
 #include <minigrad/cuda/target_check.h>
+#include <minigrad/cuda/widen.h>
 
 namespace mg::cuda {
 namespace {
@@ -69,7 +70,7 @@ kernels::SumPlan sum_plan(const Tensor& out, const Tensor& in) {
 void CudaBackend::unary(UnaryOp op, const Tensor& out, const Tensor& in) {
   MG_CHECK(out.dtype() != DType::Int64 || op == UnaryOp::Neg || op == UnaryOp::Relu ||
                op == UnaryOp::Abs,
-           "{} on CUDA: expected float32 or float64, got {}", op_name(op), out.dtype());
+           "{} on CUDA: expected a floating-point tensor, got {}", op_name(op), out.dtype());
   OpScope scope(out);
   const auto layout = strided_layout<2>(op_name(op), out.shape(), {out, in});
   kernels::unary(unary_kind(op), element_type(out.dtype()), out.data_ptr(), in.data_ptr(), layout,
@@ -94,7 +95,7 @@ void CudaBackend::binary_scalar(BinaryOp op, const Tensor& out, const Tensor& in
 
 void CudaBackend::relu_backward(const Tensor& grad_in, const Tensor& grad_out,
                                 const Tensor& input) {
-  MG_CHECK(is_floating_point(input.dtype()), "relu_backward on CUDA: expected float32 or float64, got {}",
+  MG_CHECK(is_floating_point(input.dtype()), "relu_backward on CUDA: expected a floating-point tensor, got {}",
            input.dtype());
   OpScope scope(grad_in);
   const auto layout = strided_layout<3>("relu_backward", grad_in.shape(), {grad_in, grad_out, input});
@@ -105,6 +106,11 @@ void CudaBackend::relu_backward(const Tensor& grad_in, const Tensor& grad_out,
 // ---- reductions ----
 
 void CudaBackend::sum(const Tensor& out, const Tensor& in) {
+  if (is_reduced_float(in.dtype())) {  // accumulated in float32 (cuda/widen.h)
+    const Tensor wide = float32_stand_in(out);
+    sum(wide, widen(in));
+    return round_into(out, wide);
+  }
   MG_CHECK(out.is_contiguous() && out.dim() == in.dim(),
            "sum on CUDA: expected a contiguous keepdim output, got shape {} for input {}",
            out.shape(), in.shape());
@@ -116,6 +122,7 @@ void CudaBackend::sum(const Tensor& out, const Tensor& in) {
 }
 
 void CudaBackend::argmax(const Tensor& out, const Tensor& in) {
+  if (is_reduced_float(in.dtype())) return argmax(out, widen(in));  // widening is exact
   OpScope scope(out);
   kernels::argmax_rows(element_type(in.dtype()), static_cast<int64_t*>(out.data_ptr()),
                        in.data_ptr(), in.size(0), in.size(1), in.stride(0), in.stride(1),
@@ -123,6 +130,11 @@ void CudaBackend::argmax(const Tensor& out, const Tensor& in) {
 }
 
 void CudaBackend::abs_max(const Tensor& out, const Tensor& in) {
+  if (is_reduced_float(in.dtype())) {
+    const Tensor wide = float32_stand_in(out);
+    abs_max(wide, widen(in));
+    return round_into(out, wide);  // exact: the largest magnitude is one of the inputs
+  }
   require_float32("abs_max", in);
   MG_CHECK(in.is_contiguous() && in.numel() > 0,
            "abs_max on CUDA: expected a contiguous, non-empty input, got shape {}", in.shape());
@@ -134,6 +146,11 @@ void CudaBackend::abs_max(const Tensor& out, const Tensor& in) {
 // ---- softmax and cross-entropy ----
 
 void CudaBackend::log_softmax(const Tensor& out, const Tensor& in) {
+  if (is_reduced_float(in.dtype())) {
+    const Tensor wide = float32_stand_in(out);
+    log_softmax(wide, widen(in));
+    return round_into(out, wide);
+  }
   require_float32("log_softmax", in);
   MG_CHECK(out.is_contiguous(), "log_softmax on CUDA: expected a contiguous output");
   OpScope scope(out);
@@ -143,6 +160,11 @@ void CudaBackend::log_softmax(const Tensor& out, const Tensor& in) {
 
 void CudaBackend::log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
                                        const Tensor& output) {
+  if (is_reduced_float(output.dtype())) {
+    const Tensor wide = float32_stand_in(grad_in);
+    log_softmax_backward(wide, widen(grad_out), widen(output));
+    return round_into(grad_in, wide);
+  }
   require_float32("log_softmax_backward", output);
   MG_CHECK(grad_in.is_contiguous(), "log_softmax_backward on CUDA: expected a contiguous output");
   OpScope scope(grad_in);
@@ -165,6 +187,11 @@ kernels::CrossEntropyParams cross_entropy_params(const CrossEntropyOptions& opti
 
 void CudaBackend::cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets,
                                 const CrossEntropyOptions& options) {
+  if (is_reduced_float(logits.dtype())) {
+    const Tensor wide = float32_stand_in(loss);
+    cross_entropy(wide, widen(logits), targets, options);
+    return round_into(loss, wide);
+  }
   require_float32("cross_entropy", logits);
   MG_CHECK(loss.is_contiguous(), "cross_entropy on CUDA: expected a contiguous output");
   OpScope scope(loss);
@@ -185,6 +212,11 @@ void CudaBackend::cross_entropy(const Tensor& loss, const Tensor& logits, const 
 void CudaBackend::cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
                                          const Tensor& logits, const Tensor& targets,
                                          const CrossEntropyOptions& options) {
+  if (is_reduced_float(logits.dtype())) {
+    const Tensor wide = float32_stand_in(grad_logits);
+    cross_entropy_backward(wide, widen(grad_loss), widen(logits), targets, options);
+    return round_into(grad_logits, wide);
+  }
   require_float32("cross_entropy_backward", logits);
   const kernels::CrossEntropyParams params = cross_entropy_params(options);
   const bool per_row = params.reduction == kernels::LossReduction::None;

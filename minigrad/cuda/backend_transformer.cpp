@@ -1,6 +1,7 @@
-// CudaBackend: the transformer's ops (core/backend.h), float32 and float64. Tensors become
-// the plain layouts of kernels/transformer.h; the batched matmul is one cuBLAS strided
-// batched GEMM.
+// CudaBackend: the transformer's ops (core/backend.h), float32 and float64, and bfloat16
+// and float16 (natively where kernels/transformer.h says, else through float32 copies:
+// cuda/widen.h). Tensors become the plain layouts of kernels/transformer.h; the batched
+// matmul is one cuBLAS strided batched GEMM.
 #include <climits>
 #include <vector>
 
@@ -10,13 +11,20 @@
 #include <minigrad/cuda/check.h>
 #include <minigrad/cuda/kernels/transformer.h>
 #include <minigrad/cuda/layout.h>
+#include <minigrad/cuda/widen.h>
 
 namespace mg::cuda {
 namespace {
 
 kernels::FloatType float_type(DType dtype, const char* op) {
-  MG_CHECK(is_floating_point(dtype), "{} on CUDA: expected float32 or float64, got {}", op, dtype);
-  return dtype == DType::Float64 ? kernels::FloatType::Float64 : kernels::FloatType::Float32;
+  switch (dtype) {
+    case DType::Float32: return kernels::FloatType::Float32;
+    case DType::Float64: return kernels::FloatType::Float64;
+    case DType::BFloat16: return kernels::FloatType::BFloat16;
+    case DType::Float16: return kernels::FloatType::Float16;
+    default: break;
+  }
+  MG_FAIL("{} on CUDA: expected a floating-point tensor, got {}", op, dtype);
 }
 
 kernels::AnyType any_type(DType dtype) {
@@ -24,6 +32,8 @@ kernels::AnyType any_type(DType dtype) {
     case DType::Float32: return kernels::AnyType::Float32;
     case DType::Float64: return kernels::AnyType::Float64;
     case DType::Int64: return kernels::AnyType::Int64;
+    case DType::BFloat16: return kernels::AnyType::BFloat16;
+    case DType::Float16: return kernels::AnyType::Float16;
   }
   MG_FAIL("CUDA: unknown dtype");
 }
@@ -99,8 +109,8 @@ void CudaBackend::bmm(const Tensor& out, const Tensor& a, const Tensor& b) {
     plan = gemm_plan(m, k, n, a3.stride(1), a3.stride(2), b3.stride(1), b3.stride(2));
   }
   const bool is_double = out.dtype() == DType::Float64;
-  const cudaDataType_t type = is_double ? CUDA_R_64F : CUDA_R_32F;
-  const cublasComputeType_t compute = is_double ? CUBLAS_COMPUTE_64F : gemm_compute_type();
+  const cudaDataType_t type = cublas_data_type(out.dtype());
+  const cublasComputeType_t compute = gemm_compute_type(out.dtype());
   const double alpha64 = 1.0, beta64 = 0.0;
   const float alpha32 = 1.0f, beta32 = 0.0f;
   const void* alpha = is_double ? static_cast<const void*>(&alpha64) : &alpha32;
@@ -116,6 +126,11 @@ void CudaBackend::bmm(const Tensor& out, const Tensor& a, const Tensor& b) {
 }
 
 void CudaBackend::softmax(const Tensor& out, const Tensor& in) {
+  if (is_reduced_float(in.dtype())) {
+    const Tensor wide = float32_stand_in(out);
+    softmax(wide, widen(in));
+    return round_into(out, wide);
+  }
   OpScope scope(out);
   const Tensor x = ops::contiguous(in);
   kernels::softmax(float_type(in.dtype(), "softmax"), out.data_ptr(), x.data_ptr(), in.size(0),
@@ -124,6 +139,11 @@ void CudaBackend::softmax(const Tensor& out, const Tensor& in) {
 
 void CudaBackend::softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
                                    const Tensor& output) {
+  if (is_reduced_float(output.dtype())) {
+    const Tensor wide = float32_stand_in(grad_in);
+    softmax_backward(wide, widen(grad_out), widen(output));
+    return round_into(grad_in, wide);
+  }
   OpScope scope(grad_in);
   const Tensor g = ops::contiguous(grad_out), y = ops::contiguous(output);
   kernels::softmax_backward(float_type(output.dtype(), "softmax_backward"), grad_in.data_ptr(),
@@ -134,6 +154,11 @@ void CudaBackend::softmax_backward(const Tensor& grad_in, const Tensor& grad_out
 void CudaBackend::layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                              const Tensor& in, const Tensor& weight, const Tensor& bias,
                              double eps) {
+  if (is_reduced_float(in.dtype())) {  // mean and rstd are float32 already (compute_dtype)
+    const Tensor wide = float32_stand_in(out);
+    layer_norm(wide, mean, rstd, widen(in), widen(weight), widen(bias), eps);
+    return round_into(out, wide);
+  }
   OpScope scope(out);
   kernels::layer_norm(float_type(in.dtype(), "layer_norm"), out.data_ptr(), mean.data_ptr(),
                       rstd.data_ptr(), in.data_ptr(), data_or_null(weight), data_or_null(bias),
@@ -144,6 +169,14 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& grad_
                                       const Tensor& grad_bias, const Tensor& grad_out,
                                       const Tensor& in, const Tensor& mean, const Tensor& rstd,
                                       const Tensor& weight) {
+  if (is_reduced_float(in.dtype())) {
+    const Tensor gi = float32_stand_in(grad_in), gw = float32_stand_in(grad_weight),
+                 gb = float32_stand_in(grad_bias);
+    layer_norm_backward(gi, gw, gb, widen(grad_out), widen(in), mean, rstd, widen(weight));
+    round_into(grad_in, gi);
+    round_into(grad_weight, gw);
+    return round_into(grad_bias, gb);
+  }
   OpScope scope(grad_in);
   kernels::layer_norm_backward(float_type(in.dtype(), "layer_norm_backward"), grad_in.data_ptr(),
                                mutable_data_or_null(grad_weight), mutable_data_or_null(grad_bias),
@@ -171,6 +204,11 @@ void CudaBackend::embedding(const Tensor& out, const Tensor& weight, const Tenso
 
 void CudaBackend::embedding_backward(const Tensor& grad_weight, const Tensor& grad_out,
                                      const Tensor& indices) {
+  if (is_reduced_float(grad_weight.dtype())) {  // summed in float32, rounded once
+    const Tensor wide = float32_stand_in(grad_weight, /*keep_values=*/true);
+    embedding_backward(wide, widen(grad_out), indices);
+    return round_into(grad_weight, wide);
+  }
   OpScope scope(grad_weight);
   kernels::embedding_backward(float_type(grad_weight.dtype(), "embedding_backward"),
                               grad_weight.data_ptr(), grad_out.data_ptr(),
@@ -194,6 +232,11 @@ kernels::AttentionShape attention_shape(const Tensor& q, const Tensor& k, const 
 void CudaBackend::attention(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                             const Tensor& v, double scale, bool causal, double dropout_p,
                             uint64_t seed, uint64_t offset) {
+  if (is_reduced_float(q.dtype())) {  // lse is float32 already (compute_dtype)
+    const Tensor wide = float32_stand_in(out);
+    attention(wide, lse, widen(q), widen(k), widen(v), scale, causal, dropout_p, seed, offset);
+    return round_into(out, wide);
+  }
   OpScope scope(out);
   kernels::attention(float_type(q.dtype(), "scaled_dot_product_attention"), out.data_ptr(),
                      lse.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
@@ -207,6 +250,15 @@ void CudaBackend::attention_backward(const Tensor& grad_q, const Tensor& grad_k,
                                      const Tensor& out, const Tensor& lse, double scale,
                                      bool causal, double dropout_p, uint64_t seed,
                                      uint64_t offset) {
+  if (is_reduced_float(q.dtype())) {
+    const Tensor gq = float32_stand_in(grad_q), gk = float32_stand_in(grad_k),
+                 gv = float32_stand_in(grad_v);
+    attention_backward(gq, gk, gv, widen(grad_out), widen(q), widen(k), widen(v), widen(out), lse,
+                       scale, causal, dropout_p, seed, offset);
+    round_into(grad_q, gq);
+    round_into(grad_k, gk);
+    return round_into(grad_v, gv);
+  }
   OpScope scope(grad_q);
   DeviceScratch delta(scope.device(), static_cast<std::size_t>(lse.numel()) * element_size(q.dtype()));
   kernels::attention_backward(float_type(q.dtype(), "scaled_dot_product_attention backward"),

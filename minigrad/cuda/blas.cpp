@@ -132,27 +132,44 @@ cublasComputeType_t gemm_compute_type() {
   return allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
+cublasComputeType_t gemm_compute_type(DType dtype) {
+  if (dtype == DType::Float64) return CUBLAS_COMPUTE_64F;
+  if (is_reduced_float(dtype)) return CUBLAS_COMPUTE_32F;
+  return gemm_compute_type();
+}
+
+cudaDataType_t cublas_data_type(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return CUDA_R_32F;
+    case DType::Float64: return CUDA_R_64F;
+    case DType::BFloat16: return CUDA_R_16BF;
+    case DType::Float16: return CUDA_R_16F;
+    default: break;
+  }
+  MG_FAIL("matmul on CUDA: no cuBLAS type for {}", dtype);
+}
+
 void gemm_ex(cublasHandle_t handle, const GemmPlan& plan, const Tensor& out, const Tensor& a,
              const Tensor& b, float beta, const char* op) {
-  // float64 computes in double (CUBLAS_COMPUTE_64F), with alpha and beta as doubles.
+  // float64 computes in double (CUBLAS_COMPUTE_64F), with alpha and beta as doubles; the
+  // others (float32, and the 16-bit floats with float32 compute) take float scalars.
   const bool is_double = out.dtype() == DType::Float64;
   const float alpha32 = 1.0f;
   const double alpha64 = 1.0, beta64 = beta;
   const void* alpha = is_double ? static_cast<const void*>(&alpha64) : &alpha32;
   const void* beta_ptr = is_double ? static_cast<const void*>(&beta64) : &beta;
-  const cudaDataType_t type = is_double ? CUDA_R_64F : CUDA_R_32F;
+  const cudaDataType_t type = cublas_data_type(out.dtype());
   MG_CUBLAS_CHECK(cublasGemmEx(
       handle, operation(plan.lhs), operation(plan.rhs), checked_int(plan.gemm_m, op, "n"),
       checked_int(plan.gemm_n, op, "m"), checked_int(plan.gemm_k, op, "k"), alpha, b.data_ptr(),
       type, checked_int(plan.lhs.ld, op, "leading dimension"), a.data_ptr(), type,
       checked_int(plan.rhs.ld, op, "leading dimension"), beta_ptr, out.data_ptr(), type,
-      checked_int(plan.ldc, op, "n"), is_double ? CUBLAS_COMPUTE_64F : gemm_compute_type(),
-      CUBLAS_GEMM_DEFAULT));
+      checked_int(plan.ldc, op, "n"), gemm_compute_type(out.dtype()), CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaBackend::matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
   MG_CHECK(out.is_contiguous() && is_floating_point(out.dtype()),
-           "matmul on CUDA: expected a contiguous float32 or float64 output");
+           "matmul on CUDA: expected a contiguous floating-point output");
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (m == 0 || n == 0) return;
   if (k == 0) {  // an empty sum: cuBLAS would leave `out` untouched

@@ -33,6 +33,14 @@ BlasContext blas_context(int device, cudaStream_t stream);
 
 // CUBLAS_COMPUTE_32F, or its TF32 variant when set_allow_tf32(true) asked for it.
 cublasComputeType_t gemm_compute_type();
+// The compute type of a GEMM of `dtype` operands: CUBLAS_COMPUTE_64F for float64,
+// gemm_compute_type() for float32, and CUBLAS_COMPUTE_32F for bfloat16 and float16 (16-bit
+// inputs and outputs, products and sums in float32: PyTorch's default, and TF32 does not
+// apply to them).
+cublasComputeType_t gemm_compute_type(DType dtype);
+// The cudaDataType_t of a GEMM operand of `dtype` (CUDA_R_32F, CUDA_R_64F, CUDA_R_16BF,
+// CUDA_R_16F); mg::Error for int64.
+cudaDataType_t cublas_data_type(DType dtype);
 
 // out = a @ b + beta * out with one cublasGemmEx call laid out by `plan` (operands
 // already packed where the plan says so; out contiguous, k > 0).

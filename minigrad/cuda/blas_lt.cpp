@@ -54,13 +54,14 @@ struct ProblemKey {
   bool transpose_a = false, transpose_b = false;
   int64_t lda = 0, ldb = 0, ldc = 0;
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  cudaDataType_t type = CUDA_R_32F;  // of A, B, C, D and the bias (float32, bfloat16, float16)
   uint32_t align_a = 0, align_b = 0, align_c = 0, align_bias = 0;
   size_t workspace_bytes = 0;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;  // the only one used (see the top)
 
   auto tied() const {
-    return std::tie(device, m, n, k, transpose_a, transpose_b, lda, ldb, ldc, compute, align_a,
-                    align_b, align_c, align_bias, workspace_bytes, epilogue);
+    return std::tie(device, m, n, k, transpose_a, transpose_b, lda, ldb, ldc, compute, type,
+                    align_a, align_b, align_c, align_bias, workspace_bytes, epilogue);
   }
   bool operator<(const ProblemKey& other) const { return tied() < other.tied(); }
 };
@@ -104,9 +105,9 @@ void set_preference(cublasLtMatmulPreference_t preference,
 }
 
 // A column-major matrix layout: `rows` x `cols` as stored (before any transpose).
-cublasLtMatrixLayout_t matrix_layout(int64_t rows, int64_t cols, int64_t ld) {
+cublasLtMatrixLayout_t matrix_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
   cublasLtMatrixLayout_t layout = nullptr;
-  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, static_cast<uint64_t>(rows),
+  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows),
                                              static_cast<uint64_t>(cols), ld));
   return layout;
 }
@@ -125,12 +126,13 @@ std::unique_ptr<ProblemPlan> make_plan(const ProblemKey& key, cublasLtHandle_t l
   set_operation_attribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE,
                           static_cast<uint32_t>(key.epilogue));
   set_operation_attribute(plan->operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-  // Stored shapes: op(A) is m x k, op(B) is k x n, C = D is m x n.
-  plan->a_layout = key.transpose_a ? matrix_layout(key.k, key.m, key.lda)
-                                   : matrix_layout(key.m, key.k, key.lda);
-  plan->b_layout = key.transpose_b ? matrix_layout(key.n, key.k, key.ldb)
-                                   : matrix_layout(key.k, key.n, key.ldb);
-  plan->c_layout = matrix_layout(key.m, key.n, key.ldc);
+  // Stored shapes: op(A) is m x k, op(B) is k x n, C = D is m x n. The scale type (alpha,
+  // beta) is float32 for every operand type; the bias takes D's type (cuBLASLt's default).
+  plan->a_layout = key.transpose_a ? matrix_layout(key.type, key.k, key.m, key.lda)
+                                   : matrix_layout(key.type, key.m, key.k, key.lda);
+  plan->b_layout = key.transpose_b ? matrix_layout(key.type, key.n, key.k, key.ldb)
+                                   : matrix_layout(key.type, key.k, key.n, key.ldb);
+  plan->c_layout = matrix_layout(key.type, key.m, key.n, key.ldc);
 
   cublasLtMatmulPreference_t preference = nullptr;
   MG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -180,7 +182,7 @@ bool worth_asking(const GemmPlan& plan) { return plan.gemm_k > 1 && plan.gemm_m 
 
 uint32_t alignment_of(const Tensor& t, int64_t ld) {
   return gemm_alignment_bytes(reinterpret_cast<uintptr_t>(t.data_ptr()), ld,
-                              static_cast<int64_t>(sizeof(float)));
+                              static_cast<int64_t>(element_size(t.dtype())));
 }
 
 // out = a @ b + bias (the `epilogue`) in one cublasLtMatmul; false (nothing done) when
@@ -200,7 +202,8 @@ bool fused_addmm(const BlasContext& blas, int device, cudaStream_t stream, const
   key.lda = plan.lhs.ld;
   key.ldb = plan.rhs.ld;
   key.ldc = plan.ldc;
-  key.compute = gemm_compute_type();
+  key.compute = gemm_compute_type(out.dtype());
+  key.type = cublas_data_type(out.dtype());
   key.align_a = alignment_of(b, plan.lhs.ld);
   key.align_b = alignment_of(a, plan.rhs.ld);
   key.align_c = alignment_of(out, plan.ldc);
@@ -243,10 +246,10 @@ namespace {
 void addmm_cuda(CudaBackend& backend, const Tensor& out, const Tensor& bias, const Tensor& a,
                 const Tensor& b, bool relu) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  MG_CHECK(out.is_contiguous() && out.dtype() == DType::Float32 && bias.is_contiguous() &&
-               bias.dim() == 1 && bias.size(0) == n,
-           "{} on CUDA: expected a contiguous float32 output and a contiguous bias of shape "
-           "[{}], got {} and {}",
+  MG_CHECK(out.is_contiguous() && (out.dtype() == DType::Float32 || is_reduced_float(out.dtype())) &&
+               bias.is_contiguous() && bias.dim() == 1 && bias.size(0) == n,
+           "{} on CUDA: expected a contiguous float32, bfloat16 or float16 output and a "
+           "contiguous bias of shape [{}], got {} and {}",
            relu ? "addmm_relu" : "addmm", n, out.shape(), bias.shape());
   if (m == 0 || n == 0) return;
   OpScope scope(out);
@@ -274,7 +277,7 @@ void addmm_cuda(CudaBackend& backend, const Tensor& out, const Tensor& bias, con
 }  // namespace
 
 // float64 takes the unfused default (a double GEMM, then the bias add); cuBLASLt's
-// epilogues here are set up for float32.
+// epilogues here are set up for float32, bfloat16 and float16 (float32 compute).
 void CudaBackend::addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) {
   if (out.dtype() == DType::Float64) return Backend::addmm(out, bias, a, b);
   addmm_cuda(*this, out, bias, a, b, /*relu=*/false);

@@ -13,6 +13,8 @@ inline kernels::ElementType element_type(DType dtype) {
     case DType::Float32: return kernels::ElementType::Float32;
     case DType::Float64: return kernels::ElementType::Float64;
     case DType::Int64: return kernels::ElementType::Int64;
+    case DType::BFloat16: return kernels::ElementType::BFloat16;
+    case DType::Float16: return kernels::ElementType::Float16;
   }
   MG_FAIL("CUDA: unknown dtype");
 }

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include <minigrad/autograd/autocast.h>
 #include <minigrad/autograd/engine.h>
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/autograd/node.h>
@@ -46,8 +47,10 @@ struct GeneratorStateScope {
 
 class CheckpointBackward final : public Node {
  public:
-  CheckpointBackward(CheckpointFunction fn, Tensor input, Generator::State rng)
-      : Node("CheckpointBackward"), fn_(std::move(fn)), input_(std::move(input)), rng_(rng) {}
+  CheckpointBackward(CheckpointFunction fn, Tensor input, Generator::State rng,
+                     AutocastState autocast)
+      : Node("CheckpointBackward"), fn_(std::move(fn)), input_(std::move(input)), rng_(rng),
+        autocast_(autocast) {}
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override {
     MG_CHECK(fn_ != nullptr,
@@ -68,6 +71,8 @@ class CheckpointBackward final : public Node {
       // dropout masks (a checkpoint that forgot to preserve the RNG state).
       if (testing::fault_is_on(testing::Fault::CheckpointFreshDropout)) state = gen.state();
       GeneratorStateScope same_masks(gen, state);
+      // The forward's autocast regions: the rerun casts as forward did (torch's checkpoint too).
+      AutocastStateGuard same_casts(autocast_);
       y = fn_(x);
     }
     if (y.requires_grad()) {
@@ -91,6 +96,7 @@ class CheckpointBackward final : public Node {
   CheckpointFunction fn_;
   Tensor input_;
   Generator::State rng_;
+  AutocastState autocast_;
 };
 
 }  // namespace
@@ -107,7 +113,7 @@ Tensor checkpoint(CheckpointFunction fn, const Tensor& input) {
   }
   MG_CHECK(y.defined(), "checkpoint: the function returned an undefined tensor");
   // The output's values are forward's; its history is the node that reruns the region.
-  auto node = std::make_shared<CheckpointBackward>(std::move(fn), input.detach(), rng);
+  auto node = std::make_shared<CheckpointBackward>(std::move(fn), input.detach(), rng, autocast_state());
   Tensor out = alias_for_node(y);
   connect_node(node, {input}, {out});
   return out;

@@ -268,7 +268,8 @@ void Module::to(Device device) {
 
 void Module::to(DType dtype) {
   MG_CHECK(is_floating_point(dtype),
-           "Module::to: only floating-point dtypes (float32, float64) are accepted, got {}; "
+           "Module::to: only floating-point dtypes (float32, float64, bfloat16, float16) are "
+           "accepted, got {}; "
            "integer buffers keep their dtype whatever the module's (torch: \"nn.Module.to only "
            "accepts floating point or complex dtypes\")",
            dtype);

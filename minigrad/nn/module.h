@@ -104,7 +104,8 @@ class Module {
   // Moves every parameter and buffer to `device` in place (parameters stay leaves and
   // keep requires_grad; existing gradients move with them). Tied parameters stay tied.
   void to(Device device);
-  // Converts every floating-point parameter and buffer to `dtype` (float32 or float64) in
+  // Converts every floating-point parameter and buffer to `dtype` (any float: bfloat16 for
+  // a model trained in 16 bits through optim::MasterWeights) in
   // place, as torch's module.to(dtype): parameters stay leaves and keep requires_grad,
   // existing gradients are converted with them, int64 buffers are left as they are, and a
   // tensor registered under several names (a tied weight) stays one tensor. mg::Error for

@@ -30,11 +30,16 @@ using json = nlohmann::json;
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr const char* kMetadataKey = "__metadata__";
 
+// safetensors' dtype strings (and torch's: torch.bfloat16 is "BF16", torch.float16 "F16",
+// as the safetensors package writes them; the bytes are the IEEE / bfloat16 bit patterns,
+// little-endian, as torch holds them in memory).
 const char* dtype_code(DType dtype) {
   switch (dtype) {
     case DType::Float32: return "F32";
     case DType::Float64: return "F64";
     case DType::Int64: return "I64";
+    case DType::BFloat16: return "BF16";
+    case DType::Float16: return "F16";
   }
   MG_FAIL("save: unknown dtype");
 }
@@ -45,7 +50,26 @@ int64_t count_non_finite(const Tensor& t, int64_t& first) {
   const T* v = t.data<T>();
   int64_t count = 0;
   for (int64_t i = 0; i < t.numel(); ++i)
-    if (!std::isfinite(v[i]) && count++ == 0) first = i;
+    if (!std::isfinite(static_cast<double>(v[i])) && count++ == 0) first = i;
+  return count;
+}
+
+// count_non_finite for a float tensor of any dtype, with its first bad value as stored.
+int64_t count_non_finite(const Tensor& t, int64_t& first, std::string& first_value) {
+  int64_t count = 0;
+  switch (t.dtype()) {
+    case DType::Float64: count = count_non_finite<double>(t, first); break;
+    case DType::BFloat16: count = count_non_finite<bfloat16>(t, first); break;
+    case DType::Float16: count = count_non_finite<float16>(t, first); break;
+    default: count = count_non_finite<float>(t, first); break;
+  }
+  if (count == 0) return 0;
+  switch (t.dtype()) {
+    case DType::Float64: first_value = fmt::format("{}", t.data<double>()[first]); break;
+    case DType::BFloat16: first_value = fmt::format("{}", t.data<bfloat16>()[first]); break;
+    case DType::Float16: first_value = fmt::format("{}", t.data<float16>()[first]); break;
+    default: first_value = fmt::format("{}", t.data<float>()[first]); break;
+  }
   return count;
 }
 
@@ -119,14 +143,11 @@ void check_finite(const char* op, const std::string& path, const TensorDict& ten
   for (const auto& [name, t] : tensors) {
     if (!is_floating_point(t.dtype())) continue;
     int64_t first = -1;
-    const int64_t count = t.dtype() == DType::Float64 ? count_non_finite<double>(t, first)
-                                                      : count_non_finite<float>(t, first);
+    // The first bad value as it is stored (a float prints as float, a double as double).
+    std::string value;
+    const int64_t count = count_non_finite(t, first, value);
     if (count == 0) continue;
     ++bad_tensors;
-    // The first bad value as it is stored (a float prints as float, a double as double).
-    const std::string value = t.dtype() == DType::Float64
-                                  ? fmt::format("{}", t.data<double>()[first])
-                                  : fmt::format("{}", t.data<float>()[first]);
     list += fmt::format("\n  '{}' (shape {}): {} of {} values, the first {} at index {}", name,
                         t.shape(), count, t.numel(), value, first);
   }
@@ -262,8 +283,13 @@ Checkpoint decode(const char* op, const std::string& path, const LoadOptions& op
       dtype = DType::Float64;
     } else if (code == "I64") {
       dtype = DType::Int64;
+    } else if (code == "BF16") {
+      dtype = DType::BFloat16;
+    } else if (code == "F16") {
+      dtype = DType::Float16;
     } else {
-      corrupt(op, path, fmt::format("tensor '{}' has dtype {}; minigrad reads F32, F64 and I64",
+      corrupt(op, path, fmt::format("tensor '{}' has dtype {}; minigrad reads F32, F64, BF16, "
+                                    "F16 and I64",
                                     name, code.dump()));
     }
 

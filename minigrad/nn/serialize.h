@@ -2,7 +2,7 @@
 // so that a PyTorch user can open them with `safetensors.torch.load_file`:
 //
 //   8 bytes     N, the header length, unsigned little-endian
-//   N bytes     JSON: {"<name>": {"dtype": "F32"|"I64", "shape": [..],
+//   N bytes     JSON: {"<name>": {"dtype": "F32"|"F64"|"BF16"|"F16"|"I64", "shape": [..],
 //                                 "data_offsets": [begin, end]}, ...,
 //                      "__metadata__": {"<key>": "<string>", ...}}
 //               padded with spaces to a multiple of 8 bytes

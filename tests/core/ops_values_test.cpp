@@ -124,7 +124,7 @@ TEST_CASE("abs_max: the largest magnitude, NaN wins, 0 when empty, strided input
       ops::abs_max(from_vector(std::vector<float>{1.0f, std::nanf(""), INFINITY}, {3}))
           .item<float>()));
   REQUIRE_THROWS_WITH(ops::abs_max(arange(3.0)),
-                      MG_CONTAINS("abs_max: expected a floating-point tensor (float32 or float64), got int64"));
+                      MG_CONTAINS("abs_max: expected a floating-point tensor (float32, float64, bfloat16 or float16), got int64"));
 }
 
 TEST_CASE("elementwise ops read strided and broadcast views correctly") {

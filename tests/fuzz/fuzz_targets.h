@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <minigrad/core/error.h>
+#include <minigrad/core/ops.h>
 #include <minigrad/data/idx.h>
 #include <minigrad/data/token_file.h>
 #include <minigrad/nn/layers.h>
@@ -126,8 +127,8 @@ inline void safetensors_one_input(const uint8_t* data, std::size_t size) {
   try {
     const nn::Checkpoint checkpoint = nn::load_tensors(file.path());
     for (const auto& [name, tensor] : checkpoint.tensors)
-      if (tensor.dtype() == DType::Float32)
-        for (float v : tensor.to_vector<float>()) MG_FUZZ_ASSERT(std::isfinite(v));
+      if (tensor.dtype() == DType::Float32 || is_reduced_float(tensor.dtype()))
+        for (float v : mg::ops::to_dtype(tensor, DType::Float32).to_vector<float>()) MG_FUZZ_ASSERT(std::isfinite(v));
   } catch (const mg::Error&) {
   }
   try {

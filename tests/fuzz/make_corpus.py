@@ -51,6 +51,11 @@ def i64(values):
     return struct.pack("<%dq" % len(values), *values)
 
 
+def u16(values):
+    """Raw 16-bit patterns (bfloat16 or float16 bits)."""
+    return struct.pack("<%dH" % len(values), *values)
+
+
 # ---- IDX: labels (1-D) and images (3-D), raw and gzipped ----
 labels = idx([6], [0, 9, 3, 1, 7, 2])
 images = idx([2, 28, 28], [(i * 37) % 256 for i in range(2 * 28 * 28)])
@@ -80,6 +85,14 @@ write("safetensors", "checkpoint.safetensors", safetensors(
      ("rng.state", "I64", [2], i64([42, 7]))],
     {"epoch": "1", "step": "12"}))
 write("safetensors", "header-only.safetensors", safetensors([], {"format": "pt"}))
+# 16-bit floats: a bfloat16 model's weights (1, -2, 0.5, a subnormal) and float16 ones,
+# and a float16 tensor holding inf and NaN (refused unless allow_non_finite).
+write("safetensors", "half.safetensors", safetensors(
+    [("weight", "BF16", [2, 2], u16([0x3F80, 0xC000, 0x3F00, 0x0001])),
+     ("bias", "F16", [3], u16([0x3C00, 0x7BFF, 0x0001]))],
+    {"format": "pt"}))
+write("safetensors", "half-non-finite.safetensors", safetensors(
+    [("h", "F16", [2], u16([0x7C00, 0x7E00])), ("b", "BF16", [1], u16([0xFFC0]))]))
 
 
 # ---- store: TCPStore message streams (store_protocol.h) after one byte that seeds how

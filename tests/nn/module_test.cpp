@@ -196,8 +196,8 @@ TEST_CASE("Module: to(dtype) converts every float parameter and buffer in place,
   // dtype=torch.int64"; nothing is converted.
   const std::vector<Tensor> kept = net.parameters();
   REQUIRE_THROWS_WITH(net.to(mg::DType::Int64),
-                      MG_CONTAINS("Module::to: only floating-point dtypes (float32, float64) are "
-                                  "accepted, got int64"));
+                      MG_CONTAINS("Module::to: only floating-point dtypes (float32, float64, "
+                                  "bfloat16, float16) are accepted, got int64"));
   for (size_t i = 0; i < kept.size(); ++i) CHECK(net.parameters()[i].is_same(kept[i]));
 }
 

@@ -253,7 +253,7 @@ TEST_CASE("SGD: invalid options and parameters are refused with PyTorch's reason
   REQUIRE_THROWS_WITH(optim::SGD({p, p}, 0.1),
                       MG_CONTAINS("parameter 1 is the same tensor as parameter 0"));
   REQUIRE_THROWS_WITH(optim::SGD({mg::zeros(Shape{2}, mg::DType::Int64)}, 0.1),
-                      MG_CONTAINS("parameter 0 (shape [2]) is int64, expected float32"));
+                      MG_CONTAINS("parameter 0 (shape [2]) is int64, expected a floating-point tensor"));
 }
 
 TEST_CASE("SGD: resuming from saved momentum buffers continues bit for bit") {

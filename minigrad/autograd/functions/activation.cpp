@@ -1,5 +1,6 @@
 // The transformer's elementwise ops and softmax, each forward beside its backward: tanh,
 // gelu, softmax over any dim, masked_fill and dropout.
+#include <minigrad/autograd/autocast.h>
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
 #include <minigrad/autograd/saved_tensor.h>
@@ -31,7 +32,8 @@ Tensor gelu(const Tensor& x, const std::string& approximate) {
   return out;
 }
 
-Tensor softmax(const Tensor& x, int64_t dim) {
+Tensor softmax(const Tensor& x_in, int64_t dim) {
+  const Tensor x = autocast::cast_input(autocast::AutocastOp::Softmax, x_in);
   Tensor out = ops::softmax(x, dim);
   record_function("SoftmaxBackward", {x}, {out}, [y = SavedTensor(out), dim](const BackwardArgs& g) {
     return std::vector<Tensor>{ops::softmax_backward(g.grad(), y.unpack(g), dim)};

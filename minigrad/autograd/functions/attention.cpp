@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cmath>
 
+#include <minigrad/autograd/autocast.h>
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
 #include <minigrad/autograd/saved_tensor.h>
@@ -42,8 +43,13 @@ void set_fused_attention_enabled(bool enabled) {
   fused_enabled.store(enabled, std::memory_order_relaxed);
 }
 
-Tensor scaled_dot_product_attention_composed(const Tensor& q, const Tensor& k, const Tensor& v,
+Tensor scaled_dot_product_attention_composed(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                             bool is_causal, double dropout_p, Generator* gen) {
+  const std::vector<Tensor> cast = autocast::cast_inputs(autocast::AutocastOp::Attention, {q_in, k_in, v_in});
+  const Tensor &q = cast[0], &k = cast[1], &v = cast[2];
+  // Its inner ops keep the dtype attention chose (a softmax in the 16-bit dtype too), as
+  // the fused path computes: torch runs an autocast op's body with autocast excluded.
+  const autocast::ExcludeGuard inner_ops_as_cast;
   const double scale = attention_scale(q, k, v);
   Tensor scores = matmul(q, k.transpose(-2, -1)) * scale;  // [..., L, S]
   if (is_causal) {
@@ -60,8 +66,10 @@ Tensor scaled_dot_product_attention_composed(const Tensor& q, const Tensor& k, c
   return matmul(probabilities, v);  // [..., L, Ev]
 }
 
-Tensor scaled_dot_product_attention_fused(const Tensor& q, const Tensor& k, const Tensor& v,
+Tensor scaled_dot_product_attention_fused(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                          bool is_causal, double dropout_p, Generator* gen) {
+  const std::vector<Tensor> cast = autocast::cast_inputs(autocast::AutocastOp::Attention, {q_in, k_in, v_in});
+  const Tensor &q = cast[0], &k = cast[1], &v = cast[2];
   const double scale = attention_scale(q, k, v);
   MG_CHECK(dropout_p >= 0.0 && dropout_p < 1.0,
            "scaled_dot_product_attention: dropout_p has to be in [0, 1), but got {}", dropout_p);

@@ -3,6 +3,7 @@
 #include <utility>
 #include <vector>
 
+#include <minigrad/autograd/autocast.h>
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
 #include <minigrad/autograd/saved_tensor.h>
@@ -149,7 +150,8 @@ Tensor neg(const Tensor& x) {
   return out;
 }
 
-Tensor exp(const Tensor& x) {
+Tensor exp(const Tensor& x_in) {
+  const Tensor x = autocast::cast_input(autocast::AutocastOp::Exp, x_in);
   Tensor out = ops::unary(UnaryOp::Exp, x);
   // d exp(x) = exp(x): save the output (SavedTensor detaches it: the node must not own itself).
   record_function("ExpBackward", {x}, {out}, [y = SavedTensor(out)](const BackwardArgs& g) {
@@ -158,7 +160,8 @@ Tensor exp(const Tensor& x) {
   return out;
 }
 
-Tensor log(const Tensor& x) {
+Tensor log(const Tensor& x_in) {
+  const Tensor x = autocast::cast_input(autocast::AutocastOp::Log, x_in);
   Tensor out = ops::unary(UnaryOp::Log, x);
   record_function("LogBackward", {x}, {out}, [x = SavedTensor(x)](const BackwardArgs& g) {
     return std::vector<Tensor>{ops::binary(BinaryOp::Div, g.grad(), x.unpack(g))};

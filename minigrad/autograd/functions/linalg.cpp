@@ -3,6 +3,7 @@
 // follows torch.matmul's rules for 1-D and N-D operands by views around two ops: the
 // 2-D product and the batched one (whose broadcast batch dimensions sum their gradient
 // back, as any broadcast does).
+#include <minigrad/autograd/autocast.h>
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
 #include <minigrad/autograd/saved_tensor.h>
@@ -51,7 +52,9 @@ Shape without(const Shape& shape, int64_t d) {
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  const std::vector<Tensor> cast = autocast::cast_inputs(autocast::AutocastOp::Matmul, {a_in, b_in});
+  const Tensor &a = cast[0], &b = cast[1];
   MG_CHECK(a.dim() >= 1 && b.dim() >= 1,
            "matmul: both arguments need at least 1 dimension, got shapes {} and {}", a.shape(),
            b.shape());
@@ -126,7 +129,9 @@ void record_linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tens
 
 // One node for the whole layer, as PyTorch's addmm: y = x @ w^T + b. An input of another
 // rank than 2 is seen as the matrix of its rows ([B, T, C] as [B * T, C]) around it.
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
+  const std::vector<Tensor> cast = autocast::cast_inputs(autocast::AutocastOp::Linear, {x_in, w_in, b_in});
+  const Tensor &x = cast[0], &w = cast[1], &b = cast[2];
   if (x.dim() != 2 && x.dim() >= 1 && w.dim() == 2) {
     MG_CHECK(x.size(-1) == w.size(1),
              "linear: input of shape {} has {} features but the weight of shape {} expects {}",
@@ -151,7 +156,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
 // activations more at the peak of backward (512 MiB for wide_mlp on the H200). In the
 // graph, an alias of y stands for the pre-activation: only its shape, dtype and device
 // are read, and ReluBackward masks with y itself (relu(v) > 0 exactly where v > 0).
-Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& b) {
+Tensor linear_relu(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
+  const std::vector<Tensor> cast = autocast::cast_inputs(autocast::AutocastOp::Linear, {x_in, w_in, b_in});
+  const Tensor &x = cast[0], &w = cast[1], &b = cast[2];
   MG_CHECK(b.defined(), "linear_relu: the bias is an undefined tensor (use relu(linear(x, w)) "
                         "for a layer without bias)");
   check_linear("linear_relu", x, w, b);

@@ -3,6 +3,7 @@
 // those in one pass (the composition of mean, sub, mul, rsqrt would save five tensors).
 #include <fmt/ranges.h>
 
+#include <minigrad/autograd/autocast.h>
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
 #include <minigrad/autograd/saved_tensor.h>
@@ -10,8 +11,11 @@
 
 namespace mg {
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
-                  const Tensor& bias, double eps) {
+Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in,
+                  const Tensor& bias_in, double eps) {
+  const std::vector<Tensor> cast =
+      autocast::cast_inputs(autocast::AutocastOp::LayerNorm, {x_in, weight_in, bias_in});
+  const Tensor &x = cast[0], &weight = cast[1], &bias = cast[2];
   const int64_t nd = normalized_shape.dim();
   bool fits = nd >= 1 && nd <= x.dim();
   for (int64_t i = 0; fits && i < nd; ++i)

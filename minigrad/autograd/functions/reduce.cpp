@@ -1,5 +1,6 @@
 // Sums and means: the gradient of a sum is the output gradient spread back (expanded)
 // over the summed dimensions.
+#include <minigrad/autograd/autocast.h>
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
 #include <minigrad/core/ops.h>
@@ -27,7 +28,8 @@ int64_t count_reduced(const Shape& shape, const std::vector<int64_t>& dims) {
 
 }  // namespace
 
-Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+Tensor sum(const Tensor& x_in, const std::vector<int64_t>& dims, bool keepdim) {
+  const Tensor x = autocast::cast_input(autocast::AutocastOp::Sum, x_in);
   Tensor out = ops::sum(x, dims, keepdim);
   record_function("SumBackward", {x}, {out}, [shape = x.shape(), dims, keepdim](const BackwardArgs& g) {
     return std::vector<Tensor>{spread(g.grad(), shape, dims, keepdim)};
@@ -37,7 +39,8 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 
 Tensor sum(const Tensor& x) { return sum(x, {}, false); }
 
-Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+Tensor mean(const Tensor& x_in, const std::vector<int64_t>& dims, bool keepdim) {
+  const Tensor x = autocast::cast_input(autocast::AutocastOp::Mean, x_in);
   ops::check_float("mean", x);
   // The sum first: it refuses a dimension named twice, which count_reduced would count twice.
   const Tensor total = ops::sum(x, dims, keepdim);

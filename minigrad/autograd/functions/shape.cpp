@@ -1,6 +1,7 @@
 // Views, copies and moves between devices. A view's backward puts the gradient back
 // into the input's shape; to()'s backward carries the gradient back to the input's
 // device, which is what makes model parallelism (layers on different devices) train.
+#include <minigrad/autograd/autocast.h>
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
 #include <minigrad/core/checked_math.h>
@@ -94,7 +95,8 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
   return out;
 }
 
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+Tensor cat(const std::vector<Tensor>& tensors_in, int64_t dim) {
+  const std::vector<Tensor> tensors = autocast::cast_inputs(autocast::AutocastOp::Cat, tensors_in);
   MG_CHECK(!tensors.empty(), "cat: expected a non-empty list of tensors");
   const Tensor& first = tensors[0];
   MG_CHECK(first.dim() > 0, "cat: zero-dimensional tensors cannot be concatenated (tensor 0 has "

@@ -9,7 +9,8 @@
 // error 1.5e-7, about float's rounding near 1). Plain arithmetic, so the loops vectorise
 // (this file is built with -fno-trapping-math, as softmax.cpp). Every element of a tensor
 // goes through the same function whatever its layout, so a strided input gives the bits of
-// a contiguous one. float64 keeps std::erf and std::tanh (gradient checks, parity tests).
+// a contiguous one. float64 keeps std::erf and std::tanh (gradient checks, parity tests);
+// bfloat16 and float16 take float32's functions and round once.
 // The contiguous loops are also compiled for AVX2 (cpu/target_clones.h): GELU's forward and
 // backward took 16 % of a GPT step on one core, 8 % with them.
 #include <cmath>
@@ -77,27 +78,35 @@ template <typename T>
 // The contiguous loops, in functions of their own: pointers that a lambda captures by
 // reference (the strided path below) are reloaded on every iteration, and such a loop does
 // not vectorise. One loop per form, so the form's branch is outside the loop.
+// T is the element type; the arithmetic is compute_t<T>'s (bfloat16 and float16 load as
+// float and round once when they store).
 template <typename T, bool TanhForm>
 MG_AVX2_CLONES void gelu_rows(T* o, const T* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) o[i] = gelu_value(x[i], TanhForm);
+  using C = compute_t<T>;
+  for (int64_t i = 0; i < n; ++i) o[i] = T(gelu_value(C(x[i]), TanhForm));
 }
 
 template <typename T, bool TanhForm>
 MG_AVX2_CLONES void gelu_grad_rows(T* gi, const T* go, const T* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) gi[i] = gelu_grad(go[i], x[i], TanhForm);
+  using C = compute_t<T>;
+  for (int64_t i = 0; i < n; ++i) gi[i] = T(gelu_grad(C(go[i]), C(x[i]), TanhForm));
 }
 
 template <typename T, bool TanhForm>
 void gelu_typed(const Tensor& out, const Tensor& in) {
+  using C = compute_t<T>;
   T* o = static_cast<T*>(out.data_ptr());
   const T* x = static_cast<const T*>(in.data_ptr());
   if (out.is_contiguous() && in.is_contiguous()) return gelu_rows<T, TanhForm>(o, x, out.numel());
   cpu::for_each_element<2>(out.shape(), {&out.strides(), &in.strides()},
-                           [&](const std::array<int64_t, 2>& k) { o[k[0]] = gelu_value(x[k[1]], TanhForm); });
+                           [&](const std::array<int64_t, 2>& k) {
+                             o[k[0]] = T(gelu_value(C(x[k[1]]), TanhForm));
+                           });
 }
 
 template <typename T, bool TanhForm>
 void gelu_backward_typed(const Tensor& grad_in, const Tensor& grad_out, const Tensor& input) {
+  using C = compute_t<T>;
   T* gi = static_cast<T*>(grad_in.data_ptr());
   const T* go = static_cast<const T*>(grad_out.data_ptr());
   const T* x = static_cast<const T*>(input.data_ptr());
@@ -105,14 +114,14 @@ void gelu_backward_typed(const Tensor& grad_in, const Tensor& grad_out, const Te
     return gelu_grad_rows<T, TanhForm>(gi, go, x, grad_in.numel());
   cpu::for_each_element<3>(grad_in.shape(), {&grad_in.strides(), &grad_out.strides(), &input.strides()},
                            [&](const std::array<int64_t, 3>& k) {
-                             gi[k[0]] = gelu_grad(go[k[1]], x[k[2]], TanhForm);
+                             gi[k[0]] = T(gelu_grad(C(go[k[1]]), C(x[k[2]]), TanhForm));
                            });
 }
 
 }  // namespace
 
 void CpuBackend::gelu(const Tensor& out, const Tensor& in, bool tanh_form) {
-  MG_DISPATCH_FLOATING_TYPES(in.dtype(), "gelu", [&] {
+  MG_DISPATCH_FLOATING_TYPES_AND_REDUCED(in.dtype(), "gelu", [&] {
     if (tanh_form) {
       gelu_typed<scalar_t, true>(out, in);
     } else {
@@ -123,7 +132,7 @@ void CpuBackend::gelu(const Tensor& out, const Tensor& in, bool tanh_form) {
 
 void CpuBackend::gelu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& input,
                                bool tanh_form) {
-  MG_DISPATCH_FLOATING_TYPES(input.dtype(), "gelu_backward", [&] {
+  MG_DISPATCH_FLOATING_TYPES_AND_REDUCED(input.dtype(), "gelu_backward", [&] {
     if (tanh_form) {
       gelu_backward_typed<scalar_t, true>(grad_in, grad_out, input);
     } else {

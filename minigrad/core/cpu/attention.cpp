@@ -6,6 +6,8 @@
 // output rescaled by exp(m_old - m_new) whenever the max grows) means the [tq, tk] score
 // matrix never exists, only one [block, block] tile of it. Backward recomputes each tile's
 // probabilities from the saved log-sum-exp instead of keeping them (memory O(t), not O(t^2)).
+// bfloat16 and float16 run the float32 kernels on widened copies (cpu/widen.h), their
+// log-sum-exp float32 (compute_dtype), as FlashAttention keeps it.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -13,6 +15,7 @@
 
 #include <minigrad/core/cpu/blas.h>
 #include <minigrad/core/cpu/cpu_backend.h>
+#include <minigrad/core/cpu/widen.h>
 #include <minigrad/core/cpu/vector_exp.h>
 #include <minigrad/core/dispatch.h>
 #include <minigrad/core/philox.h>
@@ -223,6 +226,12 @@ Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, double sca
 void CpuBackend::attention(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                            const Tensor& v, double scale, bool causal, double dropout_p,
                            uint64_t seed, uint64_t offset) {
+  if (is_reduced_float(q.dtype())) {
+    const Tensor wide = cpu::float32_stand_in(out);
+    attention(wide, lse, cpu::widen(q), cpu::widen(k), cpu::widen(v), scale, causal, dropout_p,
+              seed, offset);
+    return cpu::round_into(out, wide);
+  }
   const Problem pr = problem_of(q, k, v, scale, causal, dropout_p, seed, offset);
   MG_DISPATCH_FLOATING_TYPES(q.dtype(), "scaled_dot_product_attention", [&] {
     using T = scalar_t;
@@ -237,6 +246,15 @@ void CpuBackend::attention_backward(const Tensor& grad_q, const Tensor& grad_k,
                                     const Tensor& k, const Tensor& v, const Tensor& out,
                                     const Tensor& lse, double scale, bool causal,
                                     double dropout_p, uint64_t seed, uint64_t offset) {
+  if (is_reduced_float(q.dtype())) {
+    const Tensor gq = cpu::float32_stand_in(grad_q), gk = cpu::float32_stand_in(grad_k),
+                 gv = cpu::float32_stand_in(grad_v);
+    attention_backward(gq, gk, gv, cpu::widen(grad_out), cpu::widen(q), cpu::widen(k),
+                       cpu::widen(v), cpu::widen(out), lse, scale, causal, dropout_p, seed, offset);
+    cpu::round_into(grad_q, gq);
+    cpu::round_into(grad_k, gk);
+    return cpu::round_into(grad_v, gv);
+  }
   const Problem pr = problem_of(q, k, v, scale, causal, dropout_p, seed, offset);
   MG_DISPATCH_FLOATING_TYPES(q.dtype(), "scaled_dot_product_attention backward", [&] {
     using T = scalar_t;

@@ -39,6 +39,8 @@ class CpuBackend final : public Backend {
                       uint64_t offset) override;
   void random_normal(const Tensor& dst, double mean, double stddev, uint64_t seed,
                      uint64_t offset) override;
+  void round_stochastic(const Tensor& out, const Tensor& in, uint64_t seed,
+                        uint64_t offset) override;
   // elementwise.cpp
   void unary(UnaryOp op, const Tensor& out, const Tensor& in) override;
   void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b,

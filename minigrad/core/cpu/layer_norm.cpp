@@ -1,10 +1,13 @@
 // Layer normalisation over the rows of a [rows, cols] tensor, forward and backward, on the
 // host. Row statistics accumulate in double (two passes: the mean, then the variance about
-// it, so that rows with a large mean keep their precision).
+// it, so that rows with a large mean keep their precision). bfloat16 and float16 run the
+// float32 kernels on widened copies (cpu/widen.h); their mean and rstd are float32
+// (compute_dtype), as PyTorch keeps them, so backward meets the statistics unrounded.
 #include <cmath>
 #include <vector>
 
 #include <minigrad/core/cpu/cpu_backend.h>
+#include <minigrad/core/cpu/widen.h>
 #include <minigrad/core/dispatch.h>
 
 namespace mg {
@@ -97,6 +100,11 @@ void layer_norm_backward_typed(const Tensor& grad_in, const Tensor& grad_weight,
 void CpuBackend::layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                             const Tensor& in, const Tensor& weight, const Tensor& bias,
                             double eps) {
+  if (is_reduced_float(in.dtype())) {
+    const Tensor wide = cpu::float32_stand_in(out);
+    layer_norm(wide, mean, rstd, cpu::widen(in), cpu::widen(weight), cpu::widen(bias), eps);
+    return cpu::round_into(out, wide);
+  }
   MG_DISPATCH_FLOATING_TYPES(in.dtype(), "layer_norm", [&] {
     layer_norm_typed<scalar_t>(out, mean, rstd, in, weight, bias, eps);
   });
@@ -106,6 +114,15 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& grad_w
                                      const Tensor& grad_bias, const Tensor& grad_out,
                                      const Tensor& in, const Tensor& mean, const Tensor& rstd,
                                      const Tensor& weight) {
+  if (is_reduced_float(in.dtype())) {
+    const Tensor gi = cpu::float32_stand_in(grad_in), gw = cpu::float32_stand_in(grad_weight),
+                 gb = cpu::float32_stand_in(grad_bias);
+    layer_norm_backward(gi, gw, gb, cpu::widen(grad_out), cpu::widen(in), mean, rstd,
+                        cpu::widen(weight));
+    cpu::round_into(grad_in, gi);
+    cpu::round_into(grad_weight, gw);
+    return cpu::round_into(grad_bias, gb);
+  }
   MG_DISPATCH_FLOATING_TYPES(in.dtype(), "layer_norm_backward", [&] {
     layer_norm_backward_typed<scalar_t>(grad_in, grad_weight, grad_bias, grad_out, in, mean, rstd,
                                         weight);

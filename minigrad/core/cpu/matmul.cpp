@@ -1,11 +1,15 @@
 // Matrix multiply through OpenBLAS's cblas_sgemm (float32) and cblas_dgemm (float64), one
 // matrix or a batch of them (a loop of GEMMs over the batch dimensions). A transposed view
 // is handed to BLAS as a transpose flag with its leading dimension, not copied.
+// bfloat16 and float16 multiply float32 copies with sgemm and round the product once
+// (cpu/widen.h says why not cblas_sbgemm): float32 accumulation, as cuBLAS's
+// CUBLAS_COMPUTE_32F on a GPU.
 #include <algorithm>
 
 #include <minigrad/core/cpu/blas.h>
 #include <minigrad/core/cpu/cpu_backend.h>
 #include <minigrad/core/cpu/strided_loop.h>
+#include <minigrad/core/cpu/widen.h>
 #include <minigrad/core/dispatch.h>
 
 namespace mg {
@@ -74,10 +78,20 @@ void gemm(const Tensor& out, const Tensor& a, const Tensor& b, T beta) {
 }  // namespace
 
 void CpuBackend::matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
+  if (is_reduced_float(a.dtype())) {
+    const Tensor wide = cpu::float32_stand_in(out);
+    matmul(wide, cpu::widen(a), cpu::widen(b));
+    return cpu::round_into(out, wide);
+  }
   MG_DISPATCH_FLOATING_TYPES(a.dtype(), "matmul", [&] { gemm<scalar_t>(out, a, b, scalar_t(0)); });
 }
 
 void CpuBackend::addmm(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) {
+  if (is_reduced_float(a.dtype())) {  // the bias added in float32 too: one rounding
+    const Tensor wide = cpu::float32_stand_in(out);
+    addmm(wide, cpu::widen(bias), cpu::widen(a), cpu::widen(b));
+    return cpu::round_into(out, wide);
+  }
   // Start every row of out as the bias, then let BLAS accumulate the product into it
   // (beta = 1): the bias add costs one pass over a row the GEMM is about to read anyway.
   MG_DISPATCH_FLOATING_TYPES(a.dtype(), "addmm", [&] {
@@ -93,6 +107,13 @@ void CpuBackend::addmm(const Tensor& out, const Tensor& bias, const Tensor& a, c
 // One GEMM per matrix of the batch; the batch dimensions are walked with their strides,
 // so a broadcast operand (stride 0) is read in place, never copied per matrix.
 void CpuBackend::bmm(const Tensor& out, const Tensor& a, const Tensor& b) {
+  if (is_reduced_float(a.dtype())) {
+    // widen() copies a broadcast operand's one matrix per batch index: the 16-bit path
+    // pays memory for simplicity here.
+    const Tensor wide = cpu::float32_stand_in(out);
+    bmm(wide, cpu::widen(a), cpu::widen(b));
+    return cpu::round_into(out, wide);
+  }
   const int64_t nd = out.dim();
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   const Shape batch(std::vector<int64_t>(out.shape().sizes().begin(), out.shape().sizes().end() - 2));

@@ -1,10 +1,13 @@
-// Sums, argmax and the largest magnitude on the host.
+// Sums, argmax and the largest magnitude on the host. bfloat16 and float16 run the
+// float32 kernels on widened copies (cpu/widen.h): a sum accumulates in float32's way
+// (double for a whole-tensor sum) and rounds once.
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
 #include <minigrad/core/cpu/cpu_backend.h>
 #include <minigrad/core/cpu/strided_loop.h>
+#include <minigrad/core/cpu/widen.h>
 #include <minigrad/core/cpu/wrapping_math.h>
 #include <minigrad/core/dispatch.h>
 
@@ -51,6 +54,11 @@ void sum_typed(const Tensor& out, const Tensor& in) {
 }  // namespace
 
 void CpuBackend::sum(const Tensor& out, const Tensor& in) {
+  if (is_reduced_float(in.dtype())) {
+    const Tensor wide = cpu::float32_stand_in(out);
+    sum(wide, cpu::widen(in));
+    return cpu::round_into(out, wide);
+  }
   MG_DISPATCH_ALL_TYPES(in.dtype(), "sum", [&] { sum_typed<scalar_t>(out, in); });
 }
 
@@ -102,10 +110,16 @@ void abs_max_typed(const Tensor& out, const Tensor& in) {
 }  // namespace
 
 void CpuBackend::argmax(const Tensor& out, const Tensor& in) {
+  if (is_reduced_float(in.dtype())) return argmax(out, cpu::widen(in));  // widening is exact
   MG_DISPATCH_ALL_TYPES(in.dtype(), "argmax", [&] { argmax_typed<scalar_t>(out, in); });
 }
 
 void CpuBackend::abs_max(const Tensor& out, const Tensor& in) {
+  if (is_reduced_float(in.dtype())) {
+    const Tensor wide = cpu::float32_stand_in(out);
+    abs_max(wide, cpu::widen(in));
+    return cpu::round_into(out, wide);  // exact: the largest magnitude is one of the inputs
+  }
   MG_DISPATCH_FLOATING_TYPES(in.dtype(), "abs_max", [&] { abs_max_typed<scalar_t>(out, in); });
 }
 

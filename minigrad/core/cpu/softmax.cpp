@@ -3,7 +3,8 @@
 // Each row is worked on as a contiguous array (a strided row is copied first), with
 // cpu/vector_exp.h's exp, so that the per-element loops vectorise: this file is built
 // with -fno-trapping-math (CMakeLists.txt), without which GCC keeps that exp's clamp as
-// a branch and no loop here vectorises.
+// a branch and no loop here vectorises. bfloat16 and float16 run the float32 kernels on
+// widened copies and round each output once (cpu/widen.h).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -11,6 +12,7 @@
 
 #include <minigrad/core/cpu/cpu_backend.h>
 #include <minigrad/core/cpu/vector_exp.h>
+#include <minigrad/core/cpu/widen.h>
 #include <minigrad/core/dispatch.h>
 
 namespace mg {
@@ -166,22 +168,42 @@ void softmax_backward_typed(const Tensor& grad_in, const Tensor& grad_out, const
 }  // namespace
 
 void CpuBackend::log_softmax(const Tensor& out, const Tensor& in) {
+  if (is_reduced_float(in.dtype())) {
+    const Tensor wide = cpu::float32_stand_in(out);
+    log_softmax(wide, cpu::widen(in));
+    return cpu::round_into(out, wide);
+  }
   MG_DISPATCH_FLOATING_TYPES(in.dtype(), "log_softmax", [&] { log_softmax_typed<scalar_t>(out, in); });
 }
 
 void CpuBackend::log_softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
                                       const Tensor& output) {
+  if (is_reduced_float(output.dtype())) {
+    const Tensor wide = cpu::float32_stand_in(grad_in);
+    log_softmax_backward(wide, cpu::widen(grad_out), cpu::widen(output));
+    return cpu::round_into(grad_in, wide);
+  }
   MG_DISPATCH_FLOATING_TYPES(output.dtype(), "log_softmax_backward", [&] {
     log_softmax_backward_typed<scalar_t>(grad_in, grad_out, output);
   });
 }
 
 void CpuBackend::softmax(const Tensor& out, const Tensor& in) {
+  if (is_reduced_float(in.dtype())) {
+    const Tensor wide = cpu::float32_stand_in(out);
+    softmax(wide, cpu::widen(in));
+    return cpu::round_into(out, wide);
+  }
   MG_DISPATCH_FLOATING_TYPES(in.dtype(), "softmax", [&] { softmax_typed<scalar_t>(out, in); });
 }
 
 void CpuBackend::softmax_backward(const Tensor& grad_in, const Tensor& grad_out,
                                   const Tensor& output) {
+  if (is_reduced_float(output.dtype())) {
+    const Tensor wide = cpu::float32_stand_in(grad_in);
+    softmax_backward(wide, cpu::widen(grad_out), cpu::widen(output));
+    return cpu::round_into(grad_in, wide);
+  }
   MG_DISPATCH_FLOATING_TYPES(output.dtype(), "softmax_backward", [&] {
     softmax_backward_typed<scalar_t>(grad_in, grad_out, output);
   });
@@ -285,6 +307,11 @@ void cross_entropy_backward_typed(const Tensor& grad_logits, const Tensor& grad_
 
 void CpuBackend::cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets,
                                const CrossEntropyOptions& options) {
+  if (is_reduced_float(logits.dtype())) {
+    const Tensor wide = cpu::float32_stand_in(loss);
+    cross_entropy(wide, cpu::widen(logits), targets, options);
+    return cpu::round_into(loss, wide);
+  }
   MG_DISPATCH_FLOATING_TYPES(logits.dtype(), "cross_entropy", [&] {
     cross_entropy_typed<scalar_t>(loss, logits, targets, options);
   });
@@ -293,6 +320,11 @@ void CpuBackend::cross_entropy(const Tensor& loss, const Tensor& logits, const T
 void CpuBackend::cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
                                         const Tensor& logits, const Tensor& targets,
                                         const CrossEntropyOptions& options) {
+  if (is_reduced_float(logits.dtype())) {
+    const Tensor wide = cpu::float32_stand_in(grad_logits);
+    cross_entropy_backward(wide, cpu::widen(grad_loss), cpu::widen(logits), targets, options);
+    return cpu::round_into(grad_logits, wide);
+  }
   MG_DISPATCH_FLOATING_TYPES(logits.dtype(), "cross_entropy_backward", [&] {
     cross_entropy_backward_typed<scalar_t>(grad_logits, grad_loss, logits, targets, options);
   });

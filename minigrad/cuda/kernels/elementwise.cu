@@ -8,6 +8,7 @@
 
 #include <minigrad/cuda/kernels/elementwise_map.cuh>
 #include <minigrad/cuda/kernels/launch.h>
+#include <minigrad/cuda/kernels/reduced_float.cuh>
 
 namespace mg::cuda::kernels {
 namespace {
@@ -195,6 +196,62 @@ void binary_scalar_typed(BinaryKind kind, T* out, const T* in, T scalar,
   }
 }
 
+// bfloat16 and float16 (S): each float value function widened (load as float, compute,
+// round once on store), as the CPU's map1/map2 do.
+template <typename S>
+void unary_reduced(UnaryKind kind, S* o, const S* x, const StridedIndexer<2>& layout, int64_t numel,
+                   cudaStream_t stream) {
+  switch (kind) {
+    case UnaryKind::Neg: map_unary(o, x, layout, numel, stream, widened<S>(NegValue<float>{})); break;
+    case UnaryKind::Exp: map_unary(o, x, layout, numel, stream, widened<S>(ExpValue{})); break;
+    case UnaryKind::Log: map_unary(o, x, layout, numel, stream, widened<S>(LogValue{})); break;
+    case UnaryKind::Relu: map_unary(o, x, layout, numel, stream, widened<S>(ReluValue<float>{})); break;
+    case UnaryKind::Sqrt: map_unary(o, x, layout, numel, stream, widened<S>(SqrtValue{})); break;
+    case UnaryKind::Abs: map_unary(o, x, layout, numel, stream, widened<S>(AbsValue{})); break;
+    case UnaryKind::Tanh: map_unary(o, x, layout, numel, stream, widened<S>(TanhValue{})); break;
+  }
+}
+
+template <typename S>
+void binary_reduced(BinaryKind kind, S* out, const S* a, const S* b, float alpha,
+                    const StridedIndexer<3>& layout, int64_t numel, cudaStream_t stream) {
+  switch (kind) {
+    case BinaryKind::Add:
+      map_binary(out, a, b, layout, numel, stream, widened<S>(AddScaledValue<float>{alpha}));
+      break;
+    case BinaryKind::Sub:
+      map_binary(out, a, b, layout, numel, stream, widened<S>(AddScaledValue<float>{-alpha}));
+      break;
+    case BinaryKind::Mul: map_binary(out, a, b, layout, numel, stream, widened<S>(MulValue<float>{})); break;
+    case BinaryKind::Div: map_binary(out, a, b, layout, numel, stream, widened<S>(DivValue<float>{})); break;
+    case BinaryKind::Maximum:
+      map_binary(out, a, b, layout, numel, stream, widened<S>(MaximumValue<float>{}));
+      break;
+  }
+}
+
+template <typename S>
+void binary_scalar_reduced(BinaryKind kind, S* out, const S* in, float scalar,
+                           const StridedIndexer<2>& layout, int64_t numel, cudaStream_t stream) {
+  switch (kind) {
+    case BinaryKind::Add:
+      map_unary(out, in, layout, numel, stream, widened<S>(ScalarValue<float, BinaryKind::Add>{scalar}));
+      break;
+    case BinaryKind::Sub:
+      map_unary(out, in, layout, numel, stream, widened<S>(ScalarValue<float, BinaryKind::Sub>{scalar}));
+      break;
+    case BinaryKind::Mul:
+      map_unary(out, in, layout, numel, stream, widened<S>(ScalarValue<float, BinaryKind::Mul>{scalar}));
+      break;
+    case BinaryKind::Div:
+      map_unary(out, in, layout, numel, stream, widened<S>(ScalarValue<float, BinaryKind::Div>{scalar}));
+      break;
+    case BinaryKind::Maximum:
+      map_unary(out, in, layout, numel, stream, widened<S>(ScalarValue<float, BinaryKind::Maximum>{scalar}));
+      break;
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -222,6 +279,12 @@ void unary(UnaryKind kind, ElementType type, void* out, const void* in,
   } else if (type == ElementType::Float64) {
     unary_float(kind, static_cast<double*>(out), static_cast<const double*>(in), layout, numel,
                 stream);
+  } else if (type == ElementType::BFloat16) {
+    unary_reduced(kind, static_cast<__nv_bfloat16*>(out), static_cast<const __nv_bfloat16*>(in),
+                  layout, numel, stream);
+  } else if (type == ElementType::Float16) {
+    unary_reduced(kind, static_cast<__half*>(out), static_cast<const __half*>(in), layout, numel,
+                  stream);
   } else {
     // int64: Neg, Relu and Abs only (the backend refuses the others).
     auto* o = static_cast<int64_t*>(out);
@@ -244,6 +307,13 @@ void binary(BinaryKind kind, ElementType type, void* out, const void* a, const v
   } else if (type == ElementType::Float64) {
     binary_typed(kind, static_cast<double*>(out), static_cast<const double*>(a),
                  static_cast<const double*>(b), alpha, layout, numel, stream);
+  } else if (type == ElementType::BFloat16) {
+    binary_reduced(kind, static_cast<__nv_bfloat16*>(out), static_cast<const __nv_bfloat16*>(a),
+                   static_cast<const __nv_bfloat16*>(b), static_cast<float>(alpha), layout, numel,
+                   stream);
+  } else if (type == ElementType::Float16) {
+    binary_reduced(kind, static_cast<__half*>(out), static_cast<const __half*>(a),
+                   static_cast<const __half*>(b), static_cast<float>(alpha), layout, numel, stream);
   } else {
     binary_typed(kind, static_cast<int64_t*>(out), static_cast<const int64_t*>(a),
                  static_cast<const int64_t*>(b), static_cast<int64_t>(alpha), layout, numel,
@@ -259,6 +329,13 @@ void binary_scalar(BinaryKind kind, ElementType type, void* out, const void* in,
   } else if (type == ElementType::Float64) {
     binary_scalar_typed(kind, static_cast<double*>(out), static_cast<const double*>(in), scalar,
                         layout, numel, stream);
+  } else if (type == ElementType::BFloat16) {
+    binary_scalar_reduced(kind, static_cast<__nv_bfloat16*>(out),
+                          static_cast<const __nv_bfloat16*>(in), static_cast<float>(scalar), layout,
+                          numel, stream);
+  } else if (type == ElementType::Float16) {
+    binary_scalar_reduced(kind, static_cast<__half*>(out), static_cast<const __half*>(in),
+                          static_cast<float>(scalar), layout, numel, stream);
   } else {
     binary_scalar_typed(kind, static_cast<int64_t*>(out), static_cast<const int64_t*>(in),
                         static_cast<int64_t>(scalar), layout, numel, stream);
@@ -270,6 +347,14 @@ void relu_backward(ElementType type, void* grad_in, const void* grad_out, const 
   if (type == ElementType::Float64) {
     map_binary(static_cast<double*>(grad_in), static_cast<const double*>(grad_out),
                static_cast<const double*>(input), layout, numel, stream, ReluBackwardValue{});
+  } else if (type == ElementType::BFloat16) {
+    map_binary(static_cast<__nv_bfloat16*>(grad_in), static_cast<const __nv_bfloat16*>(grad_out),
+               static_cast<const __nv_bfloat16*>(input), layout, numel, stream,
+               widened<__nv_bfloat16>(ReluBackwardValue{}));
+  } else if (type == ElementType::Float16) {
+    map_binary(static_cast<__half*>(grad_in), static_cast<const __half*>(grad_out),
+               static_cast<const __half*>(input), layout, numel, stream,
+               widened<__half>(ReluBackwardValue{}));
   } else {
     map_binary(static_cast<float*>(grad_in), static_cast<const float*>(grad_out),
                static_cast<const float*>(input), layout, numel, stream, ReluBackwardValue{});

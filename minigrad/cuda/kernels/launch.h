@@ -16,9 +16,12 @@
 
 namespace mg::cuda::kernels {
 
-// Float64 reaches the elementwise ops, fill, arange and sum; the other kernels here are
-// float32 (and int64) only, which the backend checks before it calls them.
-enum class ElementType { Float32, Int64, Float64 };
+// Float64 reaches the elementwise ops, fill, arange and sum; BFloat16 and Float16 (stored
+// as __nv_bfloat16 and __half, computed in float: kernels/reduced_float.cuh) the
+// elementwise ops, fill, arange and copies; the other kernels here are float32 (and
+// int64) only, which the backend checks before it calls them (it widens 16-bit tensors
+// to float32 for them: cuda/widen.h).
+enum class ElementType { Float32, Int64, Float64, BFloat16, Float16 };
 enum class UnaryKind { Neg, Exp, Log, Relu, Sqrt, Abs, Tanh };
 enum class BinaryKind { Add, Sub, Mul, Div, Maximum };
 
@@ -50,6 +53,10 @@ void random_uniform(float* dst, int64_t numel, float low, float span, uint64_t s
 // dst[i] = mean + stddev * philox::normal(seed, offset, i).
 void random_normal(float* dst, int64_t numel, float mean, float stddev, uint64_t seed,
                    uint64_t offset, cudaStream_t stream);
+// dst (bfloat16 or float16, contiguous) = src (float32, contiguous) rounded stochastically
+// with philox::uniform(seed, offset, i) for element i (core/backend.h: round_stochastic).
+void round_stochastic(ElementType type, void* dst, const float* src, int64_t numel, uint64_t seed,
+                      uint64_t offset, cudaStream_t stream);
 
 // ---- reduce.cu ----
 // A sum seen as out[k] = sum_r in[kept(k) + reduced(r)]: `kept` walks the output

@@ -7,8 +7,13 @@
 // tiling; tests/cuda compares every one with the CPU.
 #include <cmath>
 
+#include <stdexcept>
+
+#include <minigrad/core/bfloat16.h>
+#include <minigrad/core/float16.h>
 #include <minigrad/core/philox.h>
 #include <minigrad/cuda/check.h>
+#include <minigrad/cuda/kernels/reduced_float.cuh>
 #include <minigrad/cuda/kernels/transformer.h>
 
 namespace mg::cuda::kernels {
@@ -46,7 +51,7 @@ template <typename To, typename From>
 struct ConvertOp {
   To* d;
   const From* s;
-  __device__ void operator()(int64_t, const int64_t (&o)[2]) const { d[o[0]] = static_cast<To>(s[o[1]]); }
+  __device__ void operator()(int64_t, const int64_t (&o)[2]) const { d[o[0]] = convert_value<To>(s[o[1]]); }
 };
 template <typename T>
 struct GeluOp {
@@ -69,27 +74,41 @@ struct MaskedFillOp {
   const T* x;
   const M* m;
   T v;
-  __device__ void operator()(int64_t, const int64_t (&k)[3]) const { o[k[0]] = m[k[2]] != M(0) ? v : x[k[1]]; }
+  __device__ void operator()(int64_t, const int64_t (&k)[3]) const {
+    o[k[0]] = to_compute(m[k[2]]) != compute_t<M>(0) ? v : x[k[1]];
+  }
 };
 template <typename T>
 struct DropoutOp {
   T* o;
   const T* x;
-  T scale;
+  compute_t<T> scale;
   float threshold;
   uint64_t seed, offset;
   __device__ void operator()(int64_t i, const int64_t (&k)[2]) const {
     const bool keep = philox::uniform(seed, offset, static_cast<uint64_t>(i)) >= threshold;
-    o[k[0]] = keep ? x[k[1]] * scale : T(0);
+    o[k[0]] = from_compute<T>(keep ? to_compute(x[k[1]]) * scale : compute_t<T>(0));
   }
 };
 
+// float32 and float64: the kernels that compute in T.
 template <typename F>
 void with_float(FloatType type, F f) {
-  if (type == FloatType::Float64) {
-    f(double{});
-  } else {
-    f(float{});
+  switch (type) {
+    case FloatType::Float32: f(float{}); return;
+    case FloatType::Float64: f(double{}); return;
+    default: break;
+  }
+  throw std::logic_error("CUDA kernel: a 16-bit tensor reached a float32/float64-only kernel");
+}
+// The kernels that load as compute_t<T> and round once on store: the 16-bit floats too.
+template <typename F>
+void with_float_or_reduced(FloatType type, F f) {
+  switch (type) {
+    case FloatType::Float32: f(float{}); break;
+    case FloatType::Float64: f(double{}); break;
+    case FloatType::BFloat16: f(__nv_bfloat16{}); break;
+    case FloatType::Float16: f(__half{}); break;
   }
 }
 template <typename F>
@@ -98,6 +117,24 @@ void with_any(AnyType type, F f) {
     case AnyType::Float32: f(float{}); break;
     case AnyType::Float64: f(double{}); break;
     case AnyType::Int64: f(int64_t{}); break;
+    case AnyType::BFloat16: f(__nv_bfloat16{}); break;
+    case AnyType::Float16: f(__half{}); break;
+  }
+}
+
+// A host value as a T, rounded as the CPU rounds it (a 16-bit one through float).
+template <typename T>
+T host_value(double v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat16_raw raw;
+    raw.x = bfloat16(static_cast<float>(v)).bits;
+    return T(raw);
+  } else if constexpr (std::is_same_v<T, __half>) {
+    __half_raw raw;
+    raw.x = float16(static_cast<float>(v)).bits;
+    return T(raw);
+  } else {
+    return static_cast<T>(v);
   }
 }
 
@@ -125,11 +162,11 @@ __device__ __forceinline__ T gelu_grad(T g, T x, bool tanh_form) {
 
 template <typename T>
 __device__ void GeluOp<T>::operator()(int64_t, const int64_t (&k)[2]) const {
-  o[k[0]] = gelu_value(x[k[1]], tanh_form);
+  o[k[0]] = from_compute<T>(gelu_value(to_compute(x[k[1]]), tanh_form));
 }
 template <typename T>
 __device__ void GeluBackwardOp<T>::operator()(int64_t, const int64_t (&k)[3]) const {
-  gi[k[0]] = gelu_grad(go[k[1]], x[k[2]], tanh_form);
+  gi[k[0]] = from_compute<T>(gelu_grad(to_compute(go[k[1]]), to_compute(x[k[2]]), tanh_form));
 }
 
 // ---- block reductions (a block of kThreads per row) ----
@@ -421,7 +458,7 @@ void convert(AnyType to, AnyType from, void* dst, const void* src, const Strided
 
 void gelu(FloatType type, void* out, const void* in, bool tanh_form,
           const StridedIndexer<2>& layout, int64_t numel, cudaStream_t stream) {
-  with_float(type, [&](auto tag) {
+  with_float_or_reduced(type, [&](auto tag) {
     using T = decltype(tag);
     launch_strided<2>(layout, numel, stream,
                       GeluOp<T>{static_cast<T*>(out), static_cast<const T*>(in), tanh_form});
@@ -431,7 +468,7 @@ void gelu(FloatType type, void* out, const void* in, bool tanh_form,
 void gelu_backward(FloatType type, void* grad_in, const void* grad_out, const void* input,
                    bool tanh_form, const StridedIndexer<3>& layout, int64_t numel,
                    cudaStream_t stream) {
-  with_float(type, [&](auto tag) {
+  with_float_or_reduced(type, [&](auto tag) {
     using T = decltype(tag);
     launch_strided<3>(layout, numel, stream,
                       GeluBackwardOp<T>{static_cast<T*>(grad_in), static_cast<const T*>(grad_out),
@@ -448,19 +485,19 @@ void masked_fill(AnyType type, AnyType mask_type, void* out, const void* in, con
       using M = decltype(mask_tag);
       launch_strided<3>(layout, numel, stream,
                         MaskedFillOp<T, M>{static_cast<T*>(out), static_cast<const T*>(in),
-                                           static_cast<const M*>(mask), static_cast<T>(value)});
+                                           static_cast<const M*>(mask), host_value<T>(value)});
     });
   });
 }
 
 void dropout(FloatType type, void* out, const void* in, double p, uint64_t seed, uint64_t offset,
              const StridedIndexer<2>& layout, int64_t numel, cudaStream_t stream) {
-  with_float(type, [&](auto tag) {
+  with_float_or_reduced(type, [&](auto tag) {
     using T = decltype(tag);
     launch_strided<2>(layout, numel, stream,
                       DropoutOp<T>{static_cast<T*>(out), static_cast<const T*>(in),
-                                   static_cast<T>(1.0 / (1.0 - p)), static_cast<float>(p), seed,
-                                   offset});
+                                   static_cast<compute_t<T>>(1.0 / (1.0 - p)), static_cast<float>(p),
+                                   seed, offset});
   });
 }
 
@@ -525,7 +562,8 @@ void embedding(FloatType type, void* out, const void* weight, int64_t row_stride
                int64_t col_stride, const int64_t* indices, int64_t n, int64_t dim,
                cudaStream_t stream) {
   if (n * dim == 0) return;
-  with_float(type, [&](auto tag) {
+  // A gather moves elements as they are: any type of their width does.
+  with_float_or_reduced(type, [&](auto tag) {
     using T = decltype(tag);
     embedding_kernel<T><<<blocks_for(n * dim), kThreads, 0, stream>>>(
         static_cast<T*>(out), static_cast<const T*>(weight), row_stride, col_stride, indices, n,

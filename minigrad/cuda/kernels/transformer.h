@@ -15,9 +15,12 @@
 namespace mg::cuda::kernels {
 
 // The float types of these kernels (launch.h's ElementType covers float32 and int64).
-enum class FloatType { Float32, Float64 };
+// BFloat16 and Float16 (__nv_bfloat16 and __half, computed in float) reach convert, gelu,
+// gelu_backward, masked_fill, dropout and embedding; the row ops and attention are float32
+// and float64 only (the backend widens 16-bit tensors for them: cuda/widen.h).
+enum class FloatType { Float32, Float64, BFloat16, Float16 };
 // Any element type of a table: a dtype conversion's source or a mask.
-enum class AnyType { Float32, Float64, Int64 };
+enum class AnyType { Float32, Float64, Int64, BFloat16, Float16 };
 
 // dst = src converted (layout operand 0 is dst, 1 is src).
 void convert(AnyType to, AnyType from, void* dst, const void* src, const StridedIndexer<2>& layout,

@@ -23,8 +23,8 @@ Optimizer::Optimizer(std::vector<std::vector<Tensor>> groups, std::string name)
              "{}: can't optimize a non-leaf tensor (parameter {}, shape {}); pass the "
              "module's parameters, not results of ops on them",
              name_, i, p.shape());
-    MG_CHECK(p.dtype() == DType::Float32 || p.dtype() == DType::Float64,
-             "{}: parameter {} (shape {}) is {}, expected float32 or float64", name_, i,
+    MG_CHECK(is_floating_point(p.dtype()),
+             "{}: parameter {} (shape {}) is {}, expected a floating-point tensor", name_, i,
              p.shape(), p.dtype());
     for (size_t j = 0; j < i; ++j)
       MG_CHECK(!params_[j].is_same(p),

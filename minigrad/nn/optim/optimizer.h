@@ -73,6 +73,12 @@ class Optimizer {
   // Clears the parameters' gradients (set_to_none) or fills them with zeros. Virtual for
   // wrappers that hold more gradients than their parameters' (ZeRO-1's full gradients).
   virtual void zero_grad(bool set_to_none = true);
+  // Makes parameters()' gradients current before they are read: a no-op, except for a
+  // wrapper whose parameters are copies of the model's (optim::MasterWeights converts the
+  // model's 16-bit gradients into its float32 masters' here). step() and
+  // amp::GradScaler::unscale_ call it; call it yourself before reading the gradients of
+  // parameters() after backward (to clip them).
+  virtual void prepare_gradients() {}
 
   const std::vector<Tensor>& parameters() const { return params_; }
   // "SGD", "Adam", "AdamW": the name in every message.

@@ -14,7 +14,10 @@ void check_norm_type(double norm_type, const char* op) {
 }
 
 // One tensor's share of the norm, as a 0-dim tensor on its device: sum |t|^p, or max |t|.
-Tensor partial_norm(const Tensor& t, double norm_type) {
+// A 16-bit gradient is widened to float32 first: its squares would overflow float16 (and
+// lose bits in either) long before the norm does.
+Tensor partial_norm(const Tensor& grad, double norm_type) {
+  const Tensor t = ops::to_dtype(grad, compute_dtype(grad.dtype()));
   if (std::isinf(norm_type)) return ops::abs_max(t);
   Tensor powered;
   if (norm_type == 2.0) {
@@ -36,17 +39,19 @@ Tensor total_norm(const std::vector<Tensor>& tensors, double norm_type, bool err
   NoGradGuard no_grad;
   const bool infinity = std::isinf(norm_type);
   if (!tensors.empty()) device = tensors.front().device();
-  // The norm has the gradients' dtype: float32, or float64 (gradient checks) throughout.
-  const DType dtype = tensors.empty() || !tensors.front().defined() ? DType::Float32
-                                                                     : tensors.front().dtype();
+  // The norm has the gradients' dtype: float32 (also for 16-bit gradients, which may mix
+  // with float32 ones), or float64 (gradient checks) throughout.
+  const DType dtype = tensors.empty() || !tensors.front().defined()
+                          ? DType::Float32
+                          : compute_dtype(tensors.front().dtype());
   // The partial starts at 0, the identity of both the sum and the maximum of magnitudes.
   Tensor partial = zeros(Shape{}, dtype, device);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
-    MG_CHECK(t.defined() && t.dtype() == dtype &&
+    MG_CHECK(t.defined() && compute_dtype(t.dtype()) == dtype &&
                  (dtype == DType::Float32 || dtype == DType::Float64),
-             "{}: gradient {} is {}, expected a {} tensor (every gradient float32, or every "
-             "one float64)",
+             "{}: gradient {} is {}, expected a {} tensor (every gradient float32, bfloat16 "
+             "or float16, or every one float64)",
              op, i, t.defined() ? fmt::format("{} (shape {})", t.dtype(), t.shape()) : "undefined",
              dtype == DType::Float64 ? "float64" : "float32");
     Tensor part = partial_norm(t, norm_type);
@@ -109,7 +114,10 @@ void clip_grads_with_norm_(const std::vector<Tensor>& parameters, double max_nor
   for (const Tensor& p : parameters) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    g.mul_(g.device() == device ? clamped : ops::copy_to(clamped, g.device()));
+    Tensor factor = g.device() == device ? clamped : ops::copy_to(clamped, g.device());
+    // A 16-bit gradient takes the coefficient rounded to its dtype, as torch's mul_ does.
+    if (factor.dtype() != g.dtype()) factor = ops::to_dtype(factor, g.dtype());
+    g.mul_(factor);
   }
 }
 

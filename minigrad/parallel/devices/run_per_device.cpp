@@ -3,6 +3,7 @@
 #include <atomic>
 #include <exception>
 
+#include <minigrad/autograd/autocast.h>
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/error.h>
 #include <minigrad/parallel/devices/worker_pool.h>
@@ -16,6 +17,7 @@ void run_per_device(const std::vector<Device>& devices, const std::vector<Stream
            streams.size(), devices.size());
   const size_t n = devices.size();
   const bool grad_enabled = GradMode::is_enabled();
+  const AutocastState autocast = autocast_state();
   std::vector<std::string> errors(n);
   std::vector<char> failed(n, 0);  // not vector<bool>: the tasks write it at once
   std::atomic<long> first_in_time{-1};
@@ -25,6 +27,7 @@ void run_per_device(const std::vector<Device>& devices, const std::vector<Stream
       DeviceGuard device_guard(devices[i]);
       StreamGuard stream_guard(streams[i]);
       AutoGradMode grad_mode(grad_enabled);
+      AutocastStateGuard autocast_regions(autocast);
       task(i);
       return;
     } catch (const std::exception& e) {

@@ -1,5 +1,5 @@
 // run_per_device: one task per device, all at once, each on its own long-lived thread
-// with its device, stream and the caller's grad mode — what parallel_apply does for
+// with its device, stream and the caller's grad mode and autocast regions — what parallel_apply does for
 // replicas, TensorParallel for ranks and Pipe for stages.
 #pragma once
 
@@ -15,7 +15,8 @@ namespace mg::parallel {
 
 // Runs task(i) for every i < devices.size(): task i on worker thread i of the pool
 // (worker_pool.h; on the caller's thread when there is one task), with devices[i] the
-// current device, streams[i] the current stream there and the caller's grad mode.
+// current device, streams[i] the current stream there and the caller's grad mode and
+// autocast state (autograd/autocast.h).
 // Returns when every task has ended.
 //
 // A task that throws is named with its device: the failure is re-thrown as an mg::Error

@@ -33,6 +33,10 @@ ncclDataType_t nccl_dtype(DType dtype) {
     case DType::Float32: return ncclFloat32;
     case DType::Float64: return ncclFloat64;
     case DType::Int64: return ncclInt64;
+    // NCCL reduces 16-bit floats itself (a sum of bfloat16 in bfloat16, as torch's NCCL
+    // process group: the caller widens first where that loses too much).
+    case DType::BFloat16: return ncclBfloat16;
+    case DType::Float16: return ncclFloat16;
   }
   MG_FAIL("ProcessGroupNccl: no NCCL type for {}", dtype);
 }
