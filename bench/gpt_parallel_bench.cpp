@@ -325,7 +325,9 @@ int main(int argc, char** argv) {
       const double act = N * C * S / (sp ? tp : 1), header = m * 12 * 8;
       f["pp"].send = static_cast<int64_t>((last ? 0 : act + header) + (first ? 0 : act));
       f["pp"].recv = static_cast<int64_t>((first ? 0 : act + header) + (last ? 0 : act));
-      f["pp"].broadcast = static_cast<int64_t>(S);  // the loss, from the last stage
+      // The loss from the last stage, behind its dtype (one int64: pipeline_stage.cpp's
+      // loss_on_every_rank).
+      f["pp"].broadcast = static_cast<int64_t>(8 + S);
       f["emb"].all_reduce = static_cast<int64_t>(V * C / tp * S);
     }
 
