@@ -186,7 +186,7 @@ TEST_CASE("train_gpt --save under --dp 2 --zero 3 (FSDP) writes the single-devic
 }
 
 TEST_CASE("train_gpt --save under --zero 1 with tp x pp, and --zero 2 with tp, writes the single-device "
-          "checkpoint; --zero 3 with cp, and with tp and sequence parallelism, resumes them to the "
+          "checkpoint and --zero 3 with cp, and with tp and sequence parallelism, resumes them to the "
           "uninterrupted run") {
   // Every --zero with a split: the state of ZeRO's and FSDP's flat shards, which hold pieces
   // of the plan's tp shards, gathered into the single-device names and cut into another
