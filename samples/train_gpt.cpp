@@ -263,19 +263,49 @@ void save_checkpoint(Run& run, int64_t step) {
   const nn::TensorDict model = run.split ? run.split->model_state_dict() : run.model->state_dict();
   const optim::TensorDict optim = run.split ? run.split->optimizer_state_dict(run.optimizers)
                                             : run.optimizer->state_dict();
+  const std::vector<Generator::State> generators =
+      run.split ? run.split->dp_generator_states() : std::vector<Generator::State>{default_generator().state()};
   if (run.dist.rank != 0) return;
   nn::Checkpoint ck;
   ck.put("model.", model);
   ck.put("optim.", optim);
-  const Generator::State gen = default_generator().state();
+  const Generator::State gen = generators[0];
+  std::string dp_generators;  // "seed:offset" of each dp rank, comma-separated
+  for (const Generator::State& g : generators)
+    dp_generators += fmt::format("{}{}:{}", dp_generators.empty() ? "" : ",", g.seed, g.offset);
   ck.metadata = {{"step", std::to_string(step)},
                  {"gpt_config", config_json(run.model->config())},
                  {"seed", std::to_string(run.options.seed)},
                  {"generator_seed", std::to_string(gen.seed)},
                  {"generator_offset", std::to_string(gen.offset)},
+                 {"dp_generators", dp_generators},
                  {"metrics", run.metrics_csv},
                  {samples::kVocabularyKey, samples::vocabulary_metadata(*run.tokenizer)}};
   nn::save_tensors(ck, run.options.save);
+}
+
+// The metadata's "dp_generators" ("seed:offset" per dp rank, comma-separated), checked.
+std::vector<Generator::State> parse_generators(const std::string& text, const std::string& path) {
+  std::vector<Generator::State> states;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t end = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, end - at);
+    const size_t colon = item.find(':');
+    const auto number = [&](const std::string& digits) {
+      MG_CHECK(!digits.empty() && digits.size() <= 20 && digits.find_first_not_of("0123456789") == std::string::npos,
+               "--resume {}: dp_generators '{}' is not a list of seed:offset", path, text);
+      try {
+        return static_cast<uint64_t>(std::stoull(digits));
+      } catch (const std::out_of_range&) {
+        MG_FAIL("--resume {}: dp_generators '{}' holds a number past 64 bits", path, text);
+      }
+    };
+    MG_CHECK(colon != std::string::npos, "--resume {}: dp_generators '{}' is not a list of seed:offset", path, text);
+    states.push_back({number(item.substr(0, colon)), number(item.substr(colon + 1))});
+    at = end + 1;
+  }
+  return states;
 }
 
 // Loads --resume into the model, the optimizer and the generator; returns its step. Every
@@ -310,7 +340,12 @@ int64_t load_checkpoint(Run& run) {
     run.optimizer->load_state_dict(optim_state, path);
     run.model->load_state_dict(model_state, path);
   }
-  default_generator().set_state({std::stoull(meta("generator_seed")), std::stoull(meta("generator_offset"))});
+  const Generator::State rank0{std::stoull(meta("generator_seed")), std::stoull(meta("generator_offset"))};
+  if (run.split)  // each dp rank its own (a checkpoint from before they were kept: rank 0's alone)
+    run.split->set_dp_generator_state(ck.metadata.count("dp_generators") ? parse_generators(meta("dp_generators"), path)
+                                                                         : std::vector<Generator::State>{rank0});
+  else
+    default_generator().set_state(rank0);
   run.metrics_csv = meta("metrics");
   return std::stoll(meta("step"));
 }

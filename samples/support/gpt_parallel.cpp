@@ -23,6 +23,12 @@
 #include "command_line.h"
 
 namespace mg::samples {
+namespace {
+
+// Dropout's seed on dp rank r > 0 (rank 0 keeps the single-device run's).
+uint64_t dp_seed(uint64_t seed, int dp_rank) { return seed + 7919 * static_cast<uint64_t>(dp_rank); }
+
+}  // namespace
 
 std::string GPTSplit::str() const {
   return fmt::format("dp {} x tp {} x {}cp {}{}{}{}{}", dp, tp, pp > 1 ? fmt::format("pp {} x ", pp) : "", cp,
@@ -94,7 +100,7 @@ DistributedRun join_split_run(double timeout_seconds, std::vector<Device>& devic
 
 SplitGPT::SplitGPT(std::shared_ptr<models::GPT> gpt, const GPTSplit& split, const DistributedRun& dist,
                    uint64_t seed)
-    : gpt_(std::move(gpt)), split_(split) {
+    : gpt_(std::move(gpt)), split_(split), seed_(seed) {
   // Every dimension, size 1 included, so that every group exists.
   mesh_ = std::make_unique<parallel::DeviceMesh>(
       dist.group, std::vector<parallel::MeshDim>{{"dp", split.dp}, {"pp", split.pp}, {"cp", split.cp}, {"tp", split.tp}});
@@ -124,7 +130,29 @@ SplitGPT::SplitGPT(std::shared_ptr<models::GPT> gpt, const GPTSplit& split, cons
   }
   // Dropout: other rows, other masks. Rank 0 of dp keeps the single-device run's stream;
   // the ranks of one dp row (a tp group) stay alike, as replicated regions need.
-  if (mesh_->rank("dp") > 0) manual_seed(seed + 7919 * static_cast<uint64_t>(mesh_->rank("dp")));
+  if (mesh_->rank("dp") > 0) manual_seed(dp_seed(seed, mesh_->rank("dp")));
+}
+
+std::vector<Generator::State> SplitGPT::dp_generator_states() const {
+  const Generator::State mine = default_generator().state();
+  // The bits of the two uint64 carried as int64 (the process groups' integer type).
+  Tensor local = from_vector(std::vector<int64_t>{static_cast<int64_t>(mine.seed), static_cast<int64_t>(mine.offset)},
+                             Shape{2});
+  const auto& dp = mesh_->group("dp");
+  Tensor all = zeros({2 * dp->size()}, DType::Int64);
+  dp->all_gather(all, local)->wait();
+  const std::vector<int64_t> bits = all.to_vector<int64_t>();
+  std::vector<Generator::State> states;
+  for (size_t r = 0; r < bits.size(); r += 2)
+    states.push_back({static_cast<uint64_t>(bits[r]), static_cast<uint64_t>(bits[r + 1])});
+  return states;
+}
+
+void SplitGPT::set_dp_generator_state(const std::vector<Generator::State>& states) const {
+  MG_CHECK(!states.empty(), "SplitGPT::set_dp_generator_state: no generator state");
+  const auto r = static_cast<size_t>(mesh_->rank("dp"));
+  default_generator().set_state(r < states.size() ? states[r]
+                                                  : Generator::State{dp_seed(seed_, mesh_->rank("dp")), states[0].offset});
 }
 
 std::vector<Tensor> SplitGPT::parameters() const {

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include <minigrad/core/device.h>
+#include <minigrad/core/generator.h>
 #include <minigrad/core/tensor.h>
 #include <minigrad/models/gpt.h>
 #include <minigrad/nn/optim/adam.h>
@@ -136,6 +137,12 @@ class SplitGPT {
   // A collective: a fresh single-device GPT holding the trained weights (for the sample;
   // on every rank, on this rank's device).
   std::shared_ptr<models::GPT> whole_model();
+  // Dropout's generator differs per dp rank (other rows, other masks), so a checkpoint keeps
+  // each one's. A collective: every dp rank's state, in dp order. Not one: this rank takes
+  // its own from them; saved under another dp size (or on one device), a rank beyond them
+  // takes rank 0's offset on its own seed -- masks of its own, not a copy of rank 0's.
+  std::vector<Generator::State> dp_generator_states() const;
+  void set_dp_generator_state(const std::vector<Generator::State>& states) const;
 
  private:
   // The tensors holding this rank's gradients after backward: ZeRO-2's shards, or the
@@ -146,6 +153,7 @@ class SplitGPT {
 
   std::shared_ptr<models::GPT> gpt_;
   GPTSplit split_;
+  uint64_t seed_;
   std::unique_ptr<parallel::DeviceMesh> mesh_;
   std::unique_ptr<parallel::MeshPipeline> pipeline_;    // --pp > 1
   std::shared_ptr<parallel::FSDPModule> fsdp_;           // --zero 3

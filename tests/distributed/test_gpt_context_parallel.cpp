@@ -4,7 +4,7 @@
 // takes the loss over the whole sequences (LossParallel) and sums its gradients over the
 // group (reduce_partial_gradients: every parameter's placement says Partial over cp). Its
 // loss, every parameter's gradient, and the parameters after 3 AdamW steps equal the
-// plain GPT's on the whole batch; in float64 (loss and gradients: AdamW is float32 only)
+// plain GPT's on the whole batch; in float64 (loss and gradients)
 // to the last few bits, in float32 (with the steps) within the tolerance of sums taken in
 // another order. The wrong variant, gradients not summed over the group, must fail.
 #ifdef MINIGRAD_WITH_GLOO

@@ -240,7 +240,7 @@ TEST_CASE("GPT tensor + sequence parallel over 2 Gloo ranks equals the single-de
     // 2L column layers and the head, a reduce-scatter out of the embedding and each of the
     // 2L row layers; backward the same with the two swapped. All-gathers carry the local
     // positions [B, T/n, C], reduce-scatters the whole [B, T, C]. Plus the loss's all-gather
-    // (row maxima) and all-reduce, and finish_gradients' one all-reduce of the replicated
+    // (row maxima) and all-reduce, and reduce_partial_gradients' one all-reduce of the replicated
     // parameters: wpe 8 x 16, per block 2 LayerNorms (2 x 32) and 2 row biases (2 x 16),
     // ln_f 32.
     const float L = 2, rows = 3 * 6, C = 16, replicated = 8 * 16 + L * (64 + 32) + 32;

@@ -30,7 +30,7 @@ enum class Form {
   TensorParallelRanks,  // parallelize_mlp over n Gloo ranks
   Mesh2D,               // a dp x tp DeviceMesh: DDP over the dp sub-groups, tp inside
   ContextParallel,      // the GPT's sequence over n Gloo ranks, ring attention
-  MeshPipeline,         // the GPT on a dp x pp x cp x tp DeviceMesh (pipeline_gpt_on_mesh)
+  MeshPipeline,         // the GPT on a dp x pp x cp x tp DeviceMesh (parallelize_gpt, then MeshPipeline)
   Checkpointed,         // the GPT's blocks recomputed in backward (nn/checkpoint.h), one device
 };
 
@@ -216,7 +216,7 @@ inline void gpt_rows(std::vector<Config>& rows) {
   Config& dp_cp_tp = add(Form::Mesh2D, 2, 5);
   dp_cp_tp.cp = 2;
   dp_cp_tp.degree2 = 2;
-  // The pipeline of tensor-parallel stages (pipeline_gpt_on_mesh), replicated over dp.
+  // The pipeline of tensor-parallel stages (parallelize_gpt, then MeshPipeline), replicated over dp.
   auto mesh_pipeline = [&add](int dp, int pp, int cp, int tp, int64_t batch) -> Config& {
     Config& c = add(Form::MeshPipeline, dp, batch);
     c.pp = pp;

@@ -156,6 +156,21 @@ TEST_CASE("train_gpt --save under --pp 2 --schedule interleaved --model-chunks 2
   runs.require_same_checkpoint("resumed", "whole");
 }
 
+TEST_CASE("train_gpt --dp 2 with dropout resumes each dp rank's own dropout stream to the uninterrupted run") {
+  // Each dp rank draws its rows' masks from a generator of its own: a resume that handed
+  // every rank rank 0's state would give the second rank the first one's masks, and the
+  // steps after step 4 (and the checkpoint at 8) would differ from the uninterrupted run's.
+  Runs runs("--n-layer 2 --sample-chars 0 --dropout 0.3");
+  runs.run(2, "--dp 2", 8, "whole");
+  runs.run(2, "--dp 2", 4, "half");
+  runs.run(2, "--dp 2", 8, "resumed", "half");
+  require_same_losses(runs, "resumed", "whole");
+  runs.require_same_checkpoint("resumed", "whole");
+  // The file names both ranks' streams.
+  const auto saved = mg::nn::load_tensors(runs.path("half"));
+  REQUIRE(std::count(saved.metadata.at("dp_generators").begin(), saved.metadata.at("dp_generators").end(), ':') == 2);
+}
+
 TEST_CASE("train_gpt --save under --dp 2 --zero 1 writes the single-device checkpoint, --dp 2 --zero 2 "
           "resumes it to the uninterrupted single-device run") {
   // A weight decay that shows (lr x decay = 1): the two ZeRO optimizers' groups must map

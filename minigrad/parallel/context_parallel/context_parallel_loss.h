@@ -12,7 +12,7 @@
 //   parallelize_module(model, mesh, {"cp", {{"...attn", ContextParallel}, {"...wpe", ...}}})
 //   idx_local = shard_sequence(idx, rank, cp); targets_local = shard_sequence(targets, ...)
 //   loss = context_parallel_cross_entropy(model(idx_local), targets_local, *group)
-//   loss.backward(); reduce_partial_gradients(model, mesh); optimizer.step();
+//   loss.backward(); reduce_partial_gradients(model.parameters()); optimizer.step();
 #pragma once
 
 #include <vector>
@@ -32,7 +32,7 @@ Tensor context_parallel_cross_entropy(const Tensor& logits, const Tensor& target
 // A loss term over the whole group from this rank's part `local` (0-dim, differentiable):
 // the value is the sum of every rank's `local`, the gradient reaches `local` alone (each
 // rank's tokens count once, in its own backward). context_parallel_cross_entropy is this
-// of the local sum over the global count; the tensor-parallel GPT's loss under cp is it of
+// of the local sum over the global count; under tp and cp together LossParallel takes it of
 // the vocabulary-parallel loss (loss_parallel.h).
 Tensor context_parallel_sum(const Tensor& local, ProcessGroup& group);
 
