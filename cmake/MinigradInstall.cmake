@@ -23,16 +23,19 @@ function(minigrad_public_headers out_var)
       endif()
     endforeach()
     # A header named by its file name alone ("sharded_state.h") counts when exactly one
-    # header under minigrad/ has that name, outside the backends' internals. The name must
-    # end there: "transformer.h.0.attn" is a parameter's name, not a header.
+    # header under minigrad/ has that name and it is not one of the backends' internals
+    # (a name an internal header shares is ambiguous: "widen.h" means core/cpu's or
+    # cuda's). The name must end there: "transformer.h.0.attn" is a parameter's name, not a
+    # header.
     string(REGEX MATCHALL "[^a-z_/.][a-z_0-9]+\\.h([^a-z_0-9.]|$)" bare "${text}")
     foreach(name IN LISTS bare)
       string(REGEX REPLACE "^[^a-z_]" "" name "${name}")
       string(REGEX REPLACE "\\.h.*$" ".h" name "${name}")
       file(GLOB_RECURSE found RELATIVE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/minigrad/*/${name})
-      list(FILTER found EXCLUDE REGEX "^minigrad/(cuda/kernels|core/cpu)/")
       list(LENGTH found count)
-      if(count EQUAL 1)
+      list(FILTER found EXCLUDE REGEX "^minigrad/(cuda/kernels|core/cpu)/")
+      list(LENGTH found public)
+      if(count EQUAL 1 AND public EQUAL 1)
         list(APPEND queue ${found})
       endif()
     endforeach()
