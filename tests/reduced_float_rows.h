@@ -111,6 +111,9 @@ inline std::vector<Row> reduced_float_rows() {
     r.push_back({"gelu_backward" + form, {normal({6, 9}), normal({6, 9})},
                  [tanh_form](const V& in, DType) { return V{ops::gelu_backward(in[0], in[1], tanh_form)}; }});
   }
+  r.push_back({"silu", {normal({6, 9})}, [](const V& in, DType) { return V{ops::silu(in[0]), ops::silu(ops::transpose(in[0], 0, 1))}; }});
+  r.push_back({"silu_backward", {normal({6, 9}), normal({6, 9})},
+               [](const V& in, DType) { return V{ops::silu_backward(in[0], in[1])}; }});
   r.push_back({"masked_fill (int64 and 16-bit masks)", {normal({6, 9}), mask({6, 9}), mask({9})}, [](const V& in, DType) {
                  const Tensor float_mask = ops::to_dtype(in[2], in[0].dtype());
                  return V{ops::masked_fill(in[0], in[1], -1.5), ops::masked_fill(in[0], float_mask, 2.0)};
@@ -167,6 +170,20 @@ inline std::vector<Row> reduced_float_rows() {
   r.push_back({"layer_norm_backward", {normal({3, 5, 11}), normal({11}), normal({3, 5, 11})}, [](const V& in, DType) {
                  const ops::LayerNormOutput f = ops::layer_norm(in[0], 1, in[1], Tensor(), 1e-5);
                  return ops::layer_norm_backward(in[2], in[0], 1, f.mean, f.rstd, in[1], true, true);
+               }});
+  r.push_back({"rms_norm (weighted, plain; rstd in float32)", {normal({3, 5, 11}), normal({11})}, [](const V& in, DType) {
+                 const ops::RmsNormOutput a = ops::rms_norm(in[0], 1, in[1], 1e-6);
+                 const ops::RmsNormOutput b = ops::rms_norm(in[0], 2, Tensor(), 1e-6);
+                 return V{a.out, a.rstd, b.out};
+               }});
+  r.push_back({"rms_norm_backward", {normal({3, 5, 11}), normal({11}), normal({3, 5, 11})}, [](const V& in, DType) {
+                 const ops::RmsNormOutput f = ops::rms_norm(in[0], 1, in[1], 1e-6);
+                 return ops::rms_norm_backward(in[2], in[0], 1, f.rstd, in[1], true);
+               }});
+  // Tables of any values: the kernel rotates by whatever cos and sin it is given.
+  r.push_back({"rotary_embedding (and its inverse)", {normal({2, 5, 3, 8}), normal({5, 4}), normal({5, 4})},
+               [](const V& in, DType) {
+                 return V{ops::rotary_embedding(in[0], in[1], in[2], false), ops::rotary_embedding(in[0], in[1], in[2], true)};
                }});
   r.push_back({"embedding", {normal({11, 6}), index({3, 5}, 11)},
                [](const V& in, DType) { return V{ops::embedding(in[0], in[1]), ops::embedding(ops::narrow(in[0], 1, 1, 4), in[1])}; }});

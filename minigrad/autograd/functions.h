@@ -43,6 +43,8 @@ Tensor tanh(const Tensor& x);
 // torch.nn.functional.gelu: approximate "none" (x * Phi(x), with erf) or "tanh" (GPT-2's
 // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))).
 Tensor gelu(const Tensor& x, const std::string& approximate = "none");
+// torch.nn.functional.silu: x * sigmoid(x) (the gate of the Llama's SwiGLU MLP).
+Tensor silu(const Tensor& x);
 // x with `value` wherever mask != 0 (mask: int64 0/1 or float, broadcastable to x's shape,
 // never differentiated), as torch's x.masked_fill(mask, value).
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
@@ -142,6 +144,20 @@ Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
 Tensor layer_norm(const Tensor& x, std::initializer_list<int64_t> normalized_shape,
                   const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
                   double eps = 1e-5);
+
+// torch.nn.functional.rms_norm (torch >= 2.4; HF's LlamaRMSNorm computes the same):
+// x / sqrt(mean(x^2 over normalized_shape) + eps) * weight; weight of normalized_shape, or
+// undefined. One fused op that saves 1/sqrt(mean(x^2) + eps) per row for backward.
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                double eps = 1e-6);
+Tensor rms_norm(const Tensor& x, std::initializer_list<int64_t> normalized_shape,
+                const Tensor& weight = Tensor(), double eps = 1e-6);
+// Rotary position embedding (RoFormer; HF's apply_rotary_pos_emb, the rotate_half layout):
+// x [B, T, H, D] (D even) -> x * cos + rotate_half(x) * sin, where rotate_half(x) is
+// cat(-x[..., D/2:], x[..., :D/2]) and cos, sin [T, D/2] (x's dtype and device) are the
+// angles' tables of the T positions (each used for both halves). Differentiable in x; the
+// tables are constants (functions/rotary_embedding.cpp).
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);
 
 // ---- attention (functions/attention.cpp) ----
 // torch.nn.functional.scaled_dot_product_attention for q [..., L, E], k [..., S, E],

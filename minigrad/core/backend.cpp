@@ -80,6 +80,10 @@ void Backend::gelu(const Tensor&, const Tensor&, bool) { missing_kernel(*this, "
 void Backend::gelu_backward(const Tensor&, const Tensor&, const Tensor&, bool) {
   missing_kernel(*this, "gelu_backward");
 }
+void Backend::silu(const Tensor&, const Tensor&) { missing_kernel(*this, "silu"); }
+void Backend::silu_backward(const Tensor&, const Tensor&, const Tensor&) {
+  missing_kernel(*this, "silu_backward");
+}
 void Backend::masked_fill(const Tensor&, const Tensor&, const Tensor&, double) {
   missing_kernel(*this, "masked_fill");
 }
@@ -98,6 +102,16 @@ void Backend::layer_norm(const Tensor&, const Tensor&, const Tensor&, const Tens
 void Backend::layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                   const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   missing_kernel(*this, "layer_norm_backward");
+}
+void Backend::rms_norm(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double) {
+  missing_kernel(*this, "rms_norm");
+}
+void Backend::rms_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                const Tensor&, const Tensor&) {
+  missing_kernel(*this, "rms_norm_backward");
+}
+void Backend::rotary_embedding(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool) {
+  missing_kernel(*this, "rotary_embedding");
 }
 void Backend::embedding(const Tensor&, const Tensor&, const Tensor&) {
   missing_kernel(*this, "embedding");

@@ -229,6 +229,9 @@ class Backend {
   virtual void gelu(const Tensor& out, const Tensor& in, bool tanh_form);
   virtual void gelu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& input,
                              bool tanh_form);
+  // out = silu(in) = in * sigmoid(in), as torch.nn.functional.silu (the Llama's SwiGLU gate).
+  virtual void silu(const Tensor& out, const Tensor& in);
+  virtual void silu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& input);
   // out = mask != 0 ? value : in, elementwise; mask (int64 or float, of out's shape: the
   // ops layer expands it) may be any dtype of the table.
   virtual void masked_fill(const Tensor& out, const Tensor& in, const Tensor& mask, double value);
@@ -304,6 +307,23 @@ class Backend {
                                    const Tensor& grad_bias, const Tensor& grad_out,
                                    const Tensor& in, const Tensor& mean, const Tensor& rstd,
                                    const Tensor& weight);
+  // RMS normalisation over the rows of in [rows, cols] (contiguous, as layer_norm's):
+  // out = in * rstd * weight, rstd = 1/sqrt(mean(in^2) + eps) saved for backward ([rows],
+  // compute_dtype(in)). weight [cols], contiguous, or undefined.
+  virtual void rms_norm(const Tensor& out, const Tensor& rstd, const Tensor& in,
+                        const Tensor& weight, double eps);
+  // The gradients of rms_norm given grad_out [rows, cols] (contiguous): grad_in always;
+  // grad_weight ([cols], the sum over the rows) when defined.
+  virtual void rms_norm_backward(const Tensor& grad_in, const Tensor& grad_weight,
+                                 const Tensor& grad_out, const Tensor& in, const Tensor& rstd,
+                                 const Tensor& weight);
+  // Rotary position embedding, the rotate_half convention (HF's Llama): in and out
+  // [B, T, H, D] contiguous, D even, cos and sin [T, D/2] contiguous, h = D/2; at position t
+  //   out[.., t, .., i]     = in[i] cos[t, i] - in[i + h] sin[t, i]
+  //   out[.., t, .., i + h] = in[i + h] cos[t, i] + in[i] sin[t, i]
+  // inverse: the rotation by the opposite angles (sin negated), which is its backward.
+  virtual void rotary_embedding(const Tensor& out, const Tensor& in, const Tensor& cos,
+                                const Tensor& sin, bool inverse);
   // out[i, :] = weight[indices[i], :]: weight [vocab, dim] strided, indices int64 [n]
   // (contiguous), out [n, dim] contiguous. An index outside [0, vocab) is an mg::Error
   // naming it (the CPU checks before reading; CUDA through its device-side check).

@@ -82,6 +82,9 @@ Tensor tanh(const Tensor& x);
 // tanh_form: GPT-2's approximation (approximate="tanh"); else the exact erf form.
 Tensor gelu(const Tensor& x, bool tanh_form);
 Tensor gelu_backward(const Tensor& grad_out, const Tensor& input, bool tanh_form);
+// x * sigmoid(x), and its gradient given grad_out.
+Tensor silu(const Tensor& x);
+Tensor silu_backward(const Tensor& grad_out, const Tensor& input);
 // x where mask == 0, value where mask != 0; mask (int64 or float) broadcasts to x's shape.
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 // Zeroes element i of x (row-major) where philox::uniform(seed, offset, i) < p and scales
@@ -100,6 +103,19 @@ std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
                                         int64_t normalized_dims, const Tensor& mean,
                                         const Tensor& rstd, const Tensor& weight,
                                         bool grad_weight, bool grad_bias);
+// RMS normalisation over the last `normalized_dims` dimensions of x, times weight (of
+// their shape, or undefined); rstd is [rows] in compute_dtype(x), as layer_norm's.
+struct RmsNormOutput {
+  Tensor out, rstd;
+};
+RmsNormOutput rms_norm(const Tensor& x, int64_t normalized_dims, const Tensor& weight, double eps);
+// {grad_x, grad_weight}; grad_weight only when asked for.
+std::vector<Tensor> rms_norm_backward(const Tensor& grad_out, const Tensor& x, int64_t normalized_dims,
+                                      const Tensor& rstd, const Tensor& weight, bool grad_weight);
+// Rotary embedding of x [B, T, H, D] by the angles of cos and sin [T, D/2] (rotate_half
+// layout, Backend::rotary_embedding); inverse: by the opposite angles. mg::Error naming the
+// shapes, dtypes and devices unless they fit.
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse);
 // weight [vocab, dim] gathered at int64 indices of any shape: [..., dim].
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // The [vocab, dim] gradient of embedding given grad_out [..., dim].

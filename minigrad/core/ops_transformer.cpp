@@ -131,6 +131,19 @@ Tensor gelu_backward(const Tensor& grad_out, const Tensor& input, bool tanh_form
   return out;
 }
 
+Tensor silu(const Tensor& x) {
+  check_float("silu", x);
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  if (x.numel() > 0) backend_of(x).silu(out, x);
+  return out;
+}
+
+Tensor silu_backward(const Tensor& grad_out, const Tensor& input) {
+  Tensor out = empty(input.shape(), input.dtype(), input.device());
+  if (out.numel() > 0) backend_of(input).silu_backward(out, grad_out, input);
+  return out;
+}
+
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   check_same_device("masked_fill", x, mask);
   const Shape shape = broadcast_shapes(x.shape(), mask.shape(), "masked_fill");
@@ -200,6 +213,61 @@ std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
   backend_of(x).layer_norm_backward(as_matrix(gi, normalized_dims), flat(gw), flat(gb), g, in, mean,
                                     rstd, weight.defined() ? flat(contiguous(weight)) : Tensor());
   return {gi, gw, gb};
+}
+
+RmsNormOutput rms_norm(const Tensor& x, int64_t normalized_dims, const Tensor& weight, double eps) {
+  check_float("rms_norm", x);
+  const std::vector<int64_t> xs = sizes_of(x);
+  const Shape normalized(std::vector<int64_t>(xs.end() - normalized_dims, xs.end()));
+  if (weight.defined()) {
+    check_same_device("rms_norm", x, weight);
+    MG_CHECK(weight.shape() == normalized && weight.dtype() == x.dtype(),
+             "rms_norm: expected weight of shape {} ({}, the normalized shape), got {} ({})", normalized,
+             x.dtype(), weight.shape(), weight.dtype());
+  }
+  const Tensor in = as_matrix(contiguous(x), normalized_dims);
+  MG_CHECK(in.size(1) > 0, "rms_norm: cannot normalise over an empty shape {} (input {})", normalized, x.shape());
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  // rstd in float32 for a 16-bit x: backward reads it unrounded.
+  Tensor rstd = empty(Shape{in.size(0)}, compute_dtype(x.dtype()), x.device());
+  const Tensor w = weight.defined() ? view(contiguous(weight), Shape{weight.numel()}) : Tensor();
+  if (in.size(0) > 0) backend_of(x).rms_norm(as_matrix(out, normalized_dims), rstd, in, w, eps);
+  return {out, rstd};
+}
+
+std::vector<Tensor> rms_norm_backward(const Tensor& grad_out, const Tensor& x, int64_t normalized_dims,
+                                      const Tensor& rstd, const Tensor& weight, bool grad_weight) {
+  const Tensor in = as_matrix(contiguous(x), normalized_dims);
+  const Tensor g = as_matrix(contiguous(grad_out), normalized_dims);
+  const std::vector<int64_t> xs = sizes_of(x);
+  const Shape normalized(std::vector<int64_t>(xs.end() - normalized_dims, xs.end()));
+  Tensor gi = empty(x.shape(), x.dtype(), x.device());
+  Tensor gw = grad_weight ? empty(normalized, x.dtype(), x.device()) : Tensor();
+  if (in.size(0) == 0) {
+    if (gw.defined()) backend_of(x).fill(gw, 0.0);
+    return {gi, gw};
+  }
+  backend_of(x).rms_norm_backward(as_matrix(gi, normalized_dims), gw.defined() ? view(gw, Shape{gw.numel()}) : Tensor(),
+                                  g, in, rstd,
+                                  weight.defined() ? view(contiguous(weight), Shape{weight.numel()}) : Tensor());
+  return {gi, gw};
+}
+
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
+  check_float("rotary_embedding", x);
+  check_same_device("rotary_embedding", x, cos);
+  check_same_device("rotary_embedding", x, sin);
+  MG_CHECK(x.dim() == 4 && x.size(3) % 2 == 0,
+           "rotary_embedding: expected x [B, T, H, D] with D even (pairs i, i + D/2 rotate), got {}", x.shape());
+  const Shape table{x.size(1), x.size(3) / 2};
+  MG_CHECK(cos.shape() == table && sin.shape() == table && cos.dtype() == x.dtype() && sin.dtype() == x.dtype(),
+           "rotary_embedding: expected cos and sin of shape {} ([T, D/2]) and dtype {} for x {}, got cos {} ({}) and "
+           "sin {} ({})",
+           table, x.dtype(), x.shape(), cos.shape(), cos.dtype(), sin.shape(), sin.dtype());
+  const Tensor in = contiguous(x);
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  if (x.numel() > 0) backend_of(x).rotary_embedding(out, in, contiguous(cos), contiguous(sin), inverse);
+  return out;
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {

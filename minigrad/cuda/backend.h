@@ -88,6 +88,8 @@ class CudaBackend final : public Backend {
   void gelu(const Tensor& out, const Tensor& in, bool tanh_form) override;
   void gelu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& input,
                      bool tanh_form) override;
+  void silu(const Tensor& out, const Tensor& in) override;
+  void silu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& input) override;
   void masked_fill(const Tensor& out, const Tensor& in, const Tensor& mask, double value) override;
   void dropout(const Tensor& out, const Tensor& in, double p, uint64_t seed,
                uint64_t offset) override;
@@ -100,6 +102,12 @@ class CudaBackend final : public Backend {
   void layer_norm_backward(const Tensor& grad_in, const Tensor& grad_weight,
                            const Tensor& grad_bias, const Tensor& grad_out, const Tensor& in,
                            const Tensor& mean, const Tensor& rstd, const Tensor& weight) override;
+  void rms_norm(const Tensor& out, const Tensor& rstd, const Tensor& in, const Tensor& weight,
+                double eps) override;
+  void rms_norm_backward(const Tensor& grad_in, const Tensor& grad_weight, const Tensor& grad_out,
+                         const Tensor& in, const Tensor& rstd, const Tensor& weight) override;
+  void rotary_embedding(const Tensor& out, const Tensor& in, const Tensor& cos, const Tensor& sin,
+                        bool inverse) override;
   void embedding(const Tensor& out, const Tensor& weight, const Tensor& indices) override;
   void embedding_backward(const Tensor& grad_weight, const Tensor& grad_out,
                           const Tensor& indices) override;

@@ -79,6 +79,19 @@ void CudaBackend::gelu_backward(const Tensor& grad_in, const Tensor& grad_out, c
                          grad_in.numel(), scope.stream());
 }
 
+void CudaBackend::silu(const Tensor& out, const Tensor& in) {
+  OpScope scope(out);
+  const auto layout = strided_layout<2>("silu", out.shape(), {out, in});
+  kernels::silu(float_type(out.dtype(), "silu"), out.data_ptr(), in.data_ptr(), layout, out.numel(), scope.stream());
+}
+
+void CudaBackend::silu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& input) {
+  OpScope scope(grad_in);
+  const auto layout = strided_layout<3>("silu_backward", grad_in.shape(), {grad_in, grad_out, input});
+  kernels::silu_backward(float_type(input.dtype(), "silu_backward"), grad_in.data_ptr(), grad_out.data_ptr(),
+                         input.data_ptr(), layout, grad_in.numel(), scope.stream());
+}
+
 void CudaBackend::masked_fill(const Tensor& out, const Tensor& in, const Tensor& mask,
                               double value) {
   OpScope scope(out);
@@ -183,6 +196,40 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& grad_
                                grad_out.data_ptr(), in.data_ptr(), mean.data_ptr(),
                                rstd.data_ptr(), data_or_null(weight), in.size(0), in.size(1),
                                scope.stream());
+}
+
+void CudaBackend::rms_norm(const Tensor& out, const Tensor& rstd, const Tensor& in, const Tensor& weight,
+                           double eps) {
+  if (is_reduced_float(in.dtype())) {  // rstd is float32 already (compute_dtype)
+    const Tensor wide = float32_stand_in(out);
+    rms_norm(wide, rstd, widen(in), widen(weight), eps);
+    return round_into(out, wide);
+  }
+  OpScope scope(out);
+  kernels::rms_norm(float_type(in.dtype(), "rms_norm"), out.data_ptr(), rstd.data_ptr(), in.data_ptr(),
+                    data_or_null(weight), in.size(0), in.size(1), eps, scope.stream());
+}
+
+void CudaBackend::rms_norm_backward(const Tensor& grad_in, const Tensor& grad_weight, const Tensor& grad_out,
+                                    const Tensor& in, const Tensor& rstd, const Tensor& weight) {
+  if (is_reduced_float(in.dtype())) {
+    const Tensor gi = float32_stand_in(grad_in), gw = float32_stand_in(grad_weight);
+    rms_norm_backward(gi, gw, widen(grad_out), widen(in), rstd, widen(weight));
+    round_into(grad_in, gi);
+    return round_into(grad_weight, gw);
+  }
+  OpScope scope(grad_in);
+  kernels::rms_norm_backward(float_type(in.dtype(), "rms_norm_backward"), grad_in.data_ptr(),
+                             mutable_data_or_null(grad_weight), grad_out.data_ptr(), in.data_ptr(), rstd.data_ptr(),
+                             data_or_null(weight), in.size(0), in.size(1), scope.stream());
+}
+
+// in, out [B, T, H, D] and the tables contiguous (ops::rotary_embedding makes them so).
+void CudaBackend::rotary_embedding(const Tensor& out, const Tensor& in, const Tensor& cos, const Tensor& sin,
+                                   bool inverse) {
+  OpScope scope(out);
+  kernels::rotary_embedding(float_type(in.dtype(), "rotary_embedding"), out.data_ptr(), in.data_ptr(), cos.data_ptr(),
+                            sin.data_ptr(), in.size(0), in.size(1), in.size(2), in.size(3), inverse, scope.stream());
 }
 
 // The indices are checked on the host before the lookup (a copy and a wait): an index out

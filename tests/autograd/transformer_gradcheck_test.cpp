@@ -91,6 +91,35 @@ TEST_CASE("gradcheck float64: layer_norm with and without weight and bias",
       {r64({3, 5}, 22), r64({3}, 23)}, Gradcheck64());
 }
 
+TEST_CASE("gradcheck float64: rms_norm with and without weight", "[rms_norm][llama][float64]") {
+  CHECK_GRADCHECK([](const Inputs& in) { return rms_norm(in[0], {7}, in[1]); }, {r64({2, 3, 7}, 41), r64({7}, 42)},
+                  Gradcheck64());
+  CHECK_GRADCHECK([](const Inputs& in) { return rms_norm(in[0].transpose(0, 1), {3}, Tensor(), 1e-3); },
+                  {r64({3, 5}, 43)}, Gradcheck64());
+  CHECK_GRADCHECK([](const Inputs& in) { return rms_norm(in[0], Shape{3, 5}, in[1]); },
+                  {r64({2, 3, 5}, 44), r64({3, 5}, 45)}, Gradcheck64());
+}
+
+TEST_CASE("gradcheck float64: silu over both signs", "[silu][llama][float64]") {
+  CHECK_GRADCHECK([](const Inputs& in) { return silu(in[0].t()); }, {r64({3, 7}, 46, -6.0, 6.0)}, Gradcheck64());
+}
+
+TEST_CASE("gradcheck float64: rotary_embedding at odd positions and on a strided input", "[rotary][llama][float64]") {
+  // Tables of angles at positions 2, 5, 9 (theta 10000, D = 6), as a Llama builds them.
+  std::vector<double> c, s;
+  for (int p : {2, 5, 9})
+    for (int i = 0; i < 3; ++i) {
+      const double angle = p * std::pow(10000.0, -2.0 * i / 6.0);
+      c.push_back(std::cos(angle));
+      s.push_back(std::sin(angle));
+    }
+  const Tensor cos = from_vector(c, {3, 3}), sin = from_vector(s, {3, 3});
+  CHECK_GRADCHECK([&](const Inputs& in) { return rotary_embedding(in[0], cos, sin); }, {r64({2, 3, 2, 6}, 47)},
+                  Gradcheck64());
+  CHECK_GRADCHECK([&](const Inputs& in) { return rotary_embedding(in[0].transpose(1, 2), cos, sin); },
+                  {r64({2, 2, 3, 6}, 48)}, Gradcheck64());
+}
+
 TEST_CASE("gradcheck float64: gelu (both forms) and tanh", "[gelu][tanh][float64]") {
   const Tensor x = r64({3, 7}, 24, -3.0, 3.0);
   CHECK_GRADCHECK([](const Inputs& in) { return gelu(in[0]); }, {x}, Gradcheck64());

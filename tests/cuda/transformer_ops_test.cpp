@@ -99,3 +99,29 @@ TEST_CASE("float64 on CUDA: elementwise ops, sums, matmul and linear match the C
     require_equal(zeros({n}, DType::Float64, gpu()).fill_(0.25), full({n}, 0.25, DType::Float64));
   }
 }
+
+TEST_CASE("transformer ops on CUDA: the Llama's rms_norm silu and rotary_embedding with gradients") {
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    CAPTURE(dtype);
+    // float32: sums of up to 65 terms in another order (the GPU's block sum); 1e-4 as above.
+    const double tol = dtype == DType::Float64 ? 1e-10 : 1e-4;
+    const auto r = [dtype](const Shape& s, uint64_t seed) { return ops::to_dtype(random_cpu(s, seed), dtype); };
+    const auto run = [&](Device device) {
+      Tensor x = r({4, 33, 65}, 21).to(device), w = r({65}, 22).to(device);
+      Tensor q = r({2, 7, 3, 10}, 23).to(device), a = r({5, 301}, 24).to(device);
+      const Tensor cos = r({7, 5}, 25).to(device), sin = r({7, 5}, 26).to(device);
+      for (Tensor* t : {&x, &w, &q, &a}) t->set_requires_grad(true);
+      const Tensor y = rms_norm(x, {65}, w), z = rotary_embedding(q.transpose(1, 2).transpose(1, 2), cos, sin),
+                   s = silu(a.t());
+      (sum(mul(y, r(y.shape(), 27).to(device))) + sum(mul(z, r(z.shape(), 28).to(device))) +
+       sum(mul(s, r(s.shape(), 29).to(device))))
+          .backward();
+      return std::vector<Tensor>{y, z, s, x.grad(), w.grad(), q.grad(), a.grad()};
+    };
+    const auto on_gpu = run(gpu()), on_cpu = run(Device::cpu());
+    for (size_t i = 0; i < on_gpu.size(); ++i) {
+      CAPTURE(i);
+      require_close(on_gpu[i].to(Device::cpu()), on_cpu[i], tol, tol);
+    }
+  }
+}

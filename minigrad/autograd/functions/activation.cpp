@@ -1,5 +1,5 @@
 // The transformer's elementwise ops and softmax, each forward beside its backward: tanh,
-// gelu, softmax over any dim, masked_fill and dropout.
+// gelu, silu, softmax over any dim, masked_fill and dropout.
 #include <minigrad/autograd/autocast.h>
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/node.h>
@@ -28,6 +28,15 @@ Tensor gelu(const Tensor& x, const std::string& approximate) {
   Tensor out = ops::gelu(x, tanh_form);
   record_function("GeluBackward", {x}, {out}, [x = SavedTensor(x), tanh_form](const BackwardArgs& g) {
     return std::vector<Tensor>{ops::gelu_backward(g.grad(), x.unpack(g), tanh_form)};
+  });
+  return out;
+}
+
+Tensor silu(const Tensor& x) {
+  Tensor out = ops::silu(x);
+  // d silu(x) = s (1 + x (1 - s)), s = sigmoid(x): backward needs x alone.
+  record_function("SiluBackward", {x}, {out}, [x = SavedTensor(x)](const BackwardArgs& g) {
+    return std::vector<Tensor>{ops::silu_backward(g.grad(), x.unpack(g))};
   });
   return out;
 }

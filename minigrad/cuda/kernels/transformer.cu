@@ -68,6 +68,19 @@ struct GeluBackwardOp {
   bool tanh_form;
   __device__ void operator()(int64_t, const int64_t (&k)[3]) const;
 };
+template <typename T>
+struct SiluOp {
+  T* o;
+  const T* x;
+  __device__ void operator()(int64_t, const int64_t (&k)[2]) const;
+};
+template <typename T>
+struct SiluBackwardOp {
+  T* gi;
+  const T* go;
+  const T* x;
+  __device__ void operator()(int64_t, const int64_t (&k)[3]) const;
+};
 template <typename T, typename M>
 struct MaskedFillOp {
   T* o;
@@ -167,6 +180,24 @@ __device__ void GeluOp<T>::operator()(int64_t, const int64_t (&k)[2]) const {
 template <typename T>
 __device__ void GeluBackwardOp<T>::operator()(int64_t, const int64_t (&k)[3]) const {
   gi[k[0]] = from_compute<T>(gelu_grad(to_compute(go[k[1]]), to_compute(x[k[2]]), tanh_form));
+}
+
+// ---- silu: x * sigmoid(x); d/dx = s (1 + x (1 - s)) ----
+template <typename T>
+__device__ __forceinline__ T sigmoid_value(T x) {
+  return T(1) / (T(1) + exp(-x));
+}
+template <typename T>
+__device__ void SiluOp<T>::operator()(int64_t, const int64_t (&k)[2]) const {
+  const auto v = to_compute(x[k[1]]);
+  o[k[0]] = from_compute<T>(v * sigmoid_value(v));
+}
+template <typename T>
+__device__ void SiluBackwardOp<T>::operator()(int64_t, const int64_t (&k)[3]) const {
+  const auto v = to_compute(x[k[2]]);
+  const auto sg = sigmoid_value(v);
+  using C = decltype(v);
+  gi[k[0]] = from_compute<T>(to_compute(go[k[1]]) * sg * (C(1) + v * (C(1) - sg)));
 }
 
 // ---- block reductions (a block of kThreads per row) ----
@@ -284,6 +315,63 @@ __global__ void layer_norm_param_grads_kernel(T* gw, T* gb, const T* go, const T
   }
   if (gw != nullptr) gw[j] = static_cast<T>(sw);
   if (gb != nullptr) gb[j] = static_cast<T>(sb);
+}
+
+// RMS normalisation: a block per row, the sum of squares in double (as the CPU's).
+template <typename T>
+__global__ void rms_norm_kernel(T* out, T* rstd, const T* in, const T* w, int64_t cols, double eps) {
+  const T* x = in + blockIdx.x * cols;
+  T* y = out + blockIdx.x * cols;
+  double sq = 0;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) sq += static_cast<double>(x[j]) * static_cast<double>(x[j]);
+  const T r = static_cast<T>(1.0 / sqrt(block_sum(sq) / static_cast<double>(cols) + eps));
+  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) y[j] = w != nullptr ? x[j] * r * w[j] : x[j] * r;
+}
+
+// grad_in = rstd * (dxhat - xhat * mean(dxhat * xhat)), xhat = x rstd, dxhat = grad_out w.
+template <typename T>
+__global__ void rms_norm_backward_kernel(T* gi, const T* go, const T* in, const T* rstd, const T* w, int64_t cols) {
+  const int64_t base = blockIdx.x * cols;
+  const T rs = rstd[blockIdx.x];
+  double s = 0;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const T dxhat = w != nullptr ? go[base + j] * w[j] : go[base + j];
+    s += static_cast<double>(dxhat) * static_cast<double>(in[base + j] * rs);
+  }
+  const T mean_dxhat_xhat = static_cast<T>(block_sum(s) / static_cast<double>(cols));
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const T dxhat = w != nullptr ? go[base + j] * w[j] : go[base + j];
+    gi[base + j] = rs * (dxhat - in[base + j] * rs * mean_dxhat_xhat);
+  }
+}
+
+// grad_weight[j] = sum_i grad_out[i, j] * x[i, j] * rstd[i], a thread per column in row order.
+template <typename T>
+__global__ void rms_norm_weight_grad_kernel(T* gw, const T* go, const T* in, const T* rstd, int64_t rows,
+                                            int64_t cols) {
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= cols) return;
+  double sw = 0;
+  for (int64_t i = 0; i < rows; ++i)
+    sw += static_cast<double>(go[i * cols + j]) * static_cast<double>(in[i * cols + j] * rstd[i]);
+  gw[j] = static_cast<T>(sw);
+}
+
+// Rotary embedding: a thread per pair (i, i + D/2) of one head at one position, grid-stride.
+template <typename T>
+__global__ void rotary_kernel(T* out, const T* in, const T* cos, const T* sin, int64_t pairs, int64_t S,
+                              int64_t H, int64_t half, bool inverse) {
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = p % half, row = p / half;  // row = (b S + t) H + h
+    const int64_t t = (row / H) % S, base = row * 2 * half;
+    const auto c = to_compute(cos[t * half + i]);
+    const auto sn = inverse ? -to_compute(sin[t * half + i]) : to_compute(sin[t * half + i]);
+    const auto x1 = to_compute(in[base + i]), x2 = to_compute(in[base + i + half]);
+    out[base + i] = from_compute<T>(x1 * c - x2 * sn);
+    out[base + i + half] = from_compute<T>(x2 * c + x1 * sn);
+  }
 }
 
 template <typename T>
@@ -476,6 +564,24 @@ void gelu_backward(FloatType type, void* grad_in, const void* grad_out, const vo
   });
 }
 
+void silu(FloatType type, void* out, const void* in, const StridedIndexer<2>& layout, int64_t numel,
+          cudaStream_t stream) {
+  with_float_or_reduced(type, [&](auto tag) {
+    using T = decltype(tag);
+    launch_strided<2>(layout, numel, stream, SiluOp<T>{static_cast<T*>(out), static_cast<const T*>(in)});
+  });
+}
+
+void silu_backward(FloatType type, void* grad_in, const void* grad_out, const void* input,
+                   const StridedIndexer<3>& layout, int64_t numel, cudaStream_t stream) {
+  with_float_or_reduced(type, [&](auto tag) {
+    using T = decltype(tag);
+    launch_strided<3>(layout, numel, stream,
+                      SiluBackwardOp<T>{static_cast<T*>(grad_in), static_cast<const T*>(grad_out),
+                                        static_cast<const T*>(input)});
+  });
+}
+
 void masked_fill(AnyType type, AnyType mask_type, void* out, const void* in, const void* mask,
                  double value, const StridedIndexer<3>& layout, int64_t numel,
                  cudaStream_t stream) {
@@ -554,6 +660,48 @@ void layer_norm_backward(FloatType type, void* grad_in, void* grad_weight, void*
           static_cast<T*>(grad_weight), static_cast<T*>(grad_bias),
           static_cast<const T*>(grad_out), static_cast<const T*>(in),
           static_cast<const T*>(mean), static_cast<const T*>(rstd), rows, cols);
+  });
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm(FloatType type, void* out, void* rstd, const void* in, const void* weight, int64_t rows,
+              int64_t cols, double eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  with_float(type, [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+        static_cast<T*>(out), static_cast<T*>(rstd), static_cast<const T*>(in), static_cast<const T*>(weight), cols,
+        eps);
+  });
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm_backward(FloatType type, void* grad_in, void* grad_weight, const void* grad_out, const void* in,
+                       const void* rstd, const void* weight, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0) return;
+  with_float(type, [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_backward_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+        static_cast<T*>(grad_in), static_cast<const T*>(grad_out), static_cast<const T*>(in),
+        static_cast<const T*>(rstd), static_cast<const T*>(weight), cols);
+    MG_CUDA_CHECK_LAUNCH();
+    if (grad_weight != nullptr)
+      rms_norm_weight_grad_kernel<T><<<blocks_for(cols), kThreads, 0, stream>>>(
+          static_cast<T*>(grad_weight), static_cast<const T*>(grad_out), static_cast<const T*>(in),
+          static_cast<const T*>(rstd), rows, cols);
+  });
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+void rotary_embedding(FloatType type, void* out, const void* in, const void* cos, const void* sin, int64_t batch,
+                      int64_t seq, int64_t heads, int64_t dim, bool inverse, cudaStream_t stream) {
+  const int64_t half = dim / 2, pairs = batch * seq * heads * half;
+  if (pairs == 0) return;
+  with_float_or_reduced(type, [&](auto tag) {
+    using T = decltype(tag);
+    rotary_kernel<T><<<blocks_for(pairs), kThreads, 0, stream>>>(
+        static_cast<T*>(out), static_cast<const T*>(in), static_cast<const T*>(cos), static_cast<const T*>(sin),
+        pairs, seq, heads, half, inverse);
   });
   MG_CUDA_CHECK_LAUNCH();
 }

@@ -30,6 +30,11 @@ void gelu(FloatType type, void* out, const void* in, bool tanh_form,
 void gelu_backward(FloatType type, void* grad_in, const void* grad_out, const void* input,
                    bool tanh_form, const StridedIndexer<3>& layout, int64_t numel,
                    cudaStream_t stream);
+// out = in * sigmoid(in), and its gradient (operands grad_in, grad_out, input).
+void silu(FloatType type, void* out, const void* in, const StridedIndexer<2>& layout, int64_t numel,
+          cudaStream_t stream);
+void silu_backward(FloatType type, void* grad_in, const void* grad_out, const void* input,
+                   const StridedIndexer<3>& layout, int64_t numel, cudaStream_t stream);
 // out = mask != 0 ? value : in (operands out, in, mask).
 void masked_fill(AnyType type, AnyType mask_type, void* out, const void* in, const void* mask,
                  double value, const StridedIndexer<3>& layout, int64_t numel,
@@ -52,6 +57,16 @@ void layer_norm_backward(FloatType type, void* grad_in, void* grad_weight, void*
                          const void* grad_out, const void* in, const void* mean,
                          const void* rstd, const void* weight, int64_t rows, int64_t cols,
                          cudaStream_t stream);
+// RMS normalisation of contiguous [rows, cols]; weight may be null (float32 and float64).
+void rms_norm(FloatType type, void* out, void* rstd, const void* in, const void* weight, int64_t rows,
+              int64_t cols, double eps, cudaStream_t stream);
+// grad_weight may be null; it is a sum over rows in row order (one thread per column).
+void rms_norm_backward(FloatType type, void* grad_in, void* grad_weight, const void* grad_out, const void* in,
+                       const void* rstd, const void* weight, int64_t rows, int64_t cols, cudaStream_t stream);
+// Rotary embedding of contiguous [batch, seq, heads, dim] by cos, sin [seq, dim / 2]
+// (Backend::rotary_embedding's rotate_half layout); every float type.
+void rotary_embedding(FloatType type, void* out, const void* in, const void* cos, const void* sin, int64_t batch,
+                      int64_t seq, int64_t heads, int64_t dim, bool inverse, cudaStream_t stream);
 // out[i, :] = weight[idx[i], :] (weight strided, indices already checked in range).
 void embedding(FloatType type, void* out, const void* weight, int64_t row_stride,
                int64_t col_stride, const int64_t* indices, int64_t n, int64_t dim,
