@@ -52,6 +52,25 @@ std::string LayerNorm::extra_repr() const {
                      eps_, affine_ ? "True" : "False");
 }
 
+RMSNorm::RMSNorm(std::vector<int64_t> normalized_shape, double eps, bool elementwise_affine)
+    : Cloneable<RMSNorm>("RMSNorm"), normalized_shape_(std::move(normalized_shape)), eps_(eps),
+      affine_(elementwise_affine) {
+  MG_CHECK(!normalized_shape_.empty(), "RMSNorm: normalized_shape is empty");
+  for (const int64_t d : normalized_shape_)
+    MG_CHECK(d > 0, "RMSNorm: normalized_shape must be positive sizes, got [{}]", fmt::join(normalized_shape_, ", "));
+  MG_CHECK(std::isfinite(eps) && eps >= 0.0, "RMSNorm: eps must be >= 0, got {}", eps);
+  if (affine_) register_parameter("weight", ones(Shape(normalized_shape_)));
+}
+
+Tensor RMSNorm::forward(const Tensor& input) {
+  return rms_norm(input, Shape(normalized_shape_), affine_ ? parameter("weight") : Tensor(), eps_);
+}
+
+std::string RMSNorm::extra_repr() const {
+  return fmt::format("({},), eps={}, elementwise_affine={}", fmt::join(normalized_shape_, ", "), eps_,
+                     affine_ ? "True" : "False");
+}
+
 GELU::GELU(std::string approximate)
     : Cloneable<GELU>("GELU"), approximate_(std::move(approximate)) {
   MG_CHECK(approximate_ == "none" || approximate_ == "tanh",

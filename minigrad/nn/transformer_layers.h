@@ -1,5 +1,5 @@
 // The layers a transformer adds to an MLP's, as torch.nn has them: Embedding, LayerNorm,
-// GELU, Dropout. Each forward takes activations of any rank ([B, T, C] in a GPT).
+// RMSNorm, GELU, SiLU, Dropout. Each forward takes activations of any rank ([B, T, C] in a GPT).
 // Dropout follows Module::train()/eval() (train() reaches every child), as in PyTorch.
 #pragma once
 
@@ -58,6 +58,32 @@ class LayerNorm : public Cloneable<LayerNorm> {
   std::vector<int64_t> normalized_shape_;
   double eps_;
   bool affine_, has_bias_;
+};
+
+// torch.nn.RMSNorm (the Llama's norm): x / sqrt(mean(x^2) + eps) over the trailing
+// normalized_shape dimensions, times weight (ones at first) unless !elementwise_affine.
+// torch's eps=None (the dtype's epsilon) has no default here: a Llama names its eps
+// (rms_norm_eps, 1e-5 or 1e-6).
+class RMSNorm : public Cloneable<RMSNorm> {
+ public:
+  RMSNorm(std::vector<int64_t> normalized_shape, double eps, bool elementwise_affine = true);
+  RMSNorm(int64_t normalized_size, double eps, bool elementwise_affine = true)
+      : RMSNorm(std::vector<int64_t>{normalized_size}, eps, elementwise_affine) {}
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+  double eps() const { return eps_; }
+
+ private:
+  std::vector<int64_t> normalized_shape_;
+  double eps_;
+  bool affine_;
+};
+
+// x * sigmoid(x), as torch.nn.SiLU (the gate of the Llama's MLP).
+class SiLU : public Cloneable<SiLU> {
+ public:
+  SiLU() : Cloneable<SiLU>("SiLU") {}
+  Tensor forward(const Tensor& input) override { return silu(input); }
 };
 
 // x * Phi(x) (approximate "none", exact with erf) or GPT-2's tanh form ("tanh").

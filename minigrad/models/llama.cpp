@@ -1,0 +1,185 @@
+#include <minigrad/models/llama.h>
+
+#include <cmath>
+
+#include <minigrad/autograd/functions.h>
+#include <minigrad/core/ops.h>
+#include <minigrad/nn/init.h>
+
+namespace mg::models {
+
+void LlamaConfig::validate() const {
+  MG_CHECK(vocab_size > 0 && hidden_size > 0 && intermediate_size > 0 && num_hidden_layers > 0 &&
+               num_attention_heads > 0 && num_key_value_heads > 0 && max_position_embeddings > 0,
+           "LlamaConfig: every size must be positive, got {}", str());
+  MG_CHECK(hidden_size % num_attention_heads == 0 && head_dim() % 2 == 0,
+           "LlamaConfig: hidden_size {} must divide into num_attention_heads {} heads of an even size (RoPE turns "
+           "pairs of features), got {}", hidden_size, num_attention_heads, str());
+  MG_CHECK(num_attention_heads % num_key_value_heads == 0,
+           "LlamaConfig: num_key_value_heads {} must divide num_attention_heads {} (each kv head serves a group of "
+           "query heads), got {}", num_key_value_heads, num_attention_heads, str());
+  MG_CHECK(std::isfinite(rms_norm_eps) && rms_norm_eps >= 0.0 && std::isfinite(rope_theta) && rope_theta > 1.0,
+           "LlamaConfig: rms_norm_eps must be >= 0 and rope_theta > 1, got {}", str());
+}
+
+std::string LlamaConfig::str() const {
+  return fmt::format("num_hidden_layers={}, num_attention_heads={}, num_key_value_heads={}, hidden_size={}, "
+                     "intermediate_size={}, vocab_size={}, max_position_embeddings={}, rms_norm_eps={}, rope_theta={}",
+                     num_hidden_layers, num_attention_heads, num_key_value_heads, hidden_size, intermediate_size,
+                     vocab_size, max_position_embeddings, rms_norm_eps, rope_theta);
+}
+
+// ---------------------------------------------------------------- RoPE's tables
+
+RotaryEmbedding::RotaryEmbedding(int64_t head_dim, double theta)
+    : nn::Cloneable<RotaryEmbedding>("LlamaRotaryEmbedding"), head_dim_(head_dim), theta_(theta) {}
+
+Tensor RotaryEmbedding::forward(const Tensor& positions) {
+  MG_CHECK(positions.dim() == 1 && positions.dtype() == DType::Int64,
+           "LlamaRotaryEmbedding: expected positions int64 [T], got {} ({})", positions.shape(), positions.dtype());
+  const std::vector<int64_t> pos = ops::copy_to(positions, Device::cpu()).to_vector<int64_t>();
+  const int64_t half = head_dim_ / 2;
+  std::vector<double> table;
+  table.reserve(pos.size() * static_cast<size_t>(head_dim_));
+  for (const int64_t t : pos) {
+    // Angle t w_i, w_i = theta^(-2i/d): pair i turns once every 2 pi / w_i positions.
+    for (int64_t i = 0; i < half; ++i)
+      table.push_back(std::cos(static_cast<double>(t) * std::pow(theta_, -2.0 * i / static_cast<double>(head_dim_))));
+    for (int64_t i = 0; i < half; ++i)
+      table.push_back(std::sin(static_cast<double>(t) * std::pow(theta_, -2.0 * i / static_cast<double>(head_dim_))));
+  }
+  return from_vector(table, Shape{static_cast<int64_t>(pos.size()), head_dim_});
+}
+
+std::string RotaryEmbedding::extra_repr() const { return fmt::format("head_dim={}, theta={}", head_dim_, theta_); }
+
+// ---------------------------------------------------------------- attention
+
+LlamaAttention::LlamaAttention(const LlamaConfig& c)
+    : nn::Cloneable<LlamaAttention>("LlamaAttention"), head_dim_(c.head_dim()) {
+  const int64_t C = c.hidden_size, d = c.head_dim();
+  register_module("q_proj", std::make_shared<nn::Linear>(C, c.num_attention_heads * d, false));
+  register_module("k_proj", std::make_shared<nn::Linear>(C, c.num_key_value_heads * d, false));
+  register_module("v_proj", std::make_shared<nn::Linear>(C, c.num_key_value_heads * d, false));
+  register_module("o_proj", std::make_shared<nn::Linear>(c.num_attention_heads * d, C, false));
+  register_module("rotary_emb", std::make_shared<RotaryEmbedding>(d, c.rope_theta));
+}
+
+Tensor LlamaAttention::forward(const Tensor& x) {
+  MG_CHECK(x.dim() == 3, "LlamaAttention: expected input [B, T, C], got {}", x.shape());
+  // The projections' widths say how many heads this module holds (all, or a tensor-parallel
+  // rank's); T is theirs too (with sequence parallelism x holds a rank's positions, q all).
+  const Tensor q = (*child("q_proj"))(x), k = (*child("k_proj"))(x), v = (*child("v_proj"))(x);
+  const int64_t B = q.size(0), T = q.size(1), d = head_dim_, heads = q.size(2) / d, kv_heads = k.size(2) / d;
+  MG_CHECK(q.size(2) % d == 0 && k.size(2) % d == 0 && kv_heads > 0 && heads % kv_heads == 0,
+           "LlamaAttention: q_proj gives {} and k_proj {} features: not whole heads of {} with the kv heads dividing "
+           "the query heads", q.size(2), k.size(2), d);
+  // RoPE at positions 0 .. T-1 (a plan's hook on rotary_emb may give others: context
+  // parallelism's), in q's dtype on q's device.
+  const Tensor table = (*child("rotary_emb"))(arange(static_cast<double>(T), DType::Int64, Device::cpu()));
+  const auto half = [&](int64_t start) {
+    return ops::copy_to(ops::to_dtype(contiguous(narrow(table, 1, start, d / 2)), q.dtype()), q.device());
+  };
+  const Tensor cos = half(0), sin = half(d / 2);
+  // [B, T, heads, d] turned, then [B, heads, T, d]: each head attends over the T positions.
+  const Tensor qh = transpose(rotary_embedding(reshape(q, {B, T, heads, d}), cos, sin), 1, 2);
+  Tensor kh = transpose(rotary_embedding(reshape(k, {B, T, kv_heads, d}), cos, sin), 1, 2);
+  Tensor vh = transpose(reshape(v, {B, T, kv_heads, d}), 1, 2);
+  // Grouped-query attention: kv head j serves query heads j g .. j g + g - 1 (HF's repeat_kv);
+  // backward sums the group's gradients into it.
+  const int64_t g = heads / kv_heads;
+  if (g > 1) {
+    const auto repeat = [&](const Tensor& t) {
+      return reshape(expand(reshape(t, {B, kv_heads, 1, T, d}), {B, kv_heads, g, T, d}), {B, heads, T, d});
+    };
+    kh = repeat(kh);
+    vh = repeat(vh);
+  }
+  const Tensor y = attention_ ? attention_(qh, kh, vh, 0.0) : scaled_dot_product_attention(qh, kh, vh, /*is_causal=*/true);
+  return (*child("o_proj"))(reshape(contiguous(transpose(y, 1, 2)), {B, T, heads * d}));
+}
+
+// ---------------------------------------------------------------- MLP, block
+
+LlamaMLP::LlamaMLP(const LlamaConfig& c) : nn::Cloneable<LlamaMLP>("LlamaMLP") {
+  register_module("gate_proj", std::make_shared<nn::Linear>(c.hidden_size, c.intermediate_size, false));
+  register_module("up_proj", std::make_shared<nn::Linear>(c.hidden_size, c.intermediate_size, false));
+  register_module("down_proj", std::make_shared<nn::Linear>(c.intermediate_size, c.hidden_size, false));
+  register_module("act_fn", std::make_shared<nn::SiLU>());
+}
+
+Tensor LlamaMLP::forward(const Tensor& x) {
+  // The gate, through SiLU, scales the up projection feature by feature (SwiGLU).
+  const Tensor gate = (*child("act_fn"))((*child("gate_proj"))(x));
+  return (*child("down_proj"))(gate * (*child("up_proj"))(x));
+}
+
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c) : nn::Cloneable<LlamaDecoderLayer>("LlamaDecoderLayer") {
+  register_module("self_attn", std::make_shared<LlamaAttention>(c));
+  register_module("mlp", std::make_shared<LlamaMLP>(c));
+  register_module("input_layernorm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps));
+  register_module("post_attention_layernorm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps));
+}
+
+Tensor LlamaDecoderLayer::forward(const Tensor& x) {
+  const Tensor h = x + (*child("self_attn"))((*child("input_layernorm"))(x));
+  return h + (*child("mlp"))((*child("post_attention_layernorm"))(h));
+}
+
+// ---------------------------------------------------------------- the model
+
+LlamaModel::LlamaModel(const LlamaConfig& c)
+    : nn::Cloneable<LlamaModel>("LlamaModel"), max_positions_(c.max_position_embeddings) {
+  register_module("embed_tokens", std::make_shared<nn::Embedding>(c.vocab_size, c.hidden_size));
+  auto layers = std::make_shared<nn::Sequential>();  // ModuleList: layers.0, layers.1, ...
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(std::make_shared<LlamaDecoderLayer>(c));
+  register_module("layers", layers);
+  register_module("norm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps));
+}
+
+Tensor LlamaModel::forward(const Tensor& input) {
+  Tensor x = input;
+  if (has_child("embed_tokens")) {
+    MG_CHECK(input.dim() == 2 && input.dtype() == DType::Int64,
+             "Llama: expected token indices int64 [B, T], got {} ({})", input.shape(), input.dtype());
+    MG_CHECK(input.size(1) <= max_positions_, "Llama: cannot forward a sequence of length {}, "
+             "max_position_embeddings is only {}", input.size(1), max_positions_);
+    x = (*child("embed_tokens"))(input);  // [B, T, C]: positions enter through RoPE, in attention
+  }
+  x = (*child("layers"))(x);
+  return has_child("norm") ? (*child("norm"))(x) : x;
+}
+
+Llama::Llama(LlamaConfig config) : nn::Cloneable<Llama>("LlamaForCausalLM"), config_(config) {
+  config_.validate();
+  register_module("model", std::make_shared<LlamaModel>(config_));
+  register_module("lm_head", std::make_shared<nn::Linear>(config_.hidden_size, config_.vocab_size, false));
+  // HF's _init_weights (initializer_range 0.02); the norms keep their ones.
+  for (auto& [name, p] : named_parameters())
+    if (name.find("layernorm") == std::string::npos && name.find("norm.weight") == std::string::npos) {
+      Tensor t = p;
+      nn::init::normal_(t, 0.0, 0.02);
+    }
+}
+
+Tensor Llama::forward(const Tensor& idx) {
+  const Tensor x = (*child("model"))(idx);
+  return has_child("lm_head") ? (*child("lm_head"))(x) : x;
+}
+
+Tensor Llama::loss(const Tensor& logits, const Tensor& targets, Reduction reduction) {
+  MG_CHECK(logits.dim() == 3 && targets.dim() == 2 && targets.size(0) == logits.size(0) &&
+               targets.size(1) == logits.size(1),
+           "Llama::loss: expected logits [B, T, V] and targets [B, T], got {} and {}", logits.shape(), targets.shape());
+  const int64_t rows = logits.size(0) * logits.size(1);
+  return cross_entropy(reshape(logits, {rows, logits.size(2)}), reshape(targets, {rows}),
+                       CrossEntropyOptions().ignore_index(-1).reduction(reduction));
+}
+
+int64_t Llama::num_parameters() const {
+  int64_t n = 0;
+  for (const Tensor& p : parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace mg::models
