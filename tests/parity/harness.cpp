@@ -176,9 +176,11 @@ void report_flat_shard(StepReport& s, const std::string& holder, const parallel:
 }
 
 // The index of the plain module's parameter named `name` (in named_parameters()). A GPT
-// pipeline's last stage holds a copy of the tied wte as "lm_head.weight": it is wte's.
+// pipeline's last stage holds a copy of the tied wte as "lm_head.weight": it is wte's (the
+// Llama's lm_head.weight is its own, listed by the plain Llama).
 int32_t index_of(const std::vector<nn::NamedTensor>& plain, const std::string& head_or_name) {
-  const std::string name = head_or_name == "lm_head.weight" ? "transformer.wte.weight" : head_or_name;
+  const bool listed = std::any_of(plain.begin(), plain.end(), [&](const nn::NamedTensor& p) { return p.first == head_or_name; });
+  const std::string name = !listed && head_or_name == "lm_head.weight" ? "transformer.wte.weight" : head_or_name;
   size_t k = 0;
   while (k < plain.size() && plain[k].first != name) ++k;
   MG_CHECK(k < plain.size(), "parity: a form reports a parameter '{}' the plain module has not", name);
@@ -437,12 +439,17 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
   const GroupPtr world = ctx.gloo();
   const int rank = ctx.rank, n = ctx.world_size;
   const std::string me = fmt::format("rank {}", rank);
-  // The MLP's forms split `mlp`; the GPT's `gpt`. DDP and ZeRO take either as `model`.
-  const bool is_gpt = c.model == "GPT";
-  std::shared_ptr<nn::Sequential> mlp = is_gpt ? nullptr : make_model(c);
-  std::shared_ptr<models::GPT> gpt = is_gpt ? make_gpt(c) : nullptr;
-  const nn::ModulePtr model = is_gpt ? nn::ModulePtr(gpt) : nn::ModulePtr(mlp);
-  if (gpt && c.recompute) models::set_block_checkpointing(*gpt);
+  // The MLP's forms split `mlp`; a transformer's (the GPT's, the Llama's) `transformer`,
+  // through its spec. DDP and ZeRO take either as `model`.
+  std::optional<TransformerSpec> spec;
+  if (is_transformer(c)) spec = make_transformer(c);
+  std::shared_ptr<nn::Sequential> mlp = spec ? nullptr : make_model(c);
+  const nn::ModulePtr transformer = spec ? spec->model : nullptr;
+  const nn::ModulePtr model = spec ? transformer : nn::ModulePtr(mlp);
+  if (transformer && c.recompute) {
+    MG_CHECK(c.model == "GPT", "parity: recomputed blocks are the GPT's rows (models/gpt_checkpointing.h)");
+    models::set_block_checkpointing(static_cast<models::GPT&>(*transformer));
+  }
   Trainer t;
   std::unique_ptr<optim::Optimizer> opt;
   std::shared_ptr<parallel::DistributedDataParallel> ddp;
@@ -506,9 +513,9 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       // The GPT: fully_shard on each block, then on the GPT (models/gpt_plan.h); with tp, after
       // its tp plan over the mesh's tp, over the mesh's dp (FSDP x TP). The MLP: FSDP1's wrapper.
       GroupPtr dp_group = world;
-      if (gpt && c.tp > 1) {
+      if (transformer && c.tp > 1) {
         mesh.emplace(world, c.degree, c.tp);
-        models::parallelize_gpt(*gpt, *mesh, c.sequence_parallel);
+        spec->parallelize(*mesh, c.sequence_parallel);
         dp_group = mesh->dp_group();
         loss_of = [&c, &mesh](const Tensor& out, const Tensor& y) {
           parallel::LossParallel loss_parallel(*mesh);  // the logits are this rank's vocabulary
@@ -520,8 +527,8 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
           if (last) parallel::reduce_partial_gradients(fsdp->parameters());
         };
       }
-      if (gpt) {
-        fsdp = models::fully_shard_gpt(gpt, dp_group);
+      if (transformer) {
+        fsdp = spec->fully_shard(dp_group);
       } else {
         fsdp_wrapper = std::make_shared<parallel::FullyShardedDataParallel>(model, world);
         fsdp = fsdp_wrapper->fsdp();
@@ -533,7 +540,7 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
         else fsdp->clip_grad_norm_(kMaxNorm);
       };
       data_parallel_rows_and_weights(t, mesh ? mesh->dp_rank() : rank, c.degree);
-      t.report = [&, plain = gpt ? gpt->named_parameters() : std::vector<nn::NamedTensor>{}](StepReport& s, bool grad) {
+      t.report = [&, plain = transformer ? transformer->named_parameters() : std::vector<nn::NamedTensor>{}](StepReport& s, bool grad) {
         if (mesh) {  // the shards' pieces, cut as their placements say
           std::vector<nn::NamedTensor> shards;
           for (const Tensor& flat : fsdp->parameters()) shards.emplace_back("", flat);
@@ -547,7 +554,7 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       break;
     }
     case Form::PipelineStages: {
-      if (gpt) {
+      if (transformer) {
         // Rank s holds the GPT's virtual stages s, s + n, ..., cut by module name
         // (split_module with the GPT's cut); the first and the last hold a copy of the tied
         // wte each, placed on their tie group, summed over it once, after the last micro-step.
@@ -555,13 +562,13 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
         options.chunks = c.degree2;
         options.schedule = schedule;
         stage = std::make_unique<parallel::PipelineStage>(
-            parallel::split_module(*gpt, models::gpt_pipeline_cut(gpt->config(), n, c.model_chunks), world), world,
+            parallel::split_module(*transformer, spec->pipeline_cut(n, c.model_chunks), world), world,
             options);
         opt = make_optimizer(c, parallel::chunk_parameter_tensors(stage->model_chunks()));
         t.clip = [&] {  // by placements: each stage's own layers, the tied copy on its tie group's rank 0
           parallel::clip_grad_norm_(parallel::chunk_parameter_tensors(stage->model_chunks()), world, kMaxNorm);
         };
-        t.report = [&, plain = gpt->named_parameters()](StepReport& s, bool grad) {
+        t.report = [&, plain = transformer->named_parameters()](StepReport& s, bool grad) {
           report_named(s, me, parallel::chunk_parameters(stage->model_chunks()), plain, grad);
         };
         t.micro_step = [&, rank, n](const Batch& b, double w, bool last_micro_step) {
@@ -631,19 +638,19 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
         tp_rank = mesh->tp_rank();
         tp_size = c.degree2;
       }
-      if (gpt) {
+      if (transformer) {
         // The GPT's plans (models/gpt_plan.h): cp's (ring attention) and tp's, in place.
         if (!mesh) mesh.emplace(world, std::vector<parallel::MeshDim>{{"tp", n}});
-        models::parallelize_gpt(*gpt, *mesh, c.sequence_parallel);
-        shard = gpt;
+        spec->parallelize(*mesh, c.sequence_parallel);
+        shard = transformer;
         // The vocabulary- (and context-) parallel loss of this rank's logits; the partial
         // gradients (sequence parallelism's, cp's) summed after the last micro-step.
         loss_of = [&c, &mesh](const Tensor& out, const Tensor& y) {
           parallel::LossParallel loss_parallel(*mesh);
           return model_loss(c, out, y);
         };
-        after_backward = [&gpt](bool last) {
-          if (last) parallel::reduce_partial_gradients(gpt->parameters());  // once: the accumulated sum
+        after_backward = [&transformer](bool last) {
+          if (last) parallel::reduce_partial_gradients(transformer->parameters());  // once: the accumulated sum
         };
       } else {
         shard = parallel::parallelize_mlp(*mlp, parallel::tensor_parallel_group(tp_group));
@@ -666,16 +673,16 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       }
       opt = make_optimizer(c, shard->parameters());
       t.clip = [&] {
-        if (gpt) {  // the GPT's placements (its plan's, DDP's) say what each rank counts
+        if (transformer) {  // the GPT's placements (its plan's, DDP's) say what each rank counts
           parallel::clip_grad_norm_(shard->parameters(), world, kMaxNorm);
           return;
         }
         // The MLP's shards clip through their placements: tp, and dp on the mesh.
         parallel::clip_grad_norm_(shard->parameters(), world, kMaxNorm);
       };
-      t.report = [&, tp_rank, tp_size, plain = gpt ? gpt->named_parameters() : std::vector<nn::NamedTensor>{}](
+      t.report = [&, tp_rank, tp_size, plain = transformer ? transformer->named_parameters() : std::vector<nn::NamedTensor>{}](
                      StepReport& s, bool grad) {
-        if (gpt) return report_placed(s, me, gpt->named_parameters(), plain, grad);
+        if (transformer) return report_placed(s, me, transformer->named_parameters(), plain, grad);
         report_tensor_parallel(s, me, *shard, kinds, tp_rank, tp_size, grad);
       };
       break;
@@ -685,27 +692,27 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       // targets), takes the position embedding at their global positions and attends
       // through ring attention; the loss is the global mean on every rank, the gradients
       // are summed over the group after backward.
-      MG_CHECK(gpt, "parity: context parallelism splits the GPT's sequence, not the {}'s", c.model);
+      MG_CHECK(transformer, "parity: context parallelism splits the GPT's sequence, not the {}'s", c.model);
       namespace cp = parallel::context_parallel;
-      parallel::parallelize_module(*gpt, world, models::gpt_context_parallel_plan());
+      parallel::parallelize_module(*transformer, world, spec->context_parallel_plan());
       t.my_rows = [rank, n](const Batch& b, int) {
         return Batch{cp::shard_sequence(b.x, rank, n), cp::shard_sequence(b.y, rank, n)};
       };
       share = 1.0 / n;  // every rank computes the whole loss
-      opt = make_optimizer(c, gpt->parameters());
+      opt = make_optimizer(c, transformer->parameters());
       t.micro_step = [&](const Batch& b, double w, bool last) {
         Tensor loss;
         {
           parallel::LossParallel loss_parallel(nullptr, world);  // the mean over the whole sequences
-          loss = mul(model_loss(c, gpt->forward(b.x), b.y), w);
+          loss = mul(model_loss(c, transformer->forward(b.x), b.y), w);
         }
         loss.backward();
-        if (last) parallel::reduce_partial_gradients(gpt->parameters());  // once, the accumulated sum
+        if (last) parallel::reduce_partial_gradients(transformer->parameters());  // once, the accumulated sum
         return scalar(loss) * share;
       };
-      t.clip = [&] { nn::utils::clip_grad_norm_(gpt->parameters(), kMaxNorm); };
-      t.report = [&, plain = gpt->named_parameters()](StepReport& s, bool grad) {
-        report_named(s, me, gpt->named_parameters(), plain, grad);
+      t.clip = [&] { nn::utils::clip_grad_norm_(transformer->parameters(), kMaxNorm); };
+      t.report = [&, plain = transformer->named_parameters()](StepReport& s, bool grad) {
+        report_named(s, me, transformer->named_parameters(), plain, grad);
       };
       t.optimizer = opt.get();
       return train(c, t);
@@ -716,15 +723,15 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       // tokens' sum over the whole batch's count, so the micro-steps' losses and gradients
       // add up; the partial gradients (SP's, cp's, the tied embedding's, dp's) summed once,
       // after the last.
-      MG_CHECK(gpt, "parity: the 4-D mesh splits the GPT, not the {}", c.model);
+      MG_CHECK(transformer, "parity: the 4-D mesh splits the GPT, not the {}", c.model);
       mesh.emplace(world, std::vector<parallel::MeshDim>{{"dp", c.degree}, {"pp", c.pp}, {"cp", c.cp}, {"tp", c.tp}});
-      models::parallelize_gpt(*gpt, *mesh, c.sequence_parallel);
+      spec->parallelize(*mesh, c.sequence_parallel);
       parallel::MeshPipelineOptions options;
       options.micro_batches = c.degree2;
       options.schedule = schedule;
       options.finish_gradients = false;
       mesh_pipeline = std::make_unique<parallel::MeshPipeline>(
-          *gpt, *mesh, models::gpt_pipeline_cut(gpt->config(), c.pp, c.model_chunks), options);
+          *transformer, *mesh, spec->pipeline_cut(c.pp, c.model_chunks), options);
       opt = make_optimizer(c, mesh_pipeline->parameters());
       t.my_rows = [&](const Batch& b, int) {
         return Batch{mesh_pipeline->local_batch(b.x), mesh_pipeline->local_batch(b.y)};
@@ -734,13 +741,13 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
         const double targets = static_cast<double>(c.batch * kGptT);
         const Tensor loss = mesh_pipeline->train_step(b.x, b.y, [&](const Tensor& out, const Tensor& y) {
           parallel::LossParallel loss_parallel(*mesh);
-          return mul(models::GPT::loss(out, y, Reduction::Sum), 1.0 / targets);
+          return mul(model_loss(c, out, y, Reduction::Sum), 1.0 / targets);
         });
         if (last_micro_step) mesh_pipeline->finish_gradients();
         return scalar(loss) * share;
       };
       t.clip = [&] { parallel::clip_grad_norm_(mesh_pipeline->parameters(), world, kMaxNorm); };
-      t.report = [&, plain = gpt->named_parameters()](StepReport& s, bool grad) {
+      t.report = [&, plain = transformer->named_parameters()](StepReport& s, bool grad) {
         report_placed(s, me, mesh_pipeline->named_parameters(), plain, grad);
       };
       t.optimizer = opt.get();
@@ -1079,7 +1086,7 @@ Outcome run_row(const Config& c) {
     }
     const Report float64_report = run_plain(c, DType::Float64);
     std::optional<Float32Error> float32;
-    const double rows_summed = static_cast<double>(c.batch * (c.model == "GPT" ? kGptT : 1));
+    const double rows_summed = static_cast<double>(c.batch * (is_transformer(c) ? kGptT : 1));
     if (c.dtype == DType::Float32)
       float32 = float32_error(run_plain(c, DType::Float32), float64_report, rows_summed);
     const Report form_report = run_form(c);
@@ -1152,6 +1159,14 @@ on only where the form draws the plain GPT's masks: the checkpointed blocks, whi
 draw forward's masks again when they recompute (and do: bit for bit, in float64); where
 ranks draw their own masks (tensor parallelism's sharded regions, every rank's own rows or
 positions) no row could equal the plain GPT's.
+
+The Llama's rows train a tiny Llama (`models/llama.h`: 2 layers, 4 query heads of 4 and 2 kv
+heads, SwiGLU width 24, vocabulary 24, sequences of 12; 4 layers for the interleaved
+pipeline) split by its own spec (`models/llama_plan.h`: its tp and cp plans, its FSDP units,
+its pipeline cut) through the same harness code as the GPT's: tensor parallelism splits the
+query heads and the kv heads (a rank keeps each of its query heads' kv head), context
+parallelism turns q and k by RoPE at the rank's chunks' positions, and its head is its own
+weight (no tie between the pipeline's stages).
 
 Written by `build/bin/test_parity "[write-docs]"` (or `make parity-docs`); `tests/repo`
 checks that this page lists exactly the rows of `tests/parity/table.h`, each passing.

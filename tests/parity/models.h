@@ -1,9 +1,11 @@
 // The models the parity table trains (table.h's "model" column), their batches, losses and
 // optimizers: the same for the plain module and for every form (harness.cpp). The MLP is
-// small enough to split every way; the GPT is as tiny as tests/distributed's GPT tests use.
+// small enough to split every way; the GPT is as tiny as tests/distributed's GPT tests use;
+// the Llama as tiny, split by its own spec (models/llama_plan.h) through the same harness.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -12,6 +14,9 @@
 
 #include <minigrad/minigrad.h>
 #include <minigrad/models/gpt.h>
+#include <minigrad/models/gpt_plan.h>
+#include <minigrad/models/llama.h>
+#include <minigrad/models/llama_plan.h>
 
 namespace mg::parity {
 
@@ -57,8 +62,58 @@ inline std::shared_ptr<models::GPT> make_gpt(const Config& c) {
   return gpt;
 }
 
+// The Llama's rows train a tiny Llama: 4 query heads of 4 and 2 kv heads (grouped-query
+// attention, a group of 2), so that tp 2 gives each rank 2 query heads and their kv head;
+// SwiGLU width 24, vocabulary 24 and sequences of 12, as the GPT's, for the same splits.
+inline models::LlamaConfig llama_config(const Config& c) {
+  models::LlamaConfig l;
+  l.vocab_size = 24;
+  l.hidden_size = 16;
+  l.intermediate_size = 24;
+  l.num_hidden_layers = c.n_layer;
+  l.num_attention_heads = 4;
+  l.num_key_value_heads = 2;
+  l.max_position_embeddings = 12;
+  return l;
+}
+
+inline std::shared_ptr<models::Llama> make_llama(const Config& c) {
+  MG_CHECK(c.model == "Llama", "parity: the Llama's forms cannot take the model '{}'", c.model);
+  manual_seed(kModelSeed);
+  auto llama = std::make_shared<models::Llama>(llama_config(c));
+  llama->to(c.dtype);
+  return llama;
+}
+
+inline bool is_transformer(const Config& c) { return c.model == "GPT" || c.model == "Llama"; }
+
+// What the harness asks of a transformer to split it: the model's spec (models/<model>_plan.h),
+// bound to this rank's model. The forms are the same code for both models.
+struct TransformerSpec {
+  nn::ModulePtr model;
+  std::function<void(const parallel::DeviceMesh& mesh, bool sequence_parallel)> parallelize;
+  std::function<parallel::ParallelPlan()> context_parallel_plan;
+  std::function<std::shared_ptr<parallel::FSDPModule>(std::shared_ptr<parallel::ProcessGroup> dp)> fully_shard;
+  std::function<parallel::PipelineCut(int stages, int model_chunks)> pipeline_cut;
+};
+
+inline TransformerSpec make_transformer(const Config& c) {
+  if (c.model == "GPT") {
+    auto gpt = make_gpt(c);
+    return {gpt, [gpt](const parallel::DeviceMesh& m, bool sp) { models::parallelize_gpt(*gpt, m, sp); },
+            &models::gpt_context_parallel_plan, [gpt](auto dp) { return models::fully_shard_gpt(gpt, std::move(dp)); },
+            [gpt](int s, int k) { return models::gpt_pipeline_cut(gpt->config(), s, k); }};
+  }
+  auto llama = make_llama(c);
+  return {llama, [llama](const parallel::DeviceMesh& m, bool sp) { models::parallelize_llama(*llama, m, sp); },
+          &models::llama_context_parallel_plan,
+          [llama](auto dp) { return models::fully_shard_llama(llama, std::move(dp)); },
+          [llama](int s, int k) { return models::llama_pipeline_cut(llama->config(), s, k); }};
+}
+
 inline nn::ModulePtr make_module(const Config& c) {
   if (c.model == "GPT") return make_gpt(c);
+  if (c.model == "Llama") return make_llama(c);
   return make_model(c);
 }
 
@@ -71,7 +126,7 @@ struct Batch {
 // every row holds as many targets and a rank's mean weighs as its rows do.
 inline Batch step_batch(const Config& c, int step) {
   manual_seed(1000 + static_cast<uint64_t>(step));
-  if (c.model == "GPT")
+  if (is_transformer(c))  // the GPT's and the Llama's vocabularies are both 24
     return {randint(0, gpt_config(c).vocab_size, Shape{c.batch, kGptT}),
             randint(0, gpt_config(c).vocab_size, Shape{c.batch, kGptT})};
   Tensor x = randn(Shape{c.batch, kWidths.front()});
@@ -79,9 +134,12 @@ inline Batch step_batch(const Config& c, int step) {
   return {x, y};
 }
 
-// The model's loss: the mean over the batch's rows (the GPT's: over its tokens).
-inline Tensor model_loss(const Config& c, const Tensor& out, const Tensor& y) {
-  return c.model == "GPT" ? models::GPT::loss(out, y) : cross_entropy(out, y);
+// The model's loss: the mean over the batch's rows (a transformer's: over its tokens);
+// Reduction::Sum, a transformer's summed over its tokens.
+inline Tensor model_loss(const Config& c, const Tensor& out, const Tensor& y, Reduction reduction = Reduction::Mean) {
+  if (c.model == "GPT") return models::GPT::loss(out, y, reduction);
+  if (c.model == "Llama") return models::Llama::loss(out, y, reduction);
+  return cross_entropy(out, y);
 }
 
 // A 0-dim tensor's value, float32 or float64.
@@ -96,7 +154,7 @@ inline double scalar(const Tensor& t) {
 inline std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, std::vector<Tensor> params) {
   if (c.optimizer == Optimizer::SGDMomentum)
     return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions(0.1).momentum(0.9));
-  return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions().lr(c.model == "GPT" ? 1e-3 : 0.02));
+  return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions().lr(is_transformer(c) ? 1e-3 : 0.02));
 }
 
 }  // namespace mg::parity

@@ -191,6 +191,17 @@ TEST_CASE("parity table: the GPT under DDP, ZeRO-1, ZeRO-2 and FSDP by block equ
 
 #endif
 
+#ifdef MINIGRAD_WITH_GLOO
+
+TEST_CASE("parity table: the Llama split by its plan (tp sequence parallel cp pipelines ZeRO FSDP and "
+          "dp x pp x tp) equals the single device", "[llama]") {
+  require_rows_pass({Form::TensorParallelRanks, Form::ContextParallel, Form::PipelineStages, Form::Zero1, Form::Zero2,
+                     Form::FSDP, Form::MeshPipeline},
+                    "Llama");
+}
+
+#endif
+
 TEST_CASE("parity faults: every fault is off unless a test switches it on") {
   CHECK(mg::testing::active_fault() == Fault::None);
   {

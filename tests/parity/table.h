@@ -2,7 +2,7 @@
 // single-device step, one row each. tests/parity runs them (harness.h); tests/repo checks
 // that docs/parity.md lists exactly these rows. Plain data: no library code runs here.
 //
-// A row names the model (the MLP, or a tiny GPT: models/gpt.h), the form and its degrees,
+// A row names the model (the MLP, a tiny GPT: models/gpt.h, or a tiny Llama: models/llama.h), the form and its degrees,
 // the optimizer, the gradient-accumulation micro-steps, the batch (the whole step's rows,
 // chosen so that the pieces are uneven where the form allows it) and the dtype (float32;
 // float64 where the form carries it: Gloo's groups reduce float32 only).
@@ -231,6 +231,45 @@ inline void gpt_rows(std::vector<Config>& rows) {
   mesh_pipeline(2, 2, 2, 2, 5);  // all four dimensions: 16 ranks
 }
 
+// The Llama's rows: the GPT's forms through the Llama's own spec (models/llama_plan.h) and
+// the same harness, the same batches and optimizer. Grouped-query attention splits its query
+// and kv heads over tp; RoPE takes a cp rank's positions; no tie between its stages.
+inline void llama_rows(std::vector<Config>& rows) {
+  auto add = [&rows](Form form, int degree, int64_t batch, DType dtype = DType::Float32) -> Config& {
+    Config c;
+    c.model = "Llama";
+    c.form = form;
+    c.degree = degree;
+    c.optimizer = Optimizer::AdamWClipped;
+    c.batch = batch;
+    c.dtype = dtype;
+    rows.push_back(c);
+    return rows.back();
+  };
+  add(Form::TensorParallelRanks, 2, 3);
+  Config& sp = add(Form::TensorParallelRanks, 2, 3);
+  sp.sequence_parallel = true;
+  sp.accumulation = 2;  // SP's sums over tp once, after the last micro-step
+  add(Form::ContextParallel, 2, 3).accumulation = 2;
+  add(Form::ContextParallel, 2, 3, DType::Float64);
+  for (int chunks : {1, 2}) {
+    Config& c = add(Form::PipelineStages, 2, 5);
+    c.degree2 = chunks == 1 ? 4 : 2;
+    c.schedule = chunks == 1 ? Schedule::OneFOneB : Schedule::Interleaved1F1B;
+    c.model_chunks = chunks;
+    c.n_layer = 2 * chunks;
+  }
+  add(Form::Zero1, 2, 5);
+  add(Form::Zero2, 2, 5);
+  add(Form::FSDP, 2, 5);
+  add(Form::FSDP, 3, 5);
+  Config& mesh = add(Form::MeshPipeline, 2, 5);  // dp 2 x pp 2 x tp 2: 8 ranks
+  mesh.pp = 2;
+  mesh.tp = 2;
+  mesh.degree2 = 2;
+  mesh.schedule = Schedule::OneFOneB;
+}
+
 // Every row. The batches: 11 splits unevenly over 2 and 3 (6+5, 4+4+3); 26 over 4
 // micro-steps and 2 or 3 ranks (7+7+6+6; 9+9+8); 12 and 24 split evenly, for the rows
 // whose ranks draw their rows with DistributedSampler (it pads an uneven dataset by
@@ -293,6 +332,7 @@ inline std::vector<Config> parity_table() {
     c.degree2 = 2;
   }
   gpt_rows(rows);
+  llama_rows(rows);
   return rows;
 }
 
