@@ -2,12 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/grad_mode.h>
-#include <minigrad/core/philox.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/models/sampling.h>
 #include <minigrad/nn/init.h>
 
 namespace mg::models {
@@ -187,16 +186,7 @@ Tensor GPT::loss(const Tensor& logits, const Tensor& targets, Reduction reductio
 
 Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperature,
                      int64_t top_k, Generator* generator) {
-  MG_CHECK(idx.dim() == 2 && idx.dtype() == DType::Int64 && idx.size(1) >= 1,
-           "GPT::generate: expected token indices int64 [B, T] with T >= 1, got {} ({})",
-           idx.shape(), idx.dtype());
-  MG_CHECK(max_new_tokens >= 0, "GPT::generate: max_new_tokens must be >= 0, got {}",
-           max_new_tokens);
-  MG_CHECK(std::isfinite(temperature) && temperature >= 0.0,
-           "GPT::generate: temperature must be >= 0 and finite (0: always the most likely "
-           "token), got {}",
-           temperature);
-  MG_CHECK(top_k >= 0, "GPT::generate: top_k must be >= 0 (0: all tokens), got {}", top_k);
+  check_generate_arguments("GPT::generate", idx, max_new_tokens, temperature, top_k);
   const int64_t B = idx.size(0), V = config_.vocab_size;
   // No sequences: nothing to sample, an empty [0, T + max_new_tokens] (as torch's).
   if (B == 0) return empty(Shape{0, idx.size(1) + max_new_tokens}, DType::Int64, idx.device());
@@ -207,7 +197,6 @@ Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperatu
   for (int64_t b = 0; b < B; ++b)
     seqs[static_cast<size_t>(b)].assign(given.begin() + b * idx.size(1),
                                         given.begin() + (b + 1) * idx.size(1));
-  std::vector<double> probs(static_cast<size_t>(V));
   for (int64_t n = 0; n < max_new_tokens; ++n) {
     // The last block_size tokens of each sequence (they all have the same length).
     const auto len = static_cast<int64_t>(seqs[0].size());
@@ -215,69 +204,11 @@ Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperatu
     std::vector<int64_t> context;
     for (const auto& s : seqs) context.insert(context.end(), s.end() - T, s.end());
     const Tensor ctx = ops::copy_to(from_vector(context, Shape{B, T}), idx.device());
-    const Tensor logits = forward(ctx);  // [B, T, V]; only the last position is used
-    // In double whatever the model's dtype (a float32 logit converts exactly).
-    const std::vector<double> last = ops::to_dtype(
-        ops::copy_to(contiguous(narrow(logits, 1, T - 1, 1)), Device::cpu()), DType::Float64)
-                                         .to_vector<double>();
-    for (int64_t b = 0; b < B; ++b) {
-      const double* row = last.data() + b * V;
-      // What torch.multinomial refuses (nanoGPT samples with it): a NaN or +inf logit
-      // makes the softmax NaN ("probability tensor contains either inf, nan or element <
-      // 0"), and so does a row of -inf alone. Said here, naming the step, rather than
-      // sampled from as if it were a distribution.
-      double max = -std::numeric_limits<double>::infinity();
-      for (int64_t v = 0; v < V; ++v) {
-        MG_CHECK(!std::isnan(row[v]) && row[v] != std::numeric_limits<double>::infinity(),
-                 "GPT::generate: step {} of {}, sequence {}: the logit of token {} is {}, so "
-                 "the probabilities are not finite (torch.multinomial: \"probability tensor "
-                 "contains either inf, nan or element < 0\"); the model's weights or its "
-                 "input are not finite",
-                 n + 1, max_new_tokens, b, v, row[v]);
-        max = std::max(max, row[v]);
-      }
-      MG_CHECK(max > -std::numeric_limits<double>::infinity(),
-               "GPT::generate: step {} of {}, sequence {}: every logit is -inf, so the "
-               "probabilities are not finite (torch.multinomial: \"probability tensor contains "
-               "either inf, nan or element < 0\")",
-               n + 1, max_new_tokens, b);
-      int64_t choice = 0;
-      if (temperature == 0.0) {
-        // The limit of temperature -> 0: all the probability on the largest logit (the
-        // first of equal ones, as argmax). No draw from the generator.
-        while (row[choice] != max) ++choice;
-      } else {
-        // top_k: the k-th largest logit is the cut (ties with it stay, as torch's topk cut).
-        double cut = -std::numeric_limits<double>::infinity();
-        if (top_k > 0 && top_k < V) {
-          std::vector<double> sorted(row, row + V);
-          std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(),
-                           std::greater<double>());
-          cut = sorted[static_cast<size_t>(top_k - 1)];
-        }
-        // softmax((logit - max) / temperature): the largest term is exp(0) = 1 for any
-        // temperature, however small (logit / temperature alone would overflow to inf).
-        double total = 0.0;
-        for (int64_t v = 0; v < V; ++v) {
-          probs[static_cast<size_t>(v)] = row[v] >= cut ? std::exp((row[v] - max) / temperature) : 0.0;
-          total += probs[static_cast<size_t>(v)];
-        }
-        // One uniform draw from the generator (Philox), then the inverse of the CDF.
-        const Generator::Draw draw = gen.reserve(1);
-        const double u = philox::uniform(draw.seed, draw.offset, 0) * total;
-        choice = V - 1;
-        double acc = 0.0;
-        for (int64_t v = 0; v < V; ++v) {
-          acc += probs[static_cast<size_t>(v)];
-          if (u < acc) {
-            choice = v;
-            break;
-          }
-        }
-        while (probs[static_cast<size_t>(choice)] == 0.0 && choice > 0) --choice;  // rounding at the end
-      }
-      seqs[static_cast<size_t>(b)].push_back(choice);
-    }
+    // Only the last position's logits are used.
+    const std::vector<double> last = last_logits(forward(ctx));
+    for (int64_t b = 0; b < B; ++b)
+      seqs[static_cast<size_t>(b)].push_back(
+          sample_token(last.data() + b * V, V, temperature, top_k, gen, "GPT::generate", n + 1, max_new_tokens, b));
   }
   std::vector<int64_t> out;
   for (const auto& s : seqs) out.insert(out.end(), s.begin(), s.end());

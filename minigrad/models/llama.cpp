@@ -3,7 +3,9 @@
 #include <cmath>
 
 #include <minigrad/autograd/functions.h>
+#include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/models/sampling.h>
 #include <minigrad/nn/init.h>
 
 namespace mg::models {
@@ -74,9 +76,14 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   MG_CHECK(q.size(2) % d == 0 && k.size(2) % d == 0 && kv_heads > 0 && heads % kv_heads == 0,
            "LlamaAttention: q_proj gives {} and k_proj {} features: not whole heads of {} with the kv heads dividing "
            "the query heads", q.size(2), k.size(2), d);
-  // RoPE at positions 0 .. T-1 (a plan's hook on rotary_emb may give others: context
-  // parallelism's), in q's dtype on q's device.
-  const Tensor table = (*child("rotary_emb"))(arange(static_cast<double>(T), DType::Int64, Device::cpu()));
+  // RoPE at positions 0 .. T-1, or after the cached ones (a plan's hook on rotary_emb may give
+  // others: context parallelism's), in q's dtype on q's device.
+  const int64_t offset = cache_on_ ? cache_length_ : 0;
+  MG_CHECK(offset == 0 || T == 1, "LlamaAttention: with a KV cache of {} positions, forward takes one new token "
+           "at a time, got {}", offset, T);
+  std::vector<int64_t> positions(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = offset + t;
+  const Tensor table = (*child("rotary_emb"))(from_vector(positions, Shape{T}));
   const auto half = [&](int64_t start) {
     return ops::copy_to(ops::to_dtype(contiguous(narrow(table, 1, start, d / 2)), q.dtype()), q.device());
   };
@@ -85,18 +92,38 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   const Tensor qh = transpose(rotary_embedding(reshape(q, {B, T, heads, d}), cos, sin), 1, 2);
   Tensor kh = transpose(rotary_embedding(reshape(k, {B, T, kv_heads, d}), cos, sin), 1, 2);
   Tensor vh = transpose(reshape(v, {B, T, kv_heads, d}), 1, 2);
+  if (cache_on_) {  // the cached positions' k and v, then this forward's
+    MG_CHECK(!GradMode::is_enabled(), "LlamaAttention: the KV cache is for generation, under NoGradGuard");
+    if (offset > 0) {
+      kh = cat({k_cache_, kh}, 2);
+      vh = cat({v_cache_, vh}, 2);
+    }
+    k_cache_ = kh;
+    v_cache_ = vh;
+    cache_length_ = kh.size(2);
+  }
+  const int64_t S = kh.size(2);
   // Grouped-query attention: kv head j serves query heads j g .. j g + g - 1 (HF's repeat_kv);
   // backward sums the group's gradients into it.
   const int64_t g = heads / kv_heads;
   if (g > 1) {
     const auto repeat = [&](const Tensor& t) {
-      return reshape(expand(reshape(t, {B, kv_heads, 1, T, d}), {B, kv_heads, g, T, d}), {B, heads, T, d});
+      return reshape(expand(reshape(t, {B, kv_heads, 1, S, d}), {B, kv_heads, g, S, d}), {B, heads, S, d});
     };
     kh = repeat(kh);
     vh = repeat(vh);
   }
-  const Tensor y = attention_ ? attention_(qh, kh, vh, 0.0) : scaled_dot_product_attention(qh, kh, vh, /*is_causal=*/true);
+  // A token after the cache sees every cached position: no mask (the causal mask of a [1, S]
+  // score row would be torch's tril, aligned at the top-left: only position 0).
+  const Tensor y = attention_ ? attention_(qh, kh, vh, 0.0)
+                              : scaled_dot_product_attention(qh, kh, vh, /*is_causal=*/offset == 0);
   return (*child("o_proj"))(reshape(contiguous(transpose(y, 1, 2)), {B, T, heads * d}));
+}
+
+void LlamaAttention::set_kv_cache(bool on) {
+  cache_on_ = on;
+  cache_length_ = 0;
+  k_cache_ = v_cache_ = Tensor();
 }
 
 // ---------------------------------------------------------------- MLP, block
@@ -174,6 +201,60 @@ Tensor Llama::loss(const Tensor& logits, const Tensor& targets, Reduction reduct
   const int64_t rows = logits.size(0) * logits.size(1);
   return cross_entropy(reshape(logits, {rows, logits.size(2)}), reshape(targets, {rows}),
                        CrossEntropyOptions().ignore_index(-1).reduction(reduction));
+}
+
+Tensor Llama::generate(const Tensor& idx, int64_t max_new_tokens, double temperature, int64_t top_k,
+                       Generator* generator, bool use_cache) {
+  check_generate_arguments("Llama::generate", idx, max_new_tokens, temperature, top_k);
+  const int64_t B = idx.size(0), T0 = idx.size(1), V = config_.vocab_size, limit = config_.max_position_embeddings;
+  MG_CHECK(!use_cache || T0 + max_new_tokens <= limit,
+           "Llama::generate: with the KV cache the prompt ({}) and the new tokens ({}) must fit "
+           "max_position_embeddings {} (without it, the context is cropped to its last {} tokens)",
+           T0, max_new_tokens, limit, limit);
+  if (B == 0) return empty(Shape{0, T0 + max_new_tokens}, DType::Int64, idx.device());
+  NoGradGuard no_grad;
+  Generator& gen = generator != nullptr ? *generator : default_generator();
+  std::vector<std::shared_ptr<LlamaAttention>> attentions;
+  for (const nn::ModulePtr& layer : child("model")->child("layers")->children())
+    attentions.push_back(std::dynamic_pointer_cast<LlamaAttention>(layer->child("self_attn")));
+  // The caches on for this call only, and emptied whatever happens.
+  struct Caches {
+    std::vector<std::shared_ptr<LlamaAttention>>& all;
+    Caches(std::vector<std::shared_ptr<LlamaAttention>>& a, bool on) : all(a) {
+      for (auto& x : all) x->set_kv_cache(on);
+    }
+    ~Caches() {
+      for (auto& x : all) x->set_kv_cache(false);
+    }
+  } caches(attentions, use_cache);
+  std::vector<int64_t> tokens = idx.to_vector<int64_t>();  // [B, len] row-major, len growing
+  int64_t len = T0;
+  std::vector<int64_t> fresh;  // the tokens drawn last step, one per sequence
+  for (int64_t n = 0; n < max_new_tokens; ++n) {
+    Tensor input;
+    if (use_cache && n > 0) {
+      input = from_vector(fresh, Shape{B, 1});  // the cache holds everything before
+    } else {
+      const int64_t T = std::min(len, limit);  // prefill, or the uncached context
+      std::vector<int64_t> context;
+      for (int64_t b = 0; b < B; ++b)
+        context.insert(context.end(), tokens.begin() + b * len + (len - T), tokens.begin() + (b + 1) * len);
+      input = from_vector(context, Shape{B, T});
+    }
+    const std::vector<double> last = last_logits(forward(ops::copy_to(input, idx.device())));
+    fresh.clear();
+    for (int64_t b = 0; b < B; ++b)
+      fresh.push_back(sample_token(last.data() + b * V, V, temperature, top_k, gen, "Llama::generate", n + 1,
+                                   max_new_tokens, b));
+    std::vector<int64_t> grown;
+    for (int64_t b = 0; b < B; ++b) {
+      grown.insert(grown.end(), tokens.begin() + b * len, tokens.begin() + (b + 1) * len);
+      grown.push_back(fresh[static_cast<size_t>(b)]);
+    }
+    tokens.swap(grown);
+    ++len;
+  }
+  return ops::copy_to(from_vector(tokens, Shape{B, len}), idx.device());
 }
 
 int64_t Llama::num_parameters() const {

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <string>
 
+#include <minigrad/core/generator.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/transformer_layers.h>
 
@@ -79,9 +80,20 @@ class LlamaAttention : public nn::Cloneable<LlamaAttention>, public nn::Attentio
   // scaled_dot_product_attention; context parallelism sets ring attention here.
   void set_attention_function(AttentionFunction attention) override { attention_ = std::move(attention); }
 
+  // Generation's KV cache (Llama::generate): on, each forward continues the sequence where the
+  // cache ends -- its positions follow the cached ones, its k and v (turned by RoPE, before
+  // repeat_kv) are appended, and it attends over all of them; the first (the prompt) causally,
+  // then one token at a time. Off (the default, and what turning it on or off again leaves):
+  // empty. Runs without gradients.
+  void set_kv_cache(bool on);
+  int64_t kv_cache_length() const { return cache_length_; }
+
  private:
   int64_t head_dim_;
   AttentionFunction attention_;
+  bool cache_on_ = false;
+  int64_t cache_length_ = 0;
+  Tensor k_cache_, v_cache_;  // [B, kv heads, cache_length_, d]
 };
 
 // SwiGLU: [B, T, C] -> [B, T, C] through intermediate_size.
@@ -119,6 +131,15 @@ class Llama : public nn::Cloneable<Llama> {
   static Tensor loss(const Tensor& logits, const Tensor& targets, Reduction reduction = Reduction::Mean);
   const LlamaConfig& config() const { return config_; }
   int64_t num_parameters() const;
+
+  // Appends max_new_tokens tokens to idx [B, T] (int64), each drawn from the last position's
+  // logits as GPT::generate draws (models/sampling.h: temperature, top_k, the generator; 0 is
+  // the argmax). use_cache: the prompt once (prefill), then one token per step through each
+  // attention's KV cache; T + max_new_tokens must then fit max_position_embeddings (mg::Error
+  // otherwise). Without it, the whole context (its last max_position_embeddings tokens) every
+  // step. The two give the same tokens. Runs without gradients; train/eval mode as it is.
+  Tensor generate(const Tensor& idx, int64_t max_new_tokens, double temperature = 1.0, int64_t top_k = 0,
+                  Generator* generator = nullptr, bool use_cache = true);
 
  private:
   LlamaConfig config_;

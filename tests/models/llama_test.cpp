@@ -133,7 +133,7 @@ void check_against_reference(int64_t kv_heads, DType dtype, const Tolerances& to
 
 }  // namespace
 
-TEST_CASE("Llama: HF's LlamaForCausalLM parameter names and shapes, no biases, the head untied", "[llama]") {
+TEST_CASE("Llama: HF's LlamaForCausalLM parameter names and shapes with no biases and the head untied", "[llama]") {
   const std::string path = std::string(MINIGRAD_SOURCE_DIR) + "/tests/models/reference/llama_reference.safetensors";
   const nn::Checkpoint ref = nn::load_tensors(path);
   for (int64_t kv : {1, 2, 4}) {
@@ -225,4 +225,50 @@ TEST_CASE("Llama: hooks fire inside the blocks and absent children pass through"
   const std::vector<float> a = (*second)(h).to_vector<float>(), b = logits.to_vector<float>();
   REQUIRE(a.size() == b.size());
   for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == b[i]);
+}
+
+TEST_CASE("Llama::generate: the KV cache gives the uncached tokens greedy and sampled in float64 and float32",
+          "[llama][generate]") {
+  for (DType dtype : {DType::Float64, DType::Float32}) {
+    INFO(mg::dtype_name(dtype));
+    mg::manual_seed(5);
+    Llama model(reference_config(2));
+    model.to(dtype);
+    const Tensor prompt = mg::randint(0, 13, Shape{2, 3});
+    for (const auto& [temperature, top_k] : {std::pair<double, int64_t>{0.0, 0}, {1.0, 0}, {0.8, 5}}) {
+      INFO("temperature " << temperature << ", top_k " << top_k);
+      mg::Generator g1(11), g2(11);
+      const Tensor cached = model.generate(prompt, 13, temperature, top_k, &g1, /*use_cache=*/true);
+      const Tensor uncached = model.generate(prompt, 13, temperature, top_k, &g2, /*use_cache=*/false);
+      REQUIRE(cached.shape() == Shape{2, 16});
+      CHECK(cached.to_vector<int64_t>() == uncached.to_vector<int64_t>());
+      const std::vector<int64_t> got = cached.to_vector<int64_t>(), given = prompt.to_vector<int64_t>();
+      for (int64_t b = 0; b < 2; ++b)
+        for (int64_t t = 0; t < 3; ++t) CHECK(got[static_cast<size_t>(b * 16 + t)] == given[static_cast<size_t>(b * 3 + t)]);
+    }
+  }
+  // Each attention's cache is off and empty again after generate, whatever it did.
+  Llama model(reference_config(1));
+  const Tensor prompt = mg::zeros(Shape{1, 4}, DType::Int64);
+  model.generate(prompt, 2);
+  auto attention = std::dynamic_pointer_cast<mg::models::LlamaAttention>(
+      model.child("model")->child("layers")->child("0")->child("self_attn"));
+  REQUIRE(attention != nullptr);
+  CHECK(attention->kv_cache_length() == 0);
+  // Without the cache the context slides past max_position_embeddings; with it, that is an error.
+  CHECK(model.generate(prompt, 14, 0.0, 0, nullptr, false).shape() == Shape{1, 18});
+  REQUIRE_THROWS_WITH(model.generate(prompt, 13), MG_CONTAINS("Llama::generate") && MG_CONTAINS("(4)") &&
+                                                      MG_CONTAINS("(13)") && MG_CONTAINS("max_position_embeddings 16"));
+  REQUIRE_THROWS_WITH(model.generate(prompt, 1, -1.0), MG_CONTAINS("Llama::generate: temperature must be >= 0"));
+  // The cache's contract: one new token at a time after the prompt, and no gradients.
+  attention->set_kv_cache(true);
+  {
+    mg::NoGradGuard no_grad;
+    (*attention)(mg::randn(Shape{1, 3, 16}));
+    CHECK(attention->kv_cache_length() == 3);
+    REQUIRE_THROWS_WITH((*attention)(mg::randn(Shape{1, 2, 16})), MG_CONTAINS("one new token at a time, got 2"));
+  }
+  attention->set_kv_cache(true);
+  REQUIRE_THROWS_WITH((*attention)(mg::randn(Shape{1, 3, 16})), MG_CONTAINS("under NoGradGuard"));
+  attention->set_kv_cache(false);
 }
