@@ -108,10 +108,10 @@ TEST_CASE("transformer ops on CUDA: the Llama's rms_norm silu and rotary_embeddi
     const auto r = [dtype](const Shape& s, uint64_t seed) { return ops::to_dtype(random_cpu(s, seed), dtype); };
     const auto run = [&](Device device) {
       Tensor x = r({4, 33, 65}, 21).to(device), w = r({65}, 22).to(device);
-      Tensor q = r({2, 7, 3, 10}, 23).to(device), a = r({5, 301}, 24).to(device);
+      Tensor q = r({2, 3, 7, 10}, 23).to(device), a = r({5, 301}, 24).to(device);  // q as [B, H, T, d]
       const Tensor cos = r({7, 5}, 25).to(device), sin = r({7, 5}, 26).to(device);
       for (Tensor* t : {&x, &w, &q, &a}) t->set_requires_grad(true);
-      const Tensor y = rms_norm(x, {65}, w), z = rotary_embedding(q.transpose(1, 2).transpose(1, 2), cos, sin),
+      const Tensor y = rms_norm(x, {65}, w), z = rotary_embedding(q.transpose(1, 2), cos, sin),
                    s = silu(a.t());
       (sum(mul(y, r(y.shape(), 27).to(device))) + sum(mul(z, r(z.shape(), 28).to(device))) +
        sum(mul(s, r(s.shape(), 29).to(device))))
