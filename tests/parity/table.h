@@ -23,14 +23,14 @@ enum class Form {
   DDP,                  // n Gloo ranks
   Zero1,                // ZeroRedundancyOptimizer stage 1 under DDP, n Gloo ranks
   Zero2,                // ZeroRedundancyOptimizer stage 2, n Gloo ranks
-  FSDP,                 // FSDP (ZeRO-3): n Gloo ranks; the GPT's with a tp degree on a dp x tp mesh
+  FSDP,                 // FSDP (ZeRO-3): n Gloo ranks; a transformer's with a tp degree on a dp x tp mesh
   Pipe,                 // Pipe in one process over CPU devices
   PipelineStages,       // PipelineStage: a stage per Gloo rank, send/recv between them
   TensorParallel,       // TensorParallel in one process over CPU devices
   TensorParallelRanks,  // parallelize_mlp over n Gloo ranks
   Mesh2D,               // a dp x tp DeviceMesh: DDP over the dp sub-groups, tp inside
-  ContextParallel,      // the GPT's sequence over n Gloo ranks, ring attention
-  MeshPipeline,         // the GPT on a dp x pp x cp x tp DeviceMesh (parallelize_gpt, then MeshPipeline)
+  ContextParallel,      // a transformer's sequence over n Gloo ranks, ring attention
+  MeshPipeline,         // a transformer on a dp x pp x cp x tp DeviceMesh (its plan, then MeshPipeline)
   Checkpointed,         // the GPT's blocks recomputed in backward (nn/checkpoint.h), one device
 };
 
@@ -49,7 +49,7 @@ struct Config {
   int64_t batch = 11;    // rows per optimizer step, split over micro-steps and ranks
   DType dtype = DType::Float32;
   int steps = 3;
-  // The GPT's rows only:
+  // The transformers' rows (the GPT's, the Llama's) only:
   bool sequence_parallel = false;  // tensor parallelism (and the mesh's tp) with Megatron's SP
   bool recompute = false;          // every block checkpointed (Checkpointed: always)
   double dropout = 0.0;            // the GPT's dropout (forms whose ranks draw their own masks: 0)
