@@ -90,7 +90,7 @@ std::vector<std::string> require_caught(Fault fault) {
 }  // namespace
 
 TEST_CASE("parity table: has at least 40 rows, each named once, the MLP's in float32, the GPT's "
-          "in every form it has") {
+          "and the Llama's in every form they have") {
   const std::vector<Config> rows = parity_table();
   CHECK(rows.size() >= 40);
   std::vector<std::string> keys;
@@ -104,6 +104,9 @@ TEST_CASE("parity table: has at least 40 rows, each named once, the MLP's in flo
   for (Form f : {Form::Checkpointed, Form::TensorParallelRanks, Form::Mesh2D, Form::ContextParallel,
                  Form::DDP, Form::Zero1, Form::Zero2, Form::FSDP, Form::PipelineStages, Form::MeshPipeline})
     CHECK_FALSE(rows_of({f}, "GPT").empty());
+  for (Form f : {Form::TensorParallelRanks, Form::ContextParallel, Form::Zero1, Form::Zero2, Form::FSDP,
+                 Form::PipelineStages, Form::MeshPipeline})
+    CHECK_FALSE(rows_of({f}, "Llama").empty());
   CHECK(std::any_of(rows.begin(), rows.end(), [](const Config& c) { return c.dtype == DType::Float64; }));
 }
 
