@@ -1,5 +1,6 @@
 #include <minigrad/models/llama_plan.h>
 
+#include <minigrad/nn/checkpoint.h>
 #include <minigrad/parallel/context_parallel/style.h>
 #include <minigrad/parallel/tensor_parallel/styles.h>
 
@@ -53,6 +54,10 @@ std::shared_ptr<parallel::FSDPModule> fully_shard_llama(const std::shared_ptr<Ll
     parallel::fully_shard(layers[i], dp_group, layer);
   }
   return parallel::fully_shard(llama, std::move(dp_group), options);
+}
+
+void set_layer_checkpointing(Llama& llama, bool on) {
+  for (const nn::ModulePtr& layer : llama.child("model")->child("layers")->children()) nn::set_checkpointing(layer, on);
 }
 
 parallel::PipelineCut llama_pipeline_cut(const LlamaConfig& config, int stages, int model_chunks) {

@@ -41,6 +41,10 @@ std::shared_ptr<parallel::FSDPModule> fully_shard_llama(const std::shared_ptr<Ll
                                                         std::shared_ptr<parallel::ProcessGroup> dp_group,
                                                         parallel::FSDPOptions options = {});
 
+// Activation checkpointing (nn/checkpoint.h) on each decoder layer: forward keeps a layer's input
+// alone and backward runs the layer again.
+void set_layer_checkpointing(Llama& llama, bool on = true);
+
 // The layers dealt over stages x model_chunks virtual stages: embed_tokens on the first, norm and
 // lm_head on the last; no ties (the head is its own weight).
 parallel::PipelineCut llama_pipeline_cut(const LlamaConfig& config, int stages, int model_chunks = 1);

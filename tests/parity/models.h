@@ -14,6 +14,7 @@
 
 #include <minigrad/minigrad.h>
 #include <minigrad/models/gpt.h>
+#include <minigrad/models/gpt_checkpointing.h>
 #include <minigrad/models/gpt_plan.h>
 #include <minigrad/models/llama.h>
 #include <minigrad/models/llama_plan.h>
@@ -95,6 +96,7 @@ struct TransformerSpec {
   std::function<parallel::ParallelPlan()> context_parallel_plan;
   std::function<std::shared_ptr<parallel::FSDPModule>(std::shared_ptr<parallel::ProcessGroup> dp)> fully_shard;
   std::function<parallel::PipelineCut(int stages, int model_chunks)> pipeline_cut;
+  std::function<void()> recompute;  // every block (layer) checkpointed
 };
 
 inline TransformerSpec make_transformer(const Config& c) {
@@ -102,13 +104,15 @@ inline TransformerSpec make_transformer(const Config& c) {
     auto gpt = make_gpt(c);
     return {gpt, [gpt](const parallel::DeviceMesh& m, bool sp) { models::parallelize_gpt(*gpt, m, sp); },
             &models::gpt_context_parallel_plan, [gpt](auto dp) { return models::fully_shard_gpt(gpt, std::move(dp)); },
-            [gpt](int s, int k) { return models::gpt_pipeline_cut(gpt->config(), s, k); }};
+            [gpt](int s, int k) { return models::gpt_pipeline_cut(gpt->config(), s, k); },
+            [gpt] { models::set_block_checkpointing(*gpt); }};
   }
   auto llama = make_llama(c);
   return {llama, [llama](const parallel::DeviceMesh& m, bool sp) { models::parallelize_llama(*llama, m, sp); },
           &models::llama_context_parallel_plan,
           [llama](auto dp) { return models::fully_shard_llama(llama, std::move(dp)); },
-          [llama](int s, int k) { return models::llama_pipeline_cut(llama->config(), s, k); }};
+          [llama](int s, int k) { return models::llama_pipeline_cut(llama->config(), s, k); },
+          [llama] { models::set_layer_checkpointing(*llama); }};
 }
 
 inline nn::ModulePtr make_module(const Config& c) {
