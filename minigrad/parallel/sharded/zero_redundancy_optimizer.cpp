@@ -137,16 +137,25 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Buckets&& buckets, std::vector<
 
 ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
 
-void ZeroRedundancyOptimizer::step() {
-  bool any_grad = false;
-  if (options_.stage == 1) {
+void ZeroRedundancyOptimizer::prepare_gradients() {
+  if (options_.stage == 1 && !shards_prepared_) {
     // Under DDP every rank holds the averaged gradient: each takes its shard of it.
     for (auto& bucket : buckets_) {
       bool has = false;
       for (const Tensor& p : bucket->params()) has = has || p.grad().defined();
       bucket->shard().set_grad(has ? bucket->shard_of_grads() : Tensor());
-      any_grad = any_grad || has;
     }
+    shards_prepared_ = true;
+  }
+  local_->prepare_gradients();
+}
+
+void ZeroRedundancyOptimizer::step() {
+  bool any_grad = false;
+  if (options_.stage == 1) {
+    prepare_gradients();
+    shards_prepared_ = false;  // the next step takes them again
+    for (auto& bucket : buckets_) any_grad = any_grad || bucket->shard().grad().defined();
   } else {
     reducer_->check("at step");
     for (auto& bucket : buckets_) any_grad = any_grad || bucket->shard().grad().defined();
@@ -172,6 +181,7 @@ void ZeroRedundancyOptimizer::step() {
 
 void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
   optim::Optimizer::zero_grad(set_to_none);  // the shards'
+  shards_prepared_ = false;
   zero_grads(full_params_, set_to_none);     // stage 1's full gradients (stage 2 frees them)
 }
 
