@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -168,20 +169,23 @@ void SplitGPT::set_training(bool on) {
   gpt_->train(on);
 }
 
-Tensor SplitGPT::pipeline_step(const Tensor& x, const Tensor& y, double divide_by) {
+Tensor SplitGPT::pipeline_step(const Tensor& x, const Tensor& y, double divide_by, double loss_scale) {
   const parallel::DeviceMesh& mesh = *mesh_;
-  return pipeline_->train_step(pipeline_->local_batch(x), pipeline_->local_batch(y),
-                               [&mesh, divide_by](const Tensor& out, const Tensor& t) {
-                                 parallel::LossParallel loss_parallel(mesh);
-                                 return mul(models::GPT::loss(out, t, Reduction::Sum), 1.0 / divide_by);
-                               });
+  const Tensor loss = pipeline_->train_step(pipeline_->local_batch(x), pipeline_->local_batch(y),
+                                            [&mesh, divide_by, loss_scale](const Tensor& out, const Tensor& t) {
+                                              parallel::LossParallel loss_parallel(mesh);
+                                              const Tensor sum = models::GPT::loss(out, t, Reduction::Sum);
+                                              return loss_scale == 1.0 ? mul(sum, 1.0 / divide_by)
+                                                                       : mul(mul(sum, loss_scale), 1.0 / divide_by);
+                                            });
+  return loss_scale == 1.0 ? loss : mul(loss, 1.0 / loss_scale);
 }
 
 double SplitGPT::eval_loss(const Tensor& x, const Tensor& y) {
   // A training step's forward and backward in eval mode (the caller set it): the loss is
   // the forward's; the gradients it leaves are dropped (the next step zeroes them anyway).
   AutoGradMode grad(true);
-  const double loss = pipeline_step(x, y, static_cast<double>(x.numel())).item<float>();
+  const double loss = ops::to_dtype(pipeline_step(x, y, static_cast<double>(x.numel())), DType::Float32).item<float>();
   pipeline_->zero_grad();
   return loss;
 }
@@ -227,6 +231,24 @@ Tensor SplitGPT::clip_grad_norm_(double max_norm) {
   return parallel::clip_grad_norm_(gradient_holders(), *mesh_, max_norm);
 }
 
+Tensor SplitGPT::clip_grad_norm_(const std::vector<Tensor>& holders, double max_norm) {
+  return parallel::clip_grad_norm_(holders, *mesh_, max_norm);
+}
+
+void SplitGPT::reduce_found_inf(Tensor& found_inf) const {
+  mesh_->world()->allreduce({found_inf})->wait();
+}
+
+void SplitGPT::place_masters(const optim::MasterWeights& masters) const {
+  std::unordered_map<const TensorImpl*, std::string> names;
+  for (const auto& [name, p] : named_parameters()) names.emplace(p.impl(), name);
+  for (size_t i = 0; i < masters.parameters().size(); ++i) {
+    const Tensor& p = masters.model_parameter(i);
+    const auto it = names.find(p.impl());
+    parallel::set_spec(masters.parameters()[i], parallel::pieces_of(p, it == names.end() ? std::string() : it->second));
+  }
+}
+
 // ---- the single-device layout ----
 
 std::vector<std::string> SplitGPT::whole_optimizer_names() const {
@@ -270,6 +292,7 @@ std::shared_ptr<models::GPT> SplitGPT::whole_model() {
   const Generator::State generator = default_generator().state();
   auto gpt = std::make_shared<models::GPT>(gpt_->config());
   default_generator().set_state(generator);
+  gpt->to(state.begin()->second.dtype());  // bf16-true's weights are bfloat16
   gpt->load_state_dict(state, "the gathered model");
   gpt->to(mesh_->world()->device());
   return gpt;
