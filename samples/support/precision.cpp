@@ -48,7 +48,7 @@ std::string MixedPrecision::str() const {
     case Precision::BF16Mixed: return "bf16-mixed: float32 parameters, bfloat16 autocast";
     case Precision::F16Mixed:
       return fmt::format("16-mixed: float32 parameters, float16 autocast, loss scale {}", loss_scale());
-    case Precision::BF16True: return "bf16-true: bfloat16 parameters, float32 master weights and AdamW state";
+    case Precision::BF16True: return "bf16-true: bfloat16 parameters, float32 master weights and optimizer state";
   }
   return "";
 }

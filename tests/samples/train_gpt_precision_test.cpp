@@ -116,7 +116,7 @@ TEST_CASE("train_gpt --precision: each precision says what it holds and its chec
   CHECK_THAT(half, MG_CONTAINS("precision 16-mixed: float32 parameters, float16 autocast, loss scale 65536"));
   CHECK_THAT(half, MG_CONTAINS("16-mixed: 0 steps skipped for an inf or NaN gradient; loss scale 65536"));
   const std::string bf16 = runs.run(0, "--precision bf16-true", 4, "bf16-true");
-  CHECK_THAT(bf16, MG_CONTAINS("precision bf16-true: bfloat16 parameters, float32 master weights and AdamW state"));
+  CHECK_THAT(bf16, MG_CONTAINS("precision bf16-true: bfloat16 parameters, float32 master weights and optimizer state"));
   CHECK_THAT(runs.run(0, "", 4, "32-true"), MG_CONTAINS("precision 32-true: float32"));
 
   // bf16-true: the model in bfloat16 (safetensors BF16), the masters and AdamW's moments in
