@@ -1,7 +1,9 @@
 // Mixed precision across Gloo ranks: DDP reduces float32 gradients under autocast by
 // default and, with torch's bf16_compress_hook, bfloat16 ones rounded where the hook
-// rounds them; amp::GradScaler's found-inf decided over the ranks, so that one rank's
-// inf skips the step on every rank under DDP, ZeRO-1, ZeRO-2 and FSDP.
+// rounds them; FSDP's MixedPrecisionPolicy (bfloat16 compute, float32 reduction and
+// shards) and ZeRO-2 over bfloat16 parameters with float32 master shards, each bit for bit
+// the arithmetic it promises; amp::GradScaler's found-inf decided over the ranks, so that
+// one rank's inf skips the step on every rank under DDP, ZeRO-1, ZeRO-2 and FSDP.
 #ifdef MINIGRAD_WITH_GLOO
 
 #include <cmath>
@@ -18,6 +20,8 @@
 #include <minigrad/nn/amp/grad_scaler.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/optim/adam.h>
+#include <minigrad/nn/optim/master_weights.h>
+#include <minigrad/nn/optim/sgd.h>
 #include <minigrad/parallel/c10d/gloo/process_group_gloo.h>
 #include <minigrad/parallel/ddp/distributed_data_parallel.h>
 #include <minigrad/parallel/sharded/fully_shard.h>
@@ -104,6 +108,107 @@ TEST_CASE("DDP under autocast reduces float32 gradients and bf16_compress_hook r
         }
       }
     }
+  }
+}
+
+// Rank r's gradients of a bfloat16 copy of the model on its rows, as float32: what each
+// rank computes under the mixed-precision forms below (the input cast to bfloat16, the
+// logits to float32 when `float_logits`).
+std::vector<Tensor> bf16_gradients(int rank, bool float_logits) {
+  auto net = make_net();
+  net->to(DType::BFloat16);
+  const auto [x, y] = batch_of(rank);
+  const Tensor logits = net->forward(to(x, DType::BFloat16));
+  cross_entropy(float_logits ? to(logits, DType::Float32) : logits, y).backward();
+  std::vector<Tensor> out;
+  for (const Tensor& p : net->parameters()) out.push_back(ops::to_dtype(p.grad(), DType::Float32));
+  return out;
+}
+
+TEST_CASE("fully_shard with MixedPrecisionPolicy bfloat16 compute and float32 reduction is that arithmetic bit for bit") {
+  // torchtitan's policy: each rank computes in bfloat16 (its unit gathered from the float32
+  // shards rounded), its gradients are reduce-scattered in float32 into the float32 shard's
+  // gradient, and SGD steps the float32 shard: the shard's gradient is exactly
+  // (g0 + g1) / 2 of the two ranks' bfloat16 gradients widened, Gloo's float32 average.
+  auto results = run_ranks(2, [](RankContext& ctx) {
+    auto net = make_net();
+    FSDPOptions options;
+    options.mp_policy.param_dtype = DType::BFloat16;
+    options.mp_policy.reduce_dtype = DType::Float32;
+    options.mp_policy.output_dtype = DType::Float32;
+    auto fsdp = fully_shard(net, ctx.gloo(), options);
+    MG_CHECK(fsdp->parameters()[0].dtype() == DType::Float32, "the shard is {}", fsdp->parameters()[0].dtype());
+    const auto [x, y] = batch_of(ctx.rank);
+    const Tensor logits = (*net)(x);  // a float32 batch, cast to bfloat16 by the policy
+    MG_CHECK(logits.dtype() == DType::Float32, "the logits are {}", logits.dtype());
+    for (const Tensor& p : net->parameters())
+      MG_CHECK(p.dtype() == DType::BFloat16, "a gathered parameter is {}", p.dtype());
+    cross_entropy(logits, y).backward();
+    const Tensor grad = fsdp->parameters()[0].grad();
+    MG_CHECK(grad.dtype() == DType::Float32, "the shard's gradient is {}", grad.dtype());
+    // What it should be: both ranks' bfloat16 gradients, averaged in float32, laid out flat.
+    const FlatParameter& flat = fsdp->unit(0);
+    Tensor want = zeros(Shape{flat.layout().padded_numel()});
+    const std::vector<Tensor> g0 = bf16_gradients(0, true), g1 = bf16_gradients(1, true);
+    for (size_t k = 0; k < g0.size(); ++k)
+      ops::copy_(flat.slot(want, k), ops::binary_scalar(BinaryOp::Mul, ops::binary(BinaryOp::Add, g0[k], g1[k]), 0.5));
+    ctx.report("got", grad);
+    ctx.report("want", ops::narrow(want, 0, flat.layout().shard_begin(ctx.rank), flat.layout().shard_numel));
+    ctx.report("all-gather bytes", std::vector<float>{static_cast<float>(fsdp->stats().all_gather_bytes)});
+    ctx.report("elements", std::vector<float>{static_cast<float>(flat.layout().padded_numel())});
+  });
+  INFO(describe(results));
+  for (const RankResult& r : results) {
+    REQUIRE(r.ok());
+    CHECK(r.floats("got") == r.floats("want"));
+    // Gathered in bfloat16: 2 bytes an element, once (the root's unit stays gathered from
+    // its forward to its backward).
+    CHECK(r.floats("all-gather bytes")[0] == 2 * r.floats("elements")[0]);
+  }
+}
+
+TEST_CASE("ZeRO-2 over bfloat16 parameters with float32 master shards steps as MasterWeights on the averaged gradient") {
+  // llm.c's way sharded: bfloat16 parameters and gradients, the gradients reduce-scattered
+  // (over Gloo summed in float32 and rounded once to bfloat16), and each rank's
+  // MasterWeights(SGD) stepping float32 masters of its shard only. The result: a single
+  // MasterWeights(SGD) given that rounded average, bit for bit.
+  auto results = run_ranks(2, [](RankContext& ctx) {
+    auto net = make_net();
+    net->to(DType::BFloat16);
+    ZeroOptions z;
+    z.stage = 2;
+    const auto sgd_masters = [](std::vector<Tensor> shards) -> std::unique_ptr<optim::Optimizer> {
+      return std::make_unique<optim::MasterWeights>(std::move(shards), [](std::vector<Tensor> masters) {
+        return std::make_unique<optim::SGD>(std::move(masters), 0.5);
+      });
+    };
+    ZeroRedundancyOptimizer zero(net->parameters(), ctx.gloo(), sgd_masters, z);
+    MG_CHECK(zero.parameters()[0].dtype() == DType::BFloat16, "the shard is {}", zero.parameters()[0].dtype());
+    const auto [x, y] = batch_of(ctx.rank);
+    zero.zero_grad();
+    cross_entropy(net->forward(to(x, DType::BFloat16)), y).backward();
+    zero.step();
+    // The reference: one MasterWeights(SGD) over a bfloat16 model, given the average.
+    auto ref = make_net();
+    ref->to(DType::BFloat16);
+    optim::MasterWeights ref_opt(ref->parameters(), [](std::vector<Tensor> masters) {
+      return std::make_unique<optim::SGD>(std::move(masters), 0.5);
+    });
+    const std::vector<Tensor> g0 = bf16_gradients(0, false), g1 = bf16_gradients(1, false);
+    for (size_t k = 0; k < g0.size(); ++k) {
+      const Tensor mean = ops::binary_scalar(BinaryOp::Mul, ops::binary(BinaryOp::Add, g0[k], g1[k]), 0.5);
+      ref->parameters()[k].set_grad(ops::to_dtype(mean, DType::BFloat16));
+    }
+    ref_opt.step();
+    ctx.report("got", flat(net->parameters(), false));
+    ctx.report("want", flat(ref->parameters(), false));
+    ctx.report("before", flat(make_net()->parameters(), false));
+  });
+  INFO(describe(results));
+  for (const RankResult& r : results) {
+    REQUIRE(r.ok());
+    CHECK(r.floats("got") == r.floats("want"));
+    CHECK(r.floats("got") != r.floats("before"));
   }
 }
 
