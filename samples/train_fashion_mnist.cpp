@@ -179,8 +179,11 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options,
   if (options.zero == 1 || options.zero == 2) {
     parallel::ZeroOptions zero;
     zero.stage = options.zero;
-    return std::make_unique<parallel::ZeroRedundancyOptimizer>(model.parameters(), dist.group,
-                                                               make, zero);
+    // bf16-true: MasterWeights over this rank's bfloat16 shards (float32 master shards).
+    return std::make_unique<parallel::ZeroRedundancyOptimizer>(
+        model.parameters(), dist.group,
+        [&precision, make](std::vector<Tensor> shards) { return precision.wrap_optimizer(std::move(shards), make); },
+        zero);
   }
   return precision.wrap_optimizer(net.parameters(), make);  // MasterWeights under bf16-true
 }

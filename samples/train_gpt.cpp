@@ -54,8 +54,8 @@
 // --precision 32-true | bf16-mixed | 16-mixed | bf16-true (Lightning's names;
 // support/precision.h): the forward and the loss under autocast (bf16-mixed, 16-mixed), the
 // loss scaled by a GradScaler whose skip is agreed by every rank (16-mixed), or bfloat16
-// parameters stepped through float32 master weights (bf16-true), with or without a split
-// (bf16-true not with --zero: ZeRO's and FSDP's flat parameters are float32). Checkpoints
+// parameters stepped through float32 master weights (bf16-true; under --zero float32
+// master shards, the ZeRO paper's 2 + 2 + 12 bytes), with or without a split. Checkpoints
 // keep the masters (MasterWeights' optimizer state) and the scaler's state, and name their
 // precision: --resume continues bit for bit, and refuses a checkpoint of another precision.
 #include <algorithm>
@@ -193,10 +193,6 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     o.device_list = samples::parse_devices(o.devices);
     o.split.interleaved = schedule == "interleaved";
     o.precision = samples::parse_precision(precision);
-    if (o.precision == samples::Precision::BF16True && o.split.zero > 0)
-      throw samples::OptionError(fmt::format(
-          "--precision bf16-true with --zero {}: ZeRO's and FSDP's flat parameters are float32 here; train "
-          "bf16-true without --zero, or --zero with bf16-mixed (float32 parameters, bfloat16 compute)", o.split.zero));
     if (o.split.micro_batches == 0) o.split.micro_batches = o.split.pp;
     if (o.sample_only && o.resume.empty())
       throw samples::OptionError("--sample-only samples from a checkpoint: it needs --resume CHECKPOINT");
@@ -475,10 +471,11 @@ int train(Options options) {
   if (run.split) agree = [split = run.split.get()](Tensor& found_inf) { split->reduce_found_inf(found_inf); };
   run.amp = std::make_unique<samples::MixedPrecision>(o.precision, run.device, agree);
   if (o.split.zero == 1 || o.split.zero == 2)
-    run.zero = run.split->make_zero_optimizers(optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay));
+    run.zero = run.split->make_zero_optimizers(optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay),
+                                               o.precision == samples::Precision::BF16True);
   else
     run.optimizer = run.amp->wrap_optimizer(trained, adamw);  // MasterWeights(AdamW) under bf16-true
-  if (run.split && o.precision == samples::Precision::BF16True)
+  if (run.split && run.optimizer && o.precision == samples::Precision::BF16True)
     run.split->place_masters(dynamic_cast<const optim::MasterWeights&>(*run.optimizer));
   if (run.optimizer) run.optimizers.push_back(run.optimizer.get());
   for (const auto& z : run.zero) run.optimizers.push_back(z.get());

@@ -141,7 +141,8 @@ std::vector<nn::NamedTensor> SplitGPT::named_parameters() const {
   return out;
 }
 
-std::vector<std::unique_ptr<optim::Optimizer>> SplitGPT::make_zero_optimizers(const optim::AdamWOptions& options) {
+std::vector<std::unique_ptr<optim::Optimizer>> SplitGPT::make_zero_optimizers(const optim::AdamWOptions& options,
+                                                                               bool master_weights) {
   MG_CHECK(split_.zero == 1 || split_.zero == 2, "SplitGPT::make_zero_optimizers: --zero {}", split_.zero);
   // This rank's parameters (its plan's shards, its pipeline stages), in nanoGPT's two
   // groups; ZeRO cuts each list's AdamW state over dp.
@@ -156,7 +157,13 @@ std::vector<std::unique_ptr<optim::Optimizer>> SplitGPT::make_zero_optimizers(co
     if (k == 1) group.weight_decay(0.0);
     auto zero = std::make_unique<parallel::ZeroRedundancyOptimizer>(
         k == 0 ? decayed : rest, mesh_->group("dp"),
-        [group](std::vector<Tensor> shards) { return std::make_unique<optim::AdamW>(std::move(shards), group); },
+        [group, master_weights](std::vector<Tensor> shards) -> std::unique_ptr<optim::Optimizer> {
+          const auto adamw = [group](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
+            return std::make_unique<optim::AdamW>(std::move(params), group);
+          };
+          if (master_weights) return std::make_unique<optim::MasterWeights>(std::move(shards), adamw);
+          return adamw(std::move(shards));
+        },
         zero_options);
     zero_.push_back(zero.get());
     out.push_back(std::move(zero));

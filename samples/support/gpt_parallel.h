@@ -120,7 +120,11 @@ class SplitGPT {
   // this rank's parameters, one over the 2-D weights (decayed), one over the rest (a flat
   // shard mixes tensors, so one AdamW over it could not decay only the weights). Set by the
   // trainer; clip_grad_norm_ then clips their gradients.
-  std::vector<std::unique_ptr<optim::Optimizer>> make_zero_optimizers(const optim::AdamWOptions& options);
+  // `master_weights` (bf16-true): each ZeroRedundancyOptimizer's local optimizer is an
+  // optim::MasterWeights over its bfloat16 shards, AdamW over their float32 masters: float32
+  // master shards, the ZeRO paper's 2 + 2 + 12 bytes per parameter.
+  std::vector<std::unique_ptr<optim::Optimizer>> make_zero_optimizers(const optim::AdamWOptions& options,
+                                                                      bool master_weights = false);
   // clip_grad_norm_ of the whole model's gradient (each element once), the same on every rank:
   // of the tensors holding it after backward, or of `holders` (what the optimizers step:
   // MasterWeights' masters, ZeRO-1's shards once prepared), each with its placements.

@@ -149,10 +149,6 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
                options.pipeline, options.devices, options.device_list.size());
     }
     check_tensor_parallel(options);
-    MG_CHECK(options.precision != "bf16-true" || options.zero == 0,
-             "--precision bf16-true with --zero {}: ZeRO's and FSDP's flat parameters are float32 here; use "
-             "--zero with bf16-mixed (float32 weights, bfloat16 compute), or bf16-true with DDP (--zero 0)",
-             options.zero);
   } catch (const Error& e) {
     return report_error(program, OptionError(e.what()));
   }

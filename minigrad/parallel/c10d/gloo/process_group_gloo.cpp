@@ -375,9 +375,13 @@ void with_element_type(DType dtype, F f) {
 Tensor widened(const Tensor& t) { return is_reduced_float(t.dtype()) ? ops::to_dtype(t, DType::Float32) : t; }
 
 // Writes `wire` (widened(dst)'s result) back into `dst`, rounded once; nothing when it is dst.
+// Through the backend, not ops::copy_: the collective has counted its write into dst already
+// (bump_version on the caller's thread), and an FSDP gather that rewrites what a backward
+// saved declares it there (UnsafePreserveVersionCounter); this runs later, on the
+// communication thread.
 void narrow_into(const Tensor& dst, const Tensor& wire) {
   if (wire.numel() > 0 && wire.data_ptr() != dst.data_ptr())
-    ops::copy_(dst, ops::view(ops::to_dtype(wire, dst.dtype()), dst.shape()));
+    backend(dst.device()).copy(dst, ops::view(ops::to_dtype(wire, dst.dtype()), dst.shape()));
 }
 
 // A group of one: the result is the input itself.
