@@ -190,6 +190,7 @@ void ZeroRedundancyOptimizer::step() {
 
 void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
   optim::Optimizer::zero_grad(set_to_none);  // the shards'
+  local_->zero_grad(set_to_none);            // and a MasterWeights' float32 masters'
   shards_prepared_ = false;
   zero_grads(full_params_, set_to_none);     // stage 1's full gradients (stage 2 frees them)
 }

@@ -93,7 +93,8 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
 
   // Steps this rank's shards, then gathers every rank's update into all the parameters.
   void step() override;
-  // The shards' gradients and the original parameters'.
+  // The shards' gradients, the original parameters' and the local optimizer's own (an
+  // optim::MasterWeights' float32 masters: 4 bytes per shard element otherwise kept).
   void zero_grad(bool set_to_none = true) override;
   // Stage 1: each shard's gradient taken out of the full ones now rather than in step(), so
   // that what reads parameters()' gradients before the step (amp::GradScaler::unscale_, a
