@@ -564,7 +564,8 @@ int run(const TrainOptions& options) {
           make_train_loader(options, train_set, dist),
           data::DataLoader(test_set, test_options),
           {},
-          std::make_unique<samples::StepTracer>(options.trace, dist.group)};
+          std::make_unique<samples::StepTracer>(options.trace, dist.group),
+          nullptr};  // amp: made below, once the run can agree over its ranks
   // --precision: under 16-mixed the GradScaler's skip is agreed by every rank (a sum of
   // their found-inf flags), so that no replica steps alone.
   amp::FoundInfReducer agree;

@@ -412,6 +412,8 @@ int sample_only(const Options& o) {
   manual_seed(o.seed);
   models::GPT model(config);
   const nn::TensorDict state = ck.get("model.");
+  // A bf16-true checkpoint's weights are bfloat16: the model takes their dtype.
+  if (const auto wte = state.find("transformer.wte.weight"); wte != state.end()) model.to(wte->second.dtype());
   model.check_state_dict(state, o.resume);
   model.load_state_dict(state, o.resume);
   model.to(device);

@@ -127,6 +127,11 @@ TEST_CASE("train_gpt --precision: each precision says what it holds and its chec
   CHECK(ck.tensors.at("optim.master.0").dtype() == mg::DType::Float32);
   CHECK(ck.tensors.at("optim.exp_avg.0").dtype() == mg::DType::Float32);
   CHECK(ck.get("scaler.").empty());
+  // --sample-only reads the bfloat16 weights as they are.
+  const auto sample = run_program(kProgram + runs.flags + " --sample-only --sample-chars 20 --resume " + runs.path("bf16-true"));
+  INFO(sample.output);
+  CHECK(sample.exit_code == 0);
+  CHECK_THAT(sample.output, MG_CONTAINS("---- a sample"));
   const auto mixed_ck = mg::nn::load_tensors(runs.path("bf16-mixed"));
   CHECK(mixed_ck.tensors.at("model.transformer.wte.weight").dtype() == mg::DType::Float32);
   CHECK(mixed_ck.tensors.count("optim.master.0") == 0);
