@@ -71,6 +71,7 @@
 #include "support/command_line.h"
 #include "support/devices.h"
 #include "support/distributed_run.h"
+#include "support/precision.h"
 #include "support/evaluate.h"
 #include "support/progress.h"
 #include "support/run_files.h"
@@ -132,6 +133,9 @@ std::shared_ptr<nn::Sequential> make_mlp(const std::vector<int64_t>& hidden) {
 nn::ModulePtr make_model_wrapper(const TrainOptions& options, const nn::ModulePtr& model,
                                  const std::vector<Device>& devices, const DistributedRun& dist) {
   model->to(devices.front());
+  // --precision bf16-true: the weights themselves in bfloat16 (their float32 masters are the
+  // optimizer's, make_optimizer).
+  if (options.precision == "bf16-true") model->to(DType::BFloat16);
   if (options.tensor_parallel > 1) {
     const auto& mlp = static_cast<const nn::Sequential&>(*model);
     if (!options.distributed) return std::make_shared<parallel::TensorParallel>(mlp, devices);
@@ -162,7 +166,8 @@ nn::ModulePtr make_model_wrapper(const TrainOptions& options, const nn::ModulePt
 // shards.
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options,
                                                  const nn::Module& net, const nn::Module& model,
-                                                 const DistributedRun& dist) {
+                                                 const DistributedRun& dist,
+                                                 const samples::MixedPrecision& precision) {
   auto make = [&options](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
     if (options.optimizer == "adamw")
       return std::make_unique<optim::AdamW>(
@@ -174,10 +179,13 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options,
   if (options.zero == 1 || options.zero == 2) {
     parallel::ZeroOptions zero;
     zero.stage = options.zero;
-    return std::make_unique<parallel::ZeroRedundancyOptimizer>(model.parameters(), dist.group,
-                                                               make, zero);
+    // bf16-true: MasterWeights over this rank's bfloat16 shards (float32 master shards).
+    return std::make_unique<parallel::ZeroRedundancyOptimizer>(
+        model.parameters(), dist.group,
+        [&precision, make](std::vector<Tensor> shards) { return precision.wrap_optimizer(std::move(shards), make); },
+        zero);
   }
-  return make(net.parameters());
+  return precision.wrap_optimizer(net.parameters(), make);  // MasterWeights under bf16-true
 }
 
 // Shuffled per (seed, epoch). Under --distributed each data-parallel rank takes its shard
@@ -213,6 +221,7 @@ struct Run {
   data::DataLoader train_loader, test_loader;
   std::vector<samples::EpochMetrics> history;   // every finished epoch, resumed ones too
   std::unique_ptr<samples::StepTracer> tracer;  // --trace
+  std::unique_ptr<samples::MixedPrecision> amp;  // --precision
   int64_t first_step = 1;                       // the first global step this process runs
   int64_t total_steps() const { return train_loader.size() * options.epochs; }
   // The model's and the optimizer's state, however --zero spreads them over the ranks.
@@ -233,7 +242,7 @@ void save_checkpoint(Run& run, const std::string& path, const RunPosition& posit
   const nn::TensorDict optimizer_state = state.optimizer_state();
   if (run.dist.writes_files())
     samples::save_training_checkpoint(path, model_state, optimizer_state, run.options, position,
-                                      run.history);
+                                      run.history, *run.amp);
 }
 
 // Ranks on machines of their own read --resume from their own disks: one of them holding
@@ -270,7 +279,7 @@ RunPosition resume(Run& run) {
   if (path.empty()) return {};
   samples::TrainingState state = run.state();
   const RunPosition position =
-      samples::load_training_checkpoint(path, state, run.options, run.history,
+      samples::load_training_checkpoint(path, state, run.options, run.history, *run.amp,
                                         run.train_loader.size());
   check_ranks_resumed_alike(run, position.digest);
   if (position.batches == 0)
@@ -341,11 +350,22 @@ std::string non_finite_loss_advice(const Run& run, int64_t global_step) {
 Tensor pipeline_step(Run& run, parallel::Pipe& pipe, const data::Batch& batch,
                      int64_t global_step) {
   run.optimizer->zero_grad();
-  const Tensor loss = pipe.train_step(batch.data, batch.target, parallel::cross_entropy_loss).loss;
+  // Under --precision's autocast without the cast cache: the region spans every
+  // micro-batch's backward, and a cached cast would be a node of each one's graph.
+  Tensor loss;
+  {
+    const auto region = run.amp->autocast(false);
+    const samples::MixedPrecision& amp = *run.amp;
+    loss = pipe.train_step(batch.data, batch.target, [&amp](const Tensor& out, const Tensor& target) {
+                 return amp.scale(parallel::cross_entropy_loss(out, target));  // 16-mixed: times S
+               }).loss;
+  }
+  loss = ops::to_dtype(loss, DType::Float32) * (1.0 / run.amp->loss_scale());  // S a power of 2: exact
   const float value = loss.item<float>();
   MG_CHECK(std::isfinite(value), "step {}: the loss is {}; stopping before this step's update. {}",
            global_step, value, non_finite_loss_advice(run, global_step));
-  run.optimizer->step();
+  run.amp->unscale_({run.optimizer.get()});
+  run.amp->step({run.optimizer.get()});
   // The loss comes out on the last stage's device; the running loss lives on the first.
   return loss.device() == run.device ? loss : loss.to(run.device);
 }
@@ -358,9 +378,12 @@ Tensor train_step(Run& run, const data::Batch& batch, int64_t global_step) {
   {
     profiler::Span span("forward");  // in a --trace; backward and the step name themselves
     span.category("forward");
+    const auto region = run.amp->autocast();  // --precision: bf16-mixed and 16-mixed
     loss = cross_entropy(run.net->forward(batch.data), batch.target);
   }
-  Tensor checked = run.dist.active() ? ops::clone(loss.detach()) : loss;
+  // Read in float32 (bf16-true's loss is bfloat16; the running loss sums float32).
+  const Tensor local = ops::to_dtype(loss.detach(), DType::Float32);
+  Tensor checked = run.dist.active() ? ops::clone(local) : local;
   samples::sum_over_ranks(run.dist, {checked});
   const float value = checked.item<float>();
   const int64_t per_epoch = run.train_loader.size();
@@ -370,9 +393,13 @@ Tensor train_step(Run& run, const data::Batch& batch, int64_t global_step) {
            global_step, (global_step - 1) / per_epoch + 1, (global_step - 1) % per_epoch + 1,
            per_epoch, value, non_finite_loss_advice(run, global_step));
   run.optimizer->zero_grad();
-  loss.backward();
-  run.optimizer->step();
-  return loss;
+  run.amp->scale(loss).backward();  // 16-mixed: the loss times the scale
+  // The optimizer's gradients made current (bf16-true's masters) and, under 16-mixed,
+  // unscaled with the ranks agreeing on an inf; then the step (skipped after one) and the
+  // scale's update.
+  run.amp->unscale_({run.optimizer.get()});
+  run.amp->step({run.optimizer.get()});
+  return local;
 }
 
 // The end of an epoch: the training loss over every rank, the test set, the epoch's line,
@@ -384,7 +411,11 @@ void end_epoch(Run& run, int epoch, const RunningLoss& running, Clock::time_poin
   MG_CHECK(std::isfinite(train_loss),
            "epoch {}: the training loss is {}; lower the learning rate (--lr {})", epoch,
            train_loss, run.options.lr);
-  const samples::EvalResult test = samples::evaluate(*run.net, run.test_loader, run.device);
+  samples::EvalResult test;
+  {
+    const auto region = run.amp->autocast();  // the training's precision
+    test = samples::evaluate(*run.net, run.test_loader, run.device, run.amp->param_dtype());
+  }
   const double seconds = seconds_since(start);
   run.history.push_back({epoch, train_loss, test.loss, test.accuracy, seconds});
   fmt::print("epoch {:>2}/{}  train_loss {:.4f}  test_loss {:.4f}  test_accuracy {:.2f}%  "
@@ -409,7 +440,8 @@ int train_epoch(Run& run, const RunPosition& start) {
   RunningLoss running = loss_at(start, run);
   int64_t step = start.batches;
   for (const data::Batch& host_batch : loader) {
-    const data::Batch batch = host_batch.to(run.device);
+    data::Batch batch = host_batch.to(run.device);
+    batch.data = ops::to_dtype(batch.data, run.amp->param_dtype());  // bf16-true: bfloat16 images
     const int64_t global_step = (epoch - 1) * loader.size() + step + 1;
     run.tracer->begin_step(global_step);
     running.add(train_step(run, batch, global_step), batch.size());
@@ -470,6 +502,7 @@ void print_setup(const Run& run, const std::vector<Device>& devices,
              test_set.size(), o.data_dir, o.no_normalize ? "" : " (normalised)");
   fmt::print("{}, batch size {}, {} epoch{}, seed {}\n", samples::optimizer_str(o),
              o.batch_size, o.epochs, plural(o.epochs), o.seed);
+  fmt::print("precision {}\n", run.amp->str());
 }
 
 // The last line: the final test accuracy, the time per epoch trained in this run (not
@@ -531,8 +564,14 @@ int run(const TrainOptions& options) {
           make_train_loader(options, train_set, dist),
           data::DataLoader(test_set, test_options),
           {},
-          std::make_unique<samples::StepTracer>(options.trace, dist.group)};
-  run.optimizer = make_optimizer(options, *run.net, *model, dist);
+          std::make_unique<samples::StepTracer>(options.trace, dist.group),
+          nullptr};  // amp: made below, once the run can agree over its ranks
+  // --precision: under 16-mixed the GradScaler's skip is agreed by every rank (a sum of
+  // their found-inf flags), so that no replica steps alone.
+  amp::FoundInfReducer agree;
+  if (dist.active()) agree = [&run](Tensor& found_inf) { samples::sum_over_ranks(run.dist, {found_inf}); };
+  run.amp = std::make_unique<samples::MixedPrecision>(samples::parse_precision(options.precision), run.device, agree);
+  run.optimizer = make_optimizer(options, *run.net, *model, dist, *run.amp);
   print_setup(run, devices, *train_set, *test_set);
   const RunPosition resumed = resume(run);
   run.first_step =

@@ -7,6 +7,8 @@
 //   build/bin/train_gpt --save gpt.safetensors; build/bin/train_gpt --resume gpt.safetensors
 //   build/bin/train_gpt --resume gpt.safetensors --sample-only --sample-chars 1000   # no data needed
 //   build/bin/train_gpt --metrics run.csv --plot run.svg --trace t.json
+//   build/bin/train_gpt --precision bf16-mixed                       # nanoGPT's autocast
+//   build/bin/train_gpt --precision bf16-true                        # llm.c's: bfloat16 weights, float32 masters
 //   build/bin/train_gpt --devices cpu,cpu                            # DataParallel, 2 replicas
 //   build/bin/minigrad-run --nproc-per-node 4 build/bin/train_gpt --devices cpu --dp 2 --tp 2
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_gpt --devices cpu --cp 2
@@ -48,6 +50,14 @@
 // (parallel/full_state_dict.h, full_optimizer_state.h) and scattered back the same way,
 // so a run saved under one split resumes under another, or on one device, and the other
 // way round.
+//
+// --precision 32-true | bf16-mixed | 16-mixed | bf16-true (Lightning's names;
+// support/precision.h): the forward and the loss under autocast (bf16-mixed, 16-mixed), the
+// loss scaled by a GradScaler whose skip is agreed by every rank (16-mixed), or bfloat16
+// parameters stepped through float32 master weights (bf16-true; under --zero float32
+// master shards, the ZeRO paper's 2 + 2 + 12 bytes), with or without a split. Checkpoints
+// keep the masters (MasterWeights' optimizer state) and the scaler's state, and name their
+// precision: --resume continues bit for bit, and refuses a checkpoint of another precision.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -82,6 +92,7 @@
 #include "support/distributed_run.h"
 #include "support/vocabulary_metadata.h"
 #include "support/gpt_parallel.h"
+#include "support/precision.h"
 #include "support/progress.h"
 #include "support/run_files.h"
 #include "support/stop_signal.h"
@@ -115,6 +126,7 @@ struct Options {
   double temperature = 0.8;
   int64_t top_k = 0;
   bool sample_only = false;  // --resume's weights and vocabulary, a sample, nothing else
+  samples::Precision precision = samples::Precision::True32;
   samples::TraceOptions trace;
   // The split over ranks (--dp, --tp, --cp, --sequence-parallel); distributed when given.
   samples::GPTSplit split;
@@ -154,6 +166,9 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   app.add_option("--temperature", o.temperature, "Sampling temperature (0: always the likeliest character)")->check(samples::non_negative_number())->capture_default_str();
   app.add_option("--top-k", o.top_k, "Sample among the k likeliest characters (0: all)")->check(samples::non_negative_integer())->capture_default_str();
   app.add_flag("--sample-only", o.sample_only, "With --resume: print a sample from the checkpoint alone (its weights and vocabulary; no data is read, no step taken)");
+  std::string precision = "32-true";
+  app.add_option("--precision", precision, "32-true, bf16-mixed (float32 weights, bfloat16 autocast), 16-mixed (float16 autocast, loss scaling) or bf16-true (bfloat16 weights, float32 masters)")
+      ->check(CLI::IsMember(samples::precision_names()))->capture_default_str();
   samples::add_trace_options(app, o.trace, "training step");
   CLI::Option* dp = app.add_option("--dp", o.split.dp, "Data-parallel ranks (under minigrad-run): the batch's windows cut over them")->check(positive);
   CLI::Option* tp = app.add_option("--tp", o.split.tp, "Tensor-parallel ranks: every layer split over them (Megatron's)")->check(positive);
@@ -177,6 +192,7 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     MG_CHECK(o.warmup <= o.decay_iters, "--warmup {} is past --decay-iters {}", o.warmup, o.decay_iters);
     o.device_list = samples::parse_devices(o.devices);
     o.split.interleaved = schedule == "interleaved";
+    o.precision = samples::parse_precision(precision);
     if (o.split.micro_batches == 0) o.split.micro_batches = o.split.pp;
     if (o.sample_only && o.resume.empty())
       throw samples::OptionError("--sample-only samples from a checkpoint: it needs --resume CHECKPOINT");
@@ -208,8 +224,10 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 // --sample-chars characters from `model`, decoded with `tokenizer`, printed. The sample
 // starts after a newline, where a fortune starts (token 0 if the corpus has none).
-void print_sample(const Options& o, models::GPT& model, const data::CharTokenizer& tokenizer, Device device) {
+void print_sample(const Options& o, models::GPT& model, const data::CharTokenizer& tokenizer, Device device,
+                  const samples::MixedPrecision& amp) {
   model.eval();
+  const auto region = amp.autocast();  // nanoGPT's sample.py samples under the training's autocast
   Generator sampler(o.seed);
   const std::vector<uint8_t>& chars = tokenizer.vocab();
   const auto newline = std::find(chars.begin(), chars.end(), '\n');
@@ -246,7 +264,7 @@ struct Run {
   std::unique_ptr<samples::SplitGPT> split;  // ... and its part of the GPT; null otherwise
   std::shared_ptr<models::GPT> model;
   nn::ModulePtr forward;  // the model, or a DataParallel over it
-  std::unique_ptr<optim::AdamW> optimizer;
+  std::unique_ptr<optim::Optimizer> optimizer;  // AdamW, or MasterWeights over it (bf16-true)
   // --zero 1|2: the sharded optimizers (support/gpt_parallel.h), in place of `optimizer`.
   std::vector<std::unique_ptr<optim::Optimizer>> zero;
   std::vector<optim::Optimizer*> optimizers;  // the step's: `optimizer` or the `zero` pair
@@ -255,6 +273,10 @@ struct Run {
   std::vector<samples::LossPoint> history;
   std::string metrics_csv = "step,train_loss,val_loss,lr,seconds\n";
   Device device = Device::cpu();
+  std::unique_ptr<samples::MixedPrecision> amp;  // --precision
+  // What the clip reads: the gradients the optimizers step (float32 masters under bf16-true).
+  std::vector<Tensor> clipped;
+  int64_t skipped_steps = 0;  // 16-mixed: steps the scaler skipped
 };
 
 // Every rank calls it (under a split the single-device layout is gathered first: the same
@@ -269,6 +291,7 @@ void save_checkpoint(Run& run, int64_t step) {
   nn::Checkpoint ck;
   ck.put("model.", model);
   ck.put("optim.", optim);
+  ck.put("scaler.", run.amp->state_dict());
   const Generator::State gen = generators[0];
   std::string dp_generators;  // "seed:offset" of each dp rank, comma-separated
   for (const Generator::State& g : generators)
@@ -280,6 +303,7 @@ void save_checkpoint(Run& run, int64_t step) {
                  {"generator_offset", std::to_string(gen.offset)},
                  {"dp_generators", dp_generators},
                  {"metrics", run.metrics_csv},
+                 {"precision", run.amp->name()},
                  {samples::kVocabularyKey, samples::vocabulary_metadata(*run.tokenizer)}};
   nn::save_tensors(ck, run.options.save);
 }
@@ -330,6 +354,12 @@ int64_t load_checkpoint(Run& run) {
            "was trained with", path, meta("gpt_config"), config);
   MG_CHECK(meta("seed") == std::to_string(run.options.seed),
            "--resume {}: written with --seed {}, not {}", path, meta("seed"), run.options.seed);
+  // A checkpoint of another precision holds other tensors (bfloat16 weights and masters, a
+  // scaler): said so rather than misread. One written before --precision is 32-true.
+  const auto precision = ck.metadata.find("precision");
+  const std::string written = precision == ck.metadata.end() ? "32-true" : precision->second;
+  MG_CHECK(written == run.amp->name(), "--resume {}: written with --precision {}, not {}; pass --precision {}",
+           path, written, run.amp->name(), written);
   const nn::TensorDict model_state = ck.get("model."), optim_state = ck.get("optim.");
   if (run.split) {  // each rank its part, every tensor checked against the single-device shapes first
     run.split->load_model_state_dict(model_state, path);
@@ -340,6 +370,7 @@ int64_t load_checkpoint(Run& run) {
     run.optimizer->load_state_dict(optim_state, path);
     run.model->load_state_dict(model_state, path);
   }
+  run.amp->load_state_dict(ck.get("scaler."), path);
   const Generator::State rank0{std::stoull(meta("generator_seed")), std::stoull(meta("generator_offset"))};
   if (run.split)  // each dp rank its own (a checkpoint from before they were kept: rank 0's alone)
     run.split->set_dp_generator_state(ck.metadata.count("dp_generators") ? parse_generators(meta("dp_generators"), path)
@@ -349,6 +380,9 @@ int64_t load_checkpoint(Run& run) {
   run.metrics_csv = meta("metrics");
   return std::stoll(meta("step"));
 }
+
+// A 0-dim loss as a float: bf16-true's losses are bfloat16.
+float as_float(const Tensor& loss) { return ops::to_dtype(loss, DType::Float32).item<float>(); }
 
 // nanoGPT's estimate_loss: the mean loss over eval_iters batches of each split, in eval
 // mode and without gradients. The windows are the same at every evaluation.
@@ -363,9 +397,12 @@ std::pair<double, double> estimate_loss(Run& run) {
     for (int64_t k = 0; k < n; ++k) {
       const data::Batch b = splits[s]->get_batch(data::random_windows(
           run.options.batch_size, splits[s]->size(), run.options.seed ^ 0x5EEDE7A1u, k)).to(run.device);
-      losses.push_back(run.split && run.split->pipelined() ? static_cast<float>(run.split->eval_loss(b.data, b.target))
-                       : run.split ? run.split->loss_share(b.data, b.target).item<float>()
-                                   : models::GPT::loss(run.forward->forward(b.data), b.target).item<float>());
+      // The training step's precision (the pipeline's micro-batches without the cast cache).
+      const auto region = run.amp->autocast(!(run.split && run.split->pipelined()));
+      losses.push_back(run.split && run.split->pipelined()
+                           ? static_cast<float>(run.split->eval_loss(b.data, b.target))
+                           : as_float(run.split ? run.split->loss_share(b.data, b.target)
+                                                : models::GPT::loss(run.forward->forward(b.data), b.target)));
     }
   }
   if (run.split && !run.split->pipelined()) {  // the dp ranks' shares of each batch's mean, summed
@@ -410,13 +447,15 @@ int sample_only(const Options& o) {
   manual_seed(o.seed);
   models::GPT model(config);
   const nn::TensorDict state = ck.get("model.");
+  // A bf16-true checkpoint's weights are bfloat16: the model takes their dtype.
+  if (const auto wte = state.find("transformer.wte.weight"); wte != state.end()) model.to(wte->second.dtype());
   model.check_state_dict(state, o.resume);
   model.load_state_dict(state, o.resume);
   model.to(device);
   const auto step = ck.metadata.find("step");
   fmt::print("GPT: {}; from {} (step {}), a vocabulary of {}\n", config.str(), o.resume,
              step == ck.metadata.end() ? "?" : step->second, samples::describe_vocabulary(tokenizer));
-  print_sample(o, model, tokenizer, device);
+  print_sample(o, model, tokenizer, device, samples::MixedPrecision(samples::Precision::True32, device));
   return 0;
 }
 
@@ -445,6 +484,8 @@ int train(Options options) {
   config.dropout = o.dropout;
   run.model = std::make_shared<models::GPT>(config);
   run.model->to(run.device);
+  // bf16-true: the weights themselves in bfloat16 (the masters are made from them below).
+  if (o.precision == samples::Precision::BF16True) run.model->to(DType::BFloat16);
   // Counted before a split cuts the model in place: nanoGPT's count, and every parameter.
   const int64_t model_parameters = run.model->num_parameters();
   int64_t all_parameters = 0;
@@ -458,16 +499,31 @@ int train(Options options) {
   const std::vector<Tensor> trained = run.split ? run.split->parameters() : run.model->parameters();
   // nanoGPT's configure_optimizers: weight decay on the matmul and embedding weights only;
   // shakespeare_char's betas (0.9, 0.99), as the batches are small.
-  const auto adamw = [&](const std::vector<Tensor>& params) {
+  const auto adamw = [&](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
     return std::make_unique<optim::AdamW>(optim::weight_decay_groups(
         params, optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay)));
   };
+  // --precision: 16-mixed's scaler skips a step when any rank found an inf or NaN.
+  amp::FoundInfReducer agree;
+  if (run.split) agree = [split = run.split.get()](Tensor& found_inf) { split->reduce_found_inf(found_inf); };
+  run.amp = std::make_unique<samples::MixedPrecision>(o.precision, run.device, agree);
   if (o.split.zero == 1 || o.split.zero == 2)
-    run.zero = run.split->make_zero_optimizers(optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay));
+    run.zero = run.split->make_zero_optimizers(optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay),
+                                               o.precision == samples::Precision::BF16True);
   else
-    run.optimizer = adamw(trained);
+    run.optimizer = run.amp->wrap_optimizer(trained, adamw);  // MasterWeights(AdamW) under bf16-true
+  if (run.split && run.optimizer && o.precision == samples::Precision::BF16True)
+    run.split->place_masters(dynamic_cast<const optim::MasterWeights&>(*run.optimizer));
   if (run.optimizer) run.optimizers.push_back(run.optimizer.get());
   for (const auto& z : run.zero) run.optimizers.push_back(z.get());
+  // The clip's tensors: the model's gradients alone, what the optimizers step under a split
+  // (ZeRO-1's shards once prepared; the placements count each element once), and the
+  // float32 masters under bf16-true.
+  if (run.split || o.precision == samples::Precision::BF16True)
+    for (const optim::Optimizer* opt : run.optimizers)
+      run.clipped.insert(run.clipped.end(), opt->parameters().begin(), opt->parameters().end());
+  else
+    run.clipped = run.model->parameters();
   const optim::WarmupCosine schedule(o.lr, o.min_lr, o.warmup, o.decay_iters);
 
   int64_t step = 0;
@@ -481,6 +537,7 @@ int train(Options options) {
     fmt::print("AdamW lr {} (warmup {}, cosine to {} at step {}), weight decay {}; {} steps of {} x {} x {} tokens{}\n",
                o.lr, o.warmup, o.min_lr, o.decay_iters, o.weight_decay, o.iters, o.grad_accum,
                o.batch_size, o.block_size, step > 0 ? fmt::format(", resumed at step {}", step) : "");
+    fmt::print("precision {}\n", run.amp->str());
     if (run.split) {
       // Counted with the position embedding (num_parameters(), nanoGPT's count, leaves it out).
       int64_t held = 0;
@@ -534,23 +591,34 @@ int train(Options options) {
           o.batch_size, run.splits.train->size(), o.seed, step * o.grad_accum + micro)).to(run.device);
       Tensor scaled;
       if (run.split && run.split->pipelined()) {  // forward and backward in the pipeline
-        scaled = run.split->pipeline_step(b.data, b.target, static_cast<double>(b.data.numel() * o.grad_accum));
+        const auto region = run.amp->autocast(false);  // over every micro-batch's backward
+        scaled = run.split->pipeline_step(b.data, b.target, static_cast<double>(b.data.numel() * o.grad_accum),
+                                          run.amp->loss_scale());
       } else {
-        Tensor loss = run.split ? run.split->loss_share(b.data, b.target)
-                                : models::GPT::loss(run.forward->forward(b.data), b.target);
+        Tensor loss;
+        {  // the forward and the loss under --precision's autocast; backward outside, as torch's
+          const auto region = run.amp->autocast();
+          loss = run.split ? run.split->loss_share(b.data, b.target)
+                           : models::GPT::loss(run.forward->forward(b.data), b.target);
+        }
         scaled = loss * (1.0 / static_cast<double>(o.grad_accum));
-        // --zero 2|3 average the gradients over dp: the share times dp (backward_scale).
-        if (run.split && run.split->backward_scale() != 1.0) (scaled * run.split->backward_scale()).backward();
-        else scaled.backward();
+        // --zero 2|3 average the gradients over dp: the share times dp (backward_scale);
+        // 16-mixed's loss scale multiplies what backward starts from.
+        if (run.split && run.split->backward_scale() != 1.0) run.amp->scale(scaled * run.split->backward_scale()).backward();
+        else run.amp->scale(scaled).backward();
       }
-      step_loss = micro == 0 ? scaled.detach() : step_loss + scaled.detach();
+      const Tensor part = ops::to_dtype(scaled.detach(), DType::Float32);  // bf16-true's is bfloat16
+      step_loss = micro == 0 ? part : step_loss + part;
     }
     if (run.split) run.split->reduce_gradients(step_loss);  // now the whole batch's
+    // The gradients the optimizers step, made current (masters, ZeRO-1's shards) and, under
+    // 16-mixed, divided by the loss scale, an inf or NaN on any rank noted.
+    run.amp->unscale_(optimizers);
     if (o.grad_clip > 0) {
-      if (run.split) run.split->clip_grad_norm_(o.grad_clip);
-      else nn::utils::clip_grad_norm_(run.model->parameters(), o.grad_clip);
+      if (run.split) run.split->clip_grad_norm_(run.clipped, o.grad_clip);
+      else nn::utils::clip_grad_norm_(run.clipped, o.grad_clip);
     }
-    for (optim::Optimizer* opt : optimizers) opt->step();
+    if (!run.amp->step(optimizers)) ++run.skipped_steps;  // 16-mixed: skipped after an inf or NaN
     tracer.end_step();
     ++window_steps;
     // Every rank checks every step under the split (they hold the same loss and must
@@ -578,11 +646,14 @@ int train(Options options) {
   const double seconds = seconds_since(run_start);
   if (rank0) fmt::print("trained {} steps in {:.1f} s: {:.0f} tokens/s\n", o.iters, seconds,
              static_cast<double>(o.iters * tokens_per_step) / seconds);
+  if (rank0 && run.amp->scaling())
+    fmt::print("16-mixed: {} step{} skipped for an inf or NaN gradient; loss scale {}\n", run.skipped_steps,
+               run.skipped_steps == 1 ? "" : "s", run.amp->loss_scale());
 
   // Under a split the whole model is gathered first (tp shards, pp stages, FSDP's shards).
   const bool sample = o.sample_chars > 0;
   if (run.split && sample) run.model = run.split->whole_model();  // every rank: the whole GPT gathered
-  if (sample && rank0) print_sample(o, *run.model, corpus.tokenizer, run.device);
+  if (sample && rank0) print_sample(o, *run.model, corpus.tokenizer, run.device, *run.amp);
   return 0;
 }
 

@@ -154,12 +154,17 @@ void Tensor::set_grad(const Tensor& grad) const {
 void Tensor::set_data(const Tensor& new_data) const {
   MG_CHECK(new_data.defined(), "set_data: the new data is an undefined tensor");
   TensorImpl& t = checked();
-  MG_CHECK(new_data.shape() == t.shape && new_data.dtype() == t.dtype &&
-               new_data.device() == t.storage.device(),
+  const bool same_dtype = new_data.dtype() == t.dtype;
+  MG_CHECK(new_data.shape() == t.shape && new_data.device() == t.storage.device() &&
+               (same_dtype || (is_floating_point(t.dtype) && is_floating_point(new_data.dtype()))),
            "set_data: new data of shape {} ({}, {}) does not match the tensor's shape {} ({}, {})",
            new_data.shape(), new_data.dtype(), new_data.device(), t.shape, t.dtype,
            t.storage.device());
+  MG_CHECK(same_dtype || t.autograd.grad == nullptr,
+           "set_data: new data of dtype {} for a {} tensor of shape {} that has a {} gradient; clear the "
+           "gradient first", new_data.dtype(), t.dtype, t.shape, t.dtype);
   const TensorImpl& src = *new_data.impl();
+  t.dtype = src.dtype;
   t.storage = src.storage;
   t.strides = src.strides;
   t.offset = src.offset;

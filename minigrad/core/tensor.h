@@ -124,10 +124,12 @@ class Tensor {
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
   // Shares storage, but is a new leaf cut off from the graph.
   Tensor detach() const;
-  // Makes this tensor a view of `new_data`'s storage (same shape, dtype and device),
-  // keeping its identity: its autograd state, hooks and every handle to it (a module's
-  // registry, an optimizer's list) stay as they are (libtorch's set_data, PyTorch's
-  // `p.data = t`). ZeRO and FSDP move parameters into one flat buffer this way.
+  // Makes this tensor a view of `new_data`'s storage (same shape and device; a float dtype
+  // may change, as `p.data = t.to(torch.bfloat16)` does in PyTorch, when there is no
+  // gradient yet), keeping its identity: its autograd state, hooks and every handle to it (a
+  // module's registry, an optimizer's list) stay as they are (libtorch's set_data, PyTorch's
+  // `p.data = t`). ZeRO and FSDP move parameters into one flat buffer this way, FSDP's
+  // mixed precision into a bfloat16 one.
   void set_data(const Tensor& new_data) const;
   void register_post_accumulate_grad_hook(std::function<void(Tensor&)> hook) const;
   // The placement a form of parallelism recorded on this tensor (parallel/placement.h

@@ -252,8 +252,8 @@ void GPT::check_state_dict(const nn::TensorDict& tensors, const std::string& sou
   const Tensor& wte = rest.at(kWte);
   MG_CHECK(head_weight.defined() && head_weight.shape() == wte.shape() &&
                head_weight.dtype() == wte.dtype() &&
-               ops::copy_to(head_weight, Device::cpu()).to_vector<float>() ==
-                   ops::copy_to(wte, Device::cpu()).to_vector<float>(),
+               ops::to_dtype(ops::copy_to(head_weight, Device::cpu()), DType::Float32).to_vector<float>() ==
+                   ops::to_dtype(ops::copy_to(wte, Device::cpu()), DType::Float32).to_vector<float>(),
            "GPT::load_state_dict: in {}, '{}' differs from '{}'; this GPT ties its head to the "
            "token embedding, so they must be the same tensor", source, kHead, kWte);
 }

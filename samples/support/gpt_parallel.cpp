@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -168,7 +169,8 @@ std::vector<nn::NamedTensor> SplitGPT::named_parameters() const {
   return out;
 }
 
-std::vector<std::unique_ptr<optim::Optimizer>> SplitGPT::make_zero_optimizers(const optim::AdamWOptions& options) {
+std::vector<std::unique_ptr<optim::Optimizer>> SplitGPT::make_zero_optimizers(const optim::AdamWOptions& options,
+                                                                               bool master_weights) {
   MG_CHECK(split_.zero == 1 || split_.zero == 2, "SplitGPT::make_zero_optimizers: --zero {}", split_.zero);
   // This rank's parameters (its plan's shards, its pipeline stages), in nanoGPT's two
   // groups; ZeRO cuts each list's AdamW state over dp.
@@ -183,7 +185,13 @@ std::vector<std::unique_ptr<optim::Optimizer>> SplitGPT::make_zero_optimizers(co
     if (k == 1) group.weight_decay(0.0);
     auto zero = std::make_unique<parallel::ZeroRedundancyOptimizer>(
         k == 0 ? decayed : rest, mesh_->group("dp"),
-        [group](std::vector<Tensor> shards) { return std::make_unique<optim::AdamW>(std::move(shards), group); },
+        [group, master_weights](std::vector<Tensor> shards) -> std::unique_ptr<optim::Optimizer> {
+          const auto adamw = [group](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
+            return std::make_unique<optim::AdamW>(std::move(params), group);
+          };
+          if (master_weights) return std::make_unique<optim::MasterWeights>(std::move(shards), adamw);
+          return adamw(std::move(shards));
+        },
         zero_options);
     zero_.push_back(zero.get());
     out.push_back(std::move(zero));
@@ -196,20 +204,23 @@ void SplitGPT::set_training(bool on) {
   gpt_->train(on);
 }
 
-Tensor SplitGPT::pipeline_step(const Tensor& x, const Tensor& y, double divide_by) {
+Tensor SplitGPT::pipeline_step(const Tensor& x, const Tensor& y, double divide_by, double loss_scale) {
   const parallel::DeviceMesh& mesh = *mesh_;
-  return pipeline_->train_step(pipeline_->local_batch(x), pipeline_->local_batch(y),
-                               [&mesh, divide_by](const Tensor& out, const Tensor& t) {
-                                 parallel::LossParallel loss_parallel(mesh);
-                                 return mul(models::GPT::loss(out, t, Reduction::Sum), 1.0 / divide_by);
-                               });
+  const Tensor loss = pipeline_->train_step(pipeline_->local_batch(x), pipeline_->local_batch(y),
+                                            [&mesh, divide_by, loss_scale](const Tensor& out, const Tensor& t) {
+                                              parallel::LossParallel loss_parallel(mesh);
+                                              const Tensor sum = models::GPT::loss(out, t, Reduction::Sum);
+                                              return loss_scale == 1.0 ? mul(sum, 1.0 / divide_by)
+                                                                       : mul(mul(sum, loss_scale), 1.0 / divide_by);
+                                            });
+  return loss_scale == 1.0 ? loss : mul(loss, 1.0 / loss_scale);
 }
 
 double SplitGPT::eval_loss(const Tensor& x, const Tensor& y) {
   // A training step's forward and backward in eval mode (the caller set it): the loss is
   // the forward's; the gradients it leaves are dropped (the next step zeroes them anyway).
   AutoGradMode grad(true);
-  const double loss = pipeline_step(x, y, static_cast<double>(x.numel())).item<float>();
+  const double loss = ops::to_dtype(pipeline_step(x, y, static_cast<double>(x.numel())), DType::Float32).item<float>();
   pipeline_->zero_grad();
   return loss;
 }
@@ -255,6 +266,24 @@ Tensor SplitGPT::clip_grad_norm_(double max_norm) {
   return parallel::clip_grad_norm_(gradient_holders(), *mesh_, max_norm);
 }
 
+Tensor SplitGPT::clip_grad_norm_(const std::vector<Tensor>& holders, double max_norm) {
+  return parallel::clip_grad_norm_(holders, *mesh_, max_norm);
+}
+
+void SplitGPT::reduce_found_inf(Tensor& found_inf) const {
+  mesh_->world()->allreduce({found_inf})->wait();
+}
+
+void SplitGPT::place_masters(const optim::MasterWeights& masters) const {
+  std::unordered_map<const TensorImpl*, std::string> names;
+  for (const auto& [name, p] : named_parameters()) names.emplace(p.impl(), name);
+  for (size_t i = 0; i < masters.parameters().size(); ++i) {
+    const Tensor& p = masters.model_parameter(i);
+    const auto it = names.find(p.impl());
+    parallel::set_spec(masters.parameters()[i], parallel::pieces_of(p, it == names.end() ? std::string() : it->second));
+  }
+}
+
 // ---- the single-device layout ----
 
 std::vector<std::string> SplitGPT::whole_optimizer_names() const {
@@ -298,6 +327,7 @@ std::shared_ptr<models::GPT> SplitGPT::whole_model() {
   const Generator::State generator = default_generator().state();
   auto gpt = std::make_shared<models::GPT>(gpt_->config());
   default_generator().set_state(generator);
+  gpt->to(state.begin()->second.dtype());  // bf16-true's weights are bfloat16
   gpt->load_state_dict(state, "the gathered model");
   gpt->to(mesh_->world()->device());
   return gpt;

@@ -38,6 +38,7 @@
 #include <minigrad/core/tensor.h>
 #include <minigrad/models/gpt.h>
 #include <minigrad/nn/optim/adam.h>
+#include <minigrad/nn/optim/master_weights.h>
 #include <minigrad/nn/optim/optimizer.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
 #include <minigrad/parallel/c10d/process_group.h>
@@ -106,7 +107,9 @@ class SplitGPT {
   // sum / divide_by (B T times the accumulation's count), the whole batch's on every rank,
   // detached. eval_loss: the batch's mean loss (eval mode, gradients dropped).
   bool pipelined() const { return pipeline_ != nullptr; }
-  Tensor pipeline_step(const Tensor& x, const Tensor& y, double divide_by);
+  // `loss_scale` (--precision 16-mixed's GradScaler) multiplies what backward starts from;
+  // the loss returned is divided by it again (both exact: the scale is a power of 2).
+  Tensor pipeline_step(const Tensor& x, const Tensor& y, double divide_by, double loss_scale = 1.0);
   double eval_loss(const Tensor& x, const Tensor& y);
   // eval() / train() on this rank's model (the pipeline's stages under --pp).
   void set_training(bool on);
@@ -118,9 +121,23 @@ class SplitGPT {
   // this rank's parameters, one over the 2-D weights (decayed), one over the rest (a flat
   // shard mixes tensors, so one AdamW over it could not decay only the weights). Set by the
   // trainer; clip_grad_norm_ then clips their gradients.
-  std::vector<std::unique_ptr<optim::Optimizer>> make_zero_optimizers(const optim::AdamWOptions& options);
-  // clip_grad_norm_ of the whole model's gradient (each element once), the same on every rank.
+  // `master_weights` (bf16-true): each ZeroRedundancyOptimizer's local optimizer is an
+  // optim::MasterWeights over its bfloat16 shards, AdamW over their float32 masters: float32
+  // master shards, the ZeRO paper's 2 + 2 + 12 bytes per parameter.
+  std::vector<std::unique_ptr<optim::Optimizer>> make_zero_optimizers(const optim::AdamWOptions& options,
+                                                                      bool master_weights = false);
+  // clip_grad_norm_ of the whole model's gradient (each element once), the same on every rank:
+  // of the tensors holding it after backward, or of `holders` (what the optimizers step:
+  // MasterWeights' masters, ZeRO-1's shards once prepared), each with its placements.
   Tensor clip_grad_norm_(double max_norm);
+  Tensor clip_grad_norm_(const std::vector<Tensor>& holders, double max_norm);
+  // amp::GradScaler's agreement: the found-inf flag summed over every rank of the mesh (each
+  // holds a part of the model), so that one rank's inf or NaN skips the step on all.
+  void reduce_found_inf(Tensor& found_inf) const;
+  // optim::MasterWeights over this rank's parameters: each master takes the placements (and
+  // single-device name) of the parameter it stands for, so that the clip and the full
+  // optimizer state read the masters as they read the parameters.
+  void place_masters(const optim::MasterWeights& masters) const;
 
   // ---- the single-device layout: checkpoints and the sample ----
   // Collectives: the whole model's state dict under the single-device names (the GPT's

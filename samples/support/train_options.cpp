@@ -7,6 +7,7 @@
 
 #include "command_line.h"
 #include "devices.h"
+#include "precision.h"
 
 namespace mg::samples {
 
@@ -104,6 +105,11 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
   app.add_flag("--detect-anomaly", options.detect_anomaly,
                "Check every gradient of every backward for NaN and infinity, and name the op "
                "whose backward produced the first one (slow; as torch.autograd.detect_anomaly)");
+  app.add_option("--precision", options.precision,
+                 "32-true, bf16-mixed (float32 weights, bfloat16 autocast), 16-mixed (float16 autocast, "
+                 "loss scaling) or bf16-true (bfloat16 weights, float32 master weights)")
+      ->check(CLI::IsMember(precision_names()))
+      ->capture_default_str();
   add_trace_options(app, options.trace, "training step");
   // For tests: raise a real SIGINT after this global step, so that the interrupt and
   // resume path runs deterministically. Hidden from --help (an empty group).

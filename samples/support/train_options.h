@@ -46,6 +46,7 @@ struct TrainOptions {
   bool distributed = false;     // one process per device, started by minigrad-run
   int zero = 0;                 // --distributed: 0 DDP; ZeRO stage 1, 2 or 3 (FSDP)
   int tensor_parallel = 1;      // ranks each pair of Linear layers is split over (1: none)
+  std::string precision = "32-true";  // or bf16-mixed, 16-mixed, bf16-true (support/precision.h)
   double dist_timeout = 300.0;  // seconds a rank waits for the others before failing
   bool detect_anomaly = false;  // check every gradient of every backward (slow)
   TraceOptions trace;           // --trace FILE.json and its --trace-* flags

@@ -64,10 +64,12 @@ uint64_t checkpoint_digest(const nn::Checkpoint& ck) {
 void save_training_checkpoint(const std::string& path, const nn::TensorDict& model_state,
                               const nn::TensorDict& optimizer_state, const TrainOptions& options,
                               const RunPosition& position,
-                              const std::vector<EpochMetrics>& history) {
+                              const std::vector<EpochMetrics>& history,
+                              const MixedPrecision& precision) {
   nn::Checkpoint ck;
   ck.put("model.", model_state);
   ck.put("optim.", optimizer_state);
+  ck.put("scaler.", precision.state_dict());
   if (position.batches > 0) ck.tensors.emplace("progress.loss_sum", position.loss_sum);
   const Generator::State rng = default_generator().state();
   ck.metadata = {{"format", "pt"},
@@ -81,7 +83,8 @@ void save_training_checkpoint(const std::string& path, const nn::TensorDict& mod
                  {"seed", std::to_string(options.seed)},
                  {"generator_seed", std::to_string(rng.seed)},
                  {"generator_offset", std::to_string(rng.offset)},
-                 {"metrics", metrics_csv(history)}};
+                 {"metrics", metrics_csv(history)},
+                 {"precision", precision.name()}};
   // For the launcher's tests: a save slower than a stop's old grace period, its temporary
   // file written and not yet renamed (see files::set_write_pause_for_testing).
   const char* pause = std::getenv("MINIGRAD_TEST_SAVE_PAUSE_SECONDS");
@@ -93,6 +96,7 @@ void save_training_checkpoint(const std::string& path, const nn::TensorDict& mod
 RunPosition load_training_checkpoint(const std::string& path, TrainingState& state,
                                      const TrainOptions& options,
                                      std::vector<EpochMetrics>& history,
+                                     MixedPrecision& precision,
                                      int64_t batches_per_epoch) {
   const nn::Checkpoint ck = nn::load_tensors(path);
   auto meta = [&](const char* key) {
@@ -114,6 +118,13 @@ RunPosition load_training_checkpoint(const std::string& path, TrainingState& sta
            "--resume {}: the checkpoint holds the state of --optimizer {}, but --optimizer is {}; "
            "pass --optimizer {}",
            path, saved_optimizer, options.optimizer, saved_optimizer);
+  // bfloat16 weights and masters, or a scaler: another precision's checkpoint holds other
+  // tensors. One written before --precision existed is 32-true's.
+  const auto precision_entry = ck.metadata.find("precision");
+  const std::string saved_precision = precision_entry == ck.metadata.end() ? "32-true" : precision_entry->second;
+  MG_CHECK(saved_precision == precision.name(),
+           "--resume {}: written with --precision {}, but --precision is {}; pass --precision {}", path,
+           saved_precision, precision.name(), saved_precision);
   const auto number = [&](const char* key, auto type) {
     return metadata_number<decltype(type)>(path, key, meta(key));
   };
@@ -154,6 +165,7 @@ RunPosition load_training_checkpoint(const std::string& path, TrainingState& sta
   std::vector<EpochMetrics> epochs = parse_metrics_csv(meta("metrics"), path + " (metrics)");
   position.digest = checkpoint_digest(ck);
   state.load(ck.get("model."), ck.get("optim."), path);  // checks both before loading either
+  precision.load_state_dict(ck.get("scaler."), path);
   history = std::move(epochs);
   default_generator().set_state(generator);
   return position;

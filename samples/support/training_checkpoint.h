@@ -7,8 +7,12 @@
 //             optim.<key>        the optimizer's state_dict (SGD: momentum_buffer.<i>;
 //                                AdamW: step.<i>, exp_avg.<i>, exp_avg_sq.<i>)
 //             progress.loss_sum  mid-epoch only: the epoch's training loss so far
+//             scaler.<key>       --precision 16-mixed: the GradScaler's state (torch's keys)
 //   metadata  epoch, epoch_batches, epoch_seen, batch_size, optimizer, hidden, seed, generator_seed,
-//             generator_offset, metrics (the per-epoch CSV so far)
+//             generator_offset, metrics (the per-epoch CSV so far), precision
+//
+// Under --precision bf16-true the model is bfloat16 (safetensors BF16) and the optimizer's
+// state holds the float32 masters ("master.<i>", optim::MasterWeights) beside its own.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +24,7 @@
 #include <minigrad/nn/optim/optimizer.h>
 
 #include "metrics.h"
+#include "precision.h"
 #include "train_options.h"
 #include "training_state.h"
 
@@ -48,7 +53,8 @@ struct RunPosition {
 void save_training_checkpoint(const std::string& path, const nn::TensorDict& model_state,
                               const nn::TensorDict& optimizer_state, const TrainOptions& options,
                               const RunPosition& position,
-                              const std::vector<EpochMetrics>& history);
+                              const std::vector<EpochMetrics>& history,
+                              const MixedPrecision& precision);
 
 // Loads a checkpoint written by save_training_checkpoint into the model and the optimizer
 // of `state` (both checked before either changes) and the default generator; returns where
@@ -56,10 +62,12 @@ void save_training_checkpoint(const std::string& path, const nn::TensorDict& mod
 // flag to pass when the checkpoint does not fit the options (--hidden, --batch-size), and
 // naming the key and its range when a number in its metadata is out of range (a position
 // past the end of an epoch of `batches_per_epoch` batches, when that is given, or more
-// examples seen than its batches hold).
+// examples seen than its batches hold), and when it was written with another --precision
+// (one from before --precision is 32-true's). `precision` takes the scaler's state.
 RunPosition load_training_checkpoint(const std::string& path, TrainingState& state,
                                      const TrainOptions& options,
                                      std::vector<EpochMetrics>& history,
+                                     MixedPrecision& precision,
                                      int64_t batches_per_epoch = 0);
 
 }  // namespace mg::samples

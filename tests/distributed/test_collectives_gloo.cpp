@@ -1,6 +1,7 @@
 // ProcessGroupGloo's flat collectives (reduce_scatter, all_gather) across 2 and 4 forked
 // processes: values for odd sizes, float32 and int64, sum and average, in place, empty;
-// the argument checks; a rank that dies during an all-gather.
+// bfloat16 and float16 carried as float32 and rounded once; the argument checks; a rank
+// that dies during an all-gather.
 #ifdef MINIGRAD_WITH_GLOO
 
 #include <signal.h>
@@ -191,6 +192,63 @@ TEST_CASE("ProcessGroupGloo: reduce_scatter and all_gather check their arguments
     CHECK_THAT(res.text("overlap2"),
                MG_CONTAINS("all_gather (gloo): input overlaps output without being its slice"));
     CHECK(res.floats("after") == std::vector<float>{1.0f, 2.0f});
+  }
+}
+
+TEST_CASE("ProcessGroupGloo: bfloat16 and float16 travel as float32 and are rounded once") {
+  // Three ranks hold 1, e and e with e three quarters of half the spacing above 1 (bfloat16:
+  // 2^-7, float16: 2^-10). Summed in float32, 1 + 1.5 x half-spacing rounds up to the next
+  // 16-bit value; summed in 16 bits one rank after another, each 1 + e rounds back to 1. So
+  // the result says the sum was taken in float32 and rounded once. Element 1 holds r + 1
+  // (exact either way); broadcast and all-gather must arrive bit for bit.
+  for (DType dtype : {DType::BFloat16, DType::Float16}) {
+    DYNAMIC_SECTION(dtype_name(dtype)) {
+      const float half_spacing = dtype == DType::BFloat16 ? 1.0f / 256 : 1.0f / 2048;
+      auto results = run_ranks(3, [dtype, half_spacing](RankContext& ctx) {
+        auto pg = ctx.gloo();
+        const int r = ctx.rank;
+        const auto mine = [&](Shape shape) {
+          const float first = r == 0 ? 1.0f : 0.75f * half_spacing;
+          std::vector<float> v;
+          for (int64_t i = 0; i < shape.numel(); ++i) v.push_back(i % 2 == 0 ? first : static_cast<float>(r + 1));
+          return ops::to_dtype(from_vector(v, shape), dtype);
+        };
+        Tensor sum = mine(Shape{2}), avg = mine(Shape{2}), bcast = mine(Shape{2});
+        pg->allreduce({sum})->wait();
+        pg->allreduce({avg}, ReduceOp::Average)->wait();
+        pg->broadcast({bcast}, 1)->wait();
+        Tensor rs_out = empty(Shape{2}, dtype);
+        pg->reduce_scatter(rs_out, mine(Shape{6}))->wait();
+        Tensor ag_out = empty(Shape{6}, dtype);
+        pg->all_gather(ag_out, mine(Shape{2}))->wait();
+        Tensor ag_inplace = zeros(Shape{6}, dtype);
+        ops::copy_(ops::narrow(ag_inplace, 0, 2 * r, 2), mine(Shape{2}));
+        pg->all_gather(ag_inplace, ops::narrow(ag_inplace, 0, 2 * r, 2))->wait();
+        for (const Tensor& t : {sum, avg, bcast, rs_out, ag_out, ag_inplace})
+          MG_CHECK(t.dtype() == dtype, "a collective changed the dtype to {}", t.dtype());
+        const auto report = [&](const char* name, const Tensor& t) { ctx.report(name, ops::to_dtype(t, DType::Float32)); };
+        report("sum", sum);
+        report("avg", avg);
+        report("bcast", bcast);
+        report("rs", rs_out);
+        report("ag", ag_out);
+        report("ag_inplace", ag_inplace);
+      });
+      INFO(describe(results));
+      const float up = 1.0f + 2 * half_spacing;  // the next 16-bit value above 1
+      const float e = 0.75f * half_spacing;
+      for (const RankResult& res : results) {
+        REQUIRE(res.ok());
+        CHECK(res.floats("sum") == std::vector<float>{up, 6.0f});
+        // The float32 sum times 1/3 (Gloo's average), rounded once to the 16-bit dtype.
+        const Tensor mean32 = from_vector(std::vector<float>{(1.0f + 2 * e) * (1.0f / 3), 2.0f}, Shape{2});
+        CHECK(res.floats("avg") == ops::to_dtype(ops::to_dtype(mean32, dtype), DType::Float32).to_vector<float>());
+        CHECK(res.floats("bcast") == std::vector<float>{e, 2.0f});
+        CHECK(res.floats("rs") == std::vector<float>{up, 6.0f});
+        CHECK(res.floats("ag") == std::vector<float>{1.0f, 1.0f, e, 2.0f, e, 3.0f});
+        CHECK(res.floats("ag_inplace") == std::vector<float>{1.0f, 1.0f, e, 2.0f, e, 3.0f});
+      }
+    }
   }
 }
 

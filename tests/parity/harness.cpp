@@ -15,6 +15,7 @@
 #include "parity/models.h"
 #include "parallel/tp_check.h"  // shard_kinds: how parallelize_mlp splits each parameter
 
+#include <minigrad/autograd/autocast.h>
 #include <minigrad/minigrad.h>
 #include <minigrad/models/gpt.h>
 #include <minigrad/models/gpt_checkpointing.h>
@@ -374,19 +375,6 @@ Report run_checkpointed(const Config& c) {
   t.optimizer = opt.get();
   t.report = [&](StepReport& s, bool grad) { report_whole(s, "", gpt->parameters(), grad); };
   return train(c, t);
-}
-
-// Clipping over tensor-parallel shards: the norm of the whole gradient counts a split
-// parameter's pieces once each and a whole one (every rank holds a copy) once.
-// `counted` are the gradients whose squares make up the norm (reduced by `reduce` when
-// they are spread over processes), `copies` the other ranks' whole ones, scaled alike.
-void clip_tensor_parallel(const std::vector<Tensor>& counted, const std::vector<Tensor>& copies,
-                          const nn::utils::NormReducer& reduce) {
-  const double total = scalar(nn::utils::clip_grad_norm_(counted, kMaxNorm, 2.0, false, reduce));
-  const double coef = std::min(kMaxNorm / (total + 1e-6), 1.0);
-  if (coef >= 1.0) return;
-  for (const Tensor& p : copies)
-    if (p.grad().defined()) Tensor(p.grad()).mul_(coef);
 }
 
 Report run_tensor_parallel(const Config& c) {
@@ -904,6 +892,7 @@ double element_error(double got, double want) {
 }
 
 constexpr double kUnitRoundoff32 = 0x1p-24;
+constexpr double kUnitRoundoffBF16 = 0x1p-8;
 
 // What float32 costs each value of the run: the plain float32 step's error against the
 // float64 step, per (step, parameter, phase), and per step for the loss.
@@ -912,8 +901,8 @@ struct Float32Error {
   std::vector<std::map<std::pair<int32_t, int32_t>, double>> tensors;  // (param, phase) -> error
 };
 
-Float32Error float32_error(const Report& f32, const Report& f64, double rows_summed) {
-  const double floor = kUnitRoundoff32 * std::sqrt(rows_summed);  // per unit of a tensor's largest element
+Float32Error float32_error(const Report& f32, const Report& f64, double rows_summed, double unit_roundoff) {
+  const double floor = unit_roundoff * std::sqrt(rows_summed);  // per unit of a tensor's largest element
   MG_CHECK(f32.size() == f64.size(), "parity: the float32 and float64 references ran {} and {} steps",
            f32.size(), f64.size());
   Float32Error e;
@@ -1084,9 +1073,22 @@ Outcome run_row(const Config& c) {
     const Report float64_report = run_plain(c, DType::Float64);
     std::optional<Float32Error> float32;
     const double rows_summed = static_cast<double>(c.batch * (is_transformer(c) ? kGptT : 1));
-    if (c.dtype == DType::Float32)
-      float32 = float32_error(run_plain(c, DType::Float32), float64_report, rows_summed);
-    const Report form_report = run_form(c);
+    // bf16-mixed: the plain module's step and the form's under autocast (without the cast
+    // cache: a step's micro-batches each cast the weights, as torch's regions per forward
+    // would); the plain bf16-mixed step's error against float64 is then what bfloat16 costs
+    // each tensor, at least sqrt(N) roundings of 2^-8, and a form may be the same multiple
+    // of it as a float32 row of its float32 error: both are roundings of one size, placed
+    // differently.
+    if (c.dtype == DType::Float32) {
+      const AutocastGuard region(DeviceType::CPU, DType::BFloat16, c.bf16_mixed, false);
+      float32 = float32_error(run_plain(c, DType::Float32), float64_report, rows_summed,
+                              c.bf16_mixed ? kUnitRoundoffBF16 : kUnitRoundoff32);
+    }
+    Report form_report;
+    {
+      const AutocastGuard region(DeviceType::CPU, DType::BFloat16, c.bf16_mixed, false);
+      form_report = run_form(c);
+    }
     o = compare(c, float64_report, float32, form_report, names, shapes);
   } catch (const std::exception& e) {
     o.pass = false;
@@ -1129,6 +1131,13 @@ widened exactly), within what float32 costs:
   run).
 - A float64 row's error of an element, `|got - want| / max(|want|, 1e-3)`, must stay under
   {:.0e}; the column is that relative error.
+- A bf16-mixed row (nanoGPT's way: float32 parameters, every forward under
+  `AutocastGuard(CPU, bfloat16)`) is held to the plain module's own bf16-mixed step in the
+  same way: that step's error against float64, tensor by tensor (at least sqrt(N) roundings
+  of 2^-8), is what bfloat16 costs; the form's largest error may be the same multiple of it,
+  since both are bfloat16 roundings of one size placed in another order. The column is
+  that multiple. The faults still fail these rows: a fault's error is of the size of the
+  value, hundreds of times bfloat16's.
 
 A rank that keeps a piece of a tensor (a ZeRO or FSDP shard, a tensor-parallel slice, the
 GPT's q, k and v rows of a rank's heads) is compared on that piece, and the pieces must
@@ -1173,7 +1182,7 @@ checks that this page lists exactly the rows of `tests/parity/table.h`, each pas
 The harness: [`tests/parity/`](../tests/parity/harness.h). The run that wrote it: {} rows in {:.0f} s
 (multi-rank rows fork their Gloo ranks on loopback).
 
-| model | form | degrees | optimizer | accumulation | batch | dtype | steps | largest error (float32: × its float32 error) | result | faults caught |
+| model | form | degrees | optimizer | accumulation | batch | dtype | steps | largest error (float32: × its float32 error; bf16-mixed: × its bf16-mixed error) | result | faults caught |
 |---|---|---|---|---|---|---|---|---|---|---|
 )", kFloat32Multiple, kFloat64Tolerance, rows.size(), seconds);
   for (size_t i = 0; i < rows.size(); ++i) {

@@ -192,6 +192,38 @@ TEST_CASE("parity table: the GPT under DDP, ZeRO-1, ZeRO-2 and FSDP by block equ
   require_rows_pass({Form::DDP, Form::Zero1, Form::Zero2, Form::FSDP}, "GPT");
 }
 
+TEST_CASE("parity table: every form in bf16-mixed equals the single-device bf16-mixed step",
+          "[bf16-mixed]") {
+  // nanoGPT's way through each form: the rows' forwards under autocast, held to the plain
+  // module's bf16-mixed step's own error (harness.cpp).
+  std::vector<Config> mixed;
+  for (const Config& c : parity_table())
+    if (c.bf16_mixed) mixed.push_back(c);
+  REQUIRE(mixed.size() >= 10);
+  for (const Config& c : mixed) {
+    const Outcome o = run_row(c);
+    INFO(label(c) << ": " << o.failure << " (largest error " << o.largest_error << ")");
+    CHECK(o.pass);
+  }
+}
+
+TEST_CASE("parity faults: a bf16-mixed row fails with its form's fault on", "[bf16-mixed]") {
+  // The faults are errors of the size of the value: bfloat16's rounding does not hide them.
+  for (const auto& [fault, form] : {std::pair<Fault, Form>{Fault::DdpLastBucketNotReduced, Form::DDP},
+                                    {Fault::ZeroAllGatherSkipped, Form::Zero2},
+                                    {Fault::ShardPaddingInArithmetic, Form::FSDP},
+                                    {Fault::RowParallelBiasPerRank, Form::TensorParallelRanks},
+                                    {Fault::SequenceParallelGradsNotReduced, Form::TensorParallelRanks},
+                                    {Fault::PipelineTiedGradNotSummed, Form::MeshPipeline}}) {
+    std::vector<Config> rows;
+    for (const Config& c : rows_of({form}))
+      if (c.bf16_mixed) rows.push_back(c);
+    INFO(mg::testing::fault_name(fault));
+    REQUIRE_FALSE(rows.empty());
+    CHECK_FALSE(rows_failing_with(fault, rows).empty());
+  }
+}
+
 #endif
 
 #ifdef MINIGRAD_WITH_GLOO

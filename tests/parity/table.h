@@ -48,6 +48,9 @@ struct Config {
   int accumulation = 1;  // micro-steps (forward + backward) per optimizer step
   int64_t batch = 11;    // rows per optimizer step, split over micro-steps and ranks
   DType dtype = DType::Float32;
+  // nanoGPT's bf16-mixed: float32 parameters, every forward (the plain module's, whose
+  // error sets the tolerance, and the form's) under AutocastGuard(CPU, bfloat16).
+  bool bf16_mixed = false;
   int steps = 3;
   // The transformers' rows (the GPT's, the Llama's) only:
   bool sequence_parallel = false;  // tensor parallelism (and the mesh's tp) with Megatron's SP
@@ -133,18 +136,23 @@ inline std::string optimizer_name(Optimizer o) {
   return o == Optimizer::SGDMomentum ? "SGD, momentum 0.9" : "AdamW + clip_grad_norm_";
 }
 
+// The dtype column: float32, float64, or bf16-mixed (float32 parameters under autocast).
+inline std::string precision_of(const Config& c) {
+  return c.bf16_mixed ? std::string("bf16-mixed") : std::string(dtype_name(c.dtype));
+}
+
 // The row's first columns in docs/parity.md, exactly: what tests/repo compares.
 inline std::string doc_key(const Config& c) {
   return fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} |", c.model, form_name(c.form),
                      degrees(c), optimizer_name(c.optimizer), c.accumulation, c.batch,
-                     dtype_name(c.dtype), c.steps);
+                     precision_of(c), c.steps);
 }
 
 // One line naming the row, for failure messages.
 inline std::string label(const Config& c) {
   return fmt::format("{}, {} ({}), {}, accumulation {}, batch {}, {}, {} steps", c.model,
                      form_name(c.form), degrees(c), optimizer_name(c.optimizer), c.accumulation,
-                     c.batch, dtype_name(c.dtype), c.steps);
+                     c.batch, precision_of(c), c.steps);
 }
 
 // The GPT's rows: the tiny GPT of harness.cpp (make_gpt), AdamW + clip_grad_norm_, float32
@@ -343,6 +351,36 @@ inline std::vector<Config> parity_table() {
   }
   gpt_rows(rows);
   llama_rows(rows);
+  // bf16-mixed: the forms again under autocast, each against the plain module's bf16-mixed
+  // step (harness.cpp's tolerance: the same multiple of that step's own error).
+  auto mixed = [&rows](Config c) { c.bf16_mixed = true; rows.push_back(c); };
+  auto mlp = [&](Form form, int degree, Optimizer o, int acc, int64_t batch) {
+    Config c;
+    c.form = form;
+    c.degree = degree;
+    c.optimizer = o;
+    c.accumulation = acc;
+    c.batch = batch;
+    return c;
+  };
+  mixed(mlp(Form::DataParallel, 2, adamw, 1, 11));
+  mixed(mlp(Form::DDP, 2, adamw, 4, 24));
+  mixed(mlp(Form::Zero1, 2, adamw, 1, 12));
+  mixed(mlp(Form::Zero2, 2, adamw, 1, 12));
+  mixed(mlp(Form::FSDP, 2, adamw, 1, 12));
+  Config stages = mlp(Form::PipelineStages, 2, sgd, 1, 11);
+  stages.degree2 = 4;
+  stages.schedule = Schedule::GPipe;
+  mixed(stages);
+  mixed(mlp(Form::TensorParallelRanks, 2, adamw, 4, 26));
+  for (const Config& c : std::vector<Config>(rows)) {  // the GPT's: tp with SP, cp, the 4-D mesh, FSDP
+    if (c.model != "GPT" || c.bf16_mixed || c.dtype != DType::Float32) continue;
+    const bool pick = (c.form == Form::TensorParallelRanks && c.sequence_parallel && c.degree == 2) ||
+                      (c.form == Form::MeshPipeline && c.degree == 2 && c.pp == 2 && c.cp == 1 && c.tp == 2) ||
+                      (c.form == Form::FSDP && c.tp == 1 && c.degree == 2 && !c.recompute) ||
+                      (c.form == Form::Mesh2D && c.cp == 2 && c.degree == 1);
+    if (pick) mixed(c);
+  }
   return rows;
 }
 

@@ -44,10 +44,9 @@ MessageHeader message_header(const std::vector<Tensor>& tensors, int tag) {
 }
 
 std::string describe(const MessageHeader& header) {
-  const char* dtype = header.dtype == static_cast<uint32_t>(DType::Float32) ? "float32"
-                      : header.dtype == static_cast<uint32_t>(DType::Float64) ? "float64"
-                      : header.dtype == static_cast<uint32_t>(DType::Int64)   ? "int64"
-                                                                              : "an unknown dtype";
+  const std::string dtype = header.dtype <= static_cast<uint32_t>(DType::Float16)
+                                ? std::string(dtype_name(static_cast<DType>(header.dtype)))
+                                : "an unknown dtype";
   const std::string shapes(header.shapes, strnlen(header.shapes, sizeof(header.shapes)));
   return fmt::format("{} tensor{} of {} {}, {} element{}", header.tensors,
                      header.tensors == 1 ? "" : "s", dtype, shapes, header.numel,
@@ -65,9 +64,7 @@ std::size_t payload_bytes(const MessageHeader& header, const std::string& what) 
            "{}: the message header is not a minigrad one (magic {:#x}); the stream of messages "
            "is out of step",
            what, header.magic);
-  MG_CHECK(header.dtype == static_cast<uint32_t>(DType::Float32) ||
-               header.dtype == static_cast<uint32_t>(DType::Float64) ||
-               header.dtype == static_cast<uint32_t>(DType::Int64),
+  MG_CHECK(header.dtype <= static_cast<uint32_t>(DType::Float16),  // the last of DType's
            "{}: the message header names dtype {}, which is none of minigrad's", what,
            header.dtype);
   const auto dtype = static_cast<DType>(header.dtype);

@@ -110,8 +110,10 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
            "ring_attention: a rank holds two equal sequence chunks, but its q has {} "
            "positions (shape {}); shard with context_parallel::shard_sequence",
            q.size(2), q.shape());
-  MG_CHECK(q.dtype() == DType::Float32 || q.dtype() == DType::Float64,
-           "ring_attention: expected float32 or float64 q, k, v, got {}", q.dtype());
+  MG_CHECK(q.dtype() == DType::Float32 || q.dtype() == DType::Float64 || is_reduced_float(q.dtype()),
+           "ring_attention: expected floating-point q, k, v, got {}", q.dtype());
+  MG_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), "ring_attention: q, k, v are {}, {}, {}; expected one dtype",
+           q.dtype(), k.dtype(), v.dtype());
   MG_CHECK(q.device() == group->device(),
            "ring_attention: q, k, v are on {}, but the group works on {}", q.device(),
            group->device());
@@ -202,6 +204,14 @@ std::vector<Tensor> ring_backward(const Tensor& grad_out, const Tensor& q, const
 Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                       const std::shared_ptr<ProcessGroup>& group, bool is_causal) {
   check_inputs(q, k, v, group);
+  if (is_reduced_float(q.dtype())) {
+    // bfloat16 or float16 (autocast, or 16-bit weights): the ring runs in float32, as the
+    // single-device attention computes on widened copies -- the online softmax merges blocks
+    // through float32 statistics -- and the output is rounded once into q's dtype. So the key
+    // and value blocks travel the ring as float32 (twice the bytes of 16-bit messages).
+    return to(ring_attention(to(q, DType::Float32), to(k, DType::Float32), to(v, DType::Float32), group, is_causal),
+              q.dtype());
+  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   const std::vector<Tensor> r = ring_forward(q, k, v, *group, is_causal, scale);
   const Tensor out = r[0];

@@ -52,6 +52,7 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module,
                              bucket_bytes_from_mib(options_.first_bucket_mb, who, "first_bucket_mb"),
                              bucket_bytes_from_mib(options_.bucket_cap_mb, who, "bucket_cap_mb"),
                              options_.find_unused_parameters, options_.gradient_as_bucket_view);
+  reducer_->set_comm_hook(options_.comm_hook);
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {

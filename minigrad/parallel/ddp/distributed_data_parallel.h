@@ -49,6 +49,10 @@ struct DDPOptions {
   // all gradients less per step. The .grad tensors then share memory with the buckets, so
   // a .grad kept from an earlier step changes with the next reduction.
   bool gradient_as_bucket_view = false;
+  // How the buckets travel (reducer.h): in the gradients' dtype (float32 for float32
+  // parameters, mixed precision's default), or compressed to bfloat16 / float16 as torch's
+  // bf16_compress_hook and fp16_compress_hook.
+  CommHook comm_hook = CommHook::AllReduce;
 };
 
 class DistributedDataParallel : public nn::Module {
@@ -62,6 +66,8 @@ class DistributedDataParallel : public nn::Module {
   const std::shared_ptr<ProcessGroup>& process_group() const { return process_group_; }
   const DDPOptions& options() const { return options_; }
   const Reducer& reducer() const { return *reducer_; }
+  // torch's ddp.register_comm_hook(None, bf16_compress_hook): from the next backward on.
+  void register_comm_hook(CommHook hook) { reducer_->set_comm_hook(hook); }
   // What the last gradient reduction cost (benchmarks).
   ReductionStats last_reduction_stats() const { return reducer_->last_stats(); }
 

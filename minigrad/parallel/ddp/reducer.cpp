@@ -211,14 +211,24 @@ void Reducer::launch(Bucket& bucket) {
     // on a copy, so the ranks still meet in every collective.
     const bool skip = testing::fault_is_on(testing::Fault::DdpLastBucketNotReduced) &&
                       index + 1 == buckets_.size();
-    bucket.work = process_group_->allreduce(skip ? ops::clone(bucket.flat) : bucket.flat,
-                                            ReduceOp::Average);
+    // A compressing hook sends a 16-bit copy, widened back into the bucket in finalize().
+    const DType wire_dtype = comm_hook_ == CommHook::BF16Compress   ? DType::BFloat16
+                             : comm_hook_ == CommHook::FP16Compress ? DType::Float16
+                                                                    : bucket.flat.dtype();
+    bucket.wire = wire_dtype == bucket.flat.dtype() ? bucket.flat : ops::to_dtype(bucket.flat, wire_dtype);
+    bucket.work = process_group_->allreduce(skip ? ops::clone(bucket.wire) : bucket.wire, ReduceOp::Average);
   } catch (const std::exception& e) {
     state_ = State::Failed;
     failure_ = e.what();
     throw;
   }
-  stats_.bytes += bucket.flat.nbytes();
+  stats_.bytes += bucket.wire.nbytes();
+}
+
+void Reducer::set_comm_hook(CommHook hook) {
+  MG_CHECK(state_ != State::Armed, "DistributedDataParallel::register_comm_hook: a backward is expecting its "
+                                   "gradients reduced; set the hook between iterations");
+  comm_hook_ = hook;
 }
 
 void Reducer::finalize() {
@@ -236,6 +246,8 @@ void Reducer::finalize() {
   stats_.buckets = buckets_.size();
   for (Bucket& bucket : buckets_) {
     stats_.comm_seconds += std::max(0.0, bucket.work->duration_seconds());
+    if (!bucket.wire.is_same(bucket.flat)) ops::copy_(bucket.flat, ops::to_dtype(bucket.wire, bucket.flat.dtype()));
+    bucket.wire = Tensor();
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const Tensor& p = params_[bucket.params[k]];
       const Tensor& averaged = bucket.views[k];

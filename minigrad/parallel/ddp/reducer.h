@@ -44,6 +44,18 @@
 
 namespace mg::parallel {
 
+// How a bucket travels: torch's DDP communication hooks. AllReduce (allreduce_hook, the
+// default): in the gradients' own dtype -- float32 for float32 parameters, also under
+// autocast (nanoGPT's way: gradients reduced in float32). BF16Compress and FP16Compress
+// (bf16_compress_hook, fp16_compress_hook): the bucket rounded to bfloat16 or float16
+// before the all-reduce (each gradient off by up to u = 2^-8 or 2^-11 relative) and the
+// average widened back after it: half the bytes of float32 over NCCL, which carries the
+// 16-bit floats. Over Gloo the 16-bit bucket travels as float32 (process_group_gloo.h):
+// the compression's roundings are the same, its bytes are not saved -- on the CPU it shows
+// the numerics, not the bandwidth. (torch divides by the world size before its 16-bit sum;
+// here the average is the process group's: summed, then scaled, rounded once.)
+enum class CommHook { AllReduce, BF16Compress, FP16Compress };
+
 // What the last reduction cost, for benchmarks: the communication thread/stream was busy
 // comm_seconds; backward's caller blocked wait_seconds at its end waiting for it. The
 // difference is the communication hidden behind backward.
@@ -79,6 +91,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // The hook: parameter `index` has its gradient for this backward.
   void mark_ready(size_t index);
 
+  // Between iterations: how the buckets travel from the next backward on.
+  void set_comm_hook(CommHook hook);
+  CommHook comm_hook() const { return comm_hook_; }
+
   Reducer(std::vector<Tensor> params, std::vector<std::string> names,
           std::shared_ptr<ProcessGroup> process_group, size_t first_bucket_bytes,
           size_t bucket_bytes, bool find_unused_parameters, bool gradient_as_bucket_view);
@@ -91,6 +107,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     std::vector<Tensor> views;    // each parameter's slot of flat, shaped like it
     size_t pending = 0;           // parameters not ready yet this iteration
     std::shared_ptr<Work> work;
+    Tensor wire;                  // a compressing hook's 16-bit copy of flat, in flight
   };
 
   void assign_buckets(size_t first_bucket_bytes, size_t bucket_bytes);
@@ -106,6 +123,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::shared_ptr<ProcessGroup> process_group_;
   bool find_unused_parameters_;
   bool gradient_as_bucket_view_;
+  CommHook comm_hook_ = CommHook::AllReduce;
   std::vector<Bucket> buckets_;
   std::vector<std::vector<size_t>> bucket_indices_;
   std::vector<size_t> bucket_of_;  // parameter index -> bucket

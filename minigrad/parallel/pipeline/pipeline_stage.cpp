@@ -99,9 +99,8 @@ PipelineStage::Header PipelineStage::read_header(const PendingRecv& posted, int 
   posted.work->wait();
   const int from = virtual_stage - 1;
   const std::vector<int64_t> v = posted.tensor.to_vector<int64_t>();
-  MG_CHECK(v[3] >= 1 && v[3] <= kMaxRank && (v[2] == static_cast<int64_t>(DType::Float32) ||
-                                             v[2] == static_cast<int64_t>(DType::Float64) ||
-                                             v[2] == static_cast<int64_t>(DType::Int64)),
+  // Any of minigrad's dtypes (Float16 is DType's last): bfloat16 activations under bf16-true.
+  MG_CHECK(v[3] >= 1 && v[3] <= kMaxRank && v[2] >= 0 && v[2] <= static_cast<int64_t>(DType::Float16),
            "a malformed activation header from stage {}", from);
   Header h;
   h.micro_batches = v[0];

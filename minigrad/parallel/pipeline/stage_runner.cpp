@@ -95,9 +95,7 @@ Tensor StageRunner::forward(int64_t j, const Tensor& input) {
   MG_CHECK(!entry.live, "micro-batch {} ran its forward twice in one step", j);
   // The stage's own graph starts here: a leaf that collects the input's gradient.
   entry.input = input.detach();
-  const bool wants_grad = options_.first ? options_.input_requires_grad
-                                         : input.dtype() == DType::Float32 ||
-                                               input.dtype() == DType::Float64;
+  const bool wants_grad = options_.first ? options_.input_requires_grad : is_floating_point(input.dtype());
   if (wants_grad) entry.input.set_requires_grad(true);
   if (checkpointed(j)) {
     NoGradGuard no_grad;  // kept: the input only; backward computes the rest again

@@ -45,7 +45,7 @@ std::vector<ShardLayout::Piece> ShardLayout::pieces(int rank) const {
 }
 
 FlatParameter::FlatParameter(std::vector<Tensor> params, std::vector<size_t> indices, int rank,
-                             int world_size, ShardStorage storage)
+                             int world_size, ShardStorage storage, FlatDtypes dtypes)
     : params_(std::move(params)), indices_(std::move(indices)), rank_(rank) {
   MG_CHECK(!params_.empty(), "FlatParameter: expected at least one parameter");
   MG_CHECK(indices_.size() == params_.size(), "FlatParameter: {} indices for {} parameters",
@@ -53,28 +53,36 @@ FlatParameter::FlatParameter(std::vector<Tensor> params, std::vector<size_t> ind
   MG_CHECK(rank >= 0 && rank < world_size, "FlatParameter: rank {} is outside [0, {})", rank,
            world_size);
   const Device device = params_[0].device();
+  const DType dtype = params_[0].dtype();
   std::vector<int64_t> numels;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
-    MG_CHECK(p.is_leaf() && p.dtype() == DType::Float32 && p.device() == device,
-             "FlatParameter: parameter {} (shape {}, {}, on {}) must be a float32 leaf on {} as "
+    MG_CHECK(p.is_leaf() && is_floating_point(p.dtype()) && p.dtype() == dtype && p.device() == device,
+             "FlatParameter: parameter {} (shape {}, {}, on {}) must be a {} leaf on {} as "
              "parameter 0 is",
-             indices_[i], p.shape(), p.dtype(), p.device(), device);
+             indices_[i], p.shape(), p.dtype(), p.device(), dtype, device);
     numels.push_back(p.numel());
   }
+  const DType param_dtype = dtypes.param_dtype.value_or(dtype);
+  MG_CHECK(is_floating_point(param_dtype), "FlatParameter: param_dtype {} is not a float dtype", param_dtype);
+  MG_CHECK(param_dtype == dtype || storage == ShardStorage::Separate,
+           "FlatParameter: param_dtype {} differs from the parameters' {}, which needs ShardStorage::Separate "
+           "(a shard that is a view of the flat buffer has its dtype)", param_dtype, dtype);
+  reduce_dtype_ = dtypes.reduce_dtype.value_or(param_dtype);
+  MG_CHECK(is_floating_point(reduce_dtype_), "FlatParameter: reduce_dtype {} is not a float dtype", reduce_dtype_);
   layout_ = make_shard_layout(numels, world_size);
   MG_CHECK(layout_.numel > 0, "FlatParameter: the parameters hold no elements");
 
   NoGradGuard no_grad;
-  full_ = zeros(Shape{layout_.padded_numel()}, DType::Float32, device);  // padding: zeros
+  // Laid out in the parameters' own dtype first: the shard takes its exact values.
+  Tensor exact = zeros(Shape{layout_.padded_numel()}, dtype, device);  // padding: zeros
+  for (size_t i = 0; i < params_.size(); ++i) ops::copy_(slot(exact, i), params_[i]);
+  full_ = param_dtype == dtype ? exact : ops::to_dtype(exact, param_dtype);
   for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor& p = params_[i];
-    const Tensor home = slot(full_, i);
-    ops::copy_(home, p);
     // From here on the parameter is its slot: its old memory goes with the last handle.
-    p.set_data(home);
+    params_[i].set_data(slot(full_, i));
   }
-  const Tensor mine = ops::narrow(full_, 0, layout_.shard_begin(rank), layout_.shard_numel);
+  const Tensor mine = ops::narrow(exact, 0, layout_.shard_begin(rank), layout_.shard_numel);
   shard_ = storage == ShardStorage::ViewOfFull ? mine.detach() : ops::clone(mine);
   shard_.set_requires_grad(true);
   if (storage == ShardStorage::Separate) free_full();
@@ -101,7 +109,8 @@ void FlatParameter::free_full() {
 std::shared_ptr<Work> FlatParameter::all_gather(ProcessGroup& group) const {
   MG_CHECK(full_is_allocated(), "FlatParameter::all_gather: the flat buffer is freed; "
                                 "allocate_full() first");
-  return group.all_gather(full_, shard_.detach());
+  const Tensor shard = shard_.detach();
+  return group.all_gather(full_, shard.dtype() == full_.dtype() ? shard : ops::to_dtype(shard, full_.dtype()));
 }
 
 Tensor FlatParameter::slot(const Tensor& flat, size_t k) const {
@@ -109,7 +118,7 @@ Tensor FlatParameter::slot(const Tensor& flat, size_t k) const {
 }
 
 Tensor FlatParameter::new_flat() const {
-  Tensor flat = empty(Shape{layout_.padded_numel()}, DType::Float32, full_.device());
+  Tensor flat = empty(Shape{layout_.padded_numel()}, reduce_dtype_, full_.device());
   const int64_t padding = layout_.padded_numel() - layout_.numel;
   // parity fault: ones in the padding, which then count in the clipping norm.
   const double pad = testing::fault_is_on(testing::Fault::ShardPaddingInArithmetic) ? 1.0 : 0.0;
@@ -118,11 +127,11 @@ Tensor FlatParameter::new_flat() const {
 }
 
 Tensor FlatParameter::shard_of_grads() const {
-  Tensor out = zeros(Shape{layout_.shard_numel}, DType::Float32, full_.device());
+  Tensor out = zeros(Shape{layout_.shard_numel}, shard_.dtype(), full_.device());
   for (const ShardLayout::Piece& piece : layout_.pieces(rank_)) {
     const Tensor grad = params_[piece.param].grad();
     if (!grad.defined()) continue;
-    const Tensor flat_grad = ops::view(ops::contiguous(grad), Shape{grad.numel()});
+    const Tensor flat_grad = ops::view(ops::contiguous(ops::to_dtype(grad, out.dtype())), Shape{grad.numel()});
     ops::copy_(ops::narrow(out, 0, piece.shard_offset, piece.numel),
                ops::narrow(flat_grad, 0, piece.param_offset, piece.numel));
   }
@@ -135,7 +144,7 @@ void FlatParameter::load_shard_from_full(const Tensor& flat) {
            "shape {}",
            layout_.padded_numel(), flat.shape());
   NoGradGuard no_grad;
-  ops::copy_(shard_, ops::narrow(flat, 0, layout_.shard_begin(rank_), layout_.shard_numel));
+  ops::copy_(shard_, ops::to_dtype(ops::narrow(flat, 0, layout_.shard_begin(rank_), layout_.shard_numel), shard_.dtype()));
 }
 
 void FlatParameter::record_spec(const std::vector<std::string>& names, const std::string& dim,

@@ -28,10 +28,20 @@
 //     allocated only while a unit runs (allocate_full + all_gather) and freed after
 //     (free_full), keeping its storage block so that the parameter views (and what
 //     autograd saved of them) stay valid across the gap.
+//
+// Dtypes (mixed precision): the parameters may be any one float dtype (bfloat16 ones under
+// ZeRO with float32 master shards: the optimizer over the shards is optim::MasterWeights),
+// and everything is then in it. FSDP's MixedPrecisionPolicy (fully_shard.h) splits them:
+// the shard keeps the parameters' dtype (float32: it is the master the optimizer steps),
+// the flat buffer -- what the parameters are views of, what forward computes with -- is
+// `param_dtype` (bfloat16: half the all-gather), filled from the shard rounded; the
+// gradients are reduce-scattered in `reduce_dtype` (float32) and land in the shard's
+// dtype.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,15 +80,23 @@ ShardLayout make_shard_layout(const std::vector<int64_t>& numels, int world_size
 
 enum class ShardStorage { ViewOfFull, Separate };
 
+// The dtypes of a FlatParameter (FSDP2's MixedPrecisionPolicy): none given, the parameters'.
+struct FlatDtypes {
+  std::optional<DType> param_dtype;   // the flat buffer's: what forward and backward compute with
+  std::optional<DType> reduce_dtype;  // the flat gradients' and their reduce_scatter's
+};
+
 class FlatParameter {
  public:
-  // Moves `params` (float32 leaves on one device) into a new flat buffer, copying their
-  // values, and makes each a view of its slot. `indices` are the parameters' positions
+  // Moves `params` (float leaves of one dtype on one device) into a new flat buffer, copying
+  // their values (rounded into dtypes.param_dtype when one is given), and makes each a view
+  // of its slot; the shard keeps their dtype and exact values (a param_dtype of its own
+  // needs ShardStorage::Separate: a view cannot change dtype). `indices` are the parameters' positions
   // among the trainable parameters of the whole model (for state dicts: optimizer state
   // "<name>.<index>"). With ShardStorage::Separate the flat buffer is freed once the
   // shard has been copied out of it.
   FlatParameter(std::vector<Tensor> params, std::vector<size_t> indices, int rank,
-                int world_size, ShardStorage storage);
+                int world_size, ShardStorage storage, FlatDtypes dtypes = {});
   FlatParameter(const FlatParameter&) = delete;
   FlatParameter& operator=(const FlatParameter&) = delete;
 
@@ -103,14 +121,18 @@ class FlatParameter {
   void allocate_full();  // fresh memory, contents undefined until gathered
   void free_full();
 
-  // Starts filling full() with every rank's shard (this rank's included).
+  // Starts filling full() with every rank's shard (this rank's included; rounded into the
+  // flat buffer's dtype when it differs from the shard's).
   std::shared_ptr<Work> all_gather(ProcessGroup& group) const;
+  // The flat gradients' dtype (reduce_dtype, else the flat buffer's) and the flat buffer's.
+  DType reduce_dtype() const { return reduce_dtype_; }
+  DType param_dtype() const { return full_.dtype(); }
 
   // Parameter k's slot in `flat`, any tensor laid out as full() is, shaped like the
   // parameter: where its gradient goes in the flat gradients, its state in a flat state.
   Tensor slot(const Tensor& flat, size_t k) const;
-  // An uninitialised tensor laid out as full(), with its padding zeroed: to be filled
-  // slot by slot (the gradients before their reduce_scatter).
+  // An uninitialised tensor laid out as full(), with its padding zeroed, in reduce_dtype():
+  // to be filled slot by slot (the gradients before their reduce_scatter).
   Tensor new_flat() const;
   // This rank's shard of the parameters' gradients (as flatten_grads() sliced, without
   // building the whole of it): ZeRO-1, where every rank holds the averaged gradients.
@@ -133,6 +155,7 @@ class FlatParameter {
   ShardLayout layout_;
   Tensor full_;
   Tensor shard_;
+  DType reduce_dtype_ = DType::Float32;
 };
 
 }  // namespace mg::parallel

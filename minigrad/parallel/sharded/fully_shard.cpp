@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include <minigrad/autograd/functions.h>
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/autograd/node.h>
 #include <minigrad/autograd/version_counter.h>
@@ -209,11 +210,22 @@ std::vector<Tensor> FSDPModule::parameters() const {
 void FSDPModule::register_hooks() {
   std::shared_ptr<FSDPModule> self = shared_from_this();  // the module owns its state
   const nn::ModulePtr m = module();
-  m->register_forward_pre_hook([self](nn::Module&, const Tensor&) {
+  m->register_forward_pre_hook([self](nn::Module&, const Tensor& x) {
     self->before_forward();
+    // MixedPrecisionPolicy::cast_forward_inputs: a float input in the unit's compute dtype.
+    const MixedPrecisionPolicy& mp = self->options_.mp_policy;
+    if (mp.param_dtype && mp.cast_forward_inputs && x.defined() && is_floating_point(x.dtype()) &&
+        x.dtype() != *mp.param_dtype)
+      return to(x, *mp.param_dtype);
     return Tensor();
   });
-  m->register_forward_hook([self](nn::Module&, const Tensor&, const Tensor& y) { return self->after_forward(y); });
+  m->register_forward_hook([self](nn::Module&, const Tensor&, const Tensor& y) {
+    const MixedPrecisionPolicy& mp = self->options_.mp_policy;
+    const bool cast = mp.output_dtype && y.defined() && is_floating_point(y.dtype()) && y.dtype() != *mp.output_dtype;
+    const Tensor out = cast ? to(y, *mp.output_dtype) : y;
+    const Tensor hooked = self->after_forward(out);
+    return hooked.defined() ? hooked : (cast ? out : Tensor());
+  });
 }
 
 void FSDPModule::before_forward() {
@@ -344,8 +356,9 @@ std::shared_ptr<FSDPModule> fully_shard(nn::ModulePtr module, std::shared_ptr<Pr
     std::vector<Tensor> params;
     for (size_t i : own) params.push_back(named[i].second);
     self->own_ = std::make_shared<FSDPModule::Unit>();
-    self->own_->flat = std::make_unique<FlatParameter>(std::move(params), own, group->rank(), group->size(),
-                                                       ShardStorage::Separate);
+    self->own_->flat = std::make_unique<FlatParameter>(
+        std::move(params), own, group->rank(), group->size(), ShardStorage::Separate,
+        FlatDtypes{options.mp_policy.param_dtype, options.mp_policy.reduce_dtype});
     self->own_->options = options;
     self->units_.push_back(self->own_);
   }
@@ -434,7 +447,7 @@ nn::TensorDict FSDPModule::full_state_dict() {
   for (const auto& unit : units_) {
     const FlatParameter& flat = *unit->flat;
     // A buffer of its own: the unit's storage block stays as it is (freed at rest).
-    Tensor full = empty(Shape{flat.layout().padded_numel()}, DType::Float32, flat.shard().device());
+    Tensor full = empty(Shape{flat.layout().padded_numel()}, flat.shard().dtype(), flat.shard().device());
     group_->all_gather(full, flat.shard().detach())->wait();
     if (!root) continue;
     for (size_t k = 0; k < flat.params().size(); ++k)
@@ -453,7 +466,7 @@ void FSDPModule::load_full_state_dict(const nn::TensorDict& state, const std::st
   for (const auto& [name, p] : m->named_parameters()) name_of.emplace(p.impl(), name);
   for (const auto& unit : units_) {
     FlatParameter& flat = *unit->flat;
-    Tensor full = zeros(Shape{flat.layout().padded_numel()}, DType::Float32, flat.shard().device());
+    Tensor full = zeros(Shape{flat.layout().padded_numel()}, flat.shard().dtype(), flat.shard().device());
     for (size_t k = 0; k < flat.params().size(); ++k)
       ops::copy_(flat.slot(full, k), state.at(name_of.at(flat.params()[k].impl())));
     flat.load_shard_from_full(full);

@@ -64,6 +64,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,21 @@
 
 namespace mg::parallel {
 
+// FSDP2's MixedPrecisionPolicy (torchtitan's: param_dtype bfloat16, reduce_dtype float32):
+// the shards stay in the parameters' dtype -- float32, the masters AdamW steps, with float32
+// moments -- while the unit is all-gathered in param_dtype (the shard rounded: half the
+// bytes, and the dtype forward and backward compute in) and its gradients are
+// reduce-scattered in reduce_dtype (default: param_dtype) into the float32 shard's gradient.
+// cast_forward_inputs casts a float input of the module to param_dtype (so that a float32
+// batch meets bfloat16 weights); output_dtype casts its output (the root's logits to float32
+// for the loss). None given: everything in the parameters' dtype, as before.
+struct MixedPrecisionPolicy {
+  std::optional<DType> param_dtype;
+  std::optional<DType> reduce_dtype;
+  std::optional<DType> output_dtype;
+  bool cast_forward_inputs = true;
+};
+
 struct FSDPOptions {
   // FSDP2's reshard_after_forward: free the unit when its forward ends and gather it again
   // for backward. false keeps it gathered until its gradients are reduce-scattered (one
@@ -87,6 +103,8 @@ struct FSDPOptions {
   // for the memory of one more gathered unit.
   bool forward_prefetch = true;
   bool backward_prefetch = true;
+  // The dtypes of the unit (fully_shard per call, as FSDP2's mp_policy).
+  MixedPrecisionPolicy mp_policy;
 };
 
 // What a rank has held and sent, for benchmarks and memory checks.

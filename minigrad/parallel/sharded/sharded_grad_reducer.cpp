@@ -115,7 +115,7 @@ void ShardedGradReducer::mark_ready(size_t group, size_t param) {
   const Tensor grad = p.grad();
   const Tensor slot = flat.slot(filling_[group], param);
   if (grad.defined()) {
-    ops::copy_(slot, grad);
+    ops::copy_(slot, ops::to_dtype(grad, slot.dtype()));  // into reduce_dtype (mixed precision)
     p.set_grad(Tensor());
   } else if (slot.numel() > 0) {
     backend(slot.device()).fill(slot, 0.0);
@@ -140,7 +140,7 @@ void ShardedGradReducer::launch(size_t g) {
   InFlight job;
   job.group = g;
   job.input = std::move(filling_[g]);
-  job.output = empty(Shape{flat.layout().shard_numel}, DType::Float32, job.input.device());
+  job.output = empty(Shape{flat.layout().shard_numel}, job.input.dtype(), job.input.device());
   hold(job.output.nbytes());
   try {
     job.work = process_group_->reduce_scatter(job.output, job.input, ReduceOp::Average);
@@ -169,11 +169,13 @@ void ShardedGradReducer::complete_oldest() {
   buffer_bytes_ -= job.input.nbytes() + job.output.nbytes();
   const Tensor& shard = groups_[job.group]->shard();
   const Tensor grad = shard.grad();
+  // The shard's gradient in the shard's dtype (a float32 master's, under a bfloat16 reduce).
+  const Tensor reduced = ops::to_dtype(job.output, shard.dtype());
   if (grad.defined()) {
     NoGradGuard no_grad;
-    Tensor(grad).add_(job.output);
+    Tensor(grad).add_(reduced);
   } else {
-    shard.set_grad(job.output);
+    shard.set_grad(reduced);
   }
 }
 

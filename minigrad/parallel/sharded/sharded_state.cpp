@@ -120,7 +120,9 @@ nn::TensorDict shard_full_optimizer_state(const nn::TensorDict& full,
             "element of its parameter or one for all of it",
             key, states[k].shape(), flat.indices()[k], param.shape()));
         fits = false;
-      } else if (element_wise && states[k].dtype() != param.dtype()) {
+      } else if (element_wise && states[k].dtype() != param.dtype() &&
+                 !(is_reduced_float(param.dtype()) && states[k].dtype() == DType::Float32)) {
+        // (A 16-bit parameter's state is float32: MasterWeights' masters and moments.)
         problems.push_back(fmt::format("'{}' is {}, but parameter {} is {}", key,
                                        states[k].dtype(), flat.indices()[k], param.dtype()));
         fits = false;

@@ -7,6 +7,7 @@
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/fault_injection.h>
 #include <minigrad/core/ops.h>
+#include <minigrad/nn/optim/master_weights.h>
 #include <minigrad/parallel/c10d/bucketing.h>
 #include <minigrad/parallel/c10d/same_model.h>
 #include <minigrad/parallel/clip_grad.h>
@@ -51,9 +52,13 @@ struct ZeroRedundancyOptimizer::Buckets {
     std::unordered_set<const TensorImpl*> seen;
     for (size_t i = 0; i < params.size(); ++i) {
       const Tensor& p = params[i];
-      MG_CHECK(p.defined() && p.is_leaf() && p.requires_grad() && p.dtype() == DType::Float32,
-               "ZeroRedundancyOptimizer: parameter {} must be a float32 leaf that requires grad",
-               i);
+      // Any one float dtype: bfloat16 parameters shard with an optim::MasterWeights inside
+      // (float32 master shards, the ZeRO paper's 2 + 2 + 12 bytes).
+      MG_CHECK(p.defined() && p.is_leaf() && p.requires_grad() && is_floating_point(p.dtype()) &&
+                   p.dtype() == params[0].dtype(),
+               "ZeroRedundancyOptimizer: parameter {} must be a floating-point leaf that requires grad, of "
+               "parameter 0's dtype ({})",
+               i, params[0].defined() ? std::string(dtype_name(params[0].dtype())) : "undefined");
       MG_CHECK(p.device() == group.device(),
                "ZeroRedundancyOptimizer: parameter {} (shape {}) is on {}, but the process group "
                "({}) works on {}",
@@ -108,8 +113,12 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Buckets&& buckets, std::vector<
   local_ = make_optimizer(parameters());
   MG_CHECK(local_ != nullptr, "ZeroRedundancyOptimizer: the optimizer factory returned null");
   const std::vector<Tensor>& given = local_->parameters();
+  // An optim::MasterWeights steps float32 masters of the shards (16-bit parameters): its
+  // parameter b stands for shard b.
+  const auto* masters = dynamic_cast<const optim::MasterWeights*>(local_.get());
   bool same = given.size() == parameters().size();
-  for (size_t b = 0; same && b < given.size(); ++b) same = given[b].is_same(parameters()[b]);
+  for (size_t b = 0; same && b < given.size(); ++b)
+    same = (masters ? masters->model_parameter(b) : given[b]).is_same(parameters()[b]);
   MG_CHECK(same,
            "ZeroRedundancyOptimizer: the optimizer factory must build the optimizer over the "
            "{} shard tensors it is given (it has {} parameters)",
@@ -137,16 +146,25 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Buckets&& buckets, std::vector<
 
 ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
 
-void ZeroRedundancyOptimizer::step() {
-  bool any_grad = false;
-  if (options_.stage == 1) {
+void ZeroRedundancyOptimizer::prepare_gradients() {
+  if (options_.stage == 1 && !shards_prepared_) {
     // Under DDP every rank holds the averaged gradient: each takes its shard of it.
     for (auto& bucket : buckets_) {
       bool has = false;
       for (const Tensor& p : bucket->params()) has = has || p.grad().defined();
       bucket->shard().set_grad(has ? bucket->shard_of_grads() : Tensor());
-      any_grad = any_grad || has;
     }
+    shards_prepared_ = true;
+  }
+  local_->prepare_gradients();
+}
+
+void ZeroRedundancyOptimizer::step() {
+  bool any_grad = false;
+  if (options_.stage == 1) {
+    prepare_gradients();
+    shards_prepared_ = false;  // the next step takes them again
+    for (auto& bucket : buckets_) any_grad = any_grad || bucket->shard().grad().defined();
   } else {
     reducer_->check("at step");
     for (auto& bucket : buckets_) any_grad = any_grad || bucket->shard().grad().defined();
@@ -172,6 +190,8 @@ void ZeroRedundancyOptimizer::step() {
 
 void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
   optim::Optimizer::zero_grad(set_to_none);  // the shards'
+  local_->zero_grad(set_to_none);            // and a MasterWeights' float32 masters'
+  shards_prepared_ = false;
   zero_grads(full_params_, set_to_none);     // stage 1's full gradients (stage 2 frees them)
 }
 

@@ -93,8 +93,13 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
 
   // Steps this rank's shards, then gathers every rank's update into all the parameters.
   void step() override;
-  // The shards' gradients and the original parameters'.
+  // The shards' gradients, the original parameters' and the local optimizer's own (an
+  // optim::MasterWeights' float32 masters: 4 bytes per shard element otherwise kept).
   void zero_grad(bool set_to_none = true) override;
+  // Stage 1: each shard's gradient taken out of the full ones now rather than in step(), so
+  // that what reads parameters()' gradients before the step (amp::GradScaler::unscale_, a
+  // clip of the shards) changes the gradients the step uses; then the local optimizer's.
+  void prepare_gradients() override;
   // The norm of the whole gradient, clipped to max_norm as nn::utils::clip_grad_norm_
   // would: parallel::clip_grad_norm_ (parallel/clip_grad.h) over the process group, on the
   // full gradients (stage 1: every rank holds them, rank 0's counted) or on the shards
@@ -134,6 +139,7 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
 
  private:
   struct Buckets;  // the buckets and their shards, made before the base class
+  bool shards_prepared_ = false;  // stage 1: the shards' gradients taken since the last step
   ZeroRedundancyOptimizer(Buckets&& buckets, std::vector<Tensor> params,
                           std::shared_ptr<ProcessGroup> process_group,
                           const OptimizerFactory& make_optimizer, ZeroOptions options);

@@ -352,17 +352,36 @@ void gloo_allgather(const std::shared_ptr<gloo::Context>& context, const Tensor*
   gloo::allgather(opts);
 }
 
-// Runs f(T{}) with T the element type of `dtype`: the three dtypes process groups carry
-// (gloo's sum and its transport work for any arithmetic type).
+// Runs f(T{}) with T the element type of `dtype`: the three dtypes Gloo carries here
+// (gloo's sum and its transport work for any arithmetic type). The 16-bit floats never
+// reach it: they travel widened (below).
 template <typename F>
 void with_element_type(DType dtype, F f) {
   switch (dtype) {
     case DType::Float32: return f(float{});
     case DType::Float64: return f(double{});
     case DType::Int64: return f(int64_t{});
-    default: break;  // the 16-bit floats: not carried by Gloo here (yet)
+    default: break;
   }
   MG_FAIL("ProcessGroupGloo: unsupported dtype {}", dtype);
+}
+
+// bfloat16 and float16 on the wire: Gloo's reductions have no 16-bit float type that this
+// build can name (gloo::float16 is IEEE half only, and there is no bfloat16), so a 16-bit
+// tensor travels as float32 -- exact, every 16-bit value is a float32 -- is summed in
+// float32, and is rounded once into its own dtype on arrival (docs/mixed-precision.md).
+// Twice NCCL's bytes on the wire, and a sum at least as exact as NCCL's (which rounds in
+// 16 bits as its ring goes); broadcasts and gathers arrive bit for bit.
+Tensor widened(const Tensor& t) { return is_reduced_float(t.dtype()) ? ops::to_dtype(t, DType::Float32) : t; }
+
+// Writes `wire` (widened(dst)'s result) back into `dst`, rounded once; nothing when it is dst.
+// Through the backend, not ops::copy_: the collective has counted its write into dst already
+// (bump_version on the caller's thread), and an FSDP gather that rewrites what a backward
+// saved declares it there (UnsafePreserveVersionCounter); this runs later, on the
+// communication thread.
+void narrow_into(const Tensor& dst, const Tensor& wire) {
+  if (wire.numel() > 0 && wire.data_ptr() != dst.data_ptr())
+    backend(dst.device()).copy(dst, ops::view(ops::to_dtype(wire, dst.dtype()), dst.shape()));
 }
 
 // A group of one: the result is the input itself.
@@ -382,7 +401,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(std::vector<Tensor> tensors, R
   const std::string detail = fmt::format("{} of {} bytes", reduce_op_name(op), buffer->nbytes());
   Impl* impl = impl_.get();
   return impl->enqueue("allreduce", detail, [impl, buffer, op](uint32_t tag) {
-    const Tensor& flat = buffer->flat();
+    const Tensor flat = widened(buffer->flat());
     if (flat.numel() > 0) {
       with_element_type(flat.dtype(), [&](auto t) {
         gloo_allreduce<decltype(t)>(impl->context, flat, tag, impl->options.timeout);
@@ -391,6 +410,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(std::vector<Tensor> tensors, R
     // Gloo has no average: sum, then scale, as PyTorch's DDP comm hook does.
     if (op == ReduceOp::Average)
       backend(flat.device()).binary_scalar(BinaryOp::Mul, flat, flat, 1.0 / impl->size);
+    narrow_into(buffer->flat(), flat);
     buffer->copy_back();
   });
 }
@@ -404,12 +424,13 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(std::vector<Tensor> tensors, i
   const std::string detail = fmt::format("{} bytes from rank {}", buffer->nbytes(), root);
   Impl* impl = impl_.get();
   return impl->enqueue("broadcast", detail, [impl, buffer, root](uint32_t tag) {
-    const Tensor& flat = buffer->flat();
+    const Tensor flat = widened(buffer->flat());
     if (flat.numel() > 0) {
       with_element_type(flat.dtype(), [&](auto t) {
         gloo_broadcast<decltype(t)>(impl->context, flat, root, tag, impl->options.timeout);
       });
     }
+    narrow_into(buffer->flat(), flat);
     buffer->copy_back();
   });
 }
@@ -428,19 +449,22 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(Tensor output, Tensor inp
   return impl->enqueue("reduce_scatter", detail, [impl, output, input, op](uint32_t tag) {
     // slices[r] becomes rank r's input[rank * n, (rank + 1) * n): what this rank reduces.
     // Allocated here rather than by the caller, so queued collectives hold no scratch.
-    const Tensor slices = empty(Shape{input.numel()}, input.dtype(), input.device());
-    with_element_type(input.dtype(), [&](auto t) {
-      gloo_alltoall<decltype(t)>(impl->context, input, slices, tag, impl->options.timeout);
+    // A 16-bit input travels and is summed in float32, the output rounded once at the end.
+    const Tensor wire = widened(input);
+    const Tensor slices = empty(Shape{input.numel()}, wire.dtype(), input.device());
+    with_element_type(wire.dtype(), [&](auto t) {
+      gloo_alltoall<decltype(t)>(impl->context, wire, slices, tag, impl->options.timeout);
     });
     // Summed in rank order, so every rank's slice is reduced the same way. The input is
     // no longer read, so output may be a slice of it (in place).
     const int64_t n = output.numel();
-    const Tensor out = ops::view(output, Shape{n});
+    const Tensor out = wire.dtype() == output.dtype() ? ops::view(output, Shape{n}) : empty(Shape{n}, wire.dtype());
     Backend& cpu = backend(out.device());
     cpu.binary(BinaryOp::Add, out, ops::narrow(slices, 0, 0, n), ops::narrow(slices, 0, n, n), 1.0);
     for (int r = 2; r < impl->size; ++r)
       cpu.binary(BinaryOp::Add, out, out, ops::narrow(slices, 0, r * n, n), 1.0);
     if (op == ReduceOp::Average) cpu.binary_scalar(BinaryOp::Mul, out, out, 1.0 / impl->size);
+    narrow_into(output, out);
   });
 }
 
@@ -456,10 +480,15 @@ std::shared_ptr<Work> ProcessGroupGloo::all_gather(Tensor output, Tensor input) 
                                          dtype_name(input.dtype()));
   Impl* impl = impl_.get();
   return impl->enqueue("all_gather", detail, [impl, output, input, in_place](uint32_t tag) {
-    const Tensor* in = in_place ? nullptr : &input;
-    with_element_type(output.dtype(), [&](auto t) {
-      gloo_allgather<decltype(t)>(impl->context, in, output, tag, impl->options.timeout);
+    // A 16-bit all-gather moves float32 copies (in place or not, the widened input is
+    // another buffer) and rounds them back: exact both ways.
+    const Tensor wire_out = is_reduced_float(output.dtype()) ? empty(output.shape(), DType::Float32) : output;
+    const Tensor wire_in = widened(input);
+    const Tensor* in = in_place && wire_out.data_ptr() == output.data_ptr() ? nullptr : &wire_in;
+    with_element_type(wire_out.dtype(), [&](auto t) {
+      gloo_allgather<decltype(t)>(impl->context, in, wire_out, tag, impl->options.timeout);
     });
+    narrow_into(output, wire_out);
   });
 }
 

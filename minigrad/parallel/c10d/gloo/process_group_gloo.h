@@ -9,6 +9,11 @@
 // timeout: a peer that died makes the next collective fail at once (its connection
 // closed), a peer that hangs makes it fail after the timeout.
 //
+// bfloat16 and float16: Gloo has no reduction for them here, so the collectives carry a
+// 16-bit tensor widened to float32 (exact), sum it in float32 and round the result once
+// into the tensor's dtype -- twice the bytes NCCL would send, never a less exact sum.
+// Point-to-point messages move bytes and carry the 16-bit floats as they are.
+//
 // Available when minigrad was built with Gloo (MINIGRAD_WITH_GLOO);
 // init_process_group("gloo") says so clearly otherwise.
 #pragma once
