@@ -61,13 +61,21 @@ void check_mesh(const models::GPTConfig& config, const MeshShape& m, int stage, 
   MG_CHECK(config.n_head % m.tp == 0, "{}: tp {} does not divide n_head {}", what, m.tp, config.n_head);
 }
 
+// The micro-batches a dp rank's b rows really make: chunk's (ceil(b / m) rows each, so
+// fewer than m when b < m or m does not divide b).
+double micro_batches_of(const MeshShape& m) {
+  const int64_t rows = m.batch / m.dp;
+  const int64_t per = (rows + m.micro_batches - 1) / m.micro_batches;
+  return static_cast<double>((rows + per - 1) / per);
+}
+
 }  // namespace
 
 double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshShape& mesh, int stage,
                                   bool recompute, double in_flight_scale) {
   check_mesh(config, mesh, stage, "gpt_activation_peak_floats");
   const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
-  const double t = mesh.tp, a = static_cast<double>(config.n_head), m = static_cast<double>(mesh.micro_batches);
+  const double t = mesh.tp, a = static_cast<double>(config.n_head), m = micro_batches_of(mesh);
   const bool sp = mesh.sequence_parallel, last = stage == mesh.pp - 1;
   const double Ls = static_cast<double>(gpt_stage_blocks(config, mesh.pp, stage));
   const double N = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T / mesh.cp);
@@ -99,7 +107,7 @@ std::map<std::string, CollectiveBytes> gpt_collective_bytes(const models::GPTCon
   const double b = static_cast<double>(mesh.batch / mesh.dp), Tl = static_cast<double>(mesh.T / cp);
   const double N = b * Tl;  // this rank's tokens per step
   const double NC = N * C * S;
-  const double m = static_cast<double>(mesh.micro_batches);
+  const double m = micro_batches_of(mesh);
   std::map<std::string, CollectiveBytes> f;
   if (tp > 1) {
     CollectiveBytes& c = f["tp"];
@@ -113,9 +121,8 @@ std::map<std::string, CollectiveBytes> gpt_collective_bytes(const models::GPTCon
       c.all_reduce = (last ? 2 * N * 4 : 0) + replicated * G;
     }
   }
-  // The loss's row maxima (float32): an all-gather even on a tp group of one
-  // (vocab_parallel_cross_entropy).
-  if (!sp || tp == 1) f["tp"].all_gather = last ? N * 4 : 0;
+  // The loss's row maxima (float32, vocab_parallel_cross_entropy): none on a tp group of one.
+  if (!sp && tp > 1) f["tp"].all_gather = last ? N * 4 : 0;
   if (cp > 1) {
     CollectiveBytes& c = f["cp"];
     const double hop = 2 * b * Tl * C * S / tp;  // k and v of this rank's heads
