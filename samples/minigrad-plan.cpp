@@ -34,7 +34,7 @@ models::GPTConfig preset(const std::string& name) {
       {"gpt2", {12, 12, 768}}, {"gpt2-medium", {24, 16, 1024}}, {"gpt2-large", {36, 20, 1280}},
       {"gpt2-xl", {48, 25, 1600}}};
   const auto it = sizes.find(name);
-  MG_CHECK(it != sizes.end(), "minigrad-plan: unknown model '{}' (gpt2, gpt2-medium, gpt2-large, gpt2-xl)", name);
+  MG_CHECK(it != sizes.end(), "--model: unknown model '{}' (gpt2, gpt2-medium, gpt2-large, gpt2-xl)", name);
   models::GPTConfig c;
   c.n_layer = it->second[0];
   c.n_head = it->second[1];
@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
       s.micro_batches = micro_batches;
       s.schedule = schedule == "interleaved" ? plan::Schedule::Interleaved : plan::Schedule::OneFOneB;
       s.virtual_stages = virtual_stages;
-      MG_CHECK(devices == 0 || devices == s.world(), "minigrad-plan: --devices {} but the split dp {} x tp {} x pp {} "
+      MG_CHECK(devices == 0 || devices == s.world(), "--devices {} but the split dp {} x tp {} x pp {} "
                "x cp {} has {} ranks", devices, s.dp, s.tp, s.pp, s.cp, s.world());
       default_batch(s.world());
       const plan::Plan p = plan::plan_gpt(config, s, w, device);
@@ -185,7 +185,7 @@ int main(int argc, char** argv) {
       fmt::print("\nassumptions:\n");
       for (const std::string& a : p.assumptions) fmt::print("  - {}\n", a);
     } else {
-      MG_CHECK(devices > 0, "minigrad-plan: name --devices N to rank the splits, or a split (--dp --tp --pp --cp --zero)");
+      MG_CHECK(devices > 0, "name --devices N to rank the splits, or a split (--dp --tp --pp --cp --zero)");
       default_batch(devices);
       std::vector<std::string> skipped;
       const std::vector<plan::Plan> plans = plan::rank_gpt_splits(config, devices, w, device, &skipped);

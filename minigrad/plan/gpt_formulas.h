@@ -95,6 +95,7 @@ struct CollectiveBytes {
 //          and two in backward, the embedding's and the head's input gradient) + 2n (the
 //          loss's sums); with SP the same bytes reduce-scattered, a 1/t of them all-gathered,
 //          the replicated parameters' gradients all-reduced; + n for the loss's row maxima
+//          (all-gathered when tp > 1)
 //   cp     send and recv L_s (3cp - 2) 2 b (T/cp) C/t (k and v round the ring: cp - 1 hops
 //          forward, 2(cp - 1) in backward with dk dv) and the gradients' all-reduce (+ the
 //          last stage's loss per micro-batch)

@@ -176,6 +176,12 @@ Plan plan_gpt(const models::GPTConfig& config, const Split& split_in, const Work
     std::map<std::string, CollectiveBytes> comm =
         gpt_collective_bytes(config, mesh, stage, Ab, prec == Precision::BF16True ? 2 : 4);
     const double G = prec == Precision::BF16True ? 2 : 4;
+    // Interleaved: each micro-batch crosses every rank v times (one per model chunk), so
+    // about v times 1F1B's messages (not counted by a bench).
+    if (s.schedule == Schedule::Interleaved && comm.count("pp")) {
+      comm["pp"].send *= s.virtual_stages;
+      comm["pp"].recv *= s.virtual_stages;
+    }
     if (s.dp > 1 && s.zero > 0) {
       CollectiveBytes& d = comm["dp"];
       const double gathered = shards * Pb;

@@ -42,5 +42,5 @@ TEST_CASE("minigrad-plan: names the known devices for an unknown one") {
                       "a100-40gb, a100-80gb, l4, rtx-4090)") != std::string::npos);
   const auto m = run_program(kProgram + " --model gpt3 --devices 2");
   CHECK(m.exit_code == 1);
-  CHECK(m.output.find("unknown model 'gpt3' (gpt2, gpt2-medium, gpt2-large, gpt2-xl)") != std::string::npos);
+  CHECK(m.output.find("--model: unknown model 'gpt3' (gpt2, gpt2-medium, gpt2-large, gpt2-xl)") != std::string::npos);
 }
