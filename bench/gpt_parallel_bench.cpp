@@ -1,5 +1,6 @@
 // gpt-parallel-bench: the accounting of issues 22/23, and the planner's validation: every
-// formula below is minigrad/plan/gpt_formulas.h's, the one minigrad-plan prices splits with. The GPT on a dp x pp x cp x tp mesh
+// formula below is minigrad/plan/gpt_formulas.h's, the one minigrad-plan prices splits with.
+// The GPT on a dp x pp x cp x tp mesh
 // (its plans over cp and tp, models/gpt_plan.h, then cut over pp and replicated over dp by
 // parallel::MeshPipeline: every combination, each dimension possibly 1),
 // a few AdamW steps, and per rank the measured quantities beside their arithmetic from the
