@@ -90,10 +90,10 @@ void print_split(const plan::Plan& p) {
                                                          : " = (p-1)/(m + p - 1), p {} m {}",
                s.pp, s.schedule == plan::Schedule::Interleaved ? s.virtual_stages : static_cast<int>(s.micro_batches),
                s.micro_batches);
-  fmt::print("\nstep: {:.1f} ms = compute {:.1f} + bubble {:.1f} + exposed communication {:.1f}; "
-             "{:.0f} tokens/s; {:.2f} PFLOP a step\n",
+  fmt::print("\nstep: {:.1f} ms = compute {:.1f} + bubble {:.1f} + exposed communication {:.1f} + "
+             "optimizer {:.1f}; {:.0f} tokens/s; {:.2f} PFLOP a step\n",
              p.time.step_s * 1e3, p.time.compute_s * 1e3, p.time.bubble_s * 1e3, p.time.comm_s * 1e3,
-             p.tokens_per_s, p.flops_per_step / 1e15);
+             p.time.optimizer_s * 1e3, p.tokens_per_s, p.flops_per_step / 1e15);
 }
 
 void print_ranking(const std::vector<plan::Plan>& plans, size_t top, size_t skipped) {

@@ -204,10 +204,15 @@ Plan plan_gpt(const models::GPTConfig& config, const Split& split_in, const Work
       exposed += group == "dp" ? std::max(0.0, t - compute_s * 2 / 3) : t;
     }
     const double bubble_s = compute_s * plan.bubble / (1 - plan.bubble);
-    const double step = compute_s + bubble_s + exposed;
+    // AdamW's step streams each element it steps through memory once: reads the parameter,
+    // its gradient, exp_avg and exp_avg_sq, writes the three it updates (28 bytes in
+    // float32); bf16-true also reads the bfloat16 gradient and writes the bfloat16 copy (+4).
+    const double stepped = s.zero == 0 ? P : shards;
+    const double optimizer_s = stepped * (prec == Precision::BF16True ? 32 : 28) / device.memory_bandwidth;
+    const double step = compute_s + bubble_s + exposed + optimizer_s;
     if (step > worst_time) {
       worst_time = step;
-      plan.time = StepTime{compute_s, bubble_s, exposed, step};
+      plan.time = StepTime{compute_s, bubble_s, exposed, optimizer_s, step};
     }
     if (stage == 0 || r.total() > plan.peak.total()) {
       plan.peak = r;
@@ -224,9 +229,12 @@ Plan plan_gpt(const models::GPTConfig& config, const Split& split_in, const Work
   a.push_back("activation terms are minigrad's measured float32 ones (fused attention, dropout 0) scaled to "
               "the precision's bytes; gradients of bfloat16-true in bfloat16");
   a.push_back(fmt::format("step time: {:.0f} % of the dense peak ({:.1f} TFLOP/s {}), 6 N + 12 L C T FLOPs a "
-                          "token (PaLM){}; memory-bound work not priced",
+                          "token (PaLM){}",
                           100 * w.efficiency, device.peak_flops(prec) / 1e12, device.measured ? "measured" : "datasheet",
                           s.recompute ? ", 8 N with recompute" : ""));
+  a.push_back(fmt::format("AdamW's step memory-bound at {:.0f} GB/s (28 bytes an element stepped); the "
+                          "forward's and backward's elementwise work not priced",
+                          device.memory_bandwidth / 1e9));
   a.push_back(fmt::format("collectives as rings over {} at {:.0f} GB/s a direction; tp, cp and pp exposed, "
                           "dp hidden behind backward up to 2/3 of the compute",
                           device.link, device.link_bandwidth / 1e9));

@@ -55,6 +55,7 @@ struct StepTime {
   double compute_s = 0;  // the rank's FLOPs at efficiency x peak
   double bubble_s = 0;   // the pipeline's idle share: compute x (p - 1) / m (interleaved / v)
   double comm_s = 0;     // communication not hidden (dp's hidden behind backward up to its length)
+  double optimizer_s = 0;  // AdamW's step, memory-bound: its bytes over the memory bandwidth
   double step_s = 0;     // their sum on the slowest stage
 };
 
