@@ -9,7 +9,9 @@
 // not by per-rank GiB. Naming any of --dp --tp --pp --cp --zero prints one split's table:
 // each pipeline stage's bytes, the collectives of the fullest stage, the bubble, the time.
 #include <algorithm>
+#include <array>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,7 @@
 
 #include <minigrad/core/error.h>
 #include <minigrad/models/gpt.h>
+#include <minigrad/plan/llama_formulas.h>
 #include <minigrad/plan/planner.h>
 
 #include "samples/support/command_line.h"
@@ -28,20 +31,38 @@ using namespace mg;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0, kMiB = 1024.0 * 1024.0;
 
-// GPT-2's sizes (Radford et al. 2019, table 2; nanoGPT's presets), vocabulary padded to 50304.
-models::GPTConfig preset(const std::string& name) {
-  const std::map<std::string, std::array<int64_t, 3>> sizes{
+// GPT-2's sizes (Radford et al. 2019, table 2; nanoGPT's presets), vocabulary padded to
+// 50304; and two Llamas by their Hugging Face config.json: TinyLlama-1.1B
+// (TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T) and Llama-2-7b (meta-llama/Llama-2-7b-hf).
+std::unique_ptr<plan::ModelArithmetic> preset(const std::string& name) {
+  const std::map<std::string, std::array<int64_t, 3>> gpt2{
       {"gpt2", {12, 12, 768}}, {"gpt2-medium", {24, 16, 1024}}, {"gpt2-large", {36, 20, 1280}},
       {"gpt2-xl", {48, 25, 1600}}};
-  const auto it = sizes.find(name);
-  MG_CHECK(it != sizes.end(), "--model: unknown model '{}' (gpt2, gpt2-medium, gpt2-large, gpt2-xl)", name);
-  models::GPTConfig c;
-  c.n_layer = it->second[0];
-  c.n_head = it->second[1];
-  c.n_embd = it->second[2];
-  c.vocab_size = 50304;
-  c.block_size = 1024;
-  return c;
+  if (const auto it = gpt2.find(name); it != gpt2.end()) {
+    models::GPTConfig c;
+    c.n_layer = it->second[0];
+    c.n_head = it->second[1];
+    c.n_embd = it->second[2];
+    c.vocab_size = 50304;
+    c.block_size = 1024;
+    return std::make_unique<plan::GPTArithmetic>(c);
+  }
+  // layers, hidden, heads, kv heads, intermediate, vocabulary, positions
+  const std::map<std::string, std::array<int64_t, 7>> llamas{
+      {"tinyllama-1.1b", {22, 2048, 32, 4, 5632, 32000, 2048}},
+      {"llama2-7b", {32, 4096, 32, 32, 11008, 32000, 4096}}};
+  const auto it = llamas.find(name);
+  MG_CHECK(it != llamas.end(),
+           "--model: unknown model '{}' (gpt2, gpt2-medium, gpt2-large, gpt2-xl, tinyllama-1.1b, llama2-7b)", name);
+  models::LlamaConfig c;
+  c.num_hidden_layers = it->second[0];
+  c.hidden_size = it->second[1];
+  c.num_attention_heads = it->second[2];
+  c.num_key_value_heads = it->second[3];
+  c.intermediate_size = it->second[4];
+  c.vocab_size = it->second[5];
+  c.max_position_embeddings = it->second[6];
+  return std::make_unique<plan::LlamaArithmetic>(c);
 }
 
 std::string gib(double bytes) { return fmt::format("{:.2f}", bytes / kGiB); }
@@ -130,12 +151,12 @@ int main(int argc, char** argv) {
   plan::Workload w;
   int64_t micro_batches = 0;
   using mg::samples::integer_in;
-  app.add_option("--model", model, "gpt2 | gpt2-medium | gpt2-large | gpt2-xl");
+  app.add_option("--model", model, "gpt2 | gpt2-medium | gpt2-large | gpt2-xl | tinyllama-1.1b | llama2-7b");
   app.add_option("--device", device_name, "h100-80gb h100-pcie h200 a100-40gb a100-80gb l4 rtx-4090 cpu");
   app.add_option("--devices", devices, "devices to split over (ranks every split)")->check(integer_in(1, 4096));
   app.add_option("--precision", precision, "32-true | bf16-mixed | bf16-true");
   app.add_option("--batch", w.batch, "rows a step, the whole job (default: 8 a device)")->check(integer_in(1, 1 << 20));
-  app.add_option("--seq-len", w.seq_len, "tokens a row (default: the block size, 1024)")->check(integer_in(1, 1 << 20));
+  app.add_option("--seq-len", w.seq_len, "tokens a row (default: the model's positions)")->check(integer_in(1, 1 << 20));
   app.add_option("--efficiency", w.efficiency, "share of the dense peak the GEMMs reach")->check(CLI::Range(0.01, 1.0));
   app.add_option("--dp", dp, "data-parallel ranks (one split)")->check(integer_in(1, 4096));
   app.add_option("--tp", tp, "tensor-parallel ranks (one split)")->check(integer_in(1, 4096));
@@ -151,13 +172,12 @@ int main(int argc, char** argv) {
   app.add_flag("--explain", explain, "the ranking also lists the impossible splits and why");
   if (const auto exit_code = mg::samples::parse_command_line(app, "minigrad-plan", argc, argv)) return *exit_code;
   try {
-    const models::GPTConfig config = preset(model);
-    if (app.count("--seq-len") == 0) w.seq_len = config.block_size;
+    const std::unique_ptr<plan::ModelArithmetic> arithmetic = preset(model);
+    if (app.count("--seq-len") == 0) w.seq_len = arithmetic->max_positions();
     w.precision = plan::precision_from_string(precision);
     const plan::DeviceSpec device = plan::device_by_name(device_name);
-    fmt::print("{}: {:.0f} M parameters (n_layer {}, n_head {}, n_embd {}, vocab {}, block {}); {:.2f} GFLOP a token\n",
-               model, plan::gpt_parameter_count(config) / 1e6, config.n_layer, config.n_head, config.n_embd,
-               config.vocab_size, config.block_size, plan::gpt_flops_per_token(config, w.seq_len) / 1e9);
+    fmt::print("{}: {}; {:.2f} GFLOP a token\n", model, arithmetic->describe(),
+               arithmetic->flops_per_token(w.seq_len) / 1e9);
     fmt::print("device: {} ({}: {:.1f} TFLOP/s dense {}, {:.0f} GB, {}){}\n\n", device.description, device.name,
                device.peak_flops(w.precision) / 1e12, plan::to_string(w.precision), device.memory_bytes / 1e9,
                device.link, device.measured ? ", measured here" : "");
@@ -180,7 +200,7 @@ int main(int argc, char** argv) {
       MG_CHECK(devices == 0 || devices == s.world(), "--devices {} but the split dp {} x tp {} x pp {} "
                "x cp {} has {} ranks", devices, s.dp, s.tp, s.pp, s.cp, s.world());
       default_batch(s.world());
-      const plan::Plan p = plan::plan_gpt(config, s, w, device);
+      const plan::Plan p = plan::plan_model(*arithmetic, s, w, device);
       print_split(p);
       fmt::print("\nassumptions:\n");
       for (const std::string& a : p.assumptions) fmt::print("  - {}\n", a);
@@ -188,7 +208,7 @@ int main(int argc, char** argv) {
       MG_CHECK(devices > 0, "name --devices N to rank the splits, or a split (--dp --tp --pp --cp --zero)");
       default_batch(devices);
       std::vector<std::string> skipped;
-      const std::vector<plan::Plan> plans = plan::rank_gpt_splits(config, devices, w, device, &skipped);
+      const std::vector<plan::Plan> plans = plan::rank_splits(*arithmetic, devices, w, device, &skipped);
       fmt::print("every split of {} x {}, batch {} rows x {} tokens, {}\n\n", devices, device.name, w.batch, w.seq_len,
                  plan::to_string(w.precision));
       print_ranking(plans, top, skipped.size());

@@ -61,15 +61,13 @@ void check_mesh(const models::GPTConfig& config, const MeshShape& m, int stage, 
   MG_CHECK(config.n_head % m.tp == 0, "{}: tp {} does not divide n_head {}", what, m.tp, config.n_head);
 }
 
-// The micro-batches a dp rank's b rows really make: chunk's (ceil(b / m) rows each, so
-// fewer than m when b < m or m does not divide b).
+}  // namespace
+
 double micro_batches_of(const MeshShape& m) {
   const int64_t rows = m.batch / m.dp;
   const int64_t per = (rows + m.micro_batches - 1) / m.micro_batches;
   return static_cast<double>((rows + per - 1) / per);
 }
-
-}  // namespace
 
 double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshShape& mesh, int stage,
                                   bool recompute, double in_flight_scale) {

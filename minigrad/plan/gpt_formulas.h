@@ -66,6 +66,10 @@ struct MeshShape {
   int64_t micro_batches = 1;  // the pipeline's, per step
 };
 
+// The micro-batches a dp rank's b rows really make: chunk's (ceil(b / m) rows each, so
+// fewer than m when b < m or m does not divide b).
+double micro_batches_of(const MeshShape& mesh);
+
 // The activation peak of one train_step on pipeline stage `stage` (1F1B: min(pp - stage, m)
 // micro-batches in flight), in floats; `recompute`: each block keeps its input alone (C/t
 // a token, C/t with SP too) and one block's activations are alive again in its backward.

@@ -23,16 +23,10 @@ std::string Split::str() const {
   return s;
 }
 
-double gpt_parameter_count(const models::GPTConfig& config) {
-  const double C = static_cast<double>(config.n_embd);
-  return static_cast<double>(config.n_layer) * gpt_block_param_elements(C) +
-         static_cast<double>(config.vocab_size + config.block_size) * C + 2 * C;
-}
+double gpt_parameter_count(const models::GPTConfig& config) { return GPTArithmetic(config).parameter_count(); }
 
 double gpt_flops_per_token(const models::GPTConfig& config, int64_t T) {
-  const double C = static_cast<double>(config.n_embd), L = static_cast<double>(config.n_layer);
-  const double matmul_params = L * 12 * C * C + static_cast<double>(config.vocab_size) * C;
-  return 6 * matmul_params + 12 * L * C * static_cast<double>(T);
+  return GPTArithmetic(config).flops_per_token(T);
 }
 
 double pipeline_bubble(int pp, int64_t micro_batches, Schedule schedule, int virtual_stages) {
@@ -51,16 +45,15 @@ int64_t default_micro_batches(const Split& split, const Workload& workload) {
   return 1;
 }
 
-void check_split(const models::GPTConfig& config, const Split& s, const Workload& w) {
+void check_split(const ModelArithmetic& model, const Split& s, const Workload& w) {
   MG_CHECK(s.dp >= 1 && s.tp >= 1 && s.pp >= 1 && s.cp >= 1, "plan: dp {} tp {} pp {} cp {} must each be >= 1",
            s.dp, s.tp, s.pp, s.cp);
   MG_CHECK(s.zero >= 0 && s.zero <= 3, "plan: zero {} must be 0, 1, 2 or 3", s.zero);
-  MG_CHECK(config.n_head % s.tp == 0, "plan: tp {} does not divide n_head {}", s.tp, config.n_head);
-  MG_CHECK(config.vocab_size % s.tp == 0, "plan: tp {} does not divide the vocabulary {}", s.tp, config.vocab_size);
+  model.check_tp(s.tp);
   MG_CHECK(!s.sequence_parallel || s.tp > 1, "plan: sequence parallelism needs tp > 1 (tp {})", s.tp);
-  MG_CHECK(s.pp <= config.n_layer, "plan: pp {} exceeds n_layer {}", s.pp, config.n_layer);
-  MG_CHECK(w.seq_len >= 1 && w.seq_len <= config.block_size, "plan: seq_len {} outside [1, block_size {}]", w.seq_len,
-           config.block_size);
+  MG_CHECK(s.pp <= model.layers(), "plan: pp {} exceeds the model's {} layers", s.pp, model.layers());
+  MG_CHECK(w.seq_len >= 1 && w.seq_len <= model.max_positions(), "plan: seq_len {} outside [1, positions {}]",
+           w.seq_len, model.max_positions());
   MG_CHECK(s.cp == 1 || w.seq_len % (2 * s.cp) == 0,
            "plan: cp {} needs the {} tokens in 2 cp equal chunks (each rank holds chunks i and 2cp-1-i)", s.cp,
            w.seq_len);
@@ -71,8 +64,8 @@ void check_split(const models::GPTConfig& config, const Split& s, const Workload
   if (s.schedule == Schedule::Interleaved) {
     MG_CHECK(s.virtual_stages >= 2, "plan: the interleaved schedule needs virtual_stages >= 2 (got {})",
              s.virtual_stages);
-    MG_CHECK(config.n_layer % (s.pp * s.virtual_stages) == 0,
-             "plan: interleaved pp {} x v {} does not divide n_layer {}", s.pp, s.virtual_stages, config.n_layer);
+    MG_CHECK(model.layers() % (s.pp * s.virtual_stages) == 0,
+             "plan: interleaved pp {} x v {} does not divide the {} layers", s.pp, s.virtual_stages, model.layers());
     MG_CHECK(m % s.pp == 0, "plan: the interleaved schedule needs micro_batches {} a multiple of pp {}", m, s.pp);
   }
   MG_CHECK(w.efficiency > 0 && w.efficiency <= 1, "plan: efficiency {} outside (0, 1]", w.efficiency);
@@ -96,10 +89,14 @@ double seconds(const CollectiveBytes& c, int n, double link) {
 
 }  // namespace
 
-Plan plan_gpt(const models::GPTConfig& config, const Split& split_in, const Workload& w, const DeviceSpec& device) {
-  check_split(config, split_in, w);
+Plan plan_gpt(const models::GPTConfig& config, const Split& split, const Workload& workload, const DeviceSpec& device) {
+  return plan_model(GPTArithmetic(config), split, workload, device);
+}
+
+Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workload& w, const DeviceSpec& device) {
+  check_split(model, split_in, w);
   Plan plan;
-  plan.model = config;
+  plan.model = model.describe();
   plan.split = split_in;
   Split& s = plan.split;
   if (s.micro_batches == 0) s.micro_batches = default_micro_batches(s, w);
@@ -107,7 +104,6 @@ Plan plan_gpt(const models::GPTConfig& config, const Split& split_in, const Work
   plan.device = device;
   const Precision prec = w.precision;
   const double Pb = param_bytes(prec), Ab = activation_bytes(prec);
-  const double C = static_cast<double>(config.n_embd);
   MeshShape mesh;
   mesh.dp = s.dp;
   mesh.tp = s.tp;
@@ -126,7 +122,7 @@ Plan plan_gpt(const models::GPTConfig& config, const Split& split_in, const Work
 
   plan.bubble = pipeline_bubble(s.pp, s.micro_batches, s.schedule, s.virtual_stages);
   const double tokens = static_cast<double>(w.batch * w.seq_len);
-  plan.flops_per_step = gpt_flops_per_token(config, w.seq_len) * tokens;
+  plan.flops_per_step = model.flops_per_token(w.seq_len) * tokens;
   // Recompute runs each block's forward twice: 8 in place of 6 per parameter a token.
   if (s.recompute) plan.flops_per_step *= 8.0 / 6.0;
   const double peak = device.peak_flops(prec) * w.efficiency;
@@ -137,14 +133,13 @@ Plan plan_gpt(const models::GPTConfig& config, const Split& split_in, const Work
   for (int stage = 0; stage < s.pp; ++stage) {
     RankMemory r;
     r.stage = stage;
-    const double P = gpt_stage_param_elements(config, s.tp, s.pp, stage);
-    const double blocks = static_cast<double>(gpt_stage_blocks(config, s.pp, stage));
-    const bool first = stage == 0, last = stage == s.pp - 1;
-    const double tensors = 12 * blocks + (first ? 2 : 0) + (last ? 2 + (s.pp > 1 ? 1 : 0) : 0);
+    const double P = model.stage_param_elements(s.tp, s.pp, stage);
+    const double blocks = static_cast<double>(model.stage_blocks(s.pp, stage));
+    const double tensors = model.stage_tensors(s.pp, stage);
     // The flat groups ZeRO shards: FSDP's units (a block each, the rest one unit), else
     // 25 MiB buckets (a bucket ends at a parameter's end: up to dp elements apart a bucket).
     std::vector<int64_t> groups;
-    const double block = gpt_block_param_elements(C, s.tp);
+    const double block = model.block_param_elements(s.tp);
     if (s.zero == 3) {
       groups.assign(static_cast<size_t>(blocks), static_cast<int64_t>(block));
       if (P - blocks * block > 0) groups.push_back(static_cast<int64_t>(P - blocks * block));
@@ -167,14 +162,14 @@ Plan plan_gpt(const models::GPTConfig& config, const Split& split_in, const Work
     // (the block and the one prefetched) and the root's rest, gathered through backward.
     if (s.zero == 2) r.buffers += 2 * Pb * std::min(P, bucket_cap);
     if (s.zero == 3) r.buffers += Pb * (2 * block + std::max(0.0, P - blocks * block));
-    r.activations = gpt_activation_peak_floats(config, mesh, stage, s.recompute, in_flight_scale) * Ab;
+    r.activations = model.activation_peak_floats(mesh, stage, s.recompute, in_flight_scale) * Ab;
     plan.stages.push_back(r);
 
     // Communication: gpt-parallel-bench's counts (DDP over dp), then ZeRO's over dp: ZeRO-1
     // all-gathers the updated shards after the step; ZeRO-2 reduce-scatters the gradients in
     // place of the all-reduce; FSDP gathers each unit in forward and again in backward.
     std::map<std::string, CollectiveBytes> comm =
-        gpt_collective_bytes(config, mesh, stage, Ab, prec == Precision::BF16True ? 2 : 4);
+        model.collective_bytes(mesh, stage, Ab, prec == Precision::BF16True ? 2 : 4);
     const double G = prec == Precision::BF16True ? 2 : 4;
     // Interleaved: each micro-batch crosses every rank v times (one per model chunk), so
     // about v times 1F1B's messages (not counted by a bench).
@@ -248,7 +243,12 @@ Plan plan_gpt(const models::GPTConfig& config, const Split& split_in, const Work
 
 std::vector<Plan> rank_gpt_splits(const models::GPTConfig& config, int world, const Workload& workload,
                                   const DeviceSpec& device, std::vector<std::string>* skipped) {
-  MG_CHECK(world >= 1, "rank_gpt_splits: world {} must be >= 1", world);
+  return rank_splits(GPTArithmetic(config), world, workload, device, skipped);
+}
+
+std::vector<Plan> rank_splits(const ModelArithmetic& model, int world, const Workload& workload,
+                              const DeviceSpec& device, std::vector<std::string>* skipped) {
+  MG_CHECK(world >= 1, "rank_splits: world {} must be >= 1", world);
   std::vector<Plan> plans;
   for (int tp = 1; tp <= world; ++tp)
     for (int pp = 1; tp * pp <= world; ++pp)
@@ -268,7 +268,7 @@ std::vector<Plan> rank_gpt_splits(const models::GPTConfig& config, int world, co
               s.sequence_parallel = sp;
               s.recompute = recompute;
               try {
-                plans.push_back(plan_gpt(config, s, workload, device));
+                plans.push_back(plan_model(model, s, workload, device));
               } catch (const Error& e) {
                 if (skipped) skipped->push_back(fmt::format("{}: {}", s.str(), e.what()));
               }

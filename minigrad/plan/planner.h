@@ -18,6 +18,7 @@
 #include <minigrad/models/gpt.h>
 #include <minigrad/plan/devices.h>
 #include <minigrad/plan/gpt_formulas.h>
+#include <minigrad/plan/model_arithmetic.h>
 
 namespace mg::plan {
 
@@ -60,7 +61,7 @@ struct StepTime {
 };
 
 struct Plan {
-  models::GPTConfig model;
+  std::string model;  // ModelArithmetic::describe()
   Split split;
   Workload workload;
   DeviceSpec device;
@@ -93,13 +94,17 @@ int64_t default_micro_batches(const Split& split, const Workload& workload);
 
 // mg::Error naming the bad value when the split cannot run this model (tp must divide the
 // heads and the vocabulary, T must divide into 2 cp chunks, ...).
-void check_split(const models::GPTConfig& config, const Split& split, const Workload& workload);
+void check_split(const ModelArithmetic& model, const Split& split, const Workload& workload);
 
+// Any model the planner has formulas for (GPTArithmetic, LlamaArithmetic), and the GPT's.
+Plan plan_model(const ModelArithmetic& model, const Split& split, const Workload& workload, const DeviceSpec& device);
 Plan plan_gpt(const models::GPTConfig& config, const Split& split, const Workload& workload, const DeviceSpec& device);
 
 // Every split of `world` devices (dp x tp x pp x cp, SP on and off, ZeRO 0-3 when dp > 1,
 // recompute on and off, 1F1B), the impossible ones left out (their reasons in `skipped`
 // when given): those that fit by step time, then those that do not by bytes.
+std::vector<Plan> rank_splits(const ModelArithmetic& model, int world, const Workload& workload,
+                              const DeviceSpec& device, std::vector<std::string>* skipped = nullptr);
 std::vector<Plan> rank_gpt_splits(const models::GPTConfig& config, int world, const Workload& workload,
                                   const DeviceSpec& device, std::vector<std::string>* skipped = nullptr);
 

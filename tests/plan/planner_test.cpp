@@ -9,6 +9,8 @@
 #include <vector>
 
 #include <minigrad/core/error.h>
+#include <minigrad/models/llama.h>
+#include <minigrad/plan/llama_formulas.h>
 #include <minigrad/plan/planner.h>
 
 using namespace mg;
@@ -133,4 +135,29 @@ TEST_CASE("planner: the device table holds dense figures") {
     CHECK(d.link_bandwidth > 0);
     CHECK(!d.source.empty());
   }
+}
+
+TEST_CASE("planner: the Llama's parameters and tensors equal a built Llama's") {
+  models::LlamaConfig c;  // small: 3 layers, hidden 32, 4 heads, 2 kv heads, SwiGLU 40
+  c.num_hidden_layers = 3;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.intermediate_size = 40;
+  c.vocab_size = 24;
+  c.max_position_embeddings = 16;
+  const plan::LlamaArithmetic arithmetic(c);
+  models::Llama llama(c);
+  double elements = 0, layer0 = 0, tensors = 0;
+  for (const auto& [name, p] : llama.named_parameters()) {
+    elements += static_cast<double>(p.numel());
+    ++tensors;
+    if (name.rfind("model.layers.0.", 0) == 0) layer0 += static_cast<double>(p.numel());
+  }
+  CHECK(arithmetic.parameter_count() == elements);
+  CHECK(arithmetic.block_param_elements(1) == layer0);
+  CHECK(arithmetic.stage_tensors(1, 0) == tensors);
+  // Two stages: 2 and 1 layers, embed_tokens first, norm and lm_head last.
+  CHECK(arithmetic.stage_param_elements(1, 2, 0) + arithmetic.stage_param_elements(1, 2, 1) == elements);
+  REQUIRE_THROWS_WITH(arithmetic.check_tp(4), MG_CONTAINS("plan: tp 4 does not divide num_key_value_heads 2"));
 }

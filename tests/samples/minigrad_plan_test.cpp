@@ -42,5 +42,17 @@ TEST_CASE("minigrad-plan: names the known devices for an unknown one") {
                       "a100-40gb, a100-80gb, l4, rtx-4090)") != std::string::npos);
   const auto m = run_program(kProgram + " --model gpt3 --devices 2");
   CHECK(m.exit_code == 1);
-  CHECK(m.output.find("--model: unknown model 'gpt3' (gpt2, gpt2-medium, gpt2-large, gpt2-xl)") != std::string::npos);
+  CHECK(m.output.find("--model: unknown model 'gpt3' (gpt2, gpt2-medium, gpt2-large, gpt2-xl, tinyllama-1.1b, "
+                      "llama2-7b)") != std::string::npos);
+}
+
+TEST_CASE("minigrad-plan: ranks a Llama's splits from its config") {
+  const auto r = run_program(kProgram + " --model llama2-7b --devices 8 --device h100-80gb --top 2");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  // Llama-2-7b's 6,738,415,616 parameters; DDP of it in bf16-mixed (16 bytes an element
+  // before activations) does not fit 80 GB.
+  CHECK(r.output.find("llama2-7b: 6738 M parameters (layers 32, heads 32, kv heads 32") != std::string::npos);
+  CHECK(r.output.find("| NO |") != std::string::npos);
+  CHECK(r.output.find("| yes |") != std::string::npos);
 }
