@@ -17,9 +17,10 @@ std::string Split::str() const {
   if (zero > 0) s += zero == 3 ? ", ZeRO-3 (FSDP)" : fmt::format(", ZeRO-{}", zero);
   if (sequence_parallel) s += ", SP";
   if (recompute) s += ", recompute";
-  if (pp > 1)
-    s += schedule == Schedule::Interleaved ? fmt::format(", interleaved v {} m {}", virtual_stages, micro_batches)
-                                           : fmt::format(", 1F1B m {}", micro_batches);
+  if (pp > 1) {
+    s += schedule == Schedule::Interleaved ? fmt::format(", interleaved v {}", virtual_stages) : ", 1F1B";
+    if (micro_batches > 0) s += fmt::format(" m {}", micro_batches);  // 0: not chosen yet
+  }
   return s;
 }
 
