@@ -19,7 +19,7 @@
 //   AdamW      exp_avg + exp_avg_sq + an int64 step per tensor stepped: DDP 8Ψ + 8 x
 //              tensors; ZeRO, FSDP 8 Σ_g ceil(Ψ_g/N) + 8 x groups                 exact
 //   buffers    DDP's buckets (DDP, ZeRO-1): 4Ψ; ZeRO-2 and FSDP keep none         exact
-//   kept       after the loss, above before the forward (gpt_activations.h):
+//   kept       after the loss, above before the forward (plan/gpt_formulas.h):
 //              4n (L f_block + 2C + 2 + V) + 8T + 4, f_block = 17C + 4 + a (the head:
 //              ln_f's input, output, mean/rstd and the logits the fused cross-entropy
 //              keeps; wpe's int64 positions; the loss); with recompute each block keeps
@@ -76,8 +76,8 @@
 #include <minigrad/parallel/c10d/rendezvous.h>
 #include <minigrad/parallel/ddp/distributed_data_parallel.h>
 #include <minigrad/parallel/sharded/zero_redundancy_optimizer.h>
+#include <minigrad/plan/gpt_formulas.h>
 
-#include "bench/gpt_activations.h"
 #include "samples/support/command_line.h"
 
 namespace {
@@ -97,6 +97,7 @@ struct Variant {
   bool recompute;
   Figures measured, formula;
   double peak_forward = 0, peak_backward = 0, peak_step = 0;  // each phase's own peak
+  bool units_match = true;  // FSDP: the planner's units are fully_shard_gpt's
 };
 
 // The job's group under minigrad-run, else a group of one in this process (a smoke run).
@@ -235,21 +236,28 @@ void measure(Variant& v, const models::GPTConfig& config, int64_t batch, int ste
     if (!zero.empty()) optimizer_shards[group_of_optimizer[g]] += shard(group_numels[g]);
   }
   if (fsdp && fsdp->num_units() > 2) block_shard = shard(group_numels[1]);
-  const double groups = static_cast<double>(group_numels.size());
-  const double f_block = bench::gpt_block_activation_floats(C, static_cast<double>(config.n_head));
-  const double f_head = bench::gpt_head_activation_floats(C, V);
+  const double f_block = plan::gpt_block_activation_floats(C, static_cast<double>(config.n_head));
   const double embeddings = 4.0 * (V + T) * C;  // the embeddings' dense gradients
   Figures& f = v.formula;
-  if (v.stage <= 1) f.buffers = 4.0 * psi;  // DDP's buckets: every gradient once
-  f.params = 4.0 * (v.stage == 0 ? psi : v.stage == 3 ? shards : shards * N);
-  f.grads = 4.0 * (v.stage <= 1 ? psi : shards);
-  f.adamw = v.stage == 0 ? 8.0 * psi + 8.0 * tensors : 8.0 * shards + 8.0 * groups;
-  // + wpe's int64 positions (8T) and the loss (4 B)
-  f.kept = 4.0 * n * ((v.recompute ? C : f_block) * L + f_head) + 8.0 * T + 4.0;
+  // params, grads, AdamW, buffers and kept: the planner's (minigrad/plan/gpt_formulas.h).
+  std::vector<int64_t> flat_groups;
+  for (const double g : group_numels) flat_groups.push_back(static_cast<int64_t>(g));
+  const plan::ShardedState state = plan::zero_state_bytes(v.stage, psi, tensors, flat_groups, pg->size());
+  f.params = state.params;
+  f.grads = state.grads;
+  f.adamw = state.optimizer;
+  f.buffers = state.buffers;
+  f.kept = plan::gpt_kept_activation_bytes(config, batch, config.block_size, v.recompute);
   // FSDP: the root's unit (wte, wpe, ln_f) and the last block stay gathered for backward.
   if (v.stage == 3)
     f.kept += 4.0 * static_cast<double>(fsdp->unit(0).layout().padded_numel() +
                                         fsdp->unit(fsdp->num_units() - 1).layout().padded_numel());
+  // The planner's FSDP units (gpt_fsdp_unit_numels) against fully_shard_gpt's: the groups
+  // it shards a GPT by when it prices ZeRO-3 without building one.
+  if (fsdp) {
+    const std::vector<int64_t> units = plan::gpt_fsdp_unit_numels(config);
+    v.units_match = units == flat_groups;
+  }
   const double resting = f.params + f.buffers + f.adamw;
   if (v.stage == 0) {  // the end of backward: all gradients, the embeddings' two more
     f.peak = resting + f.grads + 2.0 * embeddings;
@@ -392,6 +400,10 @@ int main(int argc, char** argv) {
               fmt::print("check: {} {} DIFFERS: {} B measured, {} B formula\n", r.name, what, a, b);
               ++failures;
             }
+          if (!r.units_match) {
+            fmt::print("check: {} FSDP units DIFFER from plan::gpt_fsdp_unit_numels\n", r.name);
+            ++failures;
+          }
           if (std::abs(m.peak / f.peak - 1.0) > tolerance) {
             fmt::print("check: {} peak off their formula: {:.3f} MiB measured, {:.3f} formula\n", r.name,
                        m.peak / kMiB, f.peak / kMiB);

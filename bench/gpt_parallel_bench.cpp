@@ -1,4 +1,6 @@
-// gpt-parallel-bench: the accounting of issues 22/23. The GPT on a dp x pp x cp x tp mesh
+// gpt-parallel-bench: the accounting of issues 22/23, and the planner's validation: every
+// formula below is minigrad/plan/gpt_formulas.h's, the one minigrad-plan prices splits with.
+// The GPT on a dp x pp x cp x tp mesh
 // (its plans over cp and tp, models/gpt_plan.h, then cut over pp and replicated over dp by
 // parallel::MeshPipeline: every combination, each dimension possibly 1),
 // a few AdamW steps, and per rank the measured quantities beside their arithmetic from the
@@ -64,8 +66,8 @@
 #include <minigrad/nn/optim/adam.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
+#include <minigrad/plan/gpt_formulas.h>
 
-#include "bench/gpt_activations.h"
 #include "samples/support/command_line.h"
 
 namespace {
@@ -281,86 +283,36 @@ int main(int argc, char** argv) {
       adam_bytes += static_cast<double>(opt.exp_avg(i).nbytes() + opt.exp_avg_sq(i).nbytes());
     }
 
-    // ---- the arithmetic ----
-    const double S = 4;  // float32
-    const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
+    // ---- the arithmetic: the planner's formulas (minigrad/plan/gpt_formulas.h) ----
     const int stage = mesh.rank("pp");
-    const bool first = stage == 0, last = stage == pp - 1;
-    const double Ls = static_cast<double>(parallel::even_balance(config.n_layer, pp)[static_cast<size_t>(stage)]);
-    const double block = 12 * C * C / tp + 7 * C / tp + 6 * C;
-    const double stage_params = Ls * block +
-                                (first ? V * C / tp + static_cast<double>(config.block_size) * C : 0) +
-                                (last ? 2 * C + (pp > 1 ? V * C / tp : 0) : 0);
-    const double b = static_cast<double>(batch / dp), Tl = static_cast<double>(T / cp);
-    const double N = b * Tl;  // this rank's tokens per step
-    const double NC = N * C * S;
-    std::map<std::string, Counts> f;  // formula counts, by group
-    if (tp > 1) {
-      Counts& c = f["tp"];
-      if (!sp) {
-        c.all_reduce = static_cast<int64_t>((4 * Ls + first + last) * NC + (last ? 2 * N * S : 0));
-      } else {
-        c.all_gather = static_cast<int64_t>((4 * Ls + first + last) * NC / tp + (last ? N * S : 0));
-        c.reduce_scatter = static_cast<int64_t>((4 * Ls + first + last) * NC);
-        const double replicated = Ls * 6 * C + (first ? static_cast<double>(config.block_size) * C : 0) +
-                                  (last ? 2 * C : 0);
-        c.all_reduce = static_cast<int64_t>((last ? 2 * N * S : 0) + replicated * S);
-      }
-    }
-    // The loss's row maxima: an all-gather even on a tp group of one (vocab_parallel_cross_entropy).
-    if (!sp || tp == 1) f["tp"].all_gather = static_cast<int64_t>(last ? N * S : 0);
-    const double m = static_cast<double>(micro_batches);
-    if (cp > 1) {
-      Counts& c = f["cp"];
-      // + each micro-batch's loss (float32, the last stage: summed over cp).
-      const double hop = 2 * b * Tl * C * S / tp;  // k and v of this rank's heads
-      c.send = c.recv = static_cast<int64_t>(Ls * (3 * cp - 2) * hop);
-      c.all_reduce = static_cast<int64_t>(stage_params * S + (last ? m * S : 0));
-    }
-    // + the step's loss (float32, every rank).
-    if (dp > 1) f["dp"].all_reduce = static_cast<int64_t>(stage_params * S + S);
-    if (pp > 1) {
-      // Forward: each micro-batch's activation behind a header of kHeaderLength int64
-      // (pipeline_stage.cpp: 4 + 8 dimensions); backward: its gradient alone.
-      const double act = N * C * S / (sp ? tp : 1), header = m * 12 * 8;
-      f["pp"].send = static_cast<int64_t>((last ? 0 : act + header) + (first ? 0 : act));
-      f["pp"].recv = static_cast<int64_t>((first ? 0 : act + header) + (last ? 0 : act));
-      // The loss from the last stage, behind its dtype (one int64: pipeline_stage.cpp's
-      // loss_on_every_rank).
-      f["pp"].broadcast = static_cast<int64_t>(8 + S);
-      f["emb"].all_reduce = static_cast<int64_t>(V * C / tp * S);
-    }
-
-    // Activations (the header): floats per token, times the tokens each term covers.
-    const double t = tp, a = static_cast<double>(config.n_head);
-    // One block (bench/gpt_activations.h): the LayerNorms' inputs and mean/rstd, q k v, the
-    // attention output, its copy, c_fc's and GELU's outputs, the log-sum-exps.
-    const double per_block = bench::gpt_block_activation_floats(C, a, t, sp);
-    const double mb_tokens = N / m;
-    const double in_flight = std::min<double>(pp - stage, m);  // 1F1B's micro-batches held
-    double act_floats = Ls * per_block * in_flight * mb_tokens;
-    if (last)  // ln_f's input and output, the log-softmax, and in backward two gradients of V/t
-      act_floats += mb_tokens * (bench::gpt_head_activation_floats(C, V, t, sp) + 2 * V / t);
-    else  // the backward working set: the last block's MLP gradients, the received gradient
-          // and the next backward's, posted ahead (pipeline_stage.cpp)
-      act_floats += mb_tokens * (8 * C / t + (m > 1 ? 2 : 1) * C / (sp ? t : 1));
-    if (cp > 1)  // ring attention's backward: k, v arriving and dk, dv travelling
-      act_floats += N * 4 * C / t;
-    const double activation_formula = act_floats * S;
+    const double Ls = static_cast<double>(plan::gpt_stage_blocks(config, pp, stage));
+    const double stage_params = plan::gpt_stage_param_elements(config, tp, pp, stage);
+    plan::MeshShape shape;
+    shape.dp = dp;
+    shape.tp = tp;
+    shape.pp = pp;
+    shape.cp = cp;
+    shape.sequence_parallel = sp;
+    shape.batch = batch;
+    shape.T = T;
+    shape.micro_batches = micro_batches;
+    const double S = 4;  // float32
+    std::map<std::string, plan::CollectiveBytes> f = plan::gpt_collective_bytes(config, shape, stage, S, S);
+    const double activation_formula = plan::gpt_activation_peak_floats(config, shape, stage) * S;
     const double step_ms = median(ms);
     std::vector<Row> rows{{"params", param_bytes, stage_params * S},
                           {"grads", grad_bytes, stage_params * S},
                           {"adamw", adam_bytes, 2 * stage_params * S}};
     for (auto& [n, g] : groups) {
       const Counts& got = step_counts[n];
-      const Counts& e = f[n];
+      const plan::CollectiveBytes& e = f[n];
       if (got.total() == 0 && e.total() == 0) continue;
-      rows.push_back({n + " all_reduce", double(got.all_reduce), double(e.all_reduce)});
-      rows.push_back({n + " all_gather", double(got.all_gather), double(e.all_gather)});
-      rows.push_back({n + " reduce_scatter", double(got.reduce_scatter), double(e.reduce_scatter)});
-      rows.push_back({n + " broadcast", double(got.broadcast), double(e.broadcast)});
-      rows.push_back({n + " send", double(got.send), double(e.send)});
-      rows.push_back({n + " recv", double(got.recv), double(e.recv)});
+      rows.push_back({n + " all_reduce", double(got.all_reduce), e.all_reduce});
+      rows.push_back({n + " all_gather", double(got.all_gather), e.all_gather});
+      rows.push_back({n + " reduce_scatter", double(got.reduce_scatter), e.reduce_scatter});
+      rows.push_back({n + " broadcast", double(got.broadcast), e.broadcast});
+      rows.push_back({n + " send", double(got.send), e.send});
+      rows.push_back({n + " recv", double(got.recv), e.recv});
     }
     rows.push_back({"activation peak", activations, activation_formula, false});
 

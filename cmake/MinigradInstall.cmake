@@ -83,9 +83,9 @@ install(FILES ${CMAKE_BINARY_DIR}/minigradConfig.cmake
               ${CMAKE_BINARY_DIR}/minigradConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/minigrad)
 
-# The programs a user runs: the launcher, the three trainers, the two tutorials and the
+# The programs a user runs: the launcher, the planner, the three trainers, the two tutorials and the
 # pipeline with a stage per process. They find libminigrad next door, in ../lib.
-set(MINIGRAD_INSTALLED_PROGRAMS minigrad-run train_fashion_mnist train_minimal train_gpt
+set(MINIGRAD_INSTALLED_PROGRAMS minigrad-run minigrad-plan train_fashion_mnist train_minimal train_gpt
                                 data_parallel_tutorial model_parallel pipeline_parallel)
 if(MINIGRAD_BUILD_SAMPLES)
   foreach(program IN LISTS MINIGRAD_INSTALLED_PROGRAMS)

@@ -35,7 +35,7 @@ run_step(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run_step(${WORK_DIR}/build/app)
 
 if(EXPECT_PROGRAMS)
-  foreach(program minigrad-run train_fashion_mnist train_minimal train_gpt data_parallel_tutorial
+  foreach(program minigrad-run minigrad-plan train_fashion_mnist train_minimal train_gpt data_parallel_tutorial
                   model_parallel pipeline_parallel)
     if(NOT EXISTS ${prefix}/bin/${program})
       message(FATAL_ERROR "cmake --install did not install bin/${program}")
@@ -43,6 +43,7 @@ if(EXPECT_PROGRAMS)
   endforeach()
   # Run from the prefix: the programs find the installed libminigrad.
   run_step(${prefix}/bin/data_parallel_tutorial --replicas 2)
+  run_step(${prefix}/bin/minigrad-plan --model gpt2 --devices 2 --device l4)
   execute_process(COMMAND ${prefix}/bin/train_minimal /nowhere 0 RESULT_VARIABLE rc
                   ERROR_VARIABLE err)
   if(NOT rc EQUAL 2 OR NOT err MATCHES "usage: train_minimal")

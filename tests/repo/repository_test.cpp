@@ -368,7 +368,7 @@ TEST_CASE("repository: docs/design.md's reading order gives each file's length")
 }
 
 // The rule of docs/design.md: a file of minigrad/<layer>/ includes from its own layer and
-// the layers below it only (models/ sits above parallel/: how a model is split over a mesh,
+// the layers below it only (plan/ on top, pricing models' splits; models/ sits above parallel/: how a model is split over a mesh,
 // as torchtitan's parallelize_llama, lives with the model). cuda/ implements core's Backend beside the others; of
 // parallel/, only the NCCL files (built with CUDA) reach into it.
 TEST_CASE("repository: the library's includes point down the layers") {
@@ -379,6 +379,7 @@ TEST_CASE("repository: the library's includes point down the layers") {
       {"nn", {"core", "autograd", "nn"}},
       {"parallel", {"core", "autograd", "nn", "data", "parallel"}},
       {"models", {"core", "autograd", "nn", "data", "parallel", "models"}},
+      {"plan", {"core", "autograd", "nn", "data", "parallel", "models", "plan"}},
       {"cuda", {"core", "cuda"}},
   };
   static const std::regex include(R"(^\s*#\s*include\s*([<"])([^>"]+)[>"])");

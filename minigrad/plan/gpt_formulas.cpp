@@ -1,0 +1,163 @@
+// The GPT's arithmetic (gpt_formulas.h): each term's origin is in the header.
+#include <minigrad/plan/gpt_formulas.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include <minigrad/core/error.h>
+#include <minigrad/parallel/pipeline/balance.h>
+
+namespace mg::plan {
+
+double gpt_block_param_elements(double C, double t) { return 12 * C * C / t + 7 * C / t + 6 * C; }
+
+int64_t gpt_stage_blocks(const models::GPTConfig& config, int pp, int stage) {
+  MG_CHECK(pp >= 1 && pp <= config.n_layer, "gpt_stage_blocks: pp {} must be in [1, n_layer {}]", pp,
+           config.n_layer);
+  MG_CHECK(stage >= 0 && stage < pp, "gpt_stage_blocks: stage {} outside [0, pp {})", stage, pp);
+  return parallel::even_balance(config.n_layer, pp)[static_cast<size_t>(stage)];
+}
+
+double gpt_stage_param_elements(const models::GPTConfig& config, int tp, int pp, int stage) {
+  const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
+  const bool first = stage == 0, last = stage == pp - 1;
+  return static_cast<double>(gpt_stage_blocks(config, pp, stage)) * gpt_block_param_elements(C, tp) +
+         (first ? V * C / tp + static_cast<double>(config.block_size) * C : 0) +
+         (last ? 2 * C + (pp > 1 ? V * C / tp : 0) : 0);
+}
+
+std::vector<int64_t> gpt_fsdp_unit_numels(const models::GPTConfig& config) {
+  const int64_t C = config.n_embd;
+  std::vector<int64_t> units{config.vocab_size * C + config.block_size * C + 2 * C};  // wte, wpe, ln_f
+  units.insert(units.end(), static_cast<size_t>(config.n_layer), 12 * C * C + 13 * C);
+  return units;
+}
+
+double gpt_block_activation_floats(double C, double a, double t, bool sp) {
+  return (sp ? 2 * C / t + 2 * C + 4 / t : 4 * C + 4) + 13 * C / t + a / t;
+}
+
+double gpt_head_activation_floats(double C, double V, double t, bool sp) {
+  return (sp ? 2 * C / t + C + 2 / t : 2 * C + 2) + V / t;
+}
+
+double gpt_kept_activation_bytes(const models::GPTConfig& config, int64_t rows, int64_t T, bool recompute) {
+  const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
+  const double n = static_cast<double>(rows * T);
+  const double f_block = gpt_block_activation_floats(C, static_cast<double>(config.n_head));
+  return 4.0 * n * ((recompute ? C : f_block) * static_cast<double>(config.n_layer) + gpt_head_activation_floats(C, V)) +
+         8.0 * static_cast<double>(T) + 4.0;
+}
+
+namespace {
+
+void check_mesh(const models::GPTConfig& config, const MeshShape& m, int stage, const char* what) {
+  MG_CHECK(m.dp >= 1 && m.tp >= 1 && m.pp >= 1 && m.cp >= 1, "{}: dp {} tp {} pp {} cp {} must be >= 1", what,
+           m.dp, m.tp, m.pp, m.cp);
+  MG_CHECK(stage >= 0 && stage < m.pp, "{}: stage {} outside [0, pp {})", what, stage, m.pp);
+  MG_CHECK(m.batch % m.dp == 0, "{}: batch {} does not divide by dp {}", what, m.batch, m.dp);
+  MG_CHECK(m.T % m.cp == 0, "{}: T {} does not divide by cp {}", what, m.T, m.cp);
+  MG_CHECK(m.micro_batches >= 1, "{}: micro_batches {} must be >= 1", what, m.micro_batches);
+  MG_CHECK(config.n_head % m.tp == 0, "{}: tp {} does not divide n_head {}", what, m.tp, config.n_head);
+}
+
+}  // namespace
+
+double micro_batches_of(const MeshShape& m) {
+  const int64_t rows = m.batch / m.dp;
+  const int64_t per = (rows + m.micro_batches - 1) / m.micro_batches;
+  return static_cast<double>((rows + per - 1) / per);
+}
+
+double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshShape& mesh, int stage,
+                                  bool recompute, double in_flight_scale) {
+  check_mesh(config, mesh, stage, "gpt_activation_peak_floats");
+  const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
+  const double t = mesh.tp, a = static_cast<double>(config.n_head), m = micro_batches_of(mesh);
+  const bool sp = mesh.sequence_parallel, last = stage == mesh.pp - 1;
+  const double Ls = static_cast<double>(gpt_stage_blocks(config, mesh.pp, stage));
+  const double N = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T / mesh.cp);
+  const double mb_tokens = N / m;
+  const double in_flight = std::min<double>(std::min<double>(mesh.pp - stage, m) * in_flight_scale, m);
+  const double per_block = gpt_block_activation_floats(C, a, t, sp);
+  double floats = recompute ? (Ls * in_flight * (sp ? C / t : C) + per_block) * mb_tokens
+                            : Ls * per_block * in_flight * mb_tokens;
+  if (last)  // ln_f's input and output, the log-softmax, and in backward two gradients of V/t
+    floats += mb_tokens * (gpt_head_activation_floats(C, V, t, sp) + 2 * V / t);
+  else  // the backward working set: the last block's MLP gradients, the received gradient
+        // and the next backward's, posted ahead (pipeline_stage.cpp)
+    floats += mb_tokens * (8 * C / t + (m > 1 ? 2 : 1) * C / (sp ? t : 1));
+  if (mesh.cp > 1)  // ring attention's backward: k, v arriving and dk, dv travelling
+    floats += N * 4 * C / t;
+  return floats;
+}
+
+std::map<std::string, CollectiveBytes> gpt_collective_bytes(const models::GPTConfig& config, const MeshShape& mesh,
+                                                            int stage, double act_bytes, double grad_bytes) {
+  check_mesh(config, mesh, stage, "gpt_collective_bytes");
+  const int tp = mesh.tp, cp = mesh.cp, pp = mesh.pp;
+  const bool sp = mesh.sequence_parallel;
+  const double S = act_bytes, G = grad_bytes;
+  const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
+  const bool first = stage == 0, last = stage == pp - 1;
+  const double Ls = static_cast<double>(gpt_stage_blocks(config, pp, stage));
+  const double stage_params = gpt_stage_param_elements(config, tp, pp, stage);
+  const double b = static_cast<double>(mesh.batch / mesh.dp), Tl = static_cast<double>(mesh.T / cp);
+  const double N = b * Tl;  // this rank's tokens per step
+  const double NC = N * C * S;
+  const double m = micro_batches_of(mesh);
+  std::map<std::string, CollectiveBytes> f;
+  if (tp > 1) {
+    CollectiveBytes& c = f["tp"];
+    if (!sp) {
+      c.all_reduce = (4 * Ls + first + last) * NC + (last ? 2 * N * 4 : 0);
+    } else {
+      c.all_gather = (4 * Ls + first + last) * NC / tp + (last ? N * 4 : 0);
+      c.reduce_scatter = (4 * Ls + first + last) * NC;
+      const double replicated = Ls * 6 * C + (first ? static_cast<double>(config.block_size) * C : 0) +
+                                (last ? 2 * C : 0);
+      c.all_reduce = (last ? 2 * N * 4 : 0) + replicated * G;
+    }
+  }
+  // The loss's row maxima (float32, vocab_parallel_cross_entropy): none on a tp group of one.
+  if (!sp && tp > 1) f["tp"].all_gather = last ? N * 4 : 0;
+  if (cp > 1) {
+    CollectiveBytes& c = f["cp"];
+    const double hop = 2 * b * Tl * C * S / tp;  // k and v of this rank's heads
+    c.send = c.recv = Ls * (3 * cp - 2) * hop;
+    // + each micro-batch's loss (float32, the last stage: summed over cp).
+    c.all_reduce = stage_params * G + (last ? m * 4 : 0);
+  }
+  // + the step's loss (float32, every rank).
+  if (mesh.dp > 1) f["dp"].all_reduce = stage_params * G + 4;
+  if (pp > 1) {
+    // Forward: each micro-batch's activation behind a header of 12 int64 (pipeline_stage.cpp:
+    // 4 + 8 dimensions); backward: its gradient alone.
+    const double act = N * C * S / (sp ? tp : 1), header = m * 12 * 8;
+    f["pp"].send = (last ? 0 : act + header) + (first ? 0 : act);
+    f["pp"].recv = (first ? 0 : act + header) + (last ? 0 : act);
+    // The loss from the last stage, behind its dtype (one int64: loss_on_every_rank).
+    f["pp"].broadcast = 8 + 4;
+    f["emb"].all_reduce = V * C / tp * G;
+  }
+  return f;
+}
+
+ShardedState zero_state_bytes(int stage, double psi, double tensors, const std::vector<int64_t>& group_numels,
+                              int ranks) {
+  MG_CHECK(stage >= 0 && stage <= 3, "zero_state_bytes: stage {} must be 0, 1, 2 or 3", stage);
+  MG_CHECK(ranks >= 1, "zero_state_bytes: ranks {} must be >= 1", ranks);
+  MG_CHECK(stage == 0 || !group_numels.empty(), "zero_state_bytes: ZeRO-{} needs its flat groups", stage);
+  const double N = ranks;
+  double shards = 0;  // Σ_g ceil(Ψ_g / N)
+  for (const int64_t g : group_numels) shards += std::ceil(static_cast<double>(g) / N);
+  const double groups = static_cast<double>(group_numels.size());
+  ShardedState s;
+  if (stage <= 1) s.buffers = 4.0 * psi;  // DDP's buckets: every gradient once
+  s.params = 4.0 * (stage == 0 ? psi : stage == 3 ? shards : shards * N);
+  s.grads = 4.0 * (stage <= 1 ? psi : shards);
+  s.optimizer = stage == 0 ? 8.0 * psi + 8.0 * tensors : 8.0 * shards + 8.0 * groups;
+  return s;
+}
+
+}  // namespace mg::plan

@@ -1,0 +1,132 @@
+// The GPT's arithmetic: the elements each rank holds, the floats per token it keeps for
+// backward and the bytes it hands to each collective, under a dp x pp x cp x tp mesh
+// (models/gpt_plan.h's splits) and ZeRO/FSDP over dp. Formulas only: nothing here
+// allocates a model. bench/gpt_parallel_bench.cpp and bench/gpt_fsdp_bench.cpp hold every
+// exact one against the allocator's bytes and the process groups' counts (their --check
+// ctests), so these are the planner's validated terms; the planner (planner.h) adds
+// precisions and devices. C = n_embd, V = vocab, a = n_head, t = tp, L = n_layer.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <minigrad/models/gpt.h>
+
+namespace mg::plan {
+
+// ---- parameters ----
+
+// One block's elements on a tp rank: c_attn and c_fc's weights and biases and c_proj's
+// weights sharded (12C²/t + 7C/t: attention 3C² + C², MLP 4C² + 4C²; biases 3C + 4C of
+// the column layers), and what every tp rank keeps whole: two LayerNorms (4C) and the two
+// row layers' biases (2C).
+double gpt_block_param_elements(double C, double t = 1);
+
+// Pipeline stage `stage` of `pp` (blocks dealt by parallel::even_balance): its blocks, on
+// stage 0 wte (V C/t, vocabulary-parallel) and wpe (block_size C), on the last stage ln_f
+// (2C) and, when pp > 1, the head's copy of the tied wte (V C/t).
+double gpt_stage_param_elements(const models::GPTConfig& config, int tp, int pp, int stage);
+// The blocks stage `stage` of `pp` holds.
+int64_t gpt_stage_blocks(const models::GPTConfig& config, int pp, int stage);
+
+// FSDP's units (models::fully_shard_gpt on one rank's model, no tp): the root's (wte,
+// wpe, ln_f) first, then one per block, in elements.
+std::vector<int64_t> gpt_fsdp_unit_numels(const models::GPTConfig& config);
+
+// ---- activations (floats per token; float32 in minigrad's measurement) ----
+
+// One block: ln_1's and ln_2's inputs and their mean/rstd (4C + 4, replicated; with
+// sequence parallelism the LayerNorms' inputs are sharded but the column layers keep their
+// all-gathered inputs whole: 2C/t + 2C + 4/t), q, k, v, the attention output and its
+// contiguous copy for c_proj, c_fc's output and GELU's (13C/t), the log-sum-exp of every
+// local head (a/t). nanoGPT's pre-LN block, exact GELU, dropout 0 (no masks), the fused
+// attention never keeping the T x T probabilities.
+double gpt_block_activation_floats(double C, double a, double t = 1, bool sp = false);
+
+// The head after forward: ln_f's input and output and its mean/rstd (2C + 2; with SP
+// 2C/t + C + 2/t) and the logits the fused cross-entropy keeps (V/t; its backward
+// recomputes the softmax from them). Its backward adds two V/t more at once (the logits'
+// gradient and the head matmul's working copy).
+double gpt_head_activation_floats(double C, double V, double t = 1, bool sp = false);
+
+// What one rank's GPT keeps after the loss on one device or under ZeRO/DDP (no tp, pp,
+// cp), in bytes of float32: 4n (L f_block + f_head) + 8T (wpe's int64 positions) + 4 (the
+// loss); with recomputed blocks each block keeps only its input, 4n (L C + f_head) + ...
+// n = rows T tokens. gpt-fsdp-bench's "kept", exact.
+double gpt_kept_activation_bytes(const models::GPTConfig& config, int64_t rows, int64_t T, bool recompute);
+
+// The mesh's shape for the formulas below: the split and the batch.
+struct MeshShape {
+  int dp = 1, tp = 1, pp = 1, cp = 1;
+  bool sequence_parallel = false;
+  int64_t batch = 1;          // rows of the whole step (every dp rank batch / dp)
+  int64_t T = 1;              // tokens per row (every cp rank T / cp)
+  int64_t micro_batches = 1;  // the pipeline's, per step
+};
+
+// The micro-batches a dp rank's b rows really make: chunk's (ceil(b / m) rows each, so
+// fewer than m when b < m or m does not divide b).
+double micro_batches_of(const MeshShape& mesh);
+
+// The activation peak of one train_step on pipeline stage `stage` (1F1B: min(pp - stage, m)
+// micro-batches in flight), in floats; `recompute`: each block keeps its input alone (C/t
+// a token, C/t with SP too) and one block's activations are alive again in its backward.
+// Without recompute this is gpt-parallel-bench's formula (within 5 % of the allocator):
+//   blocks x in flight x per block x tokens of a micro-batch
+//   + the last stage's head with its backward's 2V/t, or elsewhere the backward's working
+//     set 8C/t + 2C (C once when m = 1; C/t each with SP): the last block's MLP gradients,
+//     the received gradient and the next one's, posted ahead (pipeline_stage.cpp)
+//   + cp > 1: 4C/t a token for ring attention's backward (k, v arriving, dk, dv travelling).
+// `in_flight_scale` multiplies the micro-batches in flight (the interleaved schedule's
+// extra warm-up; 1 for 1F1B).
+double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshShape& mesh, int stage,
+                                  bool recompute = false, double in_flight_scale = 1);
+
+// ---- collectives ----
+
+// Bytes one rank hands to each kind of collective in a step (inputs; a recv's buffer).
+struct CollectiveBytes {
+  double all_reduce = 0, all_gather = 0, reduce_scatter = 0, broadcast = 0, send = 0, recv = 0;
+  double total() const { return all_reduce + all_gather + reduce_scatter + broadcast + send; }
+};
+
+// By group ("tp", "cp", "dp", "pp", "emb": the tie's group of the first and the last
+// stage) on stage `stage`, DDP over dp (ZeRO-0), for activations of `act_bytes` and
+// gradients of `grad_bytes` per element (4 and 4: what gpt-parallel-bench counts exactly):
+//   tp     without SP: all-reduce (4 L_s + first + last) n C (each block's two in forward
+//          and two in backward, the embedding's and the head's input gradient) + 2n (the
+//          loss's sums); with SP the same bytes reduce-scattered, a 1/t of them all-gathered,
+//          the replicated parameters' gradients all-reduced; + n for the loss's row maxima
+//          (all-gathered when tp > 1)
+//   cp     send and recv L_s (3cp - 2) 2 b (T/cp) C/t (k and v round the ring: cp - 1 hops
+//          forward, 2(cp - 1) in backward with dk dv) and the gradients' all-reduce (+ the
+//          last stage's loss per micro-batch)
+//   dp     the stage's gradients' all-reduce + the step's loss
+//   pp     one activation forward behind a 12-int64 header a micro-batch, one gradient back,
+//          the loss broadcast behind its dtype; "emb": the tied wte's gradient all-reduced
+// n = the rank's tokens b T / cp, b = batch / dp.
+std::map<std::string, CollectiveBytes> gpt_collective_bytes(const models::GPTConfig& config, const MeshShape& mesh,
+                                                            int stage, double act_bytes = 4, double grad_bytes = 4);
+
+// ---- ZeRO and FSDP over dp ----
+
+// Bytes a dp rank holds under ZeRO stage `stage` (0 DDP, 1 optimizer state, 2 + gradients,
+// 3 FSDP: + parameters) for parameters of `psi` elements in `tensors` tensors, laid in flat
+// groups (ZeRO's buckets, FSDP's units) of `group_numels` elements over `ranks` ranks,
+// each rank's shard ceil(Ψ_g / N) (flat_parameter.h pads to equal shards); AdamW, float32:
+//   params     DDP 4Ψ; ZeRO-1/2 4 Σ N ceil(Ψ_g/N) (every rank keeps the padded flat
+//              buffers whole); FSDP 4 Σ ceil(Ψ_g/N)
+//   grads      DDP, ZeRO-1 4Ψ; ZeRO-2, FSDP 4 Σ ceil(Ψ_g/N)
+//   optimizer  exp_avg + exp_avg_sq + an int64 step per tensor stepped: DDP 8Ψ + 8 tensors;
+//              ZeRO, FSDP 8 Σ ceil(Ψ_g/N) + 8 groups
+//   buffers    DDP's buckets (DDP, ZeRO-1): 4Ψ; ZeRO-2 and FSDP keep none
+// gpt-fsdp-bench's params, grads, AdamW and buffers, exact.
+struct ShardedState {
+  double params = 0, grads = 0, optimizer = 0, buffers = 0;
+};
+ShardedState zero_state_bytes(int stage, double psi, double tensors, const std::vector<int64_t>& group_numels,
+                              int ranks);
+
+}  // namespace mg::plan

@@ -1,0 +1,117 @@
+// LlamaArithmetic (llama_formulas.h): each term's origin is in the header.
+#include <minigrad/plan/llama_formulas.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include <minigrad/core/error.h>
+
+namespace mg::plan {
+
+LlamaArithmetic::LlamaArithmetic(models::LlamaConfig config) : config_(config) {
+  config_.validate();
+  C_ = static_cast<double>(config_.hidden_size);
+  I_ = static_cast<double>(config_.intermediate_size);
+  V_ = static_cast<double>(config_.vocab_size);
+  kd_ = static_cast<double>(config_.num_key_value_heads * config_.head_dim());
+}
+
+std::string LlamaArithmetic::describe() const {
+  return fmt::format("{:.0f} M parameters (layers {}, heads {}, kv heads {}, hidden {}, intermediate {}, vocab {})",
+                     parameter_count() / 1e6, config_.num_hidden_layers, config_.num_attention_heads,
+                     config_.num_key_value_heads, config_.hidden_size, config_.intermediate_size, config_.vocab_size);
+}
+
+void LlamaArithmetic::check_tp(int tp) const {
+  MG_CHECK(config_.num_key_value_heads % tp == 0, "plan: tp {} does not divide num_key_value_heads {}", tp,
+           config_.num_key_value_heads);
+  MG_CHECK(config_.num_attention_heads % tp == 0, "plan: tp {} does not divide num_attention_heads {}", tp,
+           config_.num_attention_heads);
+  MG_CHECK(config_.vocab_size % tp == 0, "plan: tp {} does not divide the vocabulary {}", tp, config_.vocab_size);
+}
+
+double LlamaArithmetic::block_param_elements(int tp) const {
+  return (2 * C_ * C_ + 2 * C_ * kd_ + 3 * C_ * I_) / tp + 2 * C_;
+}
+
+double LlamaArithmetic::parameter_count() const {
+  return static_cast<double>(config_.num_hidden_layers) * block_param_elements(1) + 2 * V_ * C_ + C_;
+}
+
+double LlamaArithmetic::flops_per_token(int64_t T) const {
+  const double L = static_cast<double>(config_.num_hidden_layers);
+  return 6 * (L * (block_param_elements(1) - 2 * C_) + V_ * C_) + 12 * L * C_ * static_cast<double>(T);
+}
+
+double LlamaArithmetic::stage_param_elements(int tp, int pp, int stage) const {
+  const bool first = stage == 0, last = stage == pp - 1;
+  return static_cast<double>(stage_blocks(pp, stage)) * block_param_elements(tp) + (first ? V_ * C_ / tp : 0) +
+         (last ? C_ + V_ * C_ / tp : 0);
+}
+
+double LlamaArithmetic::stage_tensors(int pp, int stage) const {
+  // 9 a layer (q k v o gate up down, two RMSNorms); embed_tokens first; norm, lm_head last.
+  return 9.0 * static_cast<double>(stage_blocks(pp, stage)) + (stage == 0 ? 1 : 0) + (stage == pp - 1 ? 2 : 0);
+}
+
+double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage, bool recompute,
+                                               double in_flight_scale) const {
+  check_tp(mesh.tp);
+  const double t = mesh.tp, a = static_cast<double>(config_.num_attention_heads);
+  const double m = micro_batches_of(mesh);
+  const bool sp = mesh.sequence_parallel, last = stage == mesh.pp - 1;
+  const double Ls = static_cast<double>(stage_blocks(mesh.pp, stage));
+  const double N = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T / mesh.cp);
+  const double mb = N / m;
+  const double in_flight = std::min<double>(std::min<double>(mesh.pp - stage, m) * in_flight_scale, m);
+  // With SP the RMSNorms' inputs and rstd are sharded, their all-gathered outputs whole.
+  const double layer = (sp ? 2 * C_ / t + 2 * C_ + 2 / t : 4 * C_ + 2) + 5 * C_ / t + a / t + 4 * I_ / t;
+  double floats = recompute ? (Ls * in_flight * (sp ? C_ / t : C_) + layer) * mb : Ls * layer * in_flight * mb;
+  if (last)
+    floats += mb * ((sp ? C_ / t + C_ + 1 / t : 2 * C_ + 1) + 3 * V_ / t);
+  else  // the backward's working set: the down projection's gradients, the two messages
+    floats += mb * (2 * I_ / t + (m > 1 ? 2 : 1) * C_ / (sp ? t : 1));
+  if (mesh.cp > 1)  // ring attention's backward: k, v arriving and dk, dv travelling
+    floats += N * 4 * kd_ / t;
+  return floats;
+}
+
+std::map<std::string, CollectiveBytes> LlamaArithmetic::collective_bytes(const MeshShape& mesh, int stage,
+                                                                         double act_bytes, double grad_bytes) const {
+  check_tp(mesh.tp);
+  const int tp = mesh.tp, cp = mesh.cp, pp = mesh.pp;
+  const bool sp = mesh.sequence_parallel, first = stage == 0, last = stage == pp - 1;
+  const double S = act_bytes, G = grad_bytes;
+  const double Ls = static_cast<double>(stage_blocks(pp, stage));
+  const double P = stage_param_elements(tp, pp, stage);
+  const double b = static_cast<double>(mesh.batch / mesh.dp), Tl = static_cast<double>(mesh.T / cp);
+  const double N = b * Tl, NC = N * C_ * S, m = micro_batches_of(mesh);
+  std::map<std::string, CollectiveBytes> f;
+  if (tp > 1) {
+    CollectiveBytes& c = f["tp"];
+    if (!sp) {
+      c.all_reduce = (4 * Ls + first + last) * NC + (last ? 2 * N * 4 : 0);
+      c.all_gather = last ? N * 4 : 0;
+    } else {
+      c.all_gather = (4 * Ls + first + last) * NC / tp + (last ? N * 4 : 0);
+      c.reduce_scatter = (4 * Ls + first + last) * NC;
+      c.all_reduce = (last ? 2 * N * 4 : 0) + (Ls * 2 * C_ + (last ? C_ : 0)) * G;  // the RMSNorms' weights
+    }
+  }
+  if (cp > 1) {
+    CollectiveBytes& c = f["cp"];
+    c.send = c.recv = Ls * (3 * cp - 2) * 2 * b * Tl * kd_ * S / tp;
+    c.all_reduce = P * G + (last ? m * 4 : 0);
+  }
+  if (mesh.dp > 1) f["dp"].all_reduce = P * G + 4;
+  if (pp > 1) {
+    const double act = N * C_ * S / (sp ? tp : 1), header = m * 12 * 8;
+    f["pp"].send = (last ? 0 : act + header) + (first ? 0 : act);
+    f["pp"].recv = (first ? 0 : act + header) + (last ? 0 : act);
+    f["pp"].broadcast = 8 + 4;
+  }
+  return f;
+}
+
+}  // namespace mg::plan

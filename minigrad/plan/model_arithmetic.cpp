@@ -1,0 +1,65 @@
+// GPTArithmetic: the planner's questions answered by gpt_formulas.h.
+#include <minigrad/plan/model_arithmetic.h>
+
+#include <fmt/format.h>
+
+#include <minigrad/core/error.h>
+#include <minigrad/parallel/pipeline/balance.h>
+
+namespace mg::plan {
+
+int64_t ModelArithmetic::stage_blocks(int pp, int stage) const {
+  MG_CHECK(pp >= 1 && pp <= layers(), "plan: pp {} must be in [1, layers {}]", pp, layers());
+  MG_CHECK(stage >= 0 && stage < pp, "plan: stage {} outside [0, pp {})", stage, pp);
+  return parallel::even_balance(layers(), pp)[static_cast<size_t>(stage)];
+}
+
+std::string GPTArithmetic::describe() const {
+  return fmt::format("{:.0f} M parameters (n_layer {}, n_head {}, n_embd {}, vocab {}, block {})",
+                     parameter_count() / 1e6, config_.n_layer, config_.n_head, config_.n_embd, config_.vocab_size,
+                     config_.block_size);
+}
+
+void GPTArithmetic::check_tp(int tp) const {
+  MG_CHECK(config_.n_head % tp == 0, "plan: tp {} does not divide n_head {}", tp, config_.n_head);
+  MG_CHECK(config_.vocab_size % tp == 0, "plan: tp {} does not divide the vocabulary {}", tp, config_.vocab_size);
+}
+
+double GPTArithmetic::parameter_count() const {
+  const double C = static_cast<double>(config_.n_embd);
+  return static_cast<double>(config_.n_layer) * gpt_block_param_elements(C) +
+         static_cast<double>(config_.vocab_size + config_.block_size) * C + 2 * C;
+}
+
+double GPTArithmetic::flops_per_token(int64_t T) const {
+  const double C = static_cast<double>(config_.n_embd), L = static_cast<double>(config_.n_layer);
+  const double matmul_params = L * 12 * C * C + static_cast<double>(config_.vocab_size) * C;
+  return 6 * matmul_params + 12 * L * C * static_cast<double>(T);
+}
+
+double GPTArithmetic::stage_param_elements(int tp, int pp, int stage) const {
+  return gpt_stage_param_elements(config_, tp, pp, stage);
+}
+
+double GPTArithmetic::block_param_elements(int tp) const {
+  return gpt_block_param_elements(static_cast<double>(config_.n_embd), tp);
+}
+
+double GPTArithmetic::stage_tensors(int pp, int stage) const {
+  // 12 a block (two LayerNorms' weight and bias, four Linears' weight and bias); wte and
+  // wpe first; ln_f's two last, and the head's copy of wte when pp > 1.
+  const bool first = stage == 0, last = stage == pp - 1;
+  return 12.0 * static_cast<double>(stage_blocks(pp, stage)) + (first ? 2 : 0) + (last ? 2 + (pp > 1 ? 1 : 0) : 0);
+}
+
+double GPTArithmetic::activation_peak_floats(const MeshShape& mesh, int stage, bool recompute,
+                                             double in_flight_scale) const {
+  return gpt_activation_peak_floats(config_, mesh, stage, recompute, in_flight_scale);
+}
+
+std::map<std::string, CollectiveBytes> GPTArithmetic::collective_bytes(const MeshShape& mesh, int stage,
+                                                                       double act_bytes, double grad_bytes) const {
+  return gpt_collective_bytes(config_, mesh, stage, act_bytes, grad_bytes);
+}
+
+}  // namespace mg::plan

@@ -1,0 +1,163 @@
+// The planner (minigrad/plan/planner.h) against figures worked by hand: GPT-2's parameter
+// count (nanoGPT's 124M), the bubble, the bytes of a split under each precision and ZeRO
+// stage, the ranking's order, and the errors. Its byte formulas against the allocator and
+// the process groups: the gpt-parallel-bench and gpt-fsdp-bench ctests (bench/).
+#include "catch_compat.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <minigrad/core/error.h>
+#include <minigrad/models/llama.h>
+#include <minigrad/plan/llama_formulas.h>
+#include <minigrad/plan/planner.h>
+
+using namespace mg;
+
+namespace {
+
+models::GPTConfig gpt2() { return models::GPTConfig{};  }  // 12 x 12 x 768, vocab 50304, block 1024
+
+plan::Workload workload(plan::Precision precision, int64_t batch = 8) {
+  plan::Workload w;
+  w.batch = batch;
+  w.seq_len = 1024;
+  w.precision = precision;
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("planner: GPT-2's parameters and FLOPs a token") {
+  // 12 blocks of 12C² + 13C, wte and wpe (50304 + 1024) C, ln_f 2C; nanoGPT prints 123.69M
+  // without wpe's 786432.
+  CHECK(plan::gpt_parameter_count(gpt2()) == 124475904.0);
+  CHECK(plan::gpt_parameter_count(gpt2()) - 1024 * 768 == 123689472.0);
+  // 6 (12 L C² + V C) + 12 L C T
+  const double C = 768, L = 12, V = 50304, T = 1024;
+  CHECK(plan::gpt_flops_per_token(gpt2(), 1024) == 6 * (12 * L * C * C + V * C) + 12 * L * C * T);
+}
+
+TEST_CASE("planner: the pipeline bubble is (p-1)/(m+p-1) and (p-1)/(v m+p-1) interleaved") {
+  CHECK(plan::pipeline_bubble(1, 1) == 0.0);
+  CHECK(plan::pipeline_bubble(4, 8) == Approx(3.0 / 11.0));
+  CHECK(plan::pipeline_bubble(4, 8, plan::Schedule::Interleaved, 2) == Approx(3.0 / 19.0));
+  REQUIRE_THROWS_WITH(plan::pipeline_bubble(0, 4), MG_CONTAINS("pipeline_bubble: pp 0"));
+}
+
+TEST_CASE("planner: DDP in 32-true holds 4 4 and 8 bytes a parameter and buckets of 4") {
+  plan::Split s;
+  s.dp = 2;
+  const plan::Plan p = plan::plan_gpt(gpt2(), s, workload(plan::Precision::True32), plan::device_by_name("a100-80gb"));
+  const double psi = 124475904.0, tensors = 12 * 12 + 4;
+  REQUIRE(p.stages.size() == 1);
+  CHECK(p.peak.params == 4 * psi);
+  CHECK(p.peak.grads == 4 * psi);
+  CHECK(p.peak.master == 0);
+  CHECK(p.peak.optimizer == 8 * psi + 8 * tensors);
+  CHECK(p.peak.buffers == 4 * psi);
+  // 4 rows a rank of 1024 tokens, gpt_activation_peak_floats' head and blocks, float32
+  const double floats = 4096 * (12 * plan::gpt_block_activation_floats(768, 12) +
+                                plan::gpt_head_activation_floats(768, 50304) + 2 * 50304);
+  CHECK(p.peak.activations == Approx(4 * floats).epsilon(1e-12));
+  CHECK(p.comm.at("dp").all_reduce == 4 * psi + 4);
+  CHECK(p.fits);
+}
+
+TEST_CASE("planner: bf16-true keeps float32 masters and bf16 ZeRO-3 shards") {
+  plan::Split s;
+  s.dp = 4;
+  s.zero = 3;
+  const plan::Plan p = plan::plan_gpt(gpt2(), s, workload(plan::Precision::BF16True), plan::device_by_name("h100-80gb"));
+  // FSDP's units: a block each and the rest (wte, wpe, ln_f), each sharded ceil(Ψ_g / 4).
+  double shards = 0;
+  for (const int64_t g : plan::gpt_fsdp_unit_numels(gpt2())) shards += std::ceil(static_cast<double>(g) / 4);
+  CHECK(p.peak.params == 2 * shards);
+  CHECK(p.peak.grads == 2 * shards);
+  CHECK(p.peak.master == 8 * shards);
+  CHECK(p.peak.optimizer == 8 * shards + 8 * 13);
+  CHECK(p.comm.at("dp").reduce_scatter == 2 * 124475904.0);
+}
+
+TEST_CASE("planner: tensor parallelism shards the stage's matrices and pp deals the blocks") {
+  plan::Split s;
+  s.tp = 2;
+  s.pp = 2;
+  const plan::Plan p = plan::plan_gpt(gpt2(), s, workload(plan::Precision::True32), plan::device_by_name("h100-80gb"));
+  REQUIRE(p.stages.size() == 2);
+  const double C = 768, V = 50304, block = 12 * C * C / 2 + 7 * C / 2 + 6 * C;
+  CHECK(p.stages[0].params == 4 * (6 * block + V * C / 2 + 1024 * C));
+  CHECK(p.stages[1].params == 4 * (6 * block + 2 * C + V * C / 2));
+  CHECK(p.split.micro_batches == 8);  // 8 rows: up to 4 pp that divide them
+  CHECK(p.bubble == Approx(1.0 / 9.0));
+}
+
+TEST_CASE("planner: the ranking puts what fits first and fastest first") {
+  std::vector<std::string> skipped;
+  const auto plans = plan::rank_gpt_splits(gpt2(), 4, workload(plan::Precision::BF16Mixed, 16),
+                                           plan::device_by_name("l4"), &skipped);
+  REQUIRE(!plans.empty());
+  bool seen_not_fitting = false;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    CHECK(plans[i].split.world() == 4);
+    if (!plans[i].fits) seen_not_fitting = true;
+    CHECK(!(seen_not_fitting && plans[i].fits));
+    if (i > 0 && plans[i].fits && plans[i - 1].fits) CHECK(plans[i - 1].time.step_s <= plans[i].time.step_s);
+  }
+  // tp 4 divides 12 heads; cp 4 needs 1024 tokens in 8 chunks: both possible; none skipped
+  // but SP on tp 1, which is never tried.
+  CHECK(skipped.empty());
+}
+
+TEST_CASE("planner: an impossible split or an unknown name is an error naming it") {
+  plan::Split s;
+  s.tp = 5;
+  const plan::DeviceSpec h100 = plan::device_by_name("h100-80gb");
+  REQUIRE_THROWS_WITH(plan::plan_gpt(gpt2(), s, workload(plan::Precision::True32), h100),
+                      MG_CONTAINS("plan: tp 5 does not divide n_head 12"));
+  s.tp = 1;
+  s.dp = 3;
+  REQUIRE_THROWS_WITH(plan::plan_gpt(gpt2(), s, workload(plan::Precision::True32), h100),
+                      MG_CONTAINS("plan: batch 8 does not divide by dp 3"));
+  REQUIRE_THROWS_WITH(plan::device_by_name("h100"), MG_CONTAINS("device: unknown device 'h100' (known: cpu, h100-80gb"));
+  REQUIRE_THROWS_WITH(plan::precision_from_string("fp16"), MG_CONTAINS("unknown precision 'fp16'"));
+}
+
+TEST_CASE("planner: the device table holds dense figures") {
+  // Dense BF16 is half the datasheets' "with sparsity" figure; FP32 below it everywhere.
+  CHECK(plan::device_by_name("h100-80gb").peak_flops(plan::Precision::BF16Mixed) == 989.5e12);
+  CHECK(plan::device_by_name("a100-40gb").peak_flops(plan::Precision::True32) == 19.5e12);
+  for (const plan::DeviceSpec& d : plan::device_table()) {
+    INFO(d.name);
+    CHECK(d.fp32_flops < d.bf16_flops);
+    CHECK(d.memory_bytes > 0);
+    CHECK(d.link_bandwidth > 0);
+    CHECK(!d.source.empty());
+  }
+}
+
+TEST_CASE("planner: the Llama's parameters and tensors equal a built Llama's") {
+  models::LlamaConfig c;  // small: 3 layers, hidden 32, 4 heads, 2 kv heads, SwiGLU 40
+  c.num_hidden_layers = 3;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.intermediate_size = 40;
+  c.vocab_size = 24;
+  c.max_position_embeddings = 16;
+  const plan::LlamaArithmetic arithmetic(c);
+  models::Llama llama(c);
+  double elements = 0, layer0 = 0, tensors = 0;
+  for (const auto& [name, p] : llama.named_parameters()) {
+    elements += static_cast<double>(p.numel());
+    ++tensors;
+    if (name.rfind("model.layers.0.", 0) == 0) layer0 += static_cast<double>(p.numel());
+  }
+  CHECK(arithmetic.parameter_count() == elements);
+  CHECK(arithmetic.block_param_elements(1) == layer0);
+  CHECK(arithmetic.stage_tensors(1, 0) == tensors);
+  // Two stages: 2 and 1 layers, embed_tokens first, norm and lm_head last.
+  CHECK(arithmetic.stage_param_elements(1, 2, 0) + arithmetic.stage_param_elements(1, 2, 1) == elements);
+  REQUIRE_THROWS_WITH(arithmetic.check_tp(4), MG_CONTAINS("plan: tp 4 does not divide num_key_value_heads 2"));
+}
