@@ -4,6 +4,7 @@
 
 #include <fmt/ranges.h>
 
+#include <minigrad/core/checked_math.h>
 #include <minigrad/core/ops.h>
 
 namespace mg {
@@ -47,7 +48,14 @@ void* Tensor::data_ptr() const {
   // An empty tensor of an empty storage (its offset may be anything, as in PyTorch): no
   // address to offset from, and nothing is read through it.
   if (data == nullptr) return nullptr;
-  return static_cast<char*>(data) + t.offset * static_cast<int64_t>(element_size(t.dtype));
+  // An empty view may carry any offset too, past its storage's end (even one whose byte
+  // count overflows): nothing is read through it, so it points at the storage's start
+  // rather than past the allocation.
+  const auto size = static_cast<int64_t>(element_size(t.dtype));
+  if (t.shape.numel() == 0 &&
+      (mul_overflows(t.offset, size) || static_cast<uint64_t>(t.offset * size) > t.storage.nbytes()))
+    return data;
+  return static_cast<char*>(data) + t.offset * size;
 }
 
 template <typename T>

@@ -127,6 +127,12 @@ TEST_CASE("checked index: as_strided refuses a view outside its storage") {
   // An empty view reads nothing: any offset, as PyTorch's x.as_strided((0,), (1,), 600)
   // (the columns [1, 3) of a [0, 3] tensor start past its empty storage).
   CHECK(ops::as_strided(five, {0}, {1}, 600).numel() == 0);
+  // ... even one whose byte offset overflows int64 (the fuzzer's): it points at the
+  // storage's start, and reading it reads nothing.
+  const Tensor far = ops::as_strided(five, {0}, {1}, kMax);
+  CHECK(far.data_ptr() == five.data_ptr());
+  CHECK(far.to_vector<float>().empty());
+  CHECK(ops::contiguous(far).numel() == 0);
   CHECK(ops::narrow(zeros({0, 3}), 1, 1, 2).shape() == Shape{0, 2});
   CHECK(ops::narrow(zeros({0, 3}), 1, 1, 2).data_ptr() == nullptr);  // no storage to point into
 }
