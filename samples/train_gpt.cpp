@@ -90,11 +90,12 @@
 #include "support/command_line.h"
 #include "support/devices.h"
 #include "support/distributed_run.h"
+#include "support/language_model.h"
 #include "support/vocabulary_metadata.h"
-#include "support/gpt_parallel.h"
 #include "support/precision.h"
 #include "support/progress.h"
 #include "support/run_files.h"
+#include "support/split_model.h"
 #include "support/stop_signal.h"
 #include "support/svg_plot.h"
 #include "support/trace.h"
@@ -106,9 +107,9 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kProgram = "train_gpt";
 
 struct Options {
-  // The model: nanoGPT's small CPU configuration (its README's "baby GPT" for a laptop).
-  int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 64;
-  double dropout = 0.0;
+  // The model (--model gpt|llama): nanoGPT's small CPU configuration (its README's "baby GPT"
+  // for a laptop), or a Llama of the same sizes (support/language_model.h).
+  samples::ModelFlags model;
   // The run.
   // 3000 steps at a peak of 3e-3: about 2.3 M characters, nine-tenths of one pass over the
   // corpus, to a validation loss near 1.80, where the sample is mostly English words (1000
@@ -129,7 +130,7 @@ struct Options {
   samples::Precision precision = samples::Precision::True32;
   samples::TraceOptions trace;
   // The split over ranks (--dp, --tp, --cp, --sequence-parallel); distributed when given.
-  samples::GPTSplit split;
+  samples::ModelSplit split;
   bool distributed = false;
   double dist_timeout = 300;
 };
@@ -138,11 +139,16 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   CLI::App app{"Trains a character-level GPT (nanoGPT's model) on Debian's fortune cookies and "
                "writes a sample."};
   const auto positive = samples::positive_integer();
-  app.add_option("--n-layer", o.n_layer, "Transformer blocks")->check(positive)->capture_default_str();
-  app.add_option("--n-head", o.n_head, "Attention heads per block")->check(positive)->capture_default_str();
-  app.add_option("--n-embd", o.n_embd, "Width of the residual stream")->check(positive)->capture_default_str();
-  app.add_option("--block-size", o.block_size, "Context length in characters")->check(positive)->capture_default_str();
-  app.add_option("--dropout", o.dropout, "Dropout probability")->check(CLI::Range(0.0, 0.99))->capture_default_str();
+  samples::ModelFlags& m = o.model;
+  app.add_option("--model", m.model, "gpt (nanoGPT's) or llama (RoPE, RMSNorm, SwiGLU, grouped-query attention)")
+      ->check(CLI::IsMember(samples::model_names()))->capture_default_str();
+  app.add_option("--n-layer", m.n_layer, "Transformer blocks")->check(positive)->capture_default_str();
+  app.add_option("--n-head", m.n_head, "Attention heads per block")->check(positive)->capture_default_str();
+  app.add_option("--n-kv-head", m.n_kv_head, "--model llama: key-value heads (default: half of --n-head)")->check(positive);
+  app.add_option("--n-embd", m.n_embd, "Width of the residual stream")->check(positive)->capture_default_str();
+  app.add_option("--intermediate-size", m.intermediate_size, "--model llama: SwiGLU's width (default: 8/3 --n-embd, rounded up to 32)")->check(positive);
+  app.add_option("--block-size", m.block_size, "Context length in characters")->check(positive)->capture_default_str();
+  app.add_option("--dropout", m.dropout, "Dropout probability (--model gpt)")->check(CLI::Range(0.0, 0.99))->capture_default_str();
   app.add_option("--iters", o.iters, "Optimizer steps in all (counting resumed ones)")->check(positive)->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "Windows per micro-batch")->check(positive)->capture_default_str();
   app.add_option("--grad-accum", o.grad_accum, "Micro-batches per step (gradient accumulation)")->check(positive)->capture_default_str();
@@ -185,7 +191,9 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   if (const std::optional<int> exit_code = samples::parse_command_line(app, kProgram, argc, argv))
     return exit_code;
   try {
-    MG_CHECK(o.n_embd % o.n_head == 0, "--n-embd {} does not divide into --n-head {} heads", o.n_embd, o.n_head);
+    MG_CHECK(m.n_embd % m.n_head == 0, "--n-embd {} does not divide into --n-head {} heads", m.n_embd, m.n_head);
+    if (m.model != "llama" && (m.n_kv_head > 0 || m.intermediate_size > 0))
+      throw samples::OptionError("--n-kv-head and --intermediate-size size the Llama: they need --model llama");
     MG_CHECK(o.min_lr <= o.lr, "--min-lr {} is above --lr {}", o.min_lr, o.lr);
     if (o.decay_iters == 0) o.decay_iters = o.iters;
     if (warmup->count() == 0) o.warmup = std::min(o.warmup, o.decay_iters);
@@ -204,7 +212,7 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     if (o.split.pp == 1 && sched->count() + mb->count() + chunks->count() > 0)
       throw samples::OptionError("--schedule, --micro-batches and --model-chunks are the pipeline's: they need --pp 2 or more");
     if (dp->count() + tp->count() + pp->count() + cp->count() + sp->count() + zero->count() > 0) {
-      samples::check_split(o.split, o.batch_size, o.block_size, o.dropout, o.weight_decay);
+      samples::check_split(o.split, o.batch_size, m.block_size, m.dropout, o.weight_decay);
       // --dp 1 alone is the single-device run; under a launcher a job of one rank.
       o.distributed = o.split.ranks() > 1 || parallel::in_launched_job();
     }
@@ -224,9 +232,9 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 // --sample-chars characters from `model`, decoded with `tokenizer`, printed. The sample
 // starts after a newline, where a fortune starts (token 0 if the corpus has none).
-void print_sample(const Options& o, models::GPT& model, const data::CharTokenizer& tokenizer, Device device,
+void print_sample(const Options& o, samples::LanguageModel& model, const data::CharTokenizer& tokenizer, Device device,
                   const samples::MixedPrecision& amp) {
-  model.eval();
+  model.module()->eval();
   const auto region = amp.autocast();  // nanoGPT's sample.py samples under the training's autocast
   Generator sampler(o.seed);
   const std::vector<uint8_t>& chars = tokenizer.vocab();
@@ -250,22 +258,28 @@ data::TokenFile load_tokens(const Options& o) {
   return data::TokenFile{std::move(tokenizer), std::move(tokens)};
 }
 
-// The config as JSON in gpt_reference.py's spelling, for the checkpoint's metadata.
-std::string config_json(const models::GPTConfig& c) {
-  return fmt::format("{{\"block_size\": {}, \"vocab_size\": {}, \"n_layer\": {}, \"n_head\": {}, "
-                     "\"n_embd\": {}, \"dropout\": {}, \"bias\": {}}}",
-                     c.block_size, c.vocab_size, c.n_layer, c.n_head, c.n_embd, c.dropout,
-                     c.bias ? "true" : "false");
+// A checkpoint's model: "model" (gpt when absent: written before --model) and its config,
+// against what the flags make. mg::Error naming the flags to pass.
+void check_checkpoint_model(const nn::Checkpoint& ck, const samples::LanguageModel& model, const std::string& path) {
+  const auto kind = ck.metadata.find("model");
+  const std::string written = kind == ck.metadata.end() ? "gpt" : kind->second;
+  MG_CHECK(written == model.kind(), "--resume {}: written by --model {}, not {}; pass --model {}", path, written,
+           model.kind(), written);
+  const auto config = ck.metadata.find(model.config_key());
+  MG_CHECK(config != ck.metadata.end(), "--resume {}: not a train_gpt checkpoint (no '{}')", path, model.config_key());
+  MG_CHECK(config->second == model.config_json(),
+           "--resume {}: the checkpoint's model is {}, but the flags make {}; pass the flags it "
+           "was trained with", path, config->second, model.config_json());
 }
 
 struct Run {
   Options options;
   samples::DistributedRun dist;             // --dp/--tp/--cp: this rank of the job
-  std::unique_ptr<samples::SplitGPT> split;  // ... and its part of the GPT; null otherwise
-  std::shared_ptr<models::GPT> model;
+  std::unique_ptr<samples::SplitModel> split;  // ... and its part of the model; null otherwise
+  std::unique_ptr<samples::LanguageModel> model;
   nn::ModulePtr forward;  // the model, or a DataParallel over it
   std::unique_ptr<optim::Optimizer> optimizer;  // AdamW, or MasterWeights over it (bf16-true)
-  // --zero 1|2: the sharded optimizers (support/gpt_parallel.h), in place of `optimizer`.
+  // --zero 1|2: the sharded optimizers (support/split_model.h), in place of `optimizer`.
   std::vector<std::unique_ptr<optim::Optimizer>> zero;
   std::vector<optim::Optimizer*> optimizers;  // the step's: `optimizer` or the `zero` pair
   data::TokenSplits splits;
@@ -297,7 +311,8 @@ void save_checkpoint(Run& run, int64_t step) {
   for (const Generator::State& g : generators)
     dp_generators += fmt::format("{}{}:{}", dp_generators.empty() ? "" : ",", g.seed, g.offset);
   ck.metadata = {{"step", std::to_string(step)},
-                 {"gpt_config", config_json(run.model->config())},
+                 {"model", run.model->kind()},
+                 {run.model->config_key(), run.model->config_json()},
                  {"seed", std::to_string(run.options.seed)},
                  {"generator_seed", std::to_string(gen.seed)},
                  {"generator_offset", std::to_string(gen.offset)},
@@ -348,10 +363,7 @@ int64_t load_checkpoint(Run& run) {
   if (const auto vocab = ck.metadata.find(samples::kVocabularyKey); vocab != ck.metadata.end())
     samples::check_same_vocabulary(samples::tokenizer_from_metadata(vocab->second, "--resume " + path),
                                    *run.tokenizer, "--resume " + path);
-  const std::string config = config_json(run.model->config());
-  MG_CHECK(meta("gpt_config") == config,
-           "--resume {}: the checkpoint's model is {}, but the flags make {}; pass the flags it "
-           "was trained with", path, meta("gpt_config"), config);
+  check_checkpoint_model(ck, *run.model, path);
   MG_CHECK(meta("seed") == std::to_string(run.options.seed),
            "--resume {}: written with --seed {}, not {}", path, meta("seed"), run.options.seed);
   // A checkpoint of another precision holds other tensors (bfloat16 weights and masters, a
@@ -389,7 +401,7 @@ float as_float(const Tensor& loss) { return ops::to_dtype(loss, DType::Float32).
 std::pair<double, double> estimate_loss(Run& run) {
   NoGradGuard no_grad;
   if (run.split) run.split->set_training(false);
-  else run.model->eval();
+  else run.model->module()->eval();
   const int64_t n = run.options.eval_iters;
   const data::TokenWindows* splits[2] = {run.splits.train.get(), run.splits.val.get()};
   std::vector<float> losses;  // each batch's mean loss, the train split's then the val split's
@@ -402,7 +414,7 @@ std::pair<double, double> estimate_loss(Run& run) {
       losses.push_back(run.split && run.split->pipelined()
                            ? static_cast<float>(run.split->eval_loss(b.data, b.target))
                            : as_float(run.split ? run.split->loss_share(b.data, b.target)
-                                                : models::GPT::loss(run.forward->forward(b.data), b.target)));
+                                                : run.model->loss(run.forward->forward(b.data), b.target)));
     }
   }
   if (run.split && !run.split->pipelined()) {  // the dp ranks' shares of each batch's mean, summed
@@ -416,7 +428,7 @@ std::pair<double, double> estimate_loss(Run& run) {
     means[s] /= static_cast<double>(n);
   }
   if (run.split) run.split->set_training(true);
-  else run.model->train();
+  else run.model->module()->train();
   return {means[0], means[1]};
 }
 
@@ -431,32 +443,36 @@ int sample_only(const Options& o) {
            "trained on instead",
            o.resume);
   const data::CharTokenizer tokenizer = samples::tokenizer_from_metadata(meta->second, o.resume);
-  models::GPTConfig config;
-  config.block_size = o.block_size;
-  config.vocab_size = tokenizer.vocab_size();
-  config.n_layer = o.n_layer;
-  config.n_head = o.n_head;
-  config.n_embd = o.n_embd;
-  config.dropout = o.dropout;
-  const auto written = ck.metadata.find("gpt_config");
-  MG_CHECK(written != ck.metadata.end(), "--resume {}: not a train_gpt checkpoint (no 'gpt_config')", o.resume);
-  MG_CHECK(written->second == config_json(config),
-           "--resume {}: the checkpoint's model is {}, but the flags make {}; pass the flags it "
-           "was trained with", o.resume, written->second, config_json(config));
   const Device device = o.device_list.front();
   manual_seed(o.seed);
-  models::GPT model(config);
+  samples::LanguageModel model(o.model, tokenizer.vocab_size());
+  check_checkpoint_model(ck, model, o.resume);
   const nn::TensorDict state = ck.get("model.");
   // A bf16-true checkpoint's weights are bfloat16: the model takes their dtype.
-  if (const auto wte = state.find("transformer.wte.weight"); wte != state.end()) model.to(wte->second.dtype());
+  if (!state.empty()) model.module()->to(state.begin()->second.dtype());
   model.check_state_dict(state, o.resume);
   model.load_state_dict(state, o.resume);
-  model.to(device);
+  model.module()->to(device);
   const auto step = ck.metadata.find("step");
-  fmt::print("GPT: {}; from {} (step {}), a vocabulary of {}\n", config.str(), o.resume,
+  fmt::print("{}; from {} (step {}), a vocabulary of {}\n", model.str(), o.resume,
              step == ck.metadata.end() ? "?" : step->second, samples::describe_vocabulary(tokenizer));
   print_sample(o, model, tokenizer, device, samples::MixedPrecision(samples::Precision::True32, device));
   return 0;
+}
+
+// A collective: a fresh single-device model holding the split's trained weights (for the
+// sample; on every rank, on this rank's device).
+std::unique_ptr<samples::LanguageModel> whole_model(Run& run) {
+  const nn::TensorDict state = run.split->model_state_dict();
+  // Building a model draws its initial weights: the generator is left where training left
+  // it, so the sample draws what the single-device run's does.
+  const Generator::State generator = default_generator().state();
+  auto model = std::make_unique<samples::LanguageModel>(run.options.model, run.tokenizer->vocab_size());
+  default_generator().set_state(generator);
+  model->module()->to(state.begin()->second.dtype());  // bf16-true's weights are bfloat16
+  model->load_state_dict(state, "the gathered model");
+  model->module()->to(run.device);
+  return model;
 }
 
 int train(Options options) {
@@ -473,30 +489,24 @@ int train(Options options) {
   run.tokenizer = &corpus.tokenizer;
   const int64_t vocab = corpus.tokenizer.vocab_size();
   const auto n_tokens = static_cast<int64_t>(corpus.tokens.size());
-  run.splits = data::split_tokens(corpus.tokens, o.block_size);
+  run.splits = data::split_tokens(corpus.tokens, o.model.block_size);
 
-  models::GPTConfig config;
-  config.block_size = o.block_size;
-  config.vocab_size = vocab;
-  config.n_layer = o.n_layer;
-  config.n_head = o.n_head;
-  config.n_embd = o.n_embd;
-  config.dropout = o.dropout;
-  run.model = std::make_shared<models::GPT>(config);
-  run.model->to(run.device);
+  run.model = std::make_unique<samples::LanguageModel>(o.model, vocab);
+  const nn::ModulePtr module = run.model->module();
+  module->to(run.device);
   // bf16-true: the weights themselves in bfloat16 (the masters are made from them below).
-  if (o.precision == samples::Precision::BF16True) run.model->to(DType::BFloat16);
+  if (o.precision == samples::Precision::BF16True) module->to(DType::BFloat16);
   // Counted before a split cuts the model in place: nanoGPT's count, and every parameter.
   const int64_t model_parameters = run.model->num_parameters();
   int64_t all_parameters = 0;
-  for (const Tensor& p : run.model->parameters()) all_parameters += p.numel();
+  for (const Tensor& p : module->parameters()) all_parameters += p.numel();
   // --recompute: each block's activations recomputed in backward (under --pp the
-  // pipeline's own checkpointing, set in SplitGPT).
-  if (o.split.recompute && o.split.pp == 1) models::set_block_checkpointing(*run.model);
-  run.forward = run.model;
-  if (o.device_list.size() > 1) run.forward = std::make_shared<parallel::DataParallel>(run.model, o.device_list);
-  if (o.distributed) run.split = std::make_unique<samples::SplitGPT>(run.model, o.split, run.dist, o.seed);
-  const std::vector<Tensor> trained = run.split ? run.split->parameters() : run.model->parameters();
+  // pipeline's own checkpointing, set in SplitModel).
+  if (o.split.recompute && o.split.pp == 1) run.model->split_spec().recompute();
+  run.forward = module;
+  if (o.device_list.size() > 1) run.forward = std::make_shared<parallel::DataParallel>(module, o.device_list);
+  if (o.distributed) run.split = std::make_unique<samples::SplitModel>(run.model->split_spec(), o.split, run.dist, o.seed);
+  const std::vector<Tensor> trained = run.split ? run.split->parameters() : module->parameters();
   // nanoGPT's configure_optimizers: weight decay on the matmul and embedding weights only;
   // shakespeare_char's betas (0.9, 0.99), as the batches are small.
   const auto adamw = [&](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
@@ -523,7 +533,7 @@ int train(Options options) {
     for (const optim::Optimizer* opt : run.optimizers)
       run.clipped.insert(run.clipped.end(), opt->parameters().begin(), opt->parameters().end());
   else
-    run.clipped = run.model->parameters();
+    run.clipped = module->parameters();
   const optim::WarmupCosine schedule(o.lr, o.min_lr, o.warmup, o.decay_iters);
 
   int64_t step = 0;
@@ -532,11 +542,11 @@ int train(Options options) {
     fmt::print("fortunes: {} characters, a vocabulary of {}; {} to train on, {} to validate ({:.1f} s)\n",
                n_tokens, vocab, run.splits.train->token_count(), run.splits.val->token_count(),
                seconds_since(load_start));
-    fmt::print("GPT: {}; {:.2f}M parameters on {}\n", config.str(),
+    fmt::print("{}; {:.2f}M parameters on {}\n", run.model->str(),
                static_cast<double>(model_parameters) / 1e6, samples::devices_str(o.device_list));
     fmt::print("AdamW lr {} (warmup {}, cosine to {} at step {}), weight decay {}; {} steps of {} x {} x {} tokens{}\n",
                o.lr, o.warmup, o.min_lr, o.decay_iters, o.weight_decay, o.iters, o.grad_accum,
-               o.batch_size, o.block_size, step > 0 ? fmt::format(", resumed at step {}", step) : "");
+               o.batch_size, o.model.block_size, step > 0 ? fmt::format(", resumed at step {}", step) : "");
     fmt::print("precision {}\n", run.amp->str());
     if (run.split) {
       // Counted with the position embedding (num_parameters(), nanoGPT's count, leaves it out).
@@ -554,7 +564,7 @@ int train(Options options) {
   samples::install_stop_handlers();
   samples::StepTracer tracer(o.trace, run.dist.group);
   const auto run_start = Clock::now();
-  const int64_t tokens_per_step = o.grad_accum * o.batch_size * o.block_size;
+  const int64_t tokens_per_step = o.grad_accum * o.batch_size * o.model.block_size;
   auto window_start = Clock::now();
   int64_t window_steps = 0;
   double last_loss = 0.0;
@@ -567,7 +577,7 @@ int train(Options options) {
       run.metrics_csv += fmt::format("{},{:.6f},{:.6f},{:.6g},{:.2f}\n", at, train_loss, val_loss,
                                      optimizers.front()->lr(), seconds_since(run_start));
       if (!o.metrics.empty()) files::write_atomically("--metrics", o.metrics, run.metrics_csv);
-      if (!o.plot.empty()) samples::write_loss_plot(o.plot, run.history, "step", "train_gpt: " + config.str());
+      if (!o.plot.empty()) samples::write_loss_plot(o.plot, run.history, "step", "train_gpt: " + run.model->str());
     }
     if (!o.save.empty()) save_checkpoint(run, at);
   };
@@ -599,7 +609,7 @@ int train(Options options) {
         {  // the forward and the loss under --precision's autocast; backward outside, as torch's
           const auto region = run.amp->autocast();
           loss = run.split ? run.split->loss_share(b.data, b.target)
-                           : models::GPT::loss(run.forward->forward(b.data), b.target);
+                           : run.model->loss(run.forward->forward(b.data), b.target);
         }
         scaled = loss * (1.0 / static_cast<double>(o.grad_accum));
         // --zero 2|3 average the gradients over dp: the share times dp (backward_scale);
@@ -652,7 +662,7 @@ int train(Options options) {
 
   // Under a split the whole model is gathered first (tp shards, pp stages, FSDP's shards).
   const bool sample = o.sample_chars > 0;
-  if (run.split && sample) run.model = run.split->whole_model();  // every rank: the whole GPT gathered
+  if (run.split && sample) run.model = whole_model(run);  // every rank: the whole model gathered
   if (sample && rank0) print_sample(o, *run.model, corpus.tokenizer, run.device, *run.amp);
   return 0;
 }
