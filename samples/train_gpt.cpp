@@ -128,6 +128,9 @@ struct Options {
   int64_t top_k = 0;
   bool sample_only = false;  // --resume's weights and vocabulary, a sample, nothing else
   samples::Precision precision = samples::Precision::True32;
+  // --fsdp-mp-policy: under --zero 3, the mixed precision as FSDP2's MixedPrecisionPolicy
+  // (torchtitan's) in place of autocast.
+  bool fsdp_mp_policy = false;
   samples::TraceOptions trace;
   // The split over ranks (--dp, --tp, --cp, --sequence-parallel); distributed when given.
   samples::ModelSplit split;
@@ -175,6 +178,7 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   std::string precision = "32-true";
   app.add_option("--precision", precision, "32-true, bf16-mixed (float32 weights, bfloat16 autocast), 16-mixed (float16 autocast, loss scaling) or bf16-true (bfloat16 weights, float32 masters)")
       ->check(CLI::IsMember(samples::precision_names()))->capture_default_str();
+  app.add_flag("--fsdp-mp-policy", o.fsdp_mp_policy, "With --zero 3 and --precision bf16-mixed or 16-mixed: FSDP's MixedPrecisionPolicy (torchtitan's: float32 shards, units gathered in the 16-bit dtype, gradients reduce-scattered in float32) in place of autocast");
   samples::add_trace_options(app, o.trace, "training step");
   CLI::Option* dp = app.add_option("--dp", o.split.dp, "Data-parallel ranks (under minigrad-run): the batch's windows cut over them")->check(positive);
   CLI::Option* tp = app.add_option("--tp", o.split.tp, "Tensor-parallel ranks: every layer split over them (Megatron's)")->check(positive);
@@ -202,6 +206,11 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     o.split.interleaved = schedule == "interleaved";
     o.precision = samples::parse_precision(precision);
     if (o.split.micro_batches == 0) o.split.micro_batches = o.split.pp;
+    if (o.fsdp_mp_policy && (o.split.zero != 3 || (o.precision != samples::Precision::BF16Mixed &&
+                                                   o.precision != samples::Precision::F16Mixed)))
+      throw samples::OptionError(fmt::format("--fsdp-mp-policy is FSDP's way of a mixed precision: it needs --zero 3 and "
+                                             "--precision bf16-mixed or 16-mixed (got --zero {}, --precision {})",
+                                             o.split.zero, precision));
     if (o.sample_only && o.resume.empty())
       throw samples::OptionError("--sample-only samples from a checkpoint: it needs --resume CHECKPOINT");
     if (o.sample_only && o.sample_chars == 0)
@@ -288,6 +297,11 @@ struct Run {
   std::string metrics_csv = "step,train_loss,val_loss,lr,seconds\n";
   Device device = Device::cpu();
   std::unique_ptr<samples::MixedPrecision> amp;  // --precision
+  // The region a forward runs under: --precision's autocast, or none when FSDP's
+  // MixedPrecisionPolicy casts instead (--fsdp-mp-policy).
+  std::unique_ptr<AutocastGuard> autocast(bool cache_enabled = true) const {
+    return options.fsdp_mp_policy ? nullptr : amp->autocast(cache_enabled);
+  }
   // What the clip reads: the gradients the optimizers step (float32 masters under bf16-true).
   std::vector<Tensor> clipped;
   int64_t skipped_steps = 0;  // 16-mixed: steps the scaler skipped
@@ -410,7 +424,7 @@ std::pair<double, double> estimate_loss(Run& run) {
       const data::Batch b = splits[s]->get_batch(data::random_windows(
           run.options.batch_size, splits[s]->size(), run.options.seed ^ 0x5EEDE7A1u, k)).to(run.device);
       // The training step's precision (the pipeline's micro-batches without the cast cache).
-      const auto region = run.amp->autocast(!(run.split && run.split->pipelined()));
+      const auto region = run.autocast(!(run.split && run.split->pipelined()));
       losses.push_back(run.split && run.split->pipelined()
                            ? static_cast<float>(run.split->eval_loss(b.data, b.target))
                            : as_float(run.split ? run.split->loss_share(b.data, b.target)
@@ -505,7 +519,11 @@ int train(Options options) {
   if (o.split.recompute && o.split.pp == 1) run.model->split_spec().recompute();
   run.forward = module;
   if (o.device_list.size() > 1) run.forward = std::make_shared<parallel::DataParallel>(module, o.device_list);
-  if (o.distributed) run.split = std::make_unique<samples::SplitModel>(run.model->split_spec(), o.split, run.dist, o.seed);
+  parallel::FSDPOptions fsdp;
+  if (o.fsdp_mp_policy)  // torchtitan's: compute in the 16-bit dtype, reduce in float32, float32 logits for the loss
+    fsdp.mp_policy = {samples::MixedPrecision(o.precision, run.device).autocast_dtype(), DType::Float32, DType::Float32};
+  if (o.distributed)
+    run.split = std::make_unique<samples::SplitModel>(run.model->split_spec(), o.split, run.dist, o.seed, fsdp);
   const std::vector<Tensor> trained = run.split ? run.split->parameters() : module->parameters();
   // nanoGPT's configure_optimizers: weight decay on the matmul and embedding weights only;
   // shakespeare_char's betas (0.9, 0.99), as the batches are small.
@@ -547,7 +565,11 @@ int train(Options options) {
     fmt::print("AdamW lr {} (warmup {}, cosine to {} at step {}), weight decay {}; {} steps of {} x {} x {} tokens{}\n",
                o.lr, o.warmup, o.min_lr, o.decay_iters, o.weight_decay, o.iters, o.grad_accum,
                o.batch_size, o.model.block_size, step > 0 ? fmt::format(", resumed at step {}", step) : "");
-    fmt::print("precision {}\n", run.amp->str());
+    if (o.fsdp_mp_policy)
+      fmt::print("precision {}: float32 shards, FSDP's MixedPrecisionPolicy (param_dtype {}, reduce_dtype float32, "
+                 "float32 logits; no autocast)\n", run.amp->name(), dtype_name(*run.amp->autocast_dtype()));
+    else
+      fmt::print("precision {}\n", run.amp->str());
     if (run.split) {
       // Counted with the position embedding (num_parameters(), nanoGPT's count, leaves it out).
       int64_t held = 0;
@@ -601,13 +623,13 @@ int train(Options options) {
           o.batch_size, run.splits.train->size(), o.seed, step * o.grad_accum + micro)).to(run.device);
       Tensor scaled;
       if (run.split && run.split->pipelined()) {  // forward and backward in the pipeline
-        const auto region = run.amp->autocast(false);  // over every micro-batch's backward
+        const auto region = run.autocast(false);  // over every micro-batch's backward
         scaled = run.split->pipeline_step(b.data, b.target, static_cast<double>(b.data.numel() * o.grad_accum),
                                           run.amp->loss_scale());
       } else {
         Tensor loss;
         {  // the forward and the loss under --precision's autocast; backward outside, as torch's
-          const auto region = run.amp->autocast();
+          const auto region = run.autocast();
           loss = run.split ? run.split->loss_share(b.data, b.target)
                            : run.model->loss(run.forward->forward(b.data), b.target);
         }

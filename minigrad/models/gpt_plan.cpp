@@ -61,6 +61,7 @@ std::shared_ptr<parallel::FSDPModule> fully_shard_gpt(const std::shared_ptr<GPT>
   const std::vector<nn::ModulePtr> blocks = gpt->child("transformer")->child("h")->children();
   for (size_t i = 0; i < blocks.size(); ++i) {
     parallel::FSDPOptions block = options;
+    block.mp_policy.output_dtype.reset();  // the root's alone: the stream stays in param_dtype between blocks
     block.reshard_after_forward = options.reshard_after_forward && i + 1 < blocks.size();
     parallel::fully_shard(blocks[i], dp_group, block);
   }

@@ -50,6 +50,7 @@ std::shared_ptr<parallel::FSDPModule> fully_shard_llama(const std::shared_ptr<Ll
   const std::vector<nn::ModulePtr> layers = llama->child("model")->child("layers")->children();
   for (size_t i = 0; i < layers.size(); ++i) {
     parallel::FSDPOptions layer = options;
+    layer.mp_policy.output_dtype.reset();  // the root's alone: the stream stays in param_dtype between layers
     layer.reshard_after_forward = options.reshard_after_forward && i + 1 < layers.size();
     parallel::fully_shard(layers[i], dp_group, layer);
   }
