@@ -1,5 +1,6 @@
-// train_gpt: a character-level GPT (models::GPT, nanoGPT's model) trained on the fortune
-// cookies of Debian's `fortunes` package, then asked to write one.
+// train_gpt: a character-level GPT (models::GPT, nanoGPT's model; or with --model llama a
+// Llama of the same sizes, models::Llama) trained on the fortune cookies of Debian's
+// `fortunes` package, then asked to write one.
 //
 //   build/bin/train_gpt                                  # the default: a few minutes on 2 cores
 //   build/bin/train_gpt --iters 200 --n-layer 2 --n-embd 64          # a quick look
@@ -10,6 +11,8 @@
 //   build/bin/train_gpt --precision bf16-mixed                       # nanoGPT's autocast
 //   build/bin/train_gpt --precision bf16-true                        # llm.c's: bfloat16 weights, float32 masters
 //   build/bin/train_gpt --devices cpu,cpu                            # DataParallel, 2 replicas
+//   build/bin/train_gpt --model llama                                # RoPE, RMSNorm, SwiGLU, 2 kv heads
+//   build/bin/minigrad-run --nproc-per-node 8 build/bin/train_gpt --model llama --devices cpu --dp 2 --tp 2 --pp 2
 //   build/bin/minigrad-run --nproc-per-node 4 build/bin/train_gpt --devices cpu --dp 2 --tp 2
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_gpt --devices cpu --cp 2
 //   build/bin/minigrad-run --nproc-per-node 8 build/bin/train_gpt --devices cpu --dp 2 --tp 2 --cp 2
@@ -36,9 +39,14 @@
 // in hex), so --sample-only samples from a checkpoint without the text it was trained on,
 // and --resume on a corpus of other characters is refused rather than misread.
 //
-// --dp/--tp/--cp (under minigrad-run, one process per rank): the GPT split over a mesh of
-// data, tensor and context parallelism; support/gpt_parallel.h holds the split (which rows,
-// shards and positions a rank takes, how the gradients are reduced), and this loop calls it
+// --model gpt|llama (support/language_model.h): the model the flags build; everything else
+// here is the same for both (a checkpoint names its model and config, and --resume refuses
+// the other one).
+//
+// --dp/--tp/--cp (under minigrad-run, one process per rank): the model split over a mesh of
+// data, tensor and context parallelism; support/split_model.h holds the split (which rows,
+// shards and positions a rank takes, how the gradients are reduced), generic over the
+// model's models::SplitSpec (its plans, FSDP units, pipeline cut), and this loop calls it
 // in three places: the loss, the gradients' reduction, the clip. Rank 0 prints the numbers
 // the single-device run prints, writes the files and the sample. --pp P > 1 runs the 4-D
 // pipeline (--schedule 1f1b|interleaved, --micro-batches, --model-chunks), which does
@@ -55,7 +63,8 @@
 // support/precision.h): the forward and the loss under autocast (bf16-mixed, 16-mixed), the
 // loss scaled by a GradScaler whose skip is agreed by every rank (16-mixed), or bfloat16
 // parameters stepped through float32 master weights (bf16-true; under --zero float32
-// master shards, the ZeRO paper's 2 + 2 + 12 bytes), with or without a split. Checkpoints
+// master shards, the ZeRO paper's 2 + 2 + 12 bytes), with or without a split; under --zero 3,
+// --fsdp-mp-policy makes it FSDP's MixedPrecisionPolicy instead of autocast. Checkpoints
 // keep the masters (MasterWeights' optimizer state) and the scaler's state, and name their
 // precision: --resume continues bit for bit, and refuses a checkpoint of another precision.
 #include <algorithm>
