@@ -67,7 +67,14 @@ LlamaAttention::LlamaAttention(const LlamaConfig& c)
   register_module("rotary_emb", std::make_shared<RotaryEmbedding>(d, c.rope_theta));
 }
 
-Tensor LlamaAttention::forward(const Tensor& x) {
+Tensor LlamaAttention::forward(const Tensor& x) { return attend(x, Tensor()); }
+
+Tensor LlamaAttention::forward_args(const nn::TensorList& inputs) {
+  MG_CHECK(inputs.size() == 2, "LlamaAttention: forward takes x or {{x, positions}}, got {} inputs", inputs.size());
+  return attend(inputs[0], inputs[1]);
+}
+
+Tensor LlamaAttention::attend(const Tensor& x, const Tensor& given_positions) {
   MG_CHECK(x.dim() == 3, "LlamaAttention: expected input [B, T, C], got {}", x.shape());
   // The projections' widths say how many heads this module holds (all, or a tensor-parallel
   // rank's); T is theirs too (with sequence parallelism x holds a rank's positions, q all).
@@ -76,14 +83,20 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   MG_CHECK(q.size(2) % d == 0 && k.size(2) % d == 0 && kv_heads > 0 && heads % kv_heads == 0,
            "LlamaAttention: q_proj gives {} and k_proj {} features: not whole heads of {} with the kv heads dividing "
            "the query heads", q.size(2), k.size(2), d);
-  // RoPE at positions 0 .. T-1, or after the cached ones (a plan's hook on rotary_emb may give
-  // others: context parallelism's), in q's dtype on q's device.
+  // RoPE at the given positions, or at 0 .. T-1 (after the cached ones); a plan's hook on
+  // rotary_emb may give others (context parallelism's). In q's dtype on q's device.
   const int64_t offset = cache_on_ ? cache_length_ : 0;
   MG_CHECK(offset == 0 || T == 1, "LlamaAttention: with a KV cache of {} positions, forward takes one new token "
            "at a time, got {}", offset, T);
-  std::vector<int64_t> positions(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = offset + t;
-  const Tensor table = (*child("rotary_emb"))(from_vector(positions, Shape{T}));
+  Tensor positions = given_positions;
+  if (!positions.defined()) {
+    std::vector<int64_t> at(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) at[static_cast<size_t>(t)] = offset + t;
+    positions = from_vector(at, Shape{T});
+  }
+  MG_CHECK(positions.dim() == 1 && positions.size(0) == T, "LlamaAttention: positions {} for {} tokens",
+           positions.shape(), T);
+  const Tensor table = (*child("rotary_emb"))(positions);
   const auto half = [&](int64_t start) {
     return ops::copy_to(ops::to_dtype(contiguous(narrow(table, 1, start, d / 2)), q.dtype()), q.device());
   };
@@ -148,8 +161,15 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c) : nn::Cloneable<Llama
   register_module("post_attention_layernorm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps));
 }
 
-Tensor LlamaDecoderLayer::forward(const Tensor& x) {
-  const Tensor h = x + (*child("self_attn"))((*child("input_layernorm"))(x));
+Tensor LlamaDecoderLayer::forward(const Tensor& x) { return forward_args({x}); }
+
+Tensor LlamaDecoderLayer::forward_args(const nn::TensorList& inputs) {
+  MG_CHECK(inputs.size() == 1 || inputs.size() == 2, "LlamaDecoderLayer: forward takes x or {{x, positions}}, got "
+           "{} inputs", inputs.size());
+  const Tensor& x = inputs[0];
+  nn::TensorList attention_inputs{(*child("input_layernorm"))(x)};
+  if (inputs.size() == 2) attention_inputs.push_back(inputs[1]);
+  const Tensor h = x + (*child("self_attn"))(attention_inputs);
   return h + (*child("mlp"))((*child("post_attention_layernorm"))(h));
 }
 
@@ -164,8 +184,22 @@ LlamaModel::LlamaModel(const LlamaConfig& c)
   register_module("norm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps));
 }
 
-Tensor LlamaModel::forward(const Tensor& input) {
+Tensor LlamaModel::forward(const Tensor& input) { return forward_args({input}); }
+
+Tensor LlamaModel::forward_args(const nn::TensorList& inputs) {
+  MG_CHECK(inputs.size() == 1 || inputs.size() == 2, "Llama: forward takes idx or {{idx, position_ids}}, got {} "
+           "inputs", inputs.size());
+  const Tensor& input = inputs[0];
   Tensor x = input;
+  if (inputs.size() == 2) {  // HF's position_ids, shared by the batch
+    const Tensor& positions = inputs[1];
+    MG_CHECK(positions.dim() == 1 && positions.dtype() == DType::Int64 && positions.size(0) == input.size(1),
+             "Llama: expected position_ids int64 [{}] for {} tokens, got {} ({})", input.size(1), input.size(1),
+             positions.shape(), positions.dtype());
+    for (const int64_t p : ops::copy_to(positions, Device::cpu()).to_vector<int64_t>())
+      MG_CHECK(p >= 0 && p < max_positions_, "Llama: position {} is outside [0, max_position_embeddings {})", p,
+               max_positions_);
+  }
   if (has_child("embed_tokens")) {
     MG_CHECK(input.dim() == 2 && input.dtype() == DType::Int64,
              "Llama: expected token indices int64 [B, T], got {} ({})", input.shape(), input.dtype());
@@ -173,7 +207,11 @@ Tensor LlamaModel::forward(const Tensor& input) {
              "max_position_embeddings is only {}", input.size(1), max_positions_);
     x = (*child("embed_tokens"))(input);  // [B, T, C]: positions enter through RoPE, in attention
   }
-  x = (*child("layers"))(x);
+  if (inputs.size() == 1) {
+    x = (*child("layers"))(x);
+  } else {  // each layer given the positions too
+    for (const nn::ModulePtr& layer : child("layers")->children()) x = (*layer)({x, inputs[1]});
+  }
   return has_child("norm") ? (*child("norm"))(x) : x;
 }
 
@@ -189,8 +227,10 @@ Llama::Llama(LlamaConfig config) : nn::Cloneable<Llama>("LlamaForCausalLM"), con
     }
 }
 
-Tensor Llama::forward(const Tensor& idx) {
-  const Tensor x = (*child("model"))(idx);
+Tensor Llama::forward(const Tensor& idx) { return forward_args({idx}); }
+
+Tensor Llama::forward_args(const nn::TensorList& inputs) {
+  const Tensor x = (*child("model"))(inputs);
   return has_child("lm_head") ? (*child("lm_head"))(x) : x;
 }
 

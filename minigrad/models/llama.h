@@ -75,7 +75,10 @@ class RotaryEmbedding : public nn::Cloneable<RotaryEmbedding> {
 class LlamaAttention : public nn::Cloneable<LlamaAttention>, public nn::AttentionHost {
  public:
   explicit LlamaAttention(const LlamaConfig& config);
+  // x [B, T, C] at positions 0 .. T-1 (after the cached ones); forward_args({x, positions}):
+  // at the given positions, int64 [T] (HF's position_ids).
   Tensor forward(const Tensor& x) override;
+  Tensor forward_args(const nn::TensorList& inputs) override;
   // q [B, heads, T, d] and k, v repeated to as many heads -> [B, heads, T, d]. Unset: causal
   // scaled_dot_product_attention; context parallelism sets ring attention here.
   void set_attention_function(AttentionFunction attention) override { attention_ = std::move(attention); }
@@ -89,6 +92,8 @@ class LlamaAttention : public nn::Cloneable<LlamaAttention>, public nn::Attentio
   int64_t kv_cache_length() const { return cache_length_; }
 
  private:
+  Tensor attend(const Tensor& x, const Tensor& positions);
+
   int64_t head_dim_;
   AttentionFunction attention_;
   bool cache_on_ = false;
@@ -108,6 +113,7 @@ class LlamaDecoderLayer : public nn::Cloneable<LlamaDecoderLayer> {
  public:
   explicit LlamaDecoderLayer(const LlamaConfig& config);
   Tensor forward(const Tensor& x) override;
+  Tensor forward_args(const nn::TensorList& inputs) override;  // {x, positions}: to self_attn
 };
 
 // HF's LlamaModel: embed_tokens, layers, norm. [B, T] int64 -> [B, T, C]; absent children passed
@@ -116,6 +122,7 @@ class LlamaModel : public nn::Cloneable<LlamaModel> {
  public:
   explicit LlamaModel(const LlamaConfig& config);
   Tensor forward(const Tensor& idx) override;
+  Tensor forward_args(const nn::TensorList& inputs) override;  // {idx, positions}
 
  private:
   int64_t max_positions_;
@@ -126,6 +133,12 @@ class Llama : public nn::Cloneable<Llama> {
   explicit Llama(LlamaConfig config);
   // idx [B, T] int64, T <= max_position_embeddings -> logits [B, T, vocab_size].
   Tensor forward(const Tensor& idx) override;
+  // model({idx, position_ids}): the tokens at the given positions, int64 [T] each below
+  // max_position_embeddings (HF's position_ids, shared by the batch: a sequence continued
+  // after a prefix, packed sequences restarting at 0). RoPE makes attention depend on the
+  // positions' differences alone, so arange(k, k + T) gives forward(idx)'s logits. On one
+  // device or split by the tp and cp plans or FSDP; a pipeline's stages pass activations alone.
+  Tensor forward_args(const nn::TensorList& inputs) override;
   // Mean cross-entropy of logits [B, T, V] against targets [B, T] (-1 ignored, as the GPT's and
   // the split losses'); Reduction::Sum: the targets' summed losses.
   static Tensor loss(const Tensor& logits, const Tensor& targets, Reduction reduction = Reduction::Mean);

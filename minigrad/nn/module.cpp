@@ -30,6 +30,32 @@ Tensor Module::operator()(const Tensor& input) {
   return call_with_hooks(input, [this](const Tensor& x) { return forward(x); });
 }
 
+Tensor Module::forward_args(const TensorList& inputs) {
+  MG_CHECK(inputs.size() == 1, "{}: forward takes one input, got {} (a module of several inputs overrides "
+           "forward_args)", type_name_, inputs.size());
+  return forward(inputs[0]);
+}
+
+Tensor Module::operator()(const TensorList& inputs) {
+  MG_CHECK(!inputs.empty(), "{}: called with no inputs", type_name_);
+  if (inputs.size() == 1) return (*this)(inputs[0]);
+  // The first input goes through the hooks (and the checkpoint); the rest ride along.
+  const TensorList rest(inputs.begin() + 1, inputs.end());
+  const auto body = [this, rest](const Tensor& first) {
+    TensorList all{first};
+    all.insert(all.end(), rest.begin(), rest.end());
+    return forward_args(all);
+  };
+  if (GradMode::is_enabled() && is_checkpointing(*this)) {
+    for (size_t i = 0; i < rest.size(); ++i)
+      MG_CHECK(!rest[i].requires_grad(), "{}: checkpointed with input {} requiring grad; only the first input's "
+               "gradient flows through a checkpoint", type_name_, i + 1);
+    return checkpoint([this, body](const Tensor& first) { return call_with_hooks(first, body); }, inputs[0]);
+  }
+  if (!has_forward_hooks()) return forward_args(inputs);
+  return call_with_hooks(inputs[0], body);
+}
+
 Tensor Module::call_with_hooks(const Tensor& input,
                                const std::function<Tensor(const Tensor&)>& body) {
   Tensor x = input;

@@ -23,6 +23,7 @@ class Module;
 using ModulePtr = std::shared_ptr<Module>;
 using NamedTensor = std::pair<std::string, Tensor>;
 using NamedModule = std::pair<std::string, ModulePtr>;
+using TensorList = std::vector<Tensor>;
 
 class Module {
  public:
@@ -34,6 +35,16 @@ class Module {
   // forward between this module's hooks, as calling a module in PyTorch. Containers
   // (Sequential, DataParallel, the distributed wrappers) call their children this way.
   Tensor operator()(const Tensor& input);
+
+  // Several inputs, PyTorch's forward(*args): a module that takes more than one tensor (the
+  // Llama: token ids and their positions) overrides forward_args too; the default takes
+  // exactly one. Called as module({x, positions}): the hooks see the first input -- the one a
+  // pre-hook may replace and a forward hook is given, as PyTorch's styles and FSDP read
+  // args[0] -- and the others pass through as they are. Under checkpointing (nn/checkpoint.h)
+  // the first input's gradient flows; the others must not require grad (positions, masks).
+  // (Its own name, not a forward overload, so that a subclass's forward hides nothing.)
+  virtual Tensor forward_args(const TensorList& inputs);
+  Tensor operator()(const TensorList& inputs);
 
   // ---- forward hooks (PyTorch's register_forward_pre_hook / register_forward_hook) ----
   // A pre-hook runs before forward and may replace its input; a hook runs after and may

@@ -272,3 +272,49 @@ TEST_CASE("Llama::generate: the KV cache gives the uncached tokens greedy and sa
   REQUIRE_THROWS_WITH((*attention)(mg::randn(Shape{1, 3, 16})), MG_CONTAINS("under NoGradGuard"));
   attention->set_kv_cache(false);
 }
+
+TEST_CASE("Llama({idx, position_ids}): positions 0..T-1 are forward(idx); shifted ones give the same logits "
+          "(RoPE depends on differences); others differ; checkpointed layers give the same gradients",
+          "[llama][positions]") {
+  mg::manual_seed(3);
+  Llama model(reference_config(2));
+  model.to(DType::Float64);
+  const Tensor idx = mg::randint(0, 13, Shape{2, 6});
+  const auto positions = [](std::vector<int64_t> p) { return mg::from_vector(p, Shape{static_cast<int64_t>(p.size())}); };
+  const std::vector<double> plain = model(idx).to_vector<double>();
+  CHECK(model({idx, positions({0, 1, 2, 3, 4, 5})}).to_vector<double>() == plain);
+  // q_i . k_j after RoPE depends on i - j alone: a shift by 7 moves each logit by rounding only
+  // (float64: a few ulps of the angles' cos and sin, 1e-12 is a thousand times that).
+  const std::vector<double> shifted = model({idx, positions({7, 8, 9, 10, 11, 12})}).to_vector<double>();
+  double worst = 0;
+  for (size_t i = 0; i < plain.size(); ++i) worst = std::max(worst, std::fabs(shifted[i] - plain[i]));
+  CHECK(worst < 1e-12);
+  // A gap before the last token changes what it attends with; the first five are causal and unmoved.
+  const std::vector<double> gap = model({idx, positions({0, 1, 2, 3, 4, 9})}).to_vector<double>();
+  double last = 0, first = 0;
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t t = 0; t < 6; ++t)
+      for (int64_t v = 0; v < 13; ++v) {
+        const size_t i = static_cast<size_t>((b * 6 + t) * 13 + v);
+        (t == 5 ? last : first) = std::max(t == 5 ? last : first, std::fabs(gap[i] - plain[i]));
+      }
+  CHECK(first == 0.0);
+  CHECK(last > 1e-6);
+  // Gradients through positions given, plain and with every layer checkpointed.
+  std::vector<std::vector<double>> grads[2];
+  for (int checkpointed = 0; checkpointed < 2; ++checkpointed) {
+    mg::models::set_layer_checkpointing(model, checkpointed == 1);
+    model.zero_grad();
+    Llama::loss(model({idx, positions({3, 4, 5, 6, 7, 8})}), idx).backward();
+    for (const Tensor& p : model.parameters()) grads[checkpointed].push_back(p.grad().to_vector<double>());
+  }
+  mg::models::set_layer_checkpointing(model, false);
+  CHECK(grads[1] == grads[0]);
+  // What it refuses, naming the shapes and the limit.
+  REQUIRE_THROWS_WITH(model({idx, positions({0, 1, 2})}), MG_CONTAINS("Llama: expected position_ids int64 [6] for 6 "
+                                                                      "tokens, got [3]"));
+  REQUIRE_THROWS_WITH(model({idx, positions({0, 1, 2, 3, 4, 16})}),
+                      MG_CONTAINS("Llama: position 16 is outside [0, max_position_embeddings 16)"));
+  REQUIRE_THROWS_WITH(model({idx, positions({0, 1, 2, 3, 4, 5}), idx}),
+                      MG_CONTAINS("Llama: forward takes idx or {idx, position_ids}, got 3 inputs"));
+}

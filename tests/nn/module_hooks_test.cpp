@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <minigrad/minigrad.h>
+#include <minigrad/nn/checkpoint.h>
 
 namespace nn = mg::nn;
 using mg::Shape;
@@ -115,4 +116,61 @@ TEST_CASE("Module hooks: clone and shallow_clone keep the hooks, as PyTorch's co
   (*relu->clone())(mg::ones(Shape{1}));
   (*relu->shallow_clone())(mg::ones(Shape{1}));
   REQUIRE(calls == 2);
+}
+
+namespace {
+
+// y = x * scale: a module of two inputs (PyTorch's forward(self, x, scale)).
+class Scaled : public nn::Cloneable<Scaled> {
+ public:
+  Scaled() : nn::Cloneable<Scaled>("Scaled") { register_parameter("w", mg::full(Shape{2}, 3.0)); }
+  Tensor forward(const Tensor& x) override { return x * parameter("w"); }
+  Tensor forward_args(const nn::TensorList& inputs) override {
+    MG_CHECK(inputs.size() == 2, "Scaled: x and scale, got {} inputs", inputs.size());
+    return inputs[0] * parameter("w") * inputs[1];
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Module of several inputs: module({x, scale}) runs forward_args between the hooks, which see x") {
+  auto m = std::make_shared<Scaled>();
+  const Tensor x = mg::from_vector(std::vector<float>{1.f, 2.f}, Shape{2});
+  const Tensor scale = mg::from_vector(std::vector<float>{10.f, 100.f}, Shape{2});
+  CHECK((*m)({x, scale}).to_vector<float>() == std::vector<float>{30.f, 600.f});
+  CHECK((*m)({x}).to_vector<float>() == std::vector<float>{3.f, 6.f});  // one input: forward(x)
+  std::vector<float> seen_in;
+  m->register_forward_pre_hook([](nn::Module&, const Tensor& in) { return in + 1.0; });  // the first input
+  m->register_forward_hook([&](nn::Module&, const Tensor& in, const Tensor& out) {
+    seen_in = in.to_vector<float>();
+    return out * 2.0;
+  });
+  CHECK((*m)({x, scale}).to_vector<float>() == std::vector<float>{120.f, 1800.f});  // (x + 1) 3 scale, doubled
+  CHECK(seen_in == std::vector<float>{2.f, 3.f});
+  // A module of one input called with two, and a call with none, are refused by name.
+  auto linear = std::make_shared<nn::Linear>(2, 2);
+  REQUIRE_THROWS_WITH((*linear)({x, scale}), MG_CONTAINS("Linear: forward takes one input, got 2"));
+  REQUIRE_THROWS_WITH((*linear)(nn::TensorList{}), MG_CONTAINS("Linear: called with no inputs"));
+}
+
+TEST_CASE("Module of several inputs: checkpointed, the first input's and the parameters' gradients are the "
+          "plain call's; an extra input that requires grad is refused") {
+  const Tensor scale = mg::from_vector(std::vector<float>{10.f, 100.f}, Shape{2});
+  std::vector<float> grads[2], input_grads[2];
+  for (int checkpointed = 0; checkpointed < 2; ++checkpointed) {
+    auto m = std::make_shared<Scaled>();
+    nn::set_checkpointing(m, checkpointed == 1);
+    Tensor x = mg::from_vector(std::vector<float>{1.f, 2.f}, Shape{2}).set_requires_grad(true);
+    mg::sum((*m)({x * 1.0, scale})).backward();
+    grads[checkpointed] = m->parameter("w").grad().to_vector<float>();
+    input_grads[checkpointed] = x.grad().to_vector<float>();
+    if (checkpointed == 1) {
+      const Tensor needs_grad = scale.detach().set_requires_grad(true);
+      REQUIRE_THROWS_WITH((*m)({x * 1.0, needs_grad}), MG_CONTAINS("Scaled: checkpointed with input 1 requiring grad"));
+    }
+  }
+  CHECK(grads[0] == std::vector<float>{10.f, 200.f});
+  CHECK(grads[1] == grads[0]);
+  CHECK(input_grads[0] == std::vector<float>{30.f, 300.f});
+  CHECK(input_grads[1] == input_grads[0]);
 }
