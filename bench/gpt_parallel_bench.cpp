@@ -260,11 +260,15 @@ int main(int argc, char** argv) {
       cpu_reset_peak_memory_stats();
       const auto t0 = Clock::now();
       model->train_step(xl, yl, share);
+      // Read here, before AdamW's step: its transient copies (contiguous gradients of
+      // strided parameters) are not activations, and on a stage with few activations they
+      // would be the peak.
+      const size_t step_peak = cpu_max_memory_allocated();
       opt.step();
       const double t = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (s == 0) continue;  // the warm-up creates the gradients and AdamW's state
       ms.push_back(t);
-      activations = static_cast<double>(cpu_max_memory_allocated() - at_rest);
+      activations = static_cast<double>(step_peak - at_rest);
       for (auto& [n, g] : groups) {
         const Counts& a = counts_of(g);
         const Counts& b = before[n];
