@@ -73,7 +73,9 @@ double micro_batches_of(const MeshShape& mesh);
 // The activation peak of one train_step on pipeline stage `stage` (1F1B: min(pp - stage, m)
 // micro-batches in flight), in floats; `recompute`: each block keeps its input alone (C/t
 // a token, C/t with SP too) and one block's activations are alive again in its backward.
-// Without recompute this is gpt-parallel-bench's formula (within 5 % of the allocator):
+// Without recompute this is gpt-parallel-bench's formula (within 5 % of the allocator on
+// tp2 x pp2 with SP and dp2 x cp2; off by a fixed amount on dp2 x pp2 with 4 micro-batches
+// and cp2 x tp2: docs/planning.md, Validated):
 //   blocks x in flight x per block x tokens of a micro-batch
 //   + the last stage's head with its backward's 2V/t, or elsewhere the backward's working
 //     set 8C/t + 2C (C once when m = 1; C/t each with SP): the last block's MLP gradients,
