@@ -40,9 +40,13 @@
 //   a stage without the head: its backward working set 8C/t + 2C (the last block's MLP
 //             gradients, the received gradient and the next one's, posted ahead; C once
 //             when m = 1; C/t for each with SP) for one micro-batch
-//   cp > 1    + 4C/t for every token (ring attention's backward: k, v arriving, dk, dv
-//             travelling); seen on the first cp rank's peak, the others stay below
 // times the tokens: blocks x micro-batches in flight (1F1B: min(pp - stage, m)) x b T/cp / m.
+//   cp > 1    the larger of that and ring attention's backward, a moment of its own (the
+//             head's backward is over by then): one block fewer in full, the first block
+//             going back keeping what its attention saved (2C + 2 + 4C/t + a/t), the ring's
+//             working set 20C/t (dq, dk dv accumulating and travelling, k v arriving, each
+//             message's flat copy, one block's gradients), 3C/t of gradients flowing in and
+//             on the last stage the loss's logits of one chunk (V/2t).
 
 //   build/bin/minigrad-run --nproc-per-node 4 build/bin/gpt-parallel-bench --dp 2 --tp 2
 #include <algorithm>
