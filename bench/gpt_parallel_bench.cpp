@@ -40,9 +40,13 @@
 //   a stage without the head: its backward working set 8C/t + 2C (the last block's MLP
 //             gradients, the received gradient and the next one's, posted ahead; C once
 //             when m = 1; C/t for each with SP) for one micro-batch
-//   cp > 1    + 4C/t for every token (ring attention's backward: k, v arriving, dk, dv
-//             travelling); seen on the first cp rank's peak, the others stay below
 // times the tokens: blocks x micro-batches in flight (1F1B: min(pp - stage, m)) x b T/cp / m.
+//   cp > 1    the larger of that and ring attention's backward, a moment of its own (the
+//             head's backward is over by then): one block fewer in full, the first block
+//             going back keeping what its attention saved (2C + 2 + 4C/t + a/t), the ring's
+//             working set 20C/t (dq, dk dv accumulating and travelling, k v arriving, each
+//             message's flat copy, one block's gradients), 3C/t of gradients flowing in and
+//             on the last stage the loss's logits of one chunk (V/2t).
 
 //   build/bin/minigrad-run --nproc-per-node 4 build/bin/gpt-parallel-bench --dp 2 --tp 2
 #include <algorithm>
@@ -260,11 +264,15 @@ int main(int argc, char** argv) {
       cpu_reset_peak_memory_stats();
       const auto t0 = Clock::now();
       model->train_step(xl, yl, share);
+      // Read here, before AdamW's step: its transient copies (contiguous gradients of
+      // strided parameters) are not activations, and on a stage with few activations they
+      // would be the peak.
+      const size_t step_peak = cpu_max_memory_allocated();
       opt.step();
       const double t = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (s == 0) continue;  // the warm-up creates the gradients and AdamW's state
       ms.push_back(t);
-      activations = static_cast<double>(cpu_max_memory_allocated() - at_rest);
+      activations = static_cast<double>(step_peak - at_rest);
       for (auto& [n, g] : groups) {
         const Counts& a = counts_of(g);
         const Counts& b = before[n];

@@ -96,17 +96,20 @@
 #include <minigrad/nn/utils/clip_grad.h>
 #include <minigrad/parallel/c10d/launch_environment.h>
 #include <minigrad/parallel/data_parallel.h>
+#include <minigrad/plan/model_arithmetic.h>
 #include "support/command_line.h"
 #include "support/devices.h"
 #include "support/distributed_run.h"
 #include "support/language_model.h"
 #include "support/vocabulary_metadata.h"
+#include "support/memory_report.h"
 #include "support/precision.h"
 #include "support/progress.h"
 #include "support/run_files.h"
 #include "support/split_model.h"
 #include "support/stop_signal.h"
 #include "support/svg_plot.h"
+#include "support/throughput.h"
 #include "support/trace.h"
 
 namespace {
@@ -590,6 +593,12 @@ int train(Options options) {
     std::fflush(stdout);
   }
 
+  // Tokens/s and MFU (support/throughput.h): the whole job's tokens against every device's peak.
+  const std::unique_ptr<plan::ModelArithmetic> arithmetic = run.model->arithmetic();
+  const samples::ThroughputMeter meter(arithmetic->flops_per_token(o.model.block_size), samples::device_peak(run.device, o.precision),
+                                       samples::devices_in_job(o.device_list, run.dist.world_size));
+  if (rank0) fmt::print("{}\n", meter.describe());
+
   // The step's optimizer calls: AdamW, or the --zero pair.
   const std::vector<optim::Optimizer*>& optimizers = run.optimizers;
   samples::install_stop_handlers();
@@ -599,7 +608,9 @@ int train(Options options) {
   auto window_start = Clock::now();
   int64_t window_steps = 0;
   double last_loss = 0.0;
+  double eval_seconds = 0;  // left out of the rates
   const auto evaluate = [&](int64_t at) {
+    const auto eval_start = Clock::now();
     const auto [train_loss, val_loss] = estimate_loss(run);
     if (rank0) {
       fmt::print("step {}: train loss {:.4f}, val loss {:.4f}\n", at, train_loss, val_loss);
@@ -611,9 +622,14 @@ int train(Options options) {
       if (!o.plot.empty()) samples::write_loss_plot(o.plot, run.history, "step", "train_gpt: " + run.model->str());
     }
     if (!o.save.empty()) save_checkpoint(run, at);
+    eval_seconds += seconds_since(eval_start);
+    window_start = Clock::now();
+    window_steps = 0;
   };
 
   samples::ProgressBar bar("train", o.iters, rank0 && samples::stdout_is_terminal());
+  const int64_t first_step = step;
+  samples::reset_peak_memory(run.device);  // the training's peak, set-up left out
   for (; step < o.iters; ++step) {
     if (step % o.eval_interval == 0) {
       bar.finish();
@@ -667,9 +683,9 @@ int train(Options options) {
     if (bar.due(step + 1) || step + 1 == o.iters || run.split) {
       last_loss = step_loss.item<float>();
       MG_CHECK(std::isfinite(last_loss), "the loss is {} at step {}", last_loss, step + 1);
-      const double tokens_per_s = static_cast<double>(window_steps * tokens_per_step) / seconds_since(window_start);
-      bar.update(step + 1, fmt::format("loss {:.4f}  lr {:.2e}  {:.0f} tokens/s", last_loss,
-                                       optimizers.front()->lr(), tokens_per_s));
+      bar.update(step + 1, fmt::format("loss {:.4f}  lr {:.2e}  {}", last_loss, optimizers.front()->lr(),
+                                       meter.rate(static_cast<double>(window_steps * tokens_per_step),
+                                                  seconds_since(window_start))));
       window_start = Clock::now();
       window_steps = 0;
     }
@@ -683,10 +699,14 @@ int train(Options options) {
   }
   bar.finish();
   tracer.finish();
+  const size_t peak_bytes = samples::max_memory_allocated(run.device);
   evaluate(o.iters);
   const double seconds = seconds_since(run_start);
-  if (rank0) fmt::print("trained {} steps in {:.1f} s: {:.0f} tokens/s\n", o.iters, seconds,
-             static_cast<double>(o.iters * tokens_per_step) / seconds);
+  if (rank0) fmt::print("trained {} steps in {:.1f} s: {}\n", o.iters, seconds,
+             meter.rate(static_cast<double>((o.iters - first_step) * tokens_per_step), seconds - eval_seconds));
+  if (o.device_list.size() == 1)  // every rank its own line (DataParallel's replicas share one count)
+    fmt::print("{}\n", samples::memory_report(peak_bytes, run.dist.rank, run.split ? &run.split->mesh() : nullptr,
+                                              *arithmetic, o.split, o.batch_size, o.model.block_size, o.precision));
   if (rank0 && run.amp->scaling())
     fmt::print("16-mixed: {} step{} skipped for an inf or NaN gradient; loss scale {}\n", run.skipped_steps,
                run.skipped_steps == 1 ? "" : "s", run.amp->loss_scale());

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include <minigrad/core/error.h>
@@ -81,6 +82,19 @@ DeviceSpec device_by_name(const std::string& name) {
   MG_FAIL("device: unknown device '{}' (known: {})", name, known);
 }
 
+std::optional<DeviceSpec> device_by_runtime_name(const std::string& runtime_name) {
+  // cudaDeviceProp::name of each row's GPU, as the runtime and nvidia-smi print it.
+  static const std::pair<const char*, const char*> names[] = {
+      {"NVIDIA H100 80GB HBM3", "h100-80gb"}, {"NVIDIA H100 PCIe", "h100-pcie"},
+      {"NVIDIA H200", "h200"},                {"NVIDIA A100-SXM4-40GB", "a100-40gb"},
+      {"NVIDIA A100-SXM4-80GB", "a100-80gb"}, {"NVIDIA L4", "l4"},
+      {"NVIDIA GeForce RTX 4090", "rtx-4090"},
+  };
+  for (const auto& [runtime, row] : names)
+    if (runtime_name == runtime) return device_by_name(row);
+  return std::nullopt;
+}
+
 DeviceSpec measure_cpu() {
   using Clock = std::chrono::steady_clock;
   DeviceSpec d;
@@ -90,7 +104,9 @@ DeviceSpec measure_cpu() {
   d.link = "shared memory";
   d.source = "measured here: a 256 x 256 float32 matmul, a 64 MiB memcpy";
   const int64_t n = 256;
-  const Tensor a = randn(Shape{n, n}), b = randn(Shape{n, n});
+  // Ones, not randn: measuring draws nothing from the default generator, so a trainer
+  // that measures at start keeps its run's random stream.
+  const Tensor a = ones(Shape{n, n}), b = ones(Shape{n, n});
   double best = 1e30;
   for (int k = 0; k < 5; ++k) {
     const auto t0 = Clock::now();

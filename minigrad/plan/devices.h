@@ -5,6 +5,7 @@
 // GEMM rate measured when asked for, its memory from the OS.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,11 @@ struct DeviceSpec {
 const std::vector<DeviceSpec>& device_table();
 // A row by name, or "cpu" (measured: measure_cpu()); mg::Error naming the known ones.
 DeviceSpec device_by_name(const std::string& name);
+// The row of a GPU by the name its CUDA runtime reports (cuda::get_device_name,
+// nvidia-smi's): "NVIDIA H100 80GB HBM3" is h100-80gb. Exact names only, so that a
+// sibling with other figures (the H100 NVL, an A100 PCIe 40 GB) is not priced as its
+// cousin: nullopt for a name not in the table.
+std::optional<DeviceSpec> device_by_runtime_name(const std::string& runtime_name);
 // This machine: a float32 GEMM's FLOP/s over the backend (256 x 256, the best of a few),
 // bf16 at the same rate (the CPU backend computes 16-bit through float), memory from the
 // OS, a memcpy's bandwidth as memory and link (Gloo ranks on one host meet through it).

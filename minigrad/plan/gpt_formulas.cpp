@@ -87,8 +87,22 @@ double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshSha
   else  // the backward working set: the last block's MLP gradients, the received gradient
         // and the next backward's, posted ahead (pipeline_stage.cpp)
     floats += mb_tokens * (8 * C / t + (m > 1 ? 2 : 1) * C / (sp ? t : 1));
-  if (mesh.cp > 1)  // ring attention's backward: k, v arriving and dk, dv travelling
+  if (mesh.cp > 1 && !recompute) {
+    // Ring attention's backward is a moment of its own, not a term on top of the head's
+    // (whose backward is over by then): the first block to go back still holds what its
+    // attention saved -- ln_1's input, output and statistics, q k v, the ring's output,
+    // the log-sum-exp -- while the ring's working set is alive: dq, the dk dv accumulating
+    // and the pair travelling, the k v pair arriving, each message's flat copy and one
+    // block's three gradients (20C/t at its peak, read off the allocator's live blocks
+    // on dp2 x cp2), beside 3C/t of gradients flowing into the block and, on the last
+    // stage, the logits the loss keeps of one chunk (V/2t). The peak is the larger moment.
+    const double attention_kept = (sp ? C / t + C + 2 / t : 2 * C + 2) + 4 * C / t + a / t;
+    const double ring = (Ls * in_flight - 1) * per_block + attention_kept + 20 * C / t + 3 * C / t +
+                        (last ? V / (2 * t) : 0);
+    floats = std::max(floats, ring * mb_tokens);
+  } else if (mesh.cp > 1) {  // recompute: k, v arriving and dk, dv travelling, on top
     floats += N * 4 * C / t;
+  }
   return floats;
 }
 

@@ -73,12 +73,18 @@ double micro_batches_of(const MeshShape& mesh);
 // The activation peak of one train_step on pipeline stage `stage` (1F1B: min(pp - stage, m)
 // micro-batches in flight), in floats; `recompute`: each block keeps its input alone (C/t
 // a token, C/t with SP too) and one block's activations are alive again in its backward.
-// Without recompute this is gpt-parallel-bench's formula (within 5 % of the allocator):
+// Without recompute this is gpt-parallel-bench's formula (within 5 % of the allocator on
+// tp2 x pp2 with SP, dp2 x cp2 and cp2 x tp2; off by a fixed amount on dp2 x pp2 with 4
+// micro-batches: docs/planning.md, Validated):
 //   blocks x in flight x per block x tokens of a micro-batch
 //   + the last stage's head with its backward's 2V/t, or elsewhere the backward's working
 //     set 8C/t + 2C (C once when m = 1; C/t each with SP): the last block's MLP gradients,
 //     the received gradient and the next one's, posted ahead (pipeline_stage.cpp)
-//   + cp > 1: 4C/t a token for ring attention's backward (k, v arriving, dk, dv travelling).
+//   cp > 1: the larger of that and ring attention's backward, a moment of its own: one
+//     block fewer in full, the first block going back holding what its attention saved
+//     (ln_1's input, output and statistics, q k v, the ring's output, the log-sum-exp), the
+//     ring's working set 20C/t, 3C/t of gradients flowing in, and on the last stage the
+//     loss's logits of one chunk (V/2t); with recompute, + 4C/t a token on top.
 // `in_flight_scale` multiplies the micro-batches in flight (the interleaved schedule's
 // extra warm-up; 1 for 1F1B).
 double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshShape& mesh, int stage,

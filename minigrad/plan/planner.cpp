@@ -154,7 +154,7 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
     r.params = st.params * Pb / 4;
     r.grads = st.grads * Pb / 4;
     r.optimizer = st.optimizer;  // AdamW's state in float32 in every precision
-    r.buffers = st.buffers * Pb / 4;
+    r.buffers = s.dp > 1 ? st.buffers * Pb / 4 : 0;  // DDP's buckets exist only with dp to reduce over
     // bf16-true: float32 masters and their float32 gradients at the step, sharded as the
     // optimizer (optim::MasterWeights).
     if (prec == Precision::BF16True) r.master = 8 * (s.zero == 0 ? P : shards);

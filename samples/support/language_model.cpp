@@ -114,9 +114,9 @@ Tensor LanguageModel::generate(const Tensor& idx, int64_t max_new_tokens, double
   return llama_->generate(idx, max_new_tokens, temperature, top_k, generator, fits);
 }
 
-double LanguageModel::flops_per_token(int64_t T) const {
-  if (gpt_) return plan::GPTArithmetic(gpt_->config()).flops_per_token(T);
-  return plan::LlamaArithmetic(llama_->config()).flops_per_token(T);
+std::unique_ptr<plan::ModelArithmetic> LanguageModel::arithmetic() const {
+  if (gpt_) return std::make_unique<plan::GPTArithmetic>(gpt_->config());
+  return std::make_unique<plan::LlamaArithmetic>(llama_->config());
 }
 
 }  // namespace mg::samples

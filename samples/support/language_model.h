@@ -21,6 +21,7 @@
 #include <minigrad/models/gpt.h>
 #include <minigrad/models/llama.h>
 #include <minigrad/models/split_spec.h>
+#include <minigrad/plan/model_arithmetic.h>
 
 namespace mg::samples {
 
@@ -61,8 +62,9 @@ class LanguageModel {
   Tensor loss(const Tensor& logits, const Tensor& targets) const;
   // The model's generate (the Llama's through its KV cache).
   Tensor generate(const Tensor& idx, int64_t max_new_tokens, double temperature, int64_t top_k, Generator* generator);
-  // Training FLOPs a token of a row of `T` tokens: 6 N_matmul + 12 L C T (plan/planner.h).
-  double flops_per_token(int64_t T) const;
+  // The planner's arithmetic of this model (plan/model_arithmetic.h): its bytes under a split
+  // and its training FLOPs a token, 6 N_matmul + 12 L C T.
+  std::unique_ptr<plan::ModelArithmetic> arithmetic() const;
 
  private:
   std::string kind_;

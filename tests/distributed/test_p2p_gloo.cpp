@@ -7,10 +7,12 @@
 #include <signal.h>
 
 #include <chrono>
+#include <thread>
 
 #include "catch_compat.h"
 #include "multiprocess.h"
 
+#include <minigrad/core/allocator.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/parallel/c10d/gloo/process_group_gloo.h>
 
@@ -130,6 +132,34 @@ TEST_CASE("ProcessGroupGloo: send and recv between two ranks, in either order, m
     REQUIRE(r.ok());
     CHECK(r.text("failures") == "");
   }
+}
+
+// A message's coalesced copy (a list of tensors sent or received) is released by the
+// caller's wait(), not on a waiter thread when the peer happens to take it: what a rank's
+// allocator counts at any point of its program is then the same in every run (the activation
+// peaks of gpt-parallel-bench's context-parallel rows moved by a message's 4 KiB before).
+TEST_CASE("ProcessGroupGloo: a message's coalesced copy is held until the caller waits") {
+  auto results = run_ranks(2, [](RankContext& ctx) {
+    auto pg = ctx.gloo();
+    const int peer = 1 - ctx.rank;
+    std::vector<Tensor> tensors = {ramp(1, 1024, Shape{1024}), ramp(2, 1024, Shape{1024})};
+    if (ctx.rank == 1) tensors = {empty(Shape{1024}), empty(Shape{1024})};
+    const size_t before = cpu_memory_allocated();
+    auto work = ctx.rank == 0 ? pg->send(tensors, peer, 7) : pg->recv(tensors, peer, 7);
+    const auto deadline = std::chrono::steady_clock::now() + 30s;  // a hang guard, not a timing
+    while (!work->is_completed() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    ctx.report("done, not waited", std::to_string(cpu_memory_allocated() - before));
+    work->wait();
+    ctx.report("waited", std::to_string(cpu_memory_allocated() - before));
+    ctx.report("received", ctx.rank == 1 && equal(tensors[1], ramp(2, 1024, Shape{1024})) ? "yes" : "no");
+  });
+  INFO(describe(results));
+  for (const RankResult& r : results) {
+    REQUIRE(r.ok());
+    CHECK(r.text("done, not waited") == "8192");  // the two tensors' flat copy, 2 x 4 KiB
+    CHECK(r.text("waited") == "0");
+  }
+  CHECK(results[1].text("received") == "yes");
 }
 
 TEST_CASE("ProcessGroupGloo: messages between every pair of 4 ranks at once, beside an allreduce") {

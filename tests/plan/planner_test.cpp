@@ -65,6 +65,14 @@ TEST_CASE("planner: DDP in 32-true holds 4 4 and 8 bytes a parameter and buckets
   CHECK(p.fits);
 }
 
+TEST_CASE("planner: one data-parallel rank holds no DDP buckets") {
+  plan::Split s;
+  s.tp = 2;
+  const plan::Plan p = plan::plan_gpt(gpt2(), s, workload(plan::Precision::True32), plan::device_by_name("a100-80gb"));
+  CHECK(p.peak.buffers == 0);
+  CHECK(p.peak.grads == p.peak.params);
+}
+
 TEST_CASE("planner: bf16-true keeps float32 masters and bf16 ZeRO-3 shards") {
   plan::Split s;
   s.dp = 4;

@@ -57,9 +57,16 @@ ScopedSigpipeBlock::~ScopedSigpipeBlock() {
 }
 
 void GlooWork::wait() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait(lock, [&] { return done_; });
-  if (error_) std::rethrow_exception(error_);
+  std::shared_ptr<const void> held;  // released here, outside the lock (hold_until_wait)
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return done_; });
+    held = std::move(held_);
+    error = error_;
+  }
+  held.reset();
+  if (error) std::rethrow_exception(error);
 }
 
 bool GlooWork::is_completed() {

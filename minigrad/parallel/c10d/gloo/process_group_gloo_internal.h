@@ -76,11 +76,18 @@ class GlooWork : public Work {
   // In a trace it is a span named by the operation ("allreduce", "send").
   void run();
   void finish(std::exception_ptr error, double duration);
+  // A message's tensors and coalesced copy, released by the first wait() after the work is
+  // done, on the caller's thread at a point of its program (or with the work, when nobody
+  // waits). Released on a waiter thread instead, they would leave the caller's memory at a
+  // moment set by when the peer took the message, and a rank's peak would move from run to
+  // run. Set before the work is submitted.
+  void hold_until_wait(std::shared_ptr<const void> held) { held_ = std::move(held); }
 
  private:
   std::string description_;
   std::string label_ = profiler::collective_label();  // the caller's, at construction
   std::function<void()> run_;
+  std::shared_ptr<const void> held_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   bool done_ = false;

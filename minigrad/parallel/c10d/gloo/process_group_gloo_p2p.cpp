@@ -105,7 +105,9 @@ struct Aborted {};
 struct Message {
   detail::MessageHeader header;    // sent, or received
   detail::MessageHeader expected;  // recv: what its tensors are
-  std::shared_ptr<CoalescedBuffer> buffer;
+  // The tensors and their coalesced copy; owned by the message's GlooWork, which releases
+  // them in the caller's wait() (GlooWork::hold_until_wait), never on a waiter thread.
+  CoalescedBuffer* buffer = nullptr;
   std::vector<char> scratch;  // recv: where a mismatching payload goes
   std::unique_ptr<gloo::transport::UnboundBuffer> header_buf;
   std::unique_ptr<gloo::transport::UnboundBuffer> payload_buf;
@@ -245,7 +247,8 @@ std::shared_ptr<Work> ProcessGroupGloo::send(std::vector<Tensor> tensors, int ds
   if (!failure.empty()) return refused(*impl, description, failure);
   // Coalesced now: the caller may reuse a list's tensors at once (not a single one, which
   // is sent from where it lies).
-  m->buffer = std::make_shared<CoalescedBuffer>(std::move(tensors), /*writes_as=*/nullptr);
+  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors), /*writes_as=*/nullptr);
+  m->buffer = buffer.get();
   m->deadline = Clock::now() + impl->options.timeout;
   try {
     ScopedSigpipeBlock no_sigpipe;  // posting may write to the socket on this thread
@@ -265,6 +268,7 @@ std::shared_ptr<Work> ProcessGroupGloo::send(std::vector<Tensor> tensors, int ds
     wait_sent(*m->header_buf, m->deadline);
     if (m->payload_buf) wait_sent(*m->payload_buf, m->deadline);
   });
+  work->hold_until_wait(std::move(buffer));
   impl->waiters.submit([impl, work, m] { run_message(impl, work, m, "recv"); });
   return work;
 }
@@ -280,7 +284,8 @@ std::shared_ptr<Work> ProcessGroupGloo::recv(std::vector<Tensor> tensors, int sr
       "recv", fmt::format("from rank {}, tag {}: {}", src, tag, detail::describe(m->expected)));
   const std::string failure = impl->failure();
   if (!failure.empty()) return refused(*impl, description, failure);
-  m->buffer = std::make_shared<CoalescedBuffer>(std::move(tensors), "recv");
+  auto buffer = std::make_shared<CoalescedBuffer>(std::move(tensors), "recv");
+  m->buffer = buffer.get();
   m->deadline = Clock::now() + impl->options.timeout;
   try {
     ScopedSigpipeBlock no_sigpipe;
@@ -317,6 +322,7 @@ std::shared_ptr<Work> ProcessGroupGloo::recv(std::vector<Tensor> tensors, int sr
           description, impl->rank, impl->size, m->peer, detail::describe(m->header)));
     m->buffer->copy_back();
   });
+  work->hold_until_wait(std::move(buffer));
   impl->waiters.submit([impl, work, m] { run_message(impl, work, m, "send"); });
   return work;
 }

@@ -1,0 +1,74 @@
+#include "memory_report.h"
+
+#include <fmt/format.h>
+
+#include <minigrad/core/allocator.h>
+#include <minigrad/core/error.h>
+#include <minigrad/cuda/cuda.h>
+
+#include "throughput.h"  // plan_precision
+
+namespace mg::samples {
+
+namespace {
+
+std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
+
+}  // namespace
+
+std::size_t max_memory_allocated(Device device) {
+  return device.is_cuda() ? cuda::max_memory_allocated(device.index()) : cpu_max_memory_allocated();
+}
+
+void reset_peak_memory(Device device) {
+  if (device.is_cuda()) cuda::reset_peak_memory_stats(device.index());
+  else cpu_reset_peak_memory_stats();
+}
+
+plan::Split plan_split(const ModelSplit& s) {
+  plan::Split p;
+  p.dp = s.dp;
+  p.tp = s.tp;
+  p.pp = s.pp;
+  p.cp = s.cp;
+  p.sequence_parallel = s.sequence_parallel;
+  p.zero = s.zero;
+  p.micro_batches = s.pp > 1 ? (s.micro_batches > 0 ? s.micro_batches : s.pp) : 0;
+  p.schedule = s.interleaved ? plan::Schedule::Interleaved : plan::Schedule::OneFOneB;
+  p.virtual_stages = s.interleaved ? s.model_chunks : 2;
+  p.recompute = s.recompute;
+  return p;
+}
+
+std::string memory_report(std::size_t peak_bytes, int rank, const parallel::DeviceMesh* mesh,
+                          const plan::ModelArithmetic& model, const ModelSplit& split, int64_t batch, int64_t T,
+                          Precision precision) {
+  const int stage = mesh ? mesh->rank("pp") : 0;
+  const std::string measured =
+      fmt::format("memory: peak {} on rank {}{}", mib(static_cast<double>(peak_bytes)), rank,
+                  mesh ? fmt::format(" (dp {} pp {} cp {} tp {})", mesh->rank("dp"), stage, mesh->rank("cp"),
+                                     mesh->rank("tp"))
+                       : "");
+  plan::Workload workload;
+  workload.batch = batch;
+  workload.seq_len = T;
+  workload.precision = plan_precision(precision);
+  try {
+    // The device only prices time; the bytes are the device's own.
+    const plan::Plan p = plan::plan_model(model, plan_split(split), workload, plan::device_table().front());
+    MG_CHECK(stage >= 0 && static_cast<size_t>(stage) < p.stages.size(), "memory_report: stage {} outside the {} stages",
+             stage, p.stages.size());
+    const plan::RankMemory& r = p.stages[static_cast<size_t>(stage)];
+    std::string parts = fmt::format("params {}, grads {}", mib(r.params), mib(r.grads));
+    if (r.master > 0) parts += ", masters " + mib(r.master);
+    parts += ", optimizer " + mib(r.optimizer);
+    if (r.buffers > 0) parts += ", buffers " + mib(r.buffers);
+    parts += ", activations " + mib(r.activations);
+    return fmt::format("{}; the planner: {} ({}), measured / planned {:.3f}", measured, mib(r.total()), parts,
+                       static_cast<double>(peak_bytes) / r.total());
+  } catch (const Error& e) {
+    return fmt::format("{}; the planner cannot price this split: {}", measured, e.what());
+  }
+}
+
+}  // namespace mg::samples

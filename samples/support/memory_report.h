@@ -1,0 +1,44 @@
+// The end of a training run: this rank's allocator peak beside the planner's bytes for the
+// same split, precision and batch (plan/planner.h), one line a rank:
+//
+//   memory: peak 1.23 MiB on rank 0 (dp 0 pp 0 cp 0 tp 0); the planner: 1.21 MiB (params ...,
+//   grads ..., optimizer ..., activations ...)
+//
+// The peak is the device allocator's high-water mark (cpu_max_memory_allocated, or
+// cuda::max_memory_allocated: what the benches read), reset where the caller starts
+// measuring (reset_peak_memory). The planner prices the training step alone: what the
+// trainer keeps beside it (the whole model under --pp, kept for checkpoints; the batch)
+// shows as the difference.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <minigrad/core/device.h>
+#include <minigrad/parallel/c10d/device_mesh.h>
+#include <minigrad/plan/model_arithmetic.h>
+#include <minigrad/plan/planner.h>
+
+#include "split_model.h"
+#include "precision.h"
+
+namespace mg::samples {
+
+// The device allocator's high-water mark since the last reset_peak_memory, and resetting it
+// to what is allocated now.
+std::size_t max_memory_allocated(Device device);
+void reset_peak_memory(Device device);
+
+// The planner's split for a trainer's (--dp ... --recompute; the pipeline's micro-batches
+// and schedule).
+plan::Split plan_split(const ModelSplit& split);
+
+// The line above for `rank`, at its coordinates of `mesh` (null: one process), with the
+// planner's bytes of its pipeline stage for rows of `batch` x `T` tokens a micro-batch step.
+// The planner's refusal (a split it cannot price) is said in the line, not thrown.
+std::string memory_report(std::size_t peak_bytes, int rank, const parallel::DeviceMesh* mesh,
+                          const plan::ModelArithmetic& model, const ModelSplit& split, int64_t batch, int64_t T,
+                          Precision precision);
+
+}  // namespace mg::samples

@@ -1,0 +1,124 @@
+// samples/support/throughput.h and memory_report.h: the FLOPs a token against a hand count,
+// MFU's arithmetic, the peak from the device table or measured (and said so), the memory
+// line beside the planner; and train_gpt printing them, alone and under minigrad-run.
+#include "catch_compat.h"
+
+#include <string>
+
+#include <minigrad/models/gpt.h>
+#include <minigrad/plan/model_arithmetic.h>
+#include <minigrad/plan/planner.h>
+
+#include "samples/run_program.h"
+#include "../../samples/support/memory_report.h"
+#include "../../samples/support/throughput.h"
+#include "temp_dir.h"
+#include "train_gpt_runs.h"  // make_fortunes
+
+using namespace mg;
+
+TEST_CASE("throughput: the GPT's FLOPs a token are 6 N + 12 L C T, counted by hand on a tiny GPT") {
+  models::GPTConfig c;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_embd = 4;
+  c.vocab_size = 8;
+  c.block_size = 2;
+  // The matmul weights: c_attn 4 x 12, attn.c_proj 4 x 4, c_fc 4 x 16, mlp.c_proj 16 x 4
+  // (48 + 16 + 64 + 64 = 192) and the tied head 8 x 4 (32): 224, 6 FLOPs each a token.
+  // Attention, a token over T = 2 positions: q k^T 2 T C = 16 and att v 16 forward, twice
+  // that backward: 96.
+  CHECK(plan::gpt_flops_per_token(c, 2) == 6 * 224 + 96);
+  CHECK(plan::GPTArithmetic(c).flops_per_token(2) == 1440);
+}
+
+TEST_CASE("throughput: MFU is the job's tokens/s times FLOPs a token over devices x peak") {
+  samples::PeakFlops peak{1e9, "a test's peak", false};
+  const samples::ThroughputMeter meter(1e6, peak, 2);
+  // 1000 tokens in 2 s: 500 tokens/s x 1 MFLOP = 0.5 GFLOP/s of 2 x 1 GFLOP/s, a quarter.
+  CHECK(meter.mfu(1000, 2) == Approx(0.25));
+  CHECK(meter.rate(1000, 2) == "500 tokens/s, MFU 25.0 %");
+  CHECK_THAT(meter.describe(), MG_CONTAINS("MFU: 1 MFLOP a token (6 N + 12 L C T) against 2 x a test's peak"));
+  REQUIRE_THROWS_WITH(samples::ThroughputMeter(0, peak, 1), MG_CONTAINS("ThroughputMeter: flops_per_token 0"));
+  REQUIRE_THROWS_WITH(samples::ThroughputMeter(1, peak, 0), MG_CONTAINS("ThroughputMeter: devices 0"));
+  CHECK(samples::devices_in_job({Device::cpu(), Device::cpu()}, 1) == 1);  // DataParallel on one CPU
+  CHECK(samples::devices_in_job({Device::cuda(0), Device::cuda(1)}, 1) == 2);
+  CHECK(samples::devices_in_job({Device::cpu()}, 4) == 4);
+}
+
+TEST_CASE("throughput: a GPU the table knows by its runtime name gives its dense peak for the precision") {
+  const auto h100 = plan::device_by_runtime_name("NVIDIA H100 80GB HBM3");
+  REQUIRE(h100);
+  CHECK(h100->name == "h100-80gb");
+  bool measured = false;
+  const auto never = [&measured] { measured = true; return 1.0; };
+  const samples::PeakFlops bf16 = samples::peak_for(h100, "NVIDIA H100 80GB HBM3", plan::Precision::BF16Mixed, never);
+  CHECK(bf16.flops == 989.5e12);
+  CHECK_FALSE(bf16.measured);
+  CHECK_THAT(bf16.description, MG_CONTAINS("NVIDIA H100 SXM5 80 GB's dense bfloat16 peak of 989.5 TFLOP/s"));
+  CHECK(samples::peak_for(h100, "", plan::Precision::True32, never).flops == 67e12);
+  CHECK_FALSE(measured);
+  // 16-mixed is priced as bf16-mixed: float16's dense rate is bfloat16's on every row.
+  CHECK(samples::plan_precision(samples::Precision::F16Mixed) == plan::Precision::BF16Mixed);
+  CHECK(plan::device_by_runtime_name("NVIDIA A100-SXM4-40GB")->name == "a100-40gb");
+}
+
+TEST_CASE("throughput: the CPU and an unknown GPU fall back to a measured GEMM rate and say so") {
+  const auto rate = [] { return 2.5e9; };
+  const samples::PeakFlops cpu = samples::peak_for(std::nullopt, "", plan::Precision::BF16Mixed, rate);
+  CHECK(cpu.measured);
+  CHECK(cpu.flops == 2.5e9);
+  CHECK(cpu.description == "this CPU's measured GEMM rate of 2.5 GFLOP/s, not a datasheet peak");
+  CHECK_THAT(samples::ThroughputMeter(1e6, cpu, 1).describe(),
+             MG_CONTAINS("against this CPU's measured GEMM rate of 2.5 GFLOP/s, not a datasheet peak"));
+  // A sibling with other figures is not priced as its cousin.
+  const auto nvl = plan::device_by_runtime_name("NVIDIA H100 NVL");
+  CHECK_FALSE(nvl);
+  CHECK_THAT(samples::peak_for(nvl, "NVIDIA H100 NVL", plan::Precision::True32, rate).description,
+             MG_CONTAINS("this GPU's (NVIDIA H100 NVL, not in plan/devices.h's table) measured float32 GEMM rate "
+                         "of 2.5 GFLOP/s, not a datasheet peak"));
+}
+
+TEST_CASE("memory_report: the allocator's peak beside the planner's bytes, or why it cannot price the split") {
+  models::GPTConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.vocab_size = 32;
+  c.block_size = 16;
+  const plan::GPTArithmetic model(c);
+  samples::ModelSplit one;
+  const plan::Plan p = plan::plan_gpt(c, plan::Split{}, plan::Workload{4, 16, plan::Precision::True32, 0.5},
+                                      plan::device_by_name("h100-80gb"));
+  const std::string line =
+      samples::memory_report(1 << 20, 0, nullptr, model, one, 4, 16, samples::Precision::True32);
+  CHECK_THAT(line, MG_CONTAINS("memory: peak 1.00 MiB on rank 0; the planner: " +
+                               fmt::format("{:.2f} MiB (params ", p.stages[0].total() / 1048576)));
+  CHECK_THAT(line, MG_CONTAINS(fmt::format("measured / planned {:.3f}", 1048576 / p.stages[0].total())));
+  samples::ModelSplit bad;
+  bad.tp = 3;
+  CHECK_THAT(samples::memory_report(0, 0, nullptr, model, bad, 4, 16, samples::Precision::True32),
+             MG_CONTAINS("the planner cannot price this split: plan: tp 3 does not divide n_head 2"));
+}
+
+TEST_CASE("train_gpt: the log shows tokens/s, MFU and each rank's memory beside the planner's") {
+  mg::testing::TempDir dir;
+  const std::string flags = " --devices cpu --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4 "
+                            "--eval-iters 2 --iters 4 --eval-interval 2 --sample-chars 0 --data-dir " +
+                            mg::testing::make_fortunes(dir);
+  const auto alone = mg::testing::run_program(mg::testing::program_path("train_gpt") + flags);
+  INFO(alone.output);
+  REQUIRE(alone.exit_code == 0);
+  CHECK_THAT(alone.output, MG_CONTAINS("MFU: ") &&
+                               MG_CONTAINS("against this CPU's measured GEMM rate of ") &&
+                               MG_CONTAINS(" GFLOP/s, not a datasheet peak\n"));
+  CHECK_THAT(alone.output, MG_CONTAINS("trained 4 steps in ") && MG_CONTAINS(" tokens/s, MFU "));
+  CHECK_THAT(alone.output, MG_CONTAINS("memory: peak ") && MG_CONTAINS(" on rank 0; the planner: "));
+  const auto split = mg::testing::run_program(mg::testing::program_path("minigrad-run") + " --nproc-per-node 2 " +
+                                              mg::testing::program_path("train_gpt") + flags + " --dp 2 --zero 3 --weight-decay 0");
+  INFO(split.output);
+  REQUIRE(split.exit_code == 0);
+  CHECK_THAT(split.output, MG_CONTAINS("[rank 0] MFU: ") && MG_CONTAINS("against 2 x this CPU's measured"));
+  CHECK_THAT(split.output, MG_CONTAINS("[rank 0] memory: peak ") && MG_CONTAINS("on rank 0 (dp 0 pp 0 cp 0 tp 0)"));
+  CHECK_THAT(split.output, MG_CONTAINS("[rank 1] memory: peak ") && MG_CONTAINS("on rank 1 (dp 1 pp 0 cp 0 tp 0)"));
+}
