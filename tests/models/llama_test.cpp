@@ -273,8 +273,8 @@ TEST_CASE("Llama::generate: the KV cache gives the uncached tokens greedy and sa
   attention->set_kv_cache(false);
 }
 
-TEST_CASE("Llama({idx, position_ids}): positions 0..T-1 are forward(idx); shifted ones give the same logits "
-          "(RoPE depends on differences); others differ; checkpointed layers give the same gradients",
+TEST_CASE("Llama({idx, position_ids}): positions 0..T-1 are forward(idx), shifted ones give the same logits "
+          "(RoPE depends on differences), others differ, checkpointed layers give the same gradients",
           "[llama][positions]") {
   mg::manual_seed(3);
   Llama model(reference_config(2));

@@ -154,7 +154,7 @@ TEST_CASE("Module of several inputs: module({x, scale}) runs forward_args betwee
 }
 
 TEST_CASE("Module of several inputs: checkpointed, the first input's and the parameters' gradients are the "
-          "plain call's; an extra input that requires grad is refused") {
+          "plain call's, and an extra input that requires grad is refused") {
   const Tensor scale = mg::from_vector(std::vector<float>{10.f, 100.f}, Shape{2});
   std::vector<float> grads[2], input_grads[2];
   for (int checkpointed = 0; checkpointed < 2; ++checkpointed) {
