@@ -1,6 +1,7 @@
 // The Llama's spec (models/llama_plan.h) refuses what does not divide, naming it; its
-// pipeline cut. Its splits against the single-device Llama are the parity table's Llama rows
-// (tests/parity).
+// pipeline cut; its tp + SP plan on a Llama called with two inputs (position_ids): the hooks
+// see the first, the positions ride through. Its splits against the single-device Llama are
+// the parity table's Llama rows (tests/parity).
 #ifdef MINIGRAD_WITH_GLOO
 
 #include "catch_compat.h"
@@ -8,7 +9,13 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
+#include <minigrad/core/ops.h>
 #include <minigrad/models/llama_plan.h>
+#include <minigrad/parallel/clip_grad.h>
+#include <minigrad/parallel/loss_parallel.h>
+#include <minigrad/parallel/partial_gradients.h>
 
 using namespace mg;
 using namespace mg::test;
@@ -80,6 +87,56 @@ TEST_CASE("llama_pipeline_cut: layers dealt over virtual stages and none left em
   CHECK(parallel::stage_of(llama, cut, "model.layers.1.mlp.up_proj.weight") == 1);
   CHECK(parallel::stage_of(llama, cut, "model.norm.weight") == 1);
   CHECK(parallel::stage_of(llama, cut, "lm_head.weight") == 1);
+}
+
+TEST_CASE("a Llama given position_ids, split by its tp + SP plan on 2 ranks, equals the single-device Llama's "
+          "loss and gradient norm (float64)", "[llama][plan][positions]") {
+  auto results = run_ranks(2, [](RankContext& ctx) {
+    const models::LlamaConfig c = tiny(4, 2, 8);
+    manual_seed(9);
+    const Tensor idx = randint(0, 8, Shape{3, 6}), y = randint(0, 8, Shape{3, 6});
+    // A gap before the last two tokens: the positions change the loss (RoPE's differences).
+    const Tensor positions = from_vector(std::vector<int64_t>{0, 1, 2, 3, 6, 7}, Shape{6});
+    const auto norm_of = [](const std::vector<Tensor>& params) {
+      double sum = 0;
+      for (const Tensor& p : params)
+        for (double g : p.grad().to_vector<double>()) sum += g * g;
+      return std::sqrt(sum);
+    };
+    manual_seed(1);
+    models::Llama whole(c);
+    whole.to(DType::Float64);
+    const Tensor loss = models::Llama::loss(whole({idx, positions}), y);
+    loss.backward();
+    ctx.report("whole loss", fmt::format("{:.17g}", loss.item<double>()));
+    ctx.report("whole norm", fmt::format("{:.17g}", norm_of(whole.parameters())));
+    ctx.report("plain loss", fmt::format("{:.17g}", models::Llama::loss(whole(idx), y).item<double>()));
+    manual_seed(1);
+    models::Llama split(c);
+    split.to(DType::Float64);
+    parallel::DeviceMesh mesh(ctx.gloo(), {{"tp", 2}});
+    models::parallelize_llama(split, mesh, /*sequence_parallel=*/true);
+    Tensor split_loss;
+    {
+      parallel::LossParallel loss_parallel(mesh);
+      split_loss = models::Llama::loss(split({idx, positions}), y);
+    }
+    split_loss.backward();
+    parallel::reduce_partial_gradients(split.parameters());
+    ctx.report("split loss", fmt::format("{:.17g}", split_loss.item<double>()));
+    const Tensor norm = parallel::clip_grad_norm_(split.parameters(), mesh, 1e300);
+    ctx.report("split norm", fmt::format("{:.17g}", norm.item<double>()));
+  });
+  INFO(describe(results));
+  for (const RankResult& r : results) {
+    REQUIRE(r.ok());
+    std::map<std::string, double> v;
+    for (const auto& [name, value] : r.reports) v[name] = std::stod(value);
+    // float64 sums in another order: a few ulps of values of order 1 (1e-12 is 4000 of them).
+    CHECK(std::fabs(v["split loss"] - v["whole loss"]) <= 1e-12 * std::fabs(v["whole loss"]));
+    CHECK(std::fabs(v["split norm"] - v["whole norm"]) <= 1e-12 * v["whole norm"]);
+    CHECK(std::fabs(v["plain loss"] - v["whole loss"]) > 1e-6);  // the positions were used
+  }
 }
 
 #endif  // MINIGRAD_WITH_GLOO
