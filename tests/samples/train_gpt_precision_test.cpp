@@ -244,7 +244,7 @@ TEST_CASE("train_gpt --precision: an unknown name and a resume in another precis
   CHECK_THAT(other.output, MG_CONTAINS("written with --precision bf16-true, not bf16-mixed; pass --precision bf16-true"));
 }
 
-TEST_CASE("train_gpt --scale-log: 16-mixed's loss scale at every step, by GradScaler's rules; refused in another precision") {
+TEST_CASE("train_gpt --scale-log: 16-mixed's loss scale at every step, by GradScaler's rules, and refused in another precision") {
   Runs runs;
   const std::string log = runs.dir / "scale.csv";
   runs.run(0, "--precision 16-mixed --growth-interval 2 --scale-log " + log, 8, "16-mixed");
