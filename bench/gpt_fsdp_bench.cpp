@@ -154,7 +154,7 @@ void measure(Variant& v, const models::GPTConfig& config, int64_t batch, int ste
     }
     if (v.stage == 0) {
       opts.push_back(std::make_unique<optim::AdamW>(gpt->parameters(), optim::AdamWOptions().lr(1e-3)));
-    } else {  // train_gpt's --zero 1|2 (samples/support/gpt_parallel.cpp): decayed and the rest
+    } else {  // train_gpt's --zero 1|2 (samples/support/split_model.cpp): decayed and the rest
       std::vector<Tensor> decayed, rest;
       for (const Tensor& p : gpt->parameters()) (p.dim() >= 2 ? decayed : rest).push_back(p);
       parallel::ZeroOptions options;

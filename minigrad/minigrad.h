@@ -30,6 +30,9 @@
 #include <minigrad/data/token_file.h>
 #include <minigrad/models/gpt.h>
 #include <minigrad/models/gpt_plan.h>
+#include <minigrad/models/llama.h>
+#include <minigrad/models/llama_plan.h>
+#include <minigrad/models/split_spec.h>
 #include <minigrad/nn/fusion.h>
 #include <minigrad/nn/init.h>
 #include <minigrad/nn/layers.h>

@@ -1,5 +1,6 @@
-// train_gpt: a character-level GPT (models::GPT, nanoGPT's model) trained on the fortune
-// cookies of Debian's `fortunes` package, then asked to write one.
+// train_gpt: a character-level GPT (models::GPT, nanoGPT's model; or with --model llama a
+// Llama of the same sizes, models::Llama) trained on the fortune cookies of Debian's
+// `fortunes` package, then asked to write one.
 //
 //   build/bin/train_gpt                                  # the default: a few minutes on 2 cores
 //   build/bin/train_gpt --iters 200 --n-layer 2 --n-embd 64          # a quick look
@@ -10,6 +11,8 @@
 //   build/bin/train_gpt --precision bf16-mixed                       # nanoGPT's autocast
 //   build/bin/train_gpt --precision bf16-true                        # llm.c's: bfloat16 weights, float32 masters
 //   build/bin/train_gpt --devices cpu,cpu                            # DataParallel, 2 replicas
+//   build/bin/train_gpt --model llama                                # RoPE, RMSNorm, SwiGLU, 2 kv heads
+//   build/bin/minigrad-run --nproc-per-node 8 build/bin/train_gpt --model llama --devices cpu --dp 2 --tp 2 --pp 2
 //   build/bin/minigrad-run --nproc-per-node 4 build/bin/train_gpt --devices cpu --dp 2 --tp 2
 //   build/bin/minigrad-run --nproc-per-node 2 build/bin/train_gpt --devices cpu --cp 2
 //   build/bin/minigrad-run --nproc-per-node 8 build/bin/train_gpt --devices cpu --dp 2 --tp 2 --cp 2
@@ -36,9 +39,14 @@
 // in hex), so --sample-only samples from a checkpoint without the text it was trained on,
 // and --resume on a corpus of other characters is refused rather than misread.
 //
-// --dp/--tp/--cp (under minigrad-run, one process per rank): the GPT split over a mesh of
-// data, tensor and context parallelism; support/gpt_parallel.h holds the split (which rows,
-// shards and positions a rank takes, how the gradients are reduced), and this loop calls it
+// --model gpt|llama (support/language_model.h): the model the flags build; everything else
+// here is the same for both (a checkpoint names its model and config, and --resume refuses
+// the other one).
+//
+// --dp/--tp/--cp (under minigrad-run, one process per rank): the model split over a mesh of
+// data, tensor and context parallelism; support/split_model.h holds the split (which rows,
+// shards and positions a rank takes, how the gradients are reduced), generic over the
+// model's models::SplitSpec (its plans, FSDP units, pipeline cut), and this loop calls it
 // in three places: the loss, the gradients' reduction, the clip. Rank 0 prints the numbers
 // the single-device run prints, writes the files and the sample. --pp P > 1 runs the 4-D
 // pipeline (--schedule 1f1b|interleaved, --micro-batches, --model-chunks), which does
@@ -55,7 +63,8 @@
 // support/precision.h): the forward and the loss under autocast (bf16-mixed, 16-mixed), the
 // loss scaled by a GradScaler whose skip is agreed by every rank (16-mixed), or bfloat16
 // parameters stepped through float32 master weights (bf16-true; under --zero float32
-// master shards, the ZeRO paper's 2 + 2 + 12 bytes), with or without a split. Checkpoints
+// master shards, the ZeRO paper's 2 + 2 + 12 bytes), with or without a split; under --zero 3,
+// --fsdp-mp-policy makes it FSDP's MixedPrecisionPolicy instead of autocast. Checkpoints
 // keep the masters (MasterWeights' optimizer state) and the scaler's state, and name their
 // precision: --resume continues bit for bit, and refuses a checkpoint of another precision.
 #include <algorithm>
@@ -90,11 +99,12 @@
 #include "support/command_line.h"
 #include "support/devices.h"
 #include "support/distributed_run.h"
+#include "support/language_model.h"
 #include "support/vocabulary_metadata.h"
-#include "support/gpt_parallel.h"
 #include "support/precision.h"
 #include "support/progress.h"
 #include "support/run_files.h"
+#include "support/split_model.h"
 #include "support/stop_signal.h"
 #include "support/svg_plot.h"
 #include "support/trace.h"
@@ -106,9 +116,9 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kProgram = "train_gpt";
 
 struct Options {
-  // The model: nanoGPT's small CPU configuration (its README's "baby GPT" for a laptop).
-  int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 64;
-  double dropout = 0.0;
+  // The model (--model gpt|llama): nanoGPT's small CPU configuration (its README's "baby GPT"
+  // for a laptop), or a Llama of the same sizes (support/language_model.h).
+  samples::ModelFlags model;
   // The run.
   // 3000 steps at a peak of 3e-3: about 2.3 M characters, nine-tenths of one pass over the
   // corpus, to a validation loss near 1.80, where the sample is mostly English words (1000
@@ -128,9 +138,12 @@ struct Options {
   int64_t top_k = 0;
   bool sample_only = false;  // --resume's weights and vocabulary, a sample, nothing else
   samples::Precision precision = samples::Precision::True32;
+  // --fsdp-mp-policy: under --zero 3, the mixed precision as FSDP2's MixedPrecisionPolicy
+  // (torchtitan's) in place of autocast.
+  bool fsdp_mp_policy = false;
   samples::TraceOptions trace;
   // The split over ranks (--dp, --tp, --cp, --sequence-parallel); distributed when given.
-  samples::GPTSplit split;
+  samples::ModelSplit split;
   bool distributed = false;
   double dist_timeout = 300;
 };
@@ -139,11 +152,16 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   CLI::App app{"Trains a character-level GPT (nanoGPT's model) on Debian's fortune cookies and "
                "writes a sample."};
   const auto positive = samples::positive_integer();
-  app.add_option("--n-layer", o.n_layer, "Transformer blocks")->check(positive)->capture_default_str();
-  app.add_option("--n-head", o.n_head, "Attention heads per block")->check(positive)->capture_default_str();
-  app.add_option("--n-embd", o.n_embd, "Width of the residual stream")->check(positive)->capture_default_str();
-  app.add_option("--block-size", o.block_size, "Context length in characters")->check(positive)->capture_default_str();
-  app.add_option("--dropout", o.dropout, "Dropout probability")->check(CLI::Range(0.0, 0.99))->capture_default_str();
+  samples::ModelFlags& m = o.model;
+  app.add_option("--model", m.model, "gpt (nanoGPT's) or llama (RoPE, RMSNorm, SwiGLU, grouped-query attention)")
+      ->check(CLI::IsMember(samples::model_names()))->capture_default_str();
+  app.add_option("--n-layer", m.n_layer, "Transformer blocks")->check(positive)->capture_default_str();
+  app.add_option("--n-head", m.n_head, "Attention heads per block")->check(positive)->capture_default_str();
+  app.add_option("--n-kv-head", m.n_kv_head, "--model llama: key-value heads (default: half of --n-head)")->check(positive);
+  app.add_option("--n-embd", m.n_embd, "Width of the residual stream")->check(positive)->capture_default_str();
+  app.add_option("--intermediate-size", m.intermediate_size, "--model llama: SwiGLU's width (default: 8/3 --n-embd, rounded up to 32)")->check(positive);
+  app.add_option("--block-size", m.block_size, "Context length in characters")->check(positive)->capture_default_str();
+  app.add_option("--dropout", m.dropout, "Dropout probability (--model gpt)")->check(CLI::Range(0.0, 0.99))->capture_default_str();
   app.add_option("--iters", o.iters, "Optimizer steps in all (counting resumed ones)")->check(positive)->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "Windows per micro-batch")->check(positive)->capture_default_str();
   app.add_option("--grad-accum", o.grad_accum, "Micro-batches per step (gradient accumulation)")->check(positive)->capture_default_str();
@@ -172,6 +190,7 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   std::string precision = "32-true";
   app.add_option("--precision", precision, "32-true, bf16-mixed (float32 weights, bfloat16 autocast), 16-mixed (float16 autocast, loss scaling) or bf16-true (bfloat16 weights, float32 masters)")
       ->check(CLI::IsMember(samples::precision_names()))->capture_default_str();
+  app.add_flag("--fsdp-mp-policy", o.fsdp_mp_policy, "With --zero 3 and --precision bf16-mixed or 16-mixed: FSDP's MixedPrecisionPolicy (torchtitan's: float32 shards, units gathered in the 16-bit dtype, gradients reduce-scattered in float32) in place of autocast");
   samples::add_trace_options(app, o.trace, "training step");
   CLI::Option* dp = app.add_option("--dp", o.split.dp, "Data-parallel ranks (under minigrad-run): the batch's windows cut over them")->check(positive);
   CLI::Option* tp = app.add_option("--tp", o.split.tp, "Tensor-parallel ranks: every layer split over them (Megatron's)")->check(positive);
@@ -188,7 +207,9 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   if (const std::optional<int> exit_code = samples::parse_command_line(app, kProgram, argc, argv))
     return exit_code;
   try {
-    MG_CHECK(o.n_embd % o.n_head == 0, "--n-embd {} does not divide into --n-head {} heads", o.n_embd, o.n_head);
+    MG_CHECK(m.n_embd % m.n_head == 0, "--n-embd {} does not divide into --n-head {} heads", m.n_embd, m.n_head);
+    if (m.model != "llama" && (m.n_kv_head > 0 || m.intermediate_size > 0))
+      throw samples::OptionError("--n-kv-head and --intermediate-size size the Llama: they need --model llama");
     MG_CHECK(o.min_lr <= o.lr, "--min-lr {} is above --lr {}", o.min_lr, o.lr);
     if (o.decay_iters == 0) o.decay_iters = o.iters;
     if (warmup->count() == 0) o.warmup = std::min(o.warmup, o.decay_iters);
@@ -199,6 +220,11 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     if (o.split.micro_batches == 0) o.split.micro_batches = o.split.pp;
     if (!o.scale_log.empty() && o.precision != samples::Precision::F16Mixed)
       throw samples::OptionError("--scale-log records 16-mixed's loss scale: it needs --precision 16-mixed");
+    if (o.fsdp_mp_policy && (o.split.zero != 3 || (o.precision != samples::Precision::BF16Mixed &&
+                                                   o.precision != samples::Precision::F16Mixed)))
+      throw samples::OptionError(fmt::format("--fsdp-mp-policy is FSDP's way of a mixed precision: it needs --zero 3 and "
+                                             "--precision bf16-mixed or 16-mixed (got --zero {}, --precision {})",
+                                             o.split.zero, precision));
     if (o.sample_only && o.resume.empty())
       throw samples::OptionError("--sample-only samples from a checkpoint: it needs --resume CHECKPOINT");
     if (o.sample_only && o.sample_chars == 0)
@@ -209,7 +235,7 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     if (o.split.pp == 1 && sched->count() + mb->count() + chunks->count() > 0)
       throw samples::OptionError("--schedule, --micro-batches and --model-chunks are the pipeline's: they need --pp 2 or more");
     if (dp->count() + tp->count() + pp->count() + cp->count() + sp->count() + zero->count() > 0) {
-      samples::check_split(o.split, o.batch_size, o.block_size, o.dropout, o.weight_decay);
+      samples::check_split(o.split, o.batch_size, m.block_size, m.dropout, o.weight_decay);
       // --dp 1 alone is the single-device run; under a launcher a job of one rank.
       o.distributed = o.split.ranks() > 1 || parallel::in_launched_job();
     }
@@ -229,9 +255,9 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 // --sample-chars characters from `model`, decoded with `tokenizer`, printed. The sample
 // starts after a newline, where a fortune starts (token 0 if the corpus has none).
-void print_sample(const Options& o, models::GPT& model, const data::CharTokenizer& tokenizer, Device device,
+void print_sample(const Options& o, samples::LanguageModel& model, const data::CharTokenizer& tokenizer, Device device,
                   const samples::MixedPrecision& amp) {
-  model.eval();
+  model.module()->eval();
   const auto region = amp.autocast();  // nanoGPT's sample.py samples under the training's autocast
   Generator sampler(o.seed);
   const std::vector<uint8_t>& chars = tokenizer.vocab();
@@ -255,22 +281,28 @@ data::TokenFile load_tokens(const Options& o) {
   return data::TokenFile{std::move(tokenizer), std::move(tokens)};
 }
 
-// The config as JSON in gpt_reference.py's spelling, for the checkpoint's metadata.
-std::string config_json(const models::GPTConfig& c) {
-  return fmt::format("{{\"block_size\": {}, \"vocab_size\": {}, \"n_layer\": {}, \"n_head\": {}, "
-                     "\"n_embd\": {}, \"dropout\": {}, \"bias\": {}}}",
-                     c.block_size, c.vocab_size, c.n_layer, c.n_head, c.n_embd, c.dropout,
-                     c.bias ? "true" : "false");
+// A checkpoint's model: "model" (gpt when absent: written before --model) and its config,
+// against what the flags make. mg::Error naming the flags to pass.
+void check_checkpoint_model(const nn::Checkpoint& ck, const samples::LanguageModel& model, const std::string& path) {
+  const auto kind = ck.metadata.find("model");
+  const std::string written = kind == ck.metadata.end() ? "gpt" : kind->second;
+  MG_CHECK(written == model.kind(), "--resume {}: written by --model {}, not {}; pass --model {}", path, written,
+           model.kind(), written);
+  const auto config = ck.metadata.find(model.config_key());
+  MG_CHECK(config != ck.metadata.end(), "--resume {}: not a train_gpt checkpoint (no '{}')", path, model.config_key());
+  MG_CHECK(config->second == model.config_json(),
+           "--resume {}: the checkpoint's model is {}, but the flags make {}; pass the flags it "
+           "was trained with", path, config->second, model.config_json());
 }
 
 struct Run {
   Options options;
   samples::DistributedRun dist;             // --dp/--tp/--cp: this rank of the job
-  std::unique_ptr<samples::SplitGPT> split;  // ... and its part of the GPT; null otherwise
-  std::shared_ptr<models::GPT> model;
+  std::unique_ptr<samples::SplitModel> split;  // ... and its part of the model; null otherwise
+  std::unique_ptr<samples::LanguageModel> model;
   nn::ModulePtr forward;  // the model, or a DataParallel over it
   std::unique_ptr<optim::Optimizer> optimizer;  // AdamW, or MasterWeights over it (bf16-true)
-  // --zero 1|2: the sharded optimizers (support/gpt_parallel.h), in place of `optimizer`.
+  // --zero 1|2: the sharded optimizers (support/split_model.h), in place of `optimizer`.
   std::vector<std::unique_ptr<optim::Optimizer>> zero;
   std::vector<optim::Optimizer*> optimizers;  // the step's: `optimizer` or the `zero` pair
   data::TokenSplits splits;
@@ -279,6 +311,11 @@ struct Run {
   std::string metrics_csv = "step,train_loss,val_loss,lr,seconds\n";
   Device device = Device::cpu();
   std::unique_ptr<samples::MixedPrecision> amp;  // --precision
+  // The region a forward runs under: --precision's autocast, or none when FSDP's
+  // MixedPrecisionPolicy casts instead (--fsdp-mp-policy).
+  std::unique_ptr<AutocastGuard> autocast(bool cache_enabled = true) const {
+    return options.fsdp_mp_policy ? nullptr : amp->autocast(cache_enabled);
+  }
   // What the clip reads: the gradients the optimizers step (float32 masters under bf16-true).
   std::vector<Tensor> clipped;
   int64_t skipped_steps = 0;  // 16-mixed: steps the scaler skipped
@@ -302,7 +339,8 @@ void save_checkpoint(Run& run, int64_t step) {
   for (const Generator::State& g : generators)
     dp_generators += fmt::format("{}{}:{}", dp_generators.empty() ? "" : ",", g.seed, g.offset);
   ck.metadata = {{"step", std::to_string(step)},
-                 {"gpt_config", config_json(run.model->config())},
+                 {"model", run.model->kind()},
+                 {run.model->config_key(), run.model->config_json()},
                  {"seed", std::to_string(run.options.seed)},
                  {"generator_seed", std::to_string(gen.seed)},
                  {"generator_offset", std::to_string(gen.offset)},
@@ -353,10 +391,7 @@ int64_t load_checkpoint(Run& run) {
   if (const auto vocab = ck.metadata.find(samples::kVocabularyKey); vocab != ck.metadata.end())
     samples::check_same_vocabulary(samples::tokenizer_from_metadata(vocab->second, "--resume " + path),
                                    *run.tokenizer, "--resume " + path);
-  const std::string config = config_json(run.model->config());
-  MG_CHECK(meta("gpt_config") == config,
-           "--resume {}: the checkpoint's model is {}, but the flags make {}; pass the flags it "
-           "was trained with", path, meta("gpt_config"), config);
+  check_checkpoint_model(ck, *run.model, path);
   MG_CHECK(meta("seed") == std::to_string(run.options.seed),
            "--resume {}: written with --seed {}, not {}", path, meta("seed"), run.options.seed);
   // A checkpoint of another precision holds other tensors (bfloat16 weights and masters, a
@@ -394,7 +429,7 @@ float as_float(const Tensor& loss) { return ops::to_dtype(loss, DType::Float32).
 std::pair<double, double> estimate_loss(Run& run) {
   NoGradGuard no_grad;
   if (run.split) run.split->set_training(false);
-  else run.model->eval();
+  else run.model->module()->eval();
   const int64_t n = run.options.eval_iters;
   const data::TokenWindows* splits[2] = {run.splits.train.get(), run.splits.val.get()};
   std::vector<float> losses;  // each batch's mean loss, the train split's then the val split's
@@ -403,11 +438,11 @@ std::pair<double, double> estimate_loss(Run& run) {
       const data::Batch b = splits[s]->get_batch(data::random_windows(
           run.options.batch_size, splits[s]->size(), run.options.seed ^ 0x5EEDE7A1u, k)).to(run.device);
       // The training step's precision (the pipeline's micro-batches without the cast cache).
-      const auto region = run.amp->autocast(!(run.split && run.split->pipelined()));
+      const auto region = run.autocast(!(run.split && run.split->pipelined()));
       losses.push_back(run.split && run.split->pipelined()
                            ? static_cast<float>(run.split->eval_loss(b.data, b.target))
                            : as_float(run.split ? run.split->loss_share(b.data, b.target)
-                                                : models::GPT::loss(run.forward->forward(b.data), b.target)));
+                                                : run.model->loss(run.forward->forward(b.data), b.target)));
     }
   }
   if (run.split && !run.split->pipelined()) {  // the dp ranks' shares of each batch's mean, summed
@@ -421,7 +456,7 @@ std::pair<double, double> estimate_loss(Run& run) {
     means[s] /= static_cast<double>(n);
   }
   if (run.split) run.split->set_training(true);
-  else run.model->train();
+  else run.model->module()->train();
   return {means[0], means[1]};
 }
 
@@ -436,32 +471,36 @@ int sample_only(const Options& o) {
            "trained on instead",
            o.resume);
   const data::CharTokenizer tokenizer = samples::tokenizer_from_metadata(meta->second, o.resume);
-  models::GPTConfig config;
-  config.block_size = o.block_size;
-  config.vocab_size = tokenizer.vocab_size();
-  config.n_layer = o.n_layer;
-  config.n_head = o.n_head;
-  config.n_embd = o.n_embd;
-  config.dropout = o.dropout;
-  const auto written = ck.metadata.find("gpt_config");
-  MG_CHECK(written != ck.metadata.end(), "--resume {}: not a train_gpt checkpoint (no 'gpt_config')", o.resume);
-  MG_CHECK(written->second == config_json(config),
-           "--resume {}: the checkpoint's model is {}, but the flags make {}; pass the flags it "
-           "was trained with", o.resume, written->second, config_json(config));
   const Device device = o.device_list.front();
   manual_seed(o.seed);
-  models::GPT model(config);
+  samples::LanguageModel model(o.model, tokenizer.vocab_size());
+  check_checkpoint_model(ck, model, o.resume);
   const nn::TensorDict state = ck.get("model.");
   // A bf16-true checkpoint's weights are bfloat16: the model takes their dtype.
-  if (const auto wte = state.find("transformer.wte.weight"); wte != state.end()) model.to(wte->second.dtype());
+  if (!state.empty()) model.module()->to(state.begin()->second.dtype());
   model.check_state_dict(state, o.resume);
   model.load_state_dict(state, o.resume);
-  model.to(device);
+  model.module()->to(device);
   const auto step = ck.metadata.find("step");
-  fmt::print("GPT: {}; from {} (step {}), a vocabulary of {}\n", config.str(), o.resume,
+  fmt::print("{}; from {} (step {}), a vocabulary of {}\n", model.str(), o.resume,
              step == ck.metadata.end() ? "?" : step->second, samples::describe_vocabulary(tokenizer));
   print_sample(o, model, tokenizer, device, samples::MixedPrecision(samples::Precision::True32, device));
   return 0;
+}
+
+// A collective: a fresh single-device model holding the split's trained weights (for the
+// sample; on every rank, on this rank's device).
+std::unique_ptr<samples::LanguageModel> whole_model(Run& run) {
+  const nn::TensorDict state = run.split->model_state_dict();
+  // Building a model draws its initial weights: the generator is left where training left
+  // it, so the sample draws what the single-device run's does.
+  const Generator::State generator = default_generator().state();
+  auto model = std::make_unique<samples::LanguageModel>(run.options.model, run.tokenizer->vocab_size());
+  default_generator().set_state(generator);
+  model->module()->to(state.begin()->second.dtype());  // bf16-true's weights are bfloat16
+  model->load_state_dict(state, "the gathered model");
+  model->module()->to(run.device);
+  return model;
 }
 
 int train(Options options) {
@@ -478,30 +517,28 @@ int train(Options options) {
   run.tokenizer = &corpus.tokenizer;
   const int64_t vocab = corpus.tokenizer.vocab_size();
   const auto n_tokens = static_cast<int64_t>(corpus.tokens.size());
-  run.splits = data::split_tokens(corpus.tokens, o.block_size);
+  run.splits = data::split_tokens(corpus.tokens, o.model.block_size);
 
-  models::GPTConfig config;
-  config.block_size = o.block_size;
-  config.vocab_size = vocab;
-  config.n_layer = o.n_layer;
-  config.n_head = o.n_head;
-  config.n_embd = o.n_embd;
-  config.dropout = o.dropout;
-  run.model = std::make_shared<models::GPT>(config);
-  run.model->to(run.device);
+  run.model = std::make_unique<samples::LanguageModel>(o.model, vocab);
+  const nn::ModulePtr module = run.model->module();
+  module->to(run.device);
   // bf16-true: the weights themselves in bfloat16 (the masters are made from them below).
-  if (o.precision == samples::Precision::BF16True) run.model->to(DType::BFloat16);
+  if (o.precision == samples::Precision::BF16True) module->to(DType::BFloat16);
   // Counted before a split cuts the model in place: nanoGPT's count, and every parameter.
   const int64_t model_parameters = run.model->num_parameters();
   int64_t all_parameters = 0;
-  for (const Tensor& p : run.model->parameters()) all_parameters += p.numel();
+  for (const Tensor& p : module->parameters()) all_parameters += p.numel();
   // --recompute: each block's activations recomputed in backward (under --pp the
-  // pipeline's own checkpointing, set in SplitGPT).
-  if (o.split.recompute && o.split.pp == 1) models::set_block_checkpointing(*run.model);
-  run.forward = run.model;
-  if (o.device_list.size() > 1) run.forward = std::make_shared<parallel::DataParallel>(run.model, o.device_list);
-  if (o.distributed) run.split = std::make_unique<samples::SplitGPT>(run.model, o.split, run.dist, o.seed);
-  const std::vector<Tensor> trained = run.split ? run.split->parameters() : run.model->parameters();
+  // pipeline's own checkpointing, set in SplitModel).
+  if (o.split.recompute && o.split.pp == 1) run.model->split_spec().recompute();
+  run.forward = module;
+  if (o.device_list.size() > 1) run.forward = std::make_shared<parallel::DataParallel>(module, o.device_list);
+  parallel::FSDPOptions fsdp;
+  if (o.fsdp_mp_policy)  // torchtitan's: compute in the 16-bit dtype, reduce in float32, float32 logits for the loss
+    fsdp.mp_policy = {samples::MixedPrecision(o.precision, run.device).autocast_dtype(), DType::Float32, DType::Float32};
+  if (o.distributed)
+    run.split = std::make_unique<samples::SplitModel>(run.model->split_spec(), o.split, run.dist, o.seed, fsdp);
+  const std::vector<Tensor> trained = run.split ? run.split->parameters() : module->parameters();
   // nanoGPT's configure_optimizers: weight decay on the matmul and embedding weights only;
   // shakespeare_char's betas (0.9, 0.99), as the batches are small.
   const auto adamw = [&](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
@@ -528,7 +565,7 @@ int train(Options options) {
     for (const optim::Optimizer* opt : run.optimizers)
       run.clipped.insert(run.clipped.end(), opt->parameters().begin(), opt->parameters().end());
   else
-    run.clipped = run.model->parameters();
+    run.clipped = module->parameters();
   const optim::WarmupCosine schedule(o.lr, o.min_lr, o.warmup, o.decay_iters);
 
   int64_t step = 0;
@@ -537,12 +574,16 @@ int train(Options options) {
     fmt::print("fortunes: {} characters, a vocabulary of {}; {} to train on, {} to validate ({:.1f} s)\n",
                n_tokens, vocab, run.splits.train->token_count(), run.splits.val->token_count(),
                seconds_since(load_start));
-    fmt::print("GPT: {}; {:.2f}M parameters on {}\n", config.str(),
+    fmt::print("{}; {:.2f}M parameters on {}\n", run.model->str(),
                static_cast<double>(model_parameters) / 1e6, samples::devices_str(o.device_list));
     fmt::print("AdamW lr {} (warmup {}, cosine to {} at step {}), weight decay {}; {} steps of {} x {} x {} tokens{}\n",
                o.lr, o.warmup, o.min_lr, o.decay_iters, o.weight_decay, o.iters, o.grad_accum,
-               o.batch_size, o.block_size, step > 0 ? fmt::format(", resumed at step {}", step) : "");
-    fmt::print("precision {}\n", run.amp->str());
+               o.batch_size, o.model.block_size, step > 0 ? fmt::format(", resumed at step {}", step) : "");
+    if (o.fsdp_mp_policy)
+      fmt::print("precision {}: float32 shards, FSDP's MixedPrecisionPolicy (param_dtype {}, reduce_dtype float32, "
+                 "float32 logits; no autocast)\n", run.amp->name(), dtype_name(*run.amp->autocast_dtype()));
+    else
+      fmt::print("precision {}\n", run.amp->str());
     if (run.split) {
       // Counted with the position embedding (num_parameters(), nanoGPT's count, leaves it out).
       int64_t held = 0;
@@ -559,7 +600,7 @@ int train(Options options) {
   samples::install_stop_handlers();
   samples::StepTracer tracer(o.trace, run.dist.group);
   const auto run_start = Clock::now();
-  const int64_t tokens_per_step = o.grad_accum * o.batch_size * o.block_size;
+  const int64_t tokens_per_step = o.grad_accum * o.batch_size * o.model.block_size;
   auto window_start = Clock::now();
   int64_t window_steps = 0;
   double last_loss = 0.0;
@@ -572,7 +613,7 @@ int train(Options options) {
       run.metrics_csv += fmt::format("{},{:.6f},{:.6f},{:.6g},{:.2f}\n", at, train_loss, val_loss,
                                      optimizers.front()->lr(), seconds_since(run_start));
       if (!o.metrics.empty()) files::write_atomically("--metrics", o.metrics, run.metrics_csv);
-      if (!o.plot.empty()) samples::write_loss_plot(o.plot, run.history, "step", "train_gpt: " + config.str());
+      if (!o.plot.empty()) samples::write_loss_plot(o.plot, run.history, "step", "train_gpt: " + run.model->str());
     }
     if (!o.save.empty()) save_checkpoint(run, at);
   };
@@ -596,15 +637,15 @@ int train(Options options) {
           o.batch_size, run.splits.train->size(), o.seed, step * o.grad_accum + micro)).to(run.device);
       Tensor scaled;
       if (run.split && run.split->pipelined()) {  // forward and backward in the pipeline
-        const auto region = run.amp->autocast(false);  // over every micro-batch's backward
+        const auto region = run.autocast(false);  // over every micro-batch's backward
         scaled = run.split->pipeline_step(b.data, b.target, static_cast<double>(b.data.numel() * o.grad_accum),
                                           run.amp->loss_scale());
       } else {
         Tensor loss;
         {  // the forward and the loss under --precision's autocast; backward outside, as torch's
-          const auto region = run.amp->autocast();
+          const auto region = run.autocast();
           loss = run.split ? run.split->loss_share(b.data, b.target)
-                           : models::GPT::loss(run.forward->forward(b.data), b.target);
+                           : run.model->loss(run.forward->forward(b.data), b.target);
         }
         scaled = loss * (1.0 / static_cast<double>(o.grad_accum));
         // --zero 2|3 average the gradients over dp: the share times dp (backward_scale);
@@ -658,7 +699,7 @@ int train(Options options) {
 
   // Under a split the whole model is gathered first (tp shards, pp stages, FSDP's shards).
   const bool sample = o.sample_chars > 0;
-  if (run.split && sample) run.model = run.split->whole_model();  // every rank: the whole GPT gathered
+  if (run.split && sample) run.model = whole_model(run);  // every rank: the whole model gathered
   if (sample && rank0) print_sample(o, *run.model, corpus.tokenizer, run.device, *run.amp);
   return 0;
 }

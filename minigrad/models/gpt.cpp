@@ -66,14 +66,36 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   // attention dropout acts on that matrix, so it is the op's dropout_p, drawn from
   // attn_dropout's generator (attn_dropout stands for it, as in nanoGPT's flash path).
   const double dropout_p = is_training() ? dropout_ : 0.0;
-  const Tensor q = split_heads(parts[0]), k = split_heads(parts[1]), v = split_heads(parts[2]);
+  const Tensor q = split_heads(parts[0]);
+  Tensor k = split_heads(parts[1]), v = split_heads(parts[2]);
+  const int64_t cached = cache_on_ ? cache_length_ : 0;
+  if (cache_on_) {  // the cached positions' k and v, then this forward's
+    MG_CHECK(!GradMode::is_enabled(), "CausalSelfAttention: the KV cache is for generation, under NoGradGuard");
+    MG_CHECK(cached == 0 || T == 1, "CausalSelfAttention: with a KV cache of {} positions, forward takes one new "
+             "token at a time, got {}", cached, T);
+    if (cached > 0) {
+      k = cat({k_cache_, k}, 2);
+      v = cat({v_cache_, v}, 2);
+    }
+    k_cache_ = k;
+    v_cache_ = v;
+    cache_length_ = k.size(2);
+  }
+  // A token after the cache sees every cached position: no mask (a [1, S] causal mask is
+  // aligned at the top-left and would see position 0 alone).
   const Tensor y =
       attention_ ? attention_(q, k, v, dropout_p)
-                 : scaled_dot_product_attention(q, k, v, /*is_causal=*/true, dropout_p,
+                 : scaled_dot_product_attention(q, k, v, /*is_causal=*/cached == 0, dropout_p,
                                                 static_cast<const nn::Dropout&>(*child("attn_dropout")).generator());
   // The heads side by side again: [B, T, C'].
   const Tensor merged = reshape(contiguous(transpose(y, 1, 2)), {B, T, width});
   return (*child("resid_dropout"))((*child("c_proj"))(merged));
+}
+
+void CausalSelfAttention::set_kv_cache(bool on) {
+  cache_on_ = on;
+  cache_length_ = 0;
+  k_cache_ = v_cache_ = Tensor();
 }
 
 // ---------------------------------------------------------------- MLP, Block
@@ -128,9 +150,15 @@ Tensor GPTTransformer::forward(const Tensor& input) {
     MG_CHECK(input.dim() == 2 && input.dtype() == DType::Int64,
              "GPT: expected token indices int64 [B, T], got {} ({})", input.shape(), input.dtype());
     const int64_t T = input.size(1), block_size = static_cast<const nn::Embedding&>(*child("wpe")).num_embeddings();
-    MG_CHECK(T <= block_size, "GPT: cannot forward a sequence of length {}, block_size is only {}", T, block_size);
-    // The positions 0 .. T-1 (a plan's hook on wpe may take others: context parallelism's).
-    const Tensor pos = arange(static_cast<double>(T), DType::Int64, input.device());  // [T]
+    // The positions 0 .. T-1, or after the KV cache's (a plan's hook on wpe may take
+    // others: context parallelism's).
+    const auto& blocks = child("h")->children();
+    const int64_t start =
+        blocks.empty() ? 0 : static_cast<const CausalSelfAttention&>(*blocks.front()->child("attn")).kv_cache_length();
+    MG_CHECK(start + T <= block_size, "GPT: cannot forward a sequence of length {}, block_size is only {}", start + T,
+             block_size);
+    const Tensor pos = arange(static_cast<double>(start), static_cast<double>(start + T), 1.0, DType::Int64,
+                              input.device());  // [T]
     const Tensor tok_emb = (*child("wte"))(input);                                      // [B, T, C]
     const Tensor pos_emb = (*child("wpe"))(pos);                                        // [T, C]
     x = (*child("drop"))(tok_emb + pos_emb);  // broadcast over B
@@ -185,7 +213,7 @@ Tensor GPT::loss(const Tensor& logits, const Tensor& targets, Reduction reductio
 }
 
 Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperature,
-                     int64_t top_k, Generator* generator) {
+                     int64_t top_k, Generator* generator, bool use_cache) {
   check_generate_arguments("GPT::generate", idx, max_new_tokens, temperature, top_k);
   const int64_t B = idx.size(0), V = config_.vocab_size;
   // No sequences: nothing to sample, an empty [0, T + max_new_tokens] (as torch's).
@@ -197,12 +225,31 @@ Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperatu
   for (int64_t b = 0; b < B; ++b)
     seqs[static_cast<size_t>(b)].assign(given.begin() + b * idx.size(1),
                                         given.begin() + (b + 1) * idx.size(1));
+  std::vector<std::shared_ptr<CausalSelfAttention>> attentions;
+  for (const nn::ModulePtr& block : child("transformer")->child("h")->children())
+    attentions.push_back(std::dynamic_pointer_cast<CausalSelfAttention>(block->child("attn")));
+  // The caches on for this call only, and emptied whatever happens.
+  struct Caches {
+    std::vector<std::shared_ptr<CausalSelfAttention>>& all;
+    void set(bool on) {
+      for (auto& a : all) a->set_kv_cache(on);
+    }
+    ~Caches() { set(false); }
+  } caches{attentions};
+  caches.set(use_cache);
+  bool cached = false;  // the caches hold every token of each sequence but the last one drawn
   for (int64_t n = 0; n < max_new_tokens; ++n) {
-    // The last block_size tokens of each sequence (they all have the same length).
-    const auto len = static_cast<int64_t>(seqs[0].size());
-    const int64_t T = std::min(len, config_.block_size);
+    const auto len = static_cast<int64_t>(seqs[0].size());  // they all have the same length
     std::vector<int64_t> context;
-    for (const auto& s : seqs) context.insert(context.end(), s.end() - T, s.end());
+    int64_t T = 1;
+    if (cached && len <= config_.block_size) {  // the token drawn last, at position len - 1
+      for (const auto& s : seqs) context.push_back(s.back());
+    } else {  // the prompt, or past block_size: the last block_size tokens, uncached from now on
+      if (cached) caches.set(false);
+      cached = use_cache = use_cache && !cached;
+      T = std::min(len, config_.block_size);
+      for (const auto& s : seqs) context.insert(context.end(), s.end() - T, s.end());
+    }
     const Tensor ctx = ops::copy_to(from_vector(context, Shape{B, T}), idx.device());
     // Only the last position's logits are used.
     const std::vector<double> last = last_logits(forward(ctx));

@@ -66,10 +66,19 @@ class CausalSelfAttention : public nn::Cloneable<CausalSelfAttention>, public nn
   // ring attention here (a plan's ContextParallel style: parallel/context_parallel/style.h).
   void set_attention_function(AttentionFunction attention) override { attention_ = std::move(attention); }
 
+  // Generation's KV cache (GPT::generate): on, each forward continues the sequence where the
+  // cache ends, one new token at a time after the first (the prompt's) forward; its k and v
+  // are kept beside the cached ones. Off (and emptied) by default. Under NoGradGuard only.
+  void set_kv_cache(bool on);
+  int64_t kv_cache_length() const { return cache_length_; }
+
  private:
   int64_t head_size_;
   double dropout_;
   AttentionFunction attention_;
+  bool cache_on_ = false;
+  int64_t cache_length_ = 0;
+  Tensor k_cache_, v_cache_;  // [B, heads, cache_length_, hs]
 };
 
 // The feed-forward part: [B, T, C] -> [B, T, C] through 4C.
@@ -93,6 +102,8 @@ class Block : public nn::Cloneable<Block> {
 class GPTTransformer : public nn::Cloneable<GPTTransformer> {
  public:
   explicit GPTTransformer(const GPTConfig& config);
+  // idx [B, T] -> [B, T, C] at positions 0 .. T-1, or after the positions the first
+  // block's KV cache holds.
   Tensor forward(const Tensor& idx) override;
 };
 
@@ -116,8 +127,12 @@ class GPT : public nn::Cloneable<GPT> {
   // the most likely token every time (argmax's, the first of equal logits). Logits that make
   // no distribution (NaN, +inf, all -inf: a model with NaN weights) are an mg::Error naming
   // the step and the sequence, as torch.multinomial refuses them.
+  // use_cache (models/llama.h's, for the GPT): the prompt once (prefill), then one token per
+  // step through each attention's KV cache while the sequence fits block_size; past it, every
+  // step forwards the last block_size tokens, as without the cache (a cache cannot slide:
+  // its positions are fixed). The two give the same tokens.
   Tensor generate(const Tensor& idx, int64_t max_new_tokens, double temperature = 1.0,
-                  int64_t top_k = 0, Generator* generator = nullptr);
+                  int64_t top_k = 0, Generator* generator = nullptr, bool use_cache = true);
 
   const GPTConfig& config() const { return config_; }
   // The token embedding, which is also the head's weight.

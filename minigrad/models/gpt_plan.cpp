@@ -58,13 +58,8 @@ std::shared_ptr<parallel::FSDPModule> fully_shard_gpt(const std::shared_ptr<GPT>
                                                       std::shared_ptr<parallel::ProcessGroup> dp_group,
                                                       parallel::FSDPOptions options) {
   MG_CHECK(gpt != nullptr, "fully_shard_gpt: the GPT is null");
-  const std::vector<nn::ModulePtr> blocks = gpt->child("transformer")->child("h")->children();
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    parallel::FSDPOptions block = options;
-    block.reshard_after_forward = options.reshard_after_forward && i + 1 < blocks.size();
-    parallel::fully_shard(blocks[i], dp_group, block);
-  }
-  return parallel::fully_shard(gpt, std::move(dp_group), options);
+  return parallel::fully_shard_blocks(gpt, gpt->child("transformer")->child("h")->children(), std::move(dp_group),
+                                      options);
 }
 
 // ---------------------------------------------------------------- the pipeline cut

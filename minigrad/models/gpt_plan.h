@@ -44,7 +44,8 @@ void parallelize_gpt(GPT& gpt, const parallel::DeviceMesh& mesh, bool sequence_p
 // block keeps its parameters from its forward to its backward, which comes first
 // (torchtitan's reshard_after_forward=False for it). Under a tp plan, call it after
 // parallelize_gpt, over the mesh's dp group. Returns the GPT's state: parameters() for the
-// optimizer. docs/gpt-fsdp.md.
+// optimizer. options.mp_policy's output_dtype is the root's alone (the logits); the blocks
+// pass param_dtype on. docs/gpt-fsdp.md.
 std::shared_ptr<parallel::FSDPModule> fully_shard_gpt(const std::shared_ptr<GPT>& gpt,
                                                       std::shared_ptr<parallel::ProcessGroup> dp_group,
                                                       parallel::FSDPOptions options = {});

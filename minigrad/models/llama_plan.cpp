@@ -47,13 +47,8 @@ std::shared_ptr<parallel::FSDPModule> fully_shard_llama(const std::shared_ptr<Ll
                                                         std::shared_ptr<parallel::ProcessGroup> dp_group,
                                                         parallel::FSDPOptions options) {
   MG_CHECK(llama != nullptr, "fully_shard_llama: the Llama is null");
-  const std::vector<nn::ModulePtr> layers = llama->child("model")->child("layers")->children();
-  for (size_t i = 0; i < layers.size(); ++i) {
-    parallel::FSDPOptions layer = options;
-    layer.reshard_after_forward = options.reshard_after_forward && i + 1 < layers.size();
-    parallel::fully_shard(layers[i], dp_group, layer);
-  }
-  return parallel::fully_shard(llama, std::move(dp_group), options);
+  return parallel::fully_shard_blocks(llama, llama->child("model")->child("layers")->children(), std::move(dp_group),
+                                      options);
 }
 
 void set_layer_checkpointing(Llama& llama, bool on) {

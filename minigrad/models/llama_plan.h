@@ -36,7 +36,8 @@ void parallelize_llama(Llama& llama, const parallel::DeviceMesh& mesh, bool sequ
                        parallel::ParallelizeOptions options = {});
 
 // FSDP: a unit per decoder layer, then the root's (embed_tokens, norm, lm_head); the last layer
-// kept gathered from its forward to its backward. After parallelize_llama, over the dp group.
+// kept gathered from its forward to its backward; mp_policy's output_dtype the root's alone.
+// After parallelize_llama, over the dp group.
 std::shared_ptr<parallel::FSDPModule> fully_shard_llama(const std::shared_ptr<Llama>& llama,
                                                         std::shared_ptr<parallel::ProcessGroup> dp_group,
                                                         parallel::FSDPOptions options = {});

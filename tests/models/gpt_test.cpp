@@ -405,3 +405,51 @@ TEST_CASE("GPT::generate: a float64 GPT (Module::to) generates, and as its float
   CHECK(a.to_vector<int64_t>() == b.to_vector<int64_t>());
   for (int64_t t : a.to_vector<int64_t>()) CHECK((t >= 0 && t < 20));
 }
+
+TEST_CASE("GPT::generate: the KV cache gives the uncached tokens, greedy and sampled, in float64 and float32, "
+          "within block_size and past it") {
+  for (mg::DType dtype : {mg::DType::Float64, mg::DType::Float32}) {
+    INFO(mg::dtype_name(dtype));
+    mg::manual_seed(5);
+    GPT model(small_config());  // block_size 16
+    model.to(dtype);
+    model.eval();
+    const Tensor prompt = random_tokens(2, 3, 20, 12);
+    for (const auto& [temperature, top_k] : {std::pair<double, int64_t>{0.0, 0}, {1.0, 0}, {0.8, 5}}) {
+      // 3 + 13 fills block_size exactly; 3 + 20 slides past it (uncached from there on).
+      for (int64_t n : {int64_t{13}, int64_t{20}}) {
+        INFO("temperature " << temperature << ", top_k " << top_k << ", " << n << " new tokens");
+        mg::Generator g1(11), g2(11);
+        const Tensor cached = model.generate(prompt, n, temperature, top_k, &g1, /*use_cache=*/true);
+        const Tensor uncached = model.generate(prompt, n, temperature, top_k, &g2, /*use_cache=*/false);
+        REQUIRE(cached.shape() == Shape{2, 3 + n});
+        CHECK(cached.to_vector<int64_t>() == uncached.to_vector<int64_t>());
+      }
+    }
+  }
+  // Each attention's cache is off and empty again after generate; its contract: one new token at
+  // a time after the prompt, no gradients, and positions within block_size.
+  GPT model(small_config());
+  model.generate(random_tokens(1, 4, 20, 3), 2);
+  auto attention = std::dynamic_pointer_cast<mg::models::CausalSelfAttention>(
+      model.child("transformer")->child("h")->child("0")->child("attn"));
+  REQUIRE(attention != nullptr);
+  CHECK(attention->kv_cache_length() == 0);
+  attention->set_kv_cache(true);
+  {
+    mg::NoGradGuard no_grad;
+    (*attention)(mg::randn(Shape{1, 3, 32}));
+    CHECK(attention->kv_cache_length() == 3);
+    REQUIRE_THROWS_WITH((*attention)(mg::randn(Shape{1, 2, 32})), MG_CONTAINS("one new token at a time, got 2"));
+    attention->set_kv_cache(false);
+    for (const auto& block : model.child("transformer")->child("h")->children())
+      std::dynamic_pointer_cast<mg::models::CausalSelfAttention>(block->child("attn"))->set_kv_cache(true);
+    model(random_tokens(1, 16, 20, 4));  // the whole block cached: no position is left
+    REQUIRE_THROWS_WITH(model(random_tokens(1, 1, 20, 5)), MG_CONTAINS("cannot forward a sequence of length 17, block_size is only 16"));
+    for (const auto& block : model.child("transformer")->child("h")->children())
+      std::dynamic_pointer_cast<mg::models::CausalSelfAttention>(block->child("attn"))->set_kv_cache(false);
+  }
+  attention->set_kv_cache(true);
+  REQUIRE_THROWS_WITH((*attention)(mg::randn(Shape{1, 3, 32})), MG_CONTAINS("under NoGradGuard"));
+  attention->set_kv_cache(false);
+}

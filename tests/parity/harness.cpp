@@ -429,7 +429,7 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
   const std::string me = fmt::format("rank {}", rank);
   // The MLP's forms split `mlp`; a transformer's (the GPT's, the Llama's) `transformer`,
   // through its spec. DDP and ZeRO take either as `model`.
-  std::optional<TransformerSpec> spec;
+  std::optional<models::SplitSpec> spec;
   if (is_transformer(c)) spec = make_transformer(c);
   std::shared_ptr<nn::Sequential> mlp = spec ? nullptr : make_model(c);
   const nn::ModulePtr transformer = spec ? spec->model : nullptr;
@@ -500,7 +500,7 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       GroupPtr dp_group = world;
       if (transformer && c.tp > 1) {
         mesh.emplace(world, c.degree, c.tp);
-        spec->parallelize(*mesh, c.sequence_parallel);
+        spec->parallelize(*mesh, c.sequence_parallel, {});
         dp_group = mesh->dp_group();
         loss_of = [&c, &mesh](const Tensor& out, const Tensor& y) {
           parallel::LossParallel loss_parallel(*mesh);  // the logits are this rank's vocabulary
@@ -513,7 +513,7 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
         };
       }
       if (transformer) {
-        fsdp = spec->fully_shard(dp_group);
+        fsdp = spec->fully_shard(dp_group, {});
       } else {
         fsdp_wrapper = std::make_shared<parallel::FullyShardedDataParallel>(model, world);
         fsdp = fsdp_wrapper->fsdp();
@@ -626,7 +626,7 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       if (transformer) {
         // The GPT's plans (models/gpt_plan.h): cp's (ring attention) and tp's, in place.
         if (!mesh) mesh.emplace(world, std::vector<parallel::MeshDim>{{"tp", n}});
-        spec->parallelize(*mesh, c.sequence_parallel);
+        spec->parallelize(*mesh, c.sequence_parallel, {});
         shard = transformer;
         // The vocabulary- (and context-) parallel loss of this rank's logits; the partial
         // gradients (sequence parallelism's, cp's) summed after the last micro-step.
@@ -710,7 +710,7 @@ Report run_rank(const Config& c, mg::test::RankContext& ctx) {
       // after the last.
       MG_CHECK(transformer, "parity: the 4-D mesh splits the GPT, not the {}", c.model);
       mesh.emplace(world, std::vector<parallel::MeshDim>{{"dp", c.degree}, {"pp", c.pp}, {"cp", c.cp}, {"tp", c.tp}});
-      spec->parallelize(*mesh, c.sequence_parallel);
+      spec->parallelize(*mesh, c.sequence_parallel, {});
       parallel::MeshPipelineOptions options;
       options.micro_batches = c.degree2;
       options.schedule = schedule;

@@ -88,31 +88,11 @@ inline std::shared_ptr<models::Llama> make_llama(const Config& c) {
 
 inline bool is_transformer(const Config& c) { return c.model == "GPT" || c.model == "Llama"; }
 
-// What the harness asks of a transformer to split it: the model's spec (models/<model>_plan.h),
+// What the harness asks of a transformer to split it: the model's spec (models/split_spec.h),
 // bound to this rank's model. The forms are the same code for both models.
-struct TransformerSpec {
-  nn::ModulePtr model;
-  std::function<void(const parallel::DeviceMesh& mesh, bool sequence_parallel)> parallelize;
-  std::function<parallel::ParallelPlan()> context_parallel_plan;
-  std::function<std::shared_ptr<parallel::FSDPModule>(std::shared_ptr<parallel::ProcessGroup> dp)> fully_shard;
-  std::function<parallel::PipelineCut(int stages, int model_chunks)> pipeline_cut;
-  std::function<void()> recompute;  // every block (layer) checkpointed
-};
-
-inline TransformerSpec make_transformer(const Config& c) {
-  if (c.model == "GPT") {
-    auto gpt = make_gpt(c);
-    return {gpt, [gpt](const parallel::DeviceMesh& m, bool sp) { models::parallelize_gpt(*gpt, m, sp); },
-            &models::gpt_context_parallel_plan, [gpt](auto dp) { return models::fully_shard_gpt(gpt, std::move(dp)); },
-            [gpt](int s, int k) { return models::gpt_pipeline_cut(gpt->config(), s, k); },
-            [gpt] { models::set_block_checkpointing(*gpt); }};
-  }
-  auto llama = make_llama(c);
-  return {llama, [llama](const parallel::DeviceMesh& m, bool sp) { models::parallelize_llama(*llama, m, sp); },
-          &models::llama_context_parallel_plan,
-          [llama](auto dp) { return models::fully_shard_llama(llama, std::move(dp)); },
-          [llama](int s, int k) { return models::llama_pipeline_cut(llama->config(), s, k); },
-          [llama] { models::set_layer_checkpointing(*llama); }};
+inline models::SplitSpec make_transformer(const Config& c) {
+  if (c.model == "GPT") return models::gpt_split_spec(make_gpt(c));
+  return models::llama_split_spec(make_llama(c));
 }
 
 inline nn::ModulePtr make_module(const Config& c) {

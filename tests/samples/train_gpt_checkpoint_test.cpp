@@ -1,5 +1,5 @@
 // build/bin/train_gpt's checkpoints and end-of-run sample under --pp (the 4-D pipeline) and
-// --zero 1|2|3, alone and with tp, pp and cp (samples/support/gpt_parallel.h: the state
+// --zero 1|2|3, alone and with tp, pp and cp (samples/support/split_model.h: the state
 // gathered and scattered by placements, parallel::full_state_dict and
 // full_optimizer_state): a run saved under one of them
 // writes the single-device run's checkpoint (the model in nanoGPT's names, AdamW's state),

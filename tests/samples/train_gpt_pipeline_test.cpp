@@ -1,5 +1,5 @@
 // build/bin/train_gpt with --pp (the 4-D pipeline), --zero 1|2|3 and --recompute under
-// build/bin/minigrad-run (samples/support/gpt_parallel.h): tiny runs whose printed losses
+// build/bin/minigrad-run (samples/support/split_model.h): tiny runs whose printed losses
 // equal the single-device run's on the same windows (the gradient clip included: it is
 // active in these runs, as the unclipped run's different losses show) -- ZeRO-1 with every
 // split, ZeRO-2 and FSDP with tp and cp -- and the combinations that are refused, with their
@@ -147,7 +147,7 @@ TEST_CASE("train_gpt --pp/--zero/--recompute: combinations the library does not 
   refused(2, "--dp 2 --zero 3", "--zero 3: AdamW steps FSDP's flat shards");
   refused(0, "--schedule interleaved", "--schedule, --micro-batches and --model-chunks are the pipeline's: they need --pp 2");
   refused(2, "--pp 2 --model-chunks 2", "--model-chunks 2: more than one chunk per rank needs --schedule interleaved");
-  refused(2, "--tp 2 --recompute", "--recompute with --tp: block checkpointing wraps the plain GPT's blocks");
+  refused(2, "--tp 2 --recompute", "--recompute with --tp: block checkpointing wraps the plain model's blocks");
   refused(0, "--pp 2", "--dp 1 x --tp 1 x --pp 2 x --cp 1 = 2 ranks, but the job has 1");
 }
 

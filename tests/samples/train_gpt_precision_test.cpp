@@ -198,7 +198,11 @@ TEST_CASE("train_gpt --precision under splits: each tracks its single-device run
       {"bf16-true", 2, "--pp 2"},          {"16-mixed", 2, "--dp 2 --zero 2"},
       {"bf16-mixed", 2, "--dp 2 --zero 3 --weight-decay 0"}, {"bf16-true", 2, "--cp 2"},
       {"16-mixed", 2, "--dp 2 --zero 1"}, {"bf16-true", 2, "--dp 2 --zero 2"},
-      {"bf16-true", 2, "--dp 2 --zero 3 --weight-decay 0"}};
+      {"bf16-true", 2, "--dp 2 --zero 3 --weight-decay 0"},
+      // torchtitan's way: FSDP's MixedPrecisionPolicy in place of autocast (bfloat16 units,
+      // float32 reduce-scatter): the same roundings as autocast's GEMMs, and the norms' and
+      // GELU's outputs rounded too -- a few more of the k above, within the same bound.
+      {"bf16-mixed", 2, "--dp 2 --zero 3 --weight-decay 0 --fsdp-mp-policy"}};
   for (const auto& [precision, ranks, split] : cases) {
     DYNAMIC_SECTION(precision << " " << split) {
       const std::string name = std::string(precision) + "-" + std::to_string(ranks) + "-" + std::to_string(std::string(split).size());
@@ -242,6 +246,10 @@ TEST_CASE("train_gpt --precision: an unknown name and a resume in another precis
   const auto other = run_program(kProgram + runs.flags + " --iters 8 --precision bf16-mixed --resume " + runs.path("bf16"));
   CHECK(other.exit_code != 0);
   CHECK_THAT(other.output, MG_CONTAINS("written with --precision bf16-true, not bf16-mixed; pass --precision bf16-true"));
+  const auto policy = run_program(kProgram + runs.flags + " --precision bf16-mixed --fsdp-mp-policy");
+  CHECK(policy.exit_code == 2);
+  CHECK_THAT(policy.output, MG_CONTAINS("--fsdp-mp-policy is FSDP's way of a mixed precision: it needs --zero 3 and "
+                                        "--precision bf16-mixed or 16-mixed (got --zero 0, --precision bf16-mixed)"));
 }
 
 TEST_CASE("train_gpt --scale-log: 16-mixed's loss scale at every step, by GradScaler's rules, and refused in another precision") {

@@ -1,5 +1,5 @@
 // build/bin/train_gpt split over ranks under build/bin/minigrad-run (--dp, --tp, --cp,
-// --sequence-parallel; samples/support/gpt_parallel.h): tiny runs (dp, tp, tp + SP, cp and
+// --sequence-parallel; samples/support/split_model.h): tiny runs (dp, tp, tp + SP, cp and
 // their compositions up to dp2 x tp2 x cp2) whose printed losses, metrics and sample equal
 // the single-device run's on the same windows (float32 rounding apart), checkpoints written
 // under cp and tp that equal the single-device ones (and resume under another split), a

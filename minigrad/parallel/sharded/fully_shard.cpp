@@ -423,6 +423,18 @@ std::shared_ptr<FSDPModule> fully_shard(nn::ModulePtr module, const DeviceMesh& 
   return fully_shard(std::move(module), mesh.group("dp"), options);
 }
 
+std::shared_ptr<FSDPModule> fully_shard_blocks(const nn::ModulePtr& root, const std::vector<nn::ModulePtr>& blocks,
+                                               std::shared_ptr<ProcessGroup> group, FSDPOptions options) {
+  MG_CHECK(root != nullptr, "fully_shard_blocks: the root module is null");
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    FSDPOptions block = options;
+    block.mp_policy.output_dtype.reset();
+    block.reshard_after_forward = options.reshard_after_forward && i + 1 < blocks.size();
+    fully_shard(blocks[i], group, block);
+  }
+  return fully_shard(root, std::move(group), options);
+}
+
 // ---- what the handle offers ----
 
 Tensor FSDPModule::clip_grad_norm_(double max_norm, double norm_type) {

@@ -196,4 +196,12 @@ std::shared_ptr<FSDPModule> fully_shard(nn::ModulePtr module, std::shared_ptr<Pr
 // The same over the mesh's "dp" dimension (its other dimensions are a plan's: tp).
 std::shared_ptr<FSDPModule> fully_shard(nn::ModulePtr module, const DeviceMesh& mesh, FSDPOptions options = {});
 
+// The usual units of a model made of a stack of blocks (torchtitan's apply_fsdp): fully_shard
+// on each block, then on the root, whose unit holds the rest. The last block stays gathered
+// from its forward to its backward, which comes first (reshard_after_forward false for it);
+// options.mp_policy's output_dtype is the root's alone (the blocks pass param_dtype on).
+// Returns the root's state: parameters() for the optimizer.
+std::shared_ptr<FSDPModule> fully_shard_blocks(const nn::ModulePtr& root, const std::vector<nn::ModulePtr>& blocks,
+                                               std::shared_ptr<ProcessGroup> group, FSDPOptions options = {});
+
 }  // namespace mg::parallel

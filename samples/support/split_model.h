@@ -1,21 +1,22 @@
-// train_gpt --dp D --tp T --pp P --cp C [--sequence-parallel] [--zero 1|2|3]: one rank's part
-// of the GPT split over a DeviceMesh of D x P x C x T processes started by minigrad-run
-// (docs/gpt-split-training.md).
+// train_gpt --model gpt|llama --dp D --tp T --pp P --cp C [--sequence-parallel] [--zero 1|2|3]:
+// one rank's part of a model split over a DeviceMesh of D x P x C x T processes started by
+// minigrad-run (docs/gpt-split-training.md). Nothing here names a module: the model comes
+// with its models::SplitSpec (models/split_spec.h: its plans, FSDP units, pipeline cut,
+// recompute, loss), and every model is split by the same code.
 //
 //   minigrad-run --nproc-per-node 4 build/bin/train_gpt --devices cpu --dp 2 --tp 2
+//   minigrad-run --nproc-per-node 8 build/bin/train_gpt --model llama --devices cpu --dp 2 --tp 2 --pp 2
 //
-// Every rank builds the same GPT from the same seed and draws the same global windows of
-// each step; the split decides which part of that work is its own. The split is the GPT's
-// plans and cut (models/gpt_plan.h) and the library's generic forms; nothing here names a
-// module of the GPT:
-//   cp, tp  models::parallelize_gpt: the cp plan (ring attention, the chunks' positions),
-//           then the tp plan (Megatron's column/row layers, the vocabulary-parallel
-//           embedding and head; with --sequence-parallel the residual stream cut along T);
-//   pp      parallel::MeshPipeline over models::gpt_pipeline_cut: the stages of 1F1B or
-//           interleaved 1F1B, the tied embedding's copies summed by their placement;
+// Every rank builds the same model from the same seed and draws the same global windows of
+// each step; the split decides which part of that work is its own:
+//   cp, tp  spec.parallelize: the cp plan (ring attention, the chunks' positions), then the
+//           tp plan (Megatron's column/row layers, the vocabulary-parallel embedding and
+//           head; with --sequence-parallel the residual stream cut along T);
+//   pp      parallel::MeshPipeline over spec.pipeline_cut: the stages of 1F1B or interleaved
+//           1F1B, tied weights' copies summed by their placement;
 //   dp      the rows of the global batch (the first B % dp ranks one more); --zero 1|2
 //           shard AdamW's state (and, 2, the gradients) with ZeroRedundancyOptimizer, --zero
-//           3 shards everything with fully_shard per block (models::fully_shard_gpt).
+//           3 shards everything with spec.fully_shard (FSDP per block).
 //
 // The loss: each rank's share of the whole batch's mean -- its rows' mean (vocabulary- and
 // context-parallel under parallel::LossParallel) times its rows / B -- whose sum over dp is
@@ -36,7 +37,7 @@
 #include <minigrad/core/device.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/core/tensor.h>
-#include <minigrad/models/gpt.h>
+#include <minigrad/models/split_spec.h>
 #include <minigrad/nn/optim/adam.h>
 #include <minigrad/nn/optim/master_weights.h>
 #include <minigrad/nn/optim/optimizer.h>
@@ -51,7 +52,7 @@
 
 namespace mg::samples {
 
-struct GPTSplit {
+struct ModelSplit {
   int dp = 1, tp = 1, pp = 1, cp = 1;
   bool sequence_parallel = false;
   // --pp > 1: the pipeline's options (--schedule, --micro-batches, --model-chunks).
@@ -70,20 +71,21 @@ struct GPTSplit {
 // launcher's world size (1 without one), --sequence-parallel without tp, the batch over dp,
 // the block over 2 * cp and (sequence parallel) its cp part over tp, dropout under cp, the
 // --zero stages a split composes with. OptionError naming the numbers.
-void check_split(const GPTSplit& split, int64_t batch_size, int64_t block_size, double dropout,
+void check_split(const ModelSplit& split, int64_t batch_size, int64_t block_size, double dropout,
                  double weight_decay = 0.0);
 
 // Joins the job (Gloo on the CPU, NCCL on GPUs; this rank's device: `devices` at
 // LOCAL_RANK, which becomes the list's only entry).
 DistributedRun join_split_run(double timeout_seconds, std::vector<Device>& devices);
 
-class SplitGPT {
+class SplitModel {
  public:
-  // `gpt`: the whole model, built from the seed on this rank's device, the same on every
-  // rank; split in place by its plans (cp, tp), sharded by fully_shard (--zero 3), or copied
-  // into this rank's pipeline stages (--pp; `gpt` then keeps the single-device layout and
-  // names for checkpoints).
-  SplitGPT(std::shared_ptr<models::GPT> gpt, const GPTSplit& split, const DistributedRun& dist, uint64_t seed);
+  // `spec.model`: the whole model, built from the seed on this rank's device, the same on
+  // every rank; split in place by its plans (cp, tp), sharded by its FSDP units (--zero 3,
+  // with `fsdp`'s options: FSDP's MixedPrecisionPolicy), or copied into this rank's pipeline
+  // stages (--pp; the model then keeps the single-device layout and names for checkpoints).
+  SplitModel(models::SplitSpec spec, const ModelSplit& split, const DistributedRun& dist, uint64_t seed,
+             parallel::FSDPOptions fsdp = {});
 
   // What this rank's optimizer steps: the model's parameters (its plan's shards), the
   // pipeline's stages', or FSDP's flat shards; named as the single-device model names them
@@ -91,7 +93,7 @@ class SplitGPT {
   std::vector<Tensor> parameters() const;
   std::vector<nn::NamedTensor> named_parameters() const;
   const parallel::DeviceMesh& mesh() const { return *mesh_; }
-  const GPTSplit& split() const { return split_; }
+  const ModelSplit& split() const { return split_; }
 
   // The global batch x, y [B, T] (every rank the same) -> this rank's share of the batch's
   // mean loss (see above): differentiable; summed over dp it is the mean.
@@ -140,10 +142,10 @@ class SplitGPT {
   void place_masters(const optim::MasterWeights& masters) const;
 
   // ---- the single-device layout: checkpoints and the sample ----
-  // Collectives: the whole model's state dict under the single-device names (the GPT's
-  // own state_dict(), its tied lm_head.weight included), and the state of `optimizers` (the
-  // trainer's AdamW over this rank's parameters, or the --zero pair) as the single-device
-  // AdamW's state_dict() -- the same file under every split.
+  // Collectives: the whole model's state dict under the single-device names (the model's
+  // own state_dict(): spec.state_dict_of adds the GPT's tied lm_head.weight), and the
+  // state of `optimizers` (the trainer's AdamW over this rank's parameters, or the --zero
+  // pair) as the single-device AdamW's state_dict() -- the same file under every split.
   nn::TensorDict model_state_dict();
   optim::TensorDict optimizer_state_dict(const std::vector<optim::Optimizer*>& optimizers);
   // Not collectives: every rank takes its part of a whole (checked) state dict and of the
@@ -151,9 +153,6 @@ class SplitGPT {
   void load_model_state_dict(const nn::TensorDict& state, const std::string& source);
   void load_optimizer_state_dict(const std::vector<optim::Optimizer*>& optimizers, const optim::TensorDict& state,
                                  const std::string& source);
-  // A collective: a fresh single-device GPT holding the trained weights (for the sample;
-  // on every rank, on this rank's device).
-  std::shared_ptr<models::GPT> whole_model();
   // Dropout's generator differs per dp rank (other rows, other masks), so a checkpoint keeps
   // each one's. A collective: every dp rank's state, in dp order. Not one: this rank takes
   // its own from them; saved under another dp size (or on one device), a rank beyond them
@@ -168,8 +167,8 @@ class SplitGPT {
   // The single-device AdamW's parameters in its order (nanoGPT's two groups), by name.
   std::vector<std::string> whole_optimizer_names() const;
 
-  std::shared_ptr<models::GPT> gpt_;
-  GPTSplit split_;
+  models::SplitSpec spec_;
+  ModelSplit split_;
   uint64_t seed_;
   std::unique_ptr<parallel::DeviceMesh> mesh_;
   std::unique_ptr<parallel::MeshPipeline> pipeline_;    // --pp > 1

@@ -1,4 +1,4 @@
-#include "gpt_parallel.h"
+#include "split_model.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,7 +10,6 @@
 #include <minigrad/autograd/grad_mode.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
-#include <minigrad/models/gpt_plan.h>
 #include <minigrad/parallel/c10d/launch_environment.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
 #include <minigrad/parallel/clip_grad.h>
@@ -31,7 +30,7 @@ uint64_t dp_seed(uint64_t seed, int dp_rank) { return seed + 7919 * static_cast<
 
 }  // namespace
 
-std::string GPTSplit::str() const {
+std::string ModelSplit::str() const {
   return fmt::format("dp {} x tp {} x {}cp {}{}{}{}{}", dp, tp, pp > 1 ? fmt::format("pp {} x ", pp) : "", cp,
                      sequence_parallel ? ", sequence parallel" : "",
                      pp > 1 ? fmt::format(", {} schedule, {} micro-batches, {} model chunk{}",
@@ -42,7 +41,7 @@ std::string GPTSplit::str() const {
                      recompute ? ", recompute" : "");
 }
 
-void check_split(const GPTSplit& s, int64_t batch_size, int64_t block_size, double dropout, double weight_decay) {
+void check_split(const ModelSplit& s, int64_t batch_size, int64_t block_size, double dropout, double weight_decay) {
   const bool launched = parallel::in_launched_job();
   const int world = launched ? parallel::LaunchEnvironment::from_environment().world_size : 1;
   if (s.ranks() != world)
@@ -65,7 +64,7 @@ void check_split(const GPTSplit& s, int64_t batch_size, int64_t block_size, doub
     throw OptionError(fmt::format("--zero 3: AdamW steps FSDP's flat shards, which mix the 2-D weights with biases and "
                                   "LayerNorm gains, so it cannot decay the weights alone; pass --weight-decay 0 (not {})", weight_decay));
   if (s.recompute && s.tp > 1 && s.pp == 1)
-    throw OptionError("--recompute with --tp: block checkpointing wraps the plain GPT's blocks; under --tp it needs --pp (the pipeline's checkpointing)");
+    throw OptionError("--recompute with --tp: block checkpointing wraps the plain model's blocks; under --tp it needs --pp (the pipeline's checkpointing)");
   if (s.sequence_parallel && s.tp == 1)
     throw OptionError("--sequence-parallel splits the tensor-parallel layers' activations: it needs --tp 2 or more");
   if (batch_size < s.dp)
@@ -99,15 +98,15 @@ DistributedRun join_split_run(double timeout_seconds, std::vector<Device>& devic
   return run;
 }
 
-SplitGPT::SplitGPT(std::shared_ptr<models::GPT> gpt, const GPTSplit& split, const DistributedRun& dist,
-                   uint64_t seed)
-    : gpt_(std::move(gpt)), split_(split), seed_(seed) {
+SplitModel::SplitModel(models::SplitSpec spec, const ModelSplit& split, const DistributedRun& dist, uint64_t seed,
+                       parallel::FSDPOptions fsdp)
+    : spec_(std::move(spec)), split_(split), seed_(seed) {
   // Every dimension, size 1 included, so that every group exists.
   mesh_ = std::make_unique<parallel::DeviceMesh>(
       dist.group, std::vector<parallel::MeshDim>{{"dp", split.dp}, {"pp", split.pp}, {"cp", split.cp}, {"tp", split.tp}});
   parallel::ParallelizeOptions plan_options;
   plan_options.seed = seed;
-  models::parallelize_gpt(*gpt_, *mesh_, split.sequence_parallel, plan_options);
+  spec_.parallelize(*mesh_, split.sequence_parallel, plan_options);
   if (split.pp > 1) {
     parallel::MeshPipelineOptions options;
     options.micro_batches = split.micro_batches;
@@ -115,16 +114,16 @@ SplitGPT::SplitGPT(std::shared_ptr<models::GPT> gpt, const GPTSplit& split, cons
     if (split.recompute) options.checkpoint = parallel::Checkpoint::Always;
     options.finish_gradients = false;  // once per step, after gradient accumulation
     pipeline_ = std::make_unique<parallel::MeshPipeline>(
-        *gpt_, *mesh_, models::gpt_pipeline_cut(gpt_->config(), split.pp, split.model_chunks), options);
+        *spec_.model, *mesh_, spec_.pipeline_cut(split.pp, split.model_chunks), options);
   } else if (split.zero == 3) {
-    fsdp_ = models::fully_shard_gpt(gpt_, mesh_->group("dp"));
+    fsdp_ = spec_.fully_shard(mesh_->group("dp"), fsdp);
   } else if (split.dp > 1) {
     // Each dp rank's gradient is its rows' share of the mean: summed over dp with the other
     // Partial gradients (ZeRO-2 and FSDP reduce over dp themselves).
     const auto& dp = mesh_->group("dp");
-    for (const auto& [name, p] : gpt_->named_parameters()) {
-      const parallel::ParameterSpec* spec = parallel::spec_of(p);
-      parallel::record_placement(p, name, spec ? spec->pieces[0].shape : p.shape(),
+    for (const auto& [name, p] : spec_.model->named_parameters()) {
+      const parallel::ParameterSpec* placed = parallel::spec_of(p);
+      parallel::record_placement(p, name, placed ? placed->pieces[0].shape : p.shape(),
                                  parallel::DimPlacement{"dp", dp, dp->rank(), dp->size(),
                                                         parallel::Placement::replicate(), split.zero < 2});
     }
@@ -134,7 +133,7 @@ SplitGPT::SplitGPT(std::shared_ptr<models::GPT> gpt, const GPTSplit& split, cons
   if (mesh_->rank("dp") > 0) manual_seed(dp_seed(seed, mesh_->rank("dp")));
 }
 
-std::vector<Generator::State> SplitGPT::dp_generator_states() const {
+std::vector<Generator::State> SplitModel::dp_generator_states() const {
   const Generator::State mine = default_generator().state();
   // The bits of the two uint64 carried as int64 (the process groups' integer type).
   Tensor local = from_vector(std::vector<int64_t>{static_cast<int64_t>(mine.seed), static_cast<int64_t>(mine.offset)},
@@ -149,29 +148,29 @@ std::vector<Generator::State> SplitGPT::dp_generator_states() const {
   return states;
 }
 
-void SplitGPT::set_dp_generator_state(const std::vector<Generator::State>& states) const {
-  MG_CHECK(!states.empty(), "SplitGPT::set_dp_generator_state: no generator state");
+void SplitModel::set_dp_generator_state(const std::vector<Generator::State>& states) const {
+  MG_CHECK(!states.empty(), "SplitModel::set_dp_generator_state: no generator state");
   const auto r = static_cast<size_t>(mesh_->rank("dp"));
   default_generator().set_state(r < states.size() ? states[r]
                                                   : Generator::State{dp_seed(seed_, mesh_->rank("dp")), states[0].offset});
 }
 
-std::vector<Tensor> SplitGPT::parameters() const {
+std::vector<Tensor> SplitModel::parameters() const {
   if (fsdp_) return fsdp_->parameters();
-  return pipeline_ ? pipeline_->parameters() : gpt_->parameters();
+  return pipeline_ ? pipeline_->parameters() : spec_.model->parameters();
 }
 
-std::vector<nn::NamedTensor> SplitGPT::named_parameters() const {
+std::vector<nn::NamedTensor> SplitModel::named_parameters() const {
   if (pipeline_) return pipeline_->named_parameters();
-  if (!fsdp_) return gpt_->named_parameters();
+  if (!fsdp_) return spec_.model->named_parameters();
   std::vector<nn::NamedTensor> out;  // flat shards: their pieces carry the names
   for (const Tensor& p : fsdp_->parameters()) out.emplace_back(fmt::format("flat_shard_{}", out.size()), p);
   return out;
 }
 
-std::vector<std::unique_ptr<optim::Optimizer>> SplitGPT::make_zero_optimizers(const optim::AdamWOptions& options,
+std::vector<std::unique_ptr<optim::Optimizer>> SplitModel::make_zero_optimizers(const optim::AdamWOptions& options,
                                                                                bool master_weights) {
-  MG_CHECK(split_.zero == 1 || split_.zero == 2, "SplitGPT::make_zero_optimizers: --zero {}", split_.zero);
+  MG_CHECK(split_.zero == 1 || split_.zero == 2, "SplitModel::make_zero_optimizers: --zero {}", split_.zero);
   // This rank's parameters (its plan's shards, its pipeline stages), in nanoGPT's two
   // groups; ZeRO cuts each list's AdamW state over dp.
   std::vector<nn::NamedTensor> decayed, rest;
@@ -199,24 +198,25 @@ std::vector<std::unique_ptr<optim::Optimizer>> SplitGPT::make_zero_optimizers(co
   return out;
 }
 
-void SplitGPT::set_training(bool on) {
+void SplitModel::set_training(bool on) {
   if (pipeline_) return pipeline_->train(on);
-  gpt_->train(on);
+  spec_.model->train(on);
 }
 
-Tensor SplitGPT::pipeline_step(const Tensor& x, const Tensor& y, double divide_by, double loss_scale) {
+Tensor SplitModel::pipeline_step(const Tensor& x, const Tensor& y, double divide_by, double loss_scale) {
   const parallel::DeviceMesh& mesh = *mesh_;
+  const auto& model_loss = spec_.loss;
   const Tensor loss = pipeline_->train_step(pipeline_->local_batch(x), pipeline_->local_batch(y),
-                                            [&mesh, divide_by, loss_scale](const Tensor& out, const Tensor& t) {
+                                            [&mesh, &model_loss, divide_by, loss_scale](const Tensor& out, const Tensor& t) {
                                               parallel::LossParallel loss_parallel(mesh);
-                                              const Tensor sum = models::GPT::loss(out, t, Reduction::Sum);
+                                              const Tensor sum = model_loss(out, t, Reduction::Sum);
                                               return loss_scale == 1.0 ? mul(sum, 1.0 / divide_by)
                                                                        : mul(mul(sum, loss_scale), 1.0 / divide_by);
                                             });
   return loss_scale == 1.0 ? loss : mul(loss, 1.0 / loss_scale);
 }
 
-double SplitGPT::eval_loss(const Tensor& x, const Tensor& y) {
+double SplitModel::eval_loss(const Tensor& x, const Tensor& y) {
   // A training step's forward and backward in eval mode (the caller set it): the loss is
   // the forward's; the gradients it leaves are dropped (the next step zeroes them anyway).
   AutoGradMode grad(true);
@@ -225,7 +225,7 @@ double SplitGPT::eval_loss(const Tensor& x, const Tensor& y) {
   return loss;
 }
 
-Tensor SplitGPT::loss_share(const Tensor& x, const Tensor& y) {
+Tensor SplitModel::loss_share(const Tensor& x, const Tensor& y) {
   const int64_t B = x.size(0);
   const int dp = mesh_->size("dp"), dp_rank = mesh_->rank("dp");
   const int64_t base = B / dp, extra = B % dp;
@@ -236,11 +236,11 @@ Tensor SplitGPT::loss_share(const Tensor& x, const Tensor& y) {
     return split_.cp > 1 ? parallel::context_parallel::shard_sequence(mine, mesh_->rank("cp"), split_.cp) : mine;
   };
   parallel::LossParallel loss_parallel(*mesh_);
-  const Tensor mean = models::GPT::loss((*gpt_)(local(x)), local(y));  // through FSDP's hooks too
+  const Tensor mean = spec_.loss((*spec_.model)(local(x)), local(y), Reduction::Mean);  // through FSDP's hooks too
   return rows == B ? mean : mean * (static_cast<double>(rows) / static_cast<double>(B));
 }
 
-std::vector<Tensor> SplitGPT::gradient_holders() const {
+std::vector<Tensor> SplitModel::gradient_holders() const {
   if (split_.zero != 2) return parameters();
   std::vector<Tensor> shards;
   for (const auto* zero : zero_)
@@ -248,7 +248,7 @@ std::vector<Tensor> SplitGPT::gradient_holders() const {
   return shards;
 }
 
-void SplitGPT::reduce_gradients(Tensor& step_loss) {
+void SplitModel::reduce_gradients(Tensor& step_loss) {
   // Every Partial gradient: SP's over tp, everything over cp, the tied copies, dp's shares.
   if (pipeline_) pipeline_->finish_gradients();
   else parallel::reduce_partial_gradients(gradient_holders());
@@ -258,23 +258,23 @@ void SplitGPT::reduce_gradients(Tensor& step_loss) {
   }
 }
 
-void SplitGPT::sum_over_dp(Tensor& shares) {
+void SplitModel::sum_over_dp(Tensor& shares) {
   if (split_.dp > 1) mesh_->group("dp")->allreduce({shares})->wait();
 }
 
-Tensor SplitGPT::clip_grad_norm_(double max_norm) {
+Tensor SplitModel::clip_grad_norm_(double max_norm) {
   return parallel::clip_grad_norm_(gradient_holders(), *mesh_, max_norm);
 }
 
-Tensor SplitGPT::clip_grad_norm_(const std::vector<Tensor>& holders, double max_norm) {
+Tensor SplitModel::clip_grad_norm_(const std::vector<Tensor>& holders, double max_norm) {
   return parallel::clip_grad_norm_(holders, *mesh_, max_norm);
 }
 
-void SplitGPT::reduce_found_inf(Tensor& found_inf) const {
+void SplitModel::reduce_found_inf(Tensor& found_inf) const {
   mesh_->world()->allreduce({found_inf})->wait();
 }
 
-void SplitGPT::place_masters(const optim::MasterWeights& masters) const {
+void SplitModel::place_masters(const optim::MasterWeights& masters) const {
   std::unordered_map<const TensorImpl*, std::string> names;
   for (const auto& [name, p] : named_parameters()) names.emplace(p.impl(), name);
   for (size_t i = 0; i < masters.parameters().size(); ++i) {
@@ -286,22 +286,22 @@ void SplitGPT::place_masters(const optim::MasterWeights& masters) const {
 
 // ---- the single-device layout ----
 
-std::vector<std::string> SplitGPT::whole_optimizer_names() const {
+std::vector<std::string> SplitModel::whole_optimizer_names() const {
   // optim::weight_decay_groups' order over the single-device parameters: the 2-D weights,
   // then the rest. A parameter's dimensions are the same in every split.
   std::vector<std::string> decayed, rest;
-  for (const auto& [name, p] : gpt_->named_parameters()) (p.dim() >= 2 ? decayed : rest).push_back(name);
+  for (const auto& [name, p] : spec_.model->named_parameters()) (p.dim() >= 2 ? decayed : rest).push_back(name);
   decayed.insert(decayed.end(), rest.begin(), rest.end());
   return decayed;
 }
 
-nn::TensorDict SplitGPT::model_state_dict() {
+nn::TensorDict SplitModel::model_state_dict() {
   NoGradGuard no_grad;
-  // The GPT's own layout (lm_head.weight beside wte): a single-device GPT's state dict.
-  return models::GPT::state_dict_of(parallel::full_state_dict(named_parameters(), *mesh_));
+  // The model's own layout (the GPT's lm_head.weight beside wte): a single-device state dict.
+  return spec_.state_dict_of(parallel::full_state_dict(named_parameters(), *mesh_));
 }
 
-optim::TensorDict SplitGPT::optimizer_state_dict(const std::vector<optim::Optimizer*>& optimizers) {
+optim::TensorDict SplitModel::optimizer_state_dict(const std::vector<optim::Optimizer*>& optimizers) {
   parallel::OptimizerState whole;
   const std::vector<nn::NamedTensor> named = named_parameters();
   for (const optim::Optimizer* opt : optimizers)
@@ -309,28 +309,15 @@ optim::TensorDict SplitGPT::optimizer_state_dict(const std::vector<optim::Optimi
   return parallel::indexed_optimizer_state(whole, whole_optimizer_names());
 }
 
-void SplitGPT::load_model_state_dict(const nn::TensorDict& state, const std::string& source) {
+void SplitModel::load_model_state_dict(const nn::TensorDict& state, const std::string& source) {
   parallel::load_full_state_dict(named_parameters(), state, source);
 }
 
-void SplitGPT::load_optimizer_state_dict(const std::vector<optim::Optimizer*>& optimizers,
+void SplitModel::load_optimizer_state_dict(const std::vector<optim::Optimizer*>& optimizers,
                                          const optim::TensorDict& state, const std::string& source) {
   const parallel::OptimizerState whole = parallel::named_optimizer_state(state, whole_optimizer_names());
   const std::vector<nn::NamedTensor> named = named_parameters();
   for (optim::Optimizer* opt : optimizers) parallel::load_full_optimizer_state(*opt, named, whole, source);
-}
-
-std::shared_ptr<models::GPT> SplitGPT::whole_model() {
-  const nn::TensorDict state = model_state_dict();
-  // Building a GPT draws its initial weights: the generator is left where training left it,
-  // so the sample draws what the single-device run's does.
-  const Generator::State generator = default_generator().state();
-  auto gpt = std::make_shared<models::GPT>(gpt_->config());
-  default_generator().set_state(generator);
-  gpt->to(state.begin()->second.dtype());  // bf16-true's weights are bfloat16
-  gpt->load_state_dict(state, "the gathered model");
-  gpt->to(mesh_->world()->device());
-  return gpt;
 }
 
 }  // namespace mg::samples
