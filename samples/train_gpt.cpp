@@ -134,7 +134,8 @@ struct Options {
   std::string devices = "cpu";
   std::vector<Device> device_list;
   std::string data_dir = data::kFortunesDir, tokens;
-  std::string save, resume, metrics, plot;
+  std::string save, resume, metrics, plot, scale_log;  // --scale-log: 16-mixed's loss scale per step
+  int64_t growth_interval = 2000;                      // 16-mixed: GradScaler's, torch's default
   int64_t sample_chars = 400;
   double temperature = 0.8;
   int64_t top_k = 0;
@@ -183,6 +184,8 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   app.add_option("--resume", o.resume, "Continue from a checkpoint written by --save");
   app.add_option("--metrics", o.metrics, "Write step,train_loss,val_loss,lr,seconds at every evaluation to this CSV");
   app.add_option("--plot", o.plot, "Draw the train and validation loss into this SVG");
+  app.add_option("--scale-log", o.scale_log, "16-mixed: write step,scale,stepped (the loss scale of every step) to this CSV");
+  app.add_option("--growth-interval", o.growth_interval, "16-mixed: clean steps before the loss scale doubles")->check(samples::positive_integer())->capture_default_str();
   app.add_option("--sample-chars", o.sample_chars, "Characters of text to generate at the end (0: none)")->check(samples::non_negative_integer())->capture_default_str();
   app.add_option("--temperature", o.temperature, "Sampling temperature (0: always the likeliest character)")->check(samples::non_negative_number())->capture_default_str();
   app.add_option("--top-k", o.top_k, "Sample among the k likeliest characters (0: all)")->check(samples::non_negative_integer())->capture_default_str();
@@ -218,6 +221,8 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     o.split.interleaved = schedule == "interleaved";
     o.precision = samples::parse_precision(precision);
     if (o.split.micro_batches == 0) o.split.micro_batches = o.split.pp;
+    if (!o.scale_log.empty() && o.precision != samples::Precision::F16Mixed)
+      throw samples::OptionError("--scale-log records 16-mixed's loss scale: it needs --precision 16-mixed");
     if (o.fsdp_mp_policy && (o.split.zero != 3 || (o.precision != samples::Precision::BF16Mixed &&
                                                    o.precision != samples::Precision::F16Mixed)))
       throw samples::OptionError(fmt::format("--fsdp-mp-policy is FSDP's way of a mixed precision: it needs --zero 3 and "
@@ -241,7 +246,7 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     // temporary file as a stale one).
     const bool elsewhere = o.distributed && parallel::LaunchEnvironment::from_environment().rank != 0;
     samples::check_file_flags(kProgram, {{"--save", o.save, elsewhere, ""}, {"--metrics", o.metrics, elsewhere, ""},
-                                         {"--plot", o.plot, elsewhere, ""}},
+                                         {"--plot", o.plot, elsewhere, ""}, {"--scale-log", o.scale_log, elsewhere, ""}},
                               {{"--resume", o.resume, false, ""}});
   } catch (const Error& e) {
     return samples::report_error(kProgram, samples::OptionError(e.what()));
@@ -546,7 +551,7 @@ int train(Options options) {
   // --precision: 16-mixed's scaler skips a step when any rank found an inf or NaN.
   amp::FoundInfReducer agree;
   if (run.split) agree = [split = run.split.get()](Tensor& found_inf) { split->reduce_found_inf(found_inf); };
-  run.amp = std::make_unique<samples::MixedPrecision>(o.precision, run.device, agree);
+  run.amp = std::make_unique<samples::MixedPrecision>(o.precision, run.device, agree, o.growth_interval);
   if (o.split.zero == 1 || o.split.zero == 2)
     run.zero = run.split->make_zero_optimizers(optim::AdamWOptions(o.lr).betas({0.9, 0.99}).weight_decay(o.weight_decay),
                                                o.precision == samples::Precision::BF16True);
@@ -710,6 +715,7 @@ int train(Options options) {
   if (rank0 && run.amp->scaling())
     fmt::print("16-mixed: {} step{} skipped for an inf or NaN gradient; loss scale {}\n", run.skipped_steps,
                run.skipped_steps == 1 ? "" : "s", run.amp->loss_scale());
+  if (rank0 && !o.scale_log.empty()) run.amp->write_scale_history("--scale-log", o.scale_log, o.iters - static_cast<int64_t>(run.amp->scale_history().size()));
 
   // Under a split the whole model is gathered first (tp shards, pp stages, FSDP's shards).
   const bool sample = o.sample_chars > 0;

@@ -363,39 +363,9 @@ Checkpoint decode(const char* op, const std::string& path, const LoadOptions& op
 
 void check_module_state(const char* op, const Module& module, const TensorDict& tensors,
                         const std::string& source) {
-  const TensorDict expected = state_dict(module);
-  std::vector<std::string> missing, unexpected, mismatched;
-  for (const auto& [name, want] : expected) {
-    const auto it = tensors.find(name);
-    if (it == tensors.end()) {
-      missing.push_back(fmt::format("missing key '{}' (shape {}, {})", name, want.shape(),
-                                    want.dtype()));
-      continue;
-    }
-    const Tensor& got = it->second;
-    if (!got.defined()) {
-      mismatched.push_back(fmt::format("'{}' is an undefined tensor", name));
-    } else if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
-      mismatched.push_back(fmt::format("{} mismatch for '{}': shape {} ({}) in {}, shape {} ({}) "
-                                       "in the module",
-                                       got.shape() != want.shape() ? "size" : "dtype", name,
-                                       got.shape(), got.dtype(), source, want.shape(),
-                                       want.dtype()));
-    }
-  }
-  for (const auto& [name, got] : tensors)
-    if (expected.count(name) == 0)
-      unexpected.push_back(got.defined() ? fmt::format("unexpected key '{}' (shape {}, {})", name,
-                                                       got.shape(), got.dtype())
-                                         : fmt::format("unexpected key '{}'", name));
-
-  const size_t count = missing.size() + unexpected.size() + mismatched.size();
-  if (count == 0) return;
-  std::string list;
-  for (const auto* group : {&missing, &unexpected, &mismatched})
-    for (const auto& line : *group) list += "\n  " + line;
-  MG_FAIL("{}: {} does not match {} ({} problem{}; nothing was loaded):{}", op, source,
-          module.type_name(), count, count == 1 ? "" : "s", list);
+  std::map<std::string, TensorSpec> expected;
+  for (const auto& [name, t] : state_dict(module)) expected.emplace(name, TensorSpec{t.shape(), t.dtype()});
+  check_state_dict(expected, tensors, op, module.type_name(), source);
 }
 
 void load_module_state(const char* op, Module& module, const TensorDict& tensors,
@@ -449,6 +419,42 @@ TensorDict state_dict(const Module& module) {
   for (auto& [name, t] : module.named_parameters()) out.emplace(name, t);
   for (auto& [name, t] : module.named_buffers()) out.emplace(name, t);
   return out;
+}
+
+void check_state_dict(const std::map<std::string, TensorSpec>& expected, const TensorDict& tensors,
+                      const std::string& op, const std::string& holder, const std::string& source) {
+  std::vector<std::string> missing, unexpected, mismatched;
+  for (const auto& [name, want] : expected) {
+    const auto it = tensors.find(name);
+    if (it == tensors.end()) {
+      missing.push_back(fmt::format("missing key '{}' (shape {}, {})", name, want.shape,
+                                    want.dtype));
+      continue;
+    }
+    const Tensor& got = it->second;
+    if (!got.defined()) {
+      mismatched.push_back(fmt::format("'{}' is an undefined tensor", name));
+    } else if (got.shape() != want.shape || got.dtype() != want.dtype) {
+      mismatched.push_back(fmt::format("{} mismatch for '{}': shape {} ({}) in {}, shape {} ({}) "
+                                       "in the module",
+                                       got.shape() != want.shape ? "size" : "dtype", name,
+                                       got.shape(), got.dtype(), source, want.shape,
+                                       want.dtype));
+    }
+  }
+  for (const auto& [name, got] : tensors)
+    if (expected.count(name) == 0)
+      unexpected.push_back(got.defined() ? fmt::format("unexpected key '{}' (shape {}, {})", name,
+                                                       got.shape(), got.dtype())
+                                         : fmt::format("unexpected key '{}'", name));
+
+  const size_t count = missing.size() + unexpected.size() + mismatched.size();
+  if (count == 0) return;
+  std::string list;
+  for (const auto* group : {&missing, &unexpected, &mismatched})
+    for (const auto& line : *group) list += "\n  " + line;
+  MG_FAIL("{}: {} does not match {} ({} problem{}; nothing was loaded):{}", op, source,
+          holder, count, count == 1 ? "" : "s", list);
 }
 
 void check_state_dict(const Module& module, const TensorDict& tensors, const std::string& source) {

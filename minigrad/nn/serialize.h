@@ -82,6 +82,16 @@ TensorDict state_dict(const Module& module);
 // and names `source` (a file name, or what the tensors are).
 void check_state_dict(const Module& module, const TensorDict& tensors,
                       const std::string& source = "state dict");
+// The same check against names, shapes and dtypes given apart from any module's tensors:
+// for a holder whose tensors at rest are not what it loads (FSDP under a mixed-precision
+// policy: bfloat16 views of a gathered unit, float32 shards that a state dict fills). `op`
+// and `holder` name the caller and the thing loaded in the message.
+struct TensorSpec {
+  Shape shape;
+  DType dtype = DType::Float32;
+};
+void check_state_dict(const std::map<std::string, TensorSpec>& expected, const TensorDict& tensors,
+                      const std::string& op, const std::string& holder, const std::string& source);
 // check_state_dict, then copies the values into the module's parameters and buffers in
 // place (each on its own device), so optimizers holding them see the new values.
 void load_state_dict(Module& module, const TensorDict& tensors,

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <minigrad/core/files.h>
+
 #include "command_line.h"
 
 namespace mg::samples {
@@ -23,11 +25,13 @@ const char* precision_name(Precision precision) {
   return precision_names().at(static_cast<size_t>(precision)).c_str();
 }
 
-MixedPrecision::MixedPrecision(Precision precision, Device device, amp::FoundInfReducer reduce_found_inf)
+MixedPrecision::MixedPrecision(Precision precision, Device device, amp::FoundInfReducer reduce_found_inf,
+                               int64_t growth_interval)
     : precision_(precision), device_(device) {
   if (precision == Precision::F16Mixed) {
     amp::GradScalerOptions options;  // torch's: 2^16, x2 after 2000 clean steps, x0.5 on inf
     options.reduce_found_inf = std::move(reduce_found_inf);
+    options.growth_interval = growth_interval;
     scaler_ = std::make_unique<amp::GradScaler>(options);
   }
 }
@@ -81,8 +85,17 @@ bool MixedPrecision::step(const std::vector<optim::Optimizer*>& optimizers) {
   }
   bool stepped = true;
   for (optim::Optimizer* opt : optimizers) stepped = scaler_->step(*opt) && stepped;
+  scale_history_.push_back({scaler_->get_scale(), stepped});  // the scale this step's loss had
   scaler_->update();
   return stepped;
+}
+
+void MixedPrecision::write_scale_history(const std::string& flag, const std::string& path, int64_t first_step) const {
+  std::string csv = "step,scale,stepped\n";
+  for (size_t i = 0; i < scale_history_.size(); ++i)
+    csv += fmt::format("{},{},{}\n", first_step + 1 + static_cast<int64_t>(i), scale_history_[i].scale,
+                       scale_history_[i].stepped ? 1 : 0);
+  files::write_atomically(flag.c_str(), path, csv);
 }
 
 std::map<std::string, Tensor> MixedPrecision::state_dict() const {

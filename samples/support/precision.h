@@ -28,6 +28,7 @@
 // bit for bit in every precision.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -56,7 +57,10 @@ class MixedPrecision {
  public:
   // `reduce_found_inf`: the GradScaler's agreement over the ranks (16-mixed under a split:
   // an all-reduce over every rank, so that one rank's inf skips the step everywhere).
-  explicit MixedPrecision(Precision precision, Device device, amp::FoundInfReducer reduce_found_inf = {});
+  // `growth_interval`: the clean steps after which the scale doubles (torch's 2000; fewer
+  // shows the scale's growth and backoffs within a short run).
+  explicit MixedPrecision(Precision precision, Device device, amp::FoundInfReducer reduce_found_inf = {},
+                          int64_t growth_interval = 2000);
 
   Precision precision() const { return precision_; }
   const char* name() const { return precision_name(precision_); }
@@ -88,6 +92,16 @@ class MixedPrecision {
   // update. Returns whether the step was taken.
   bool step(const std::vector<optim::Optimizer*>& optimizers);
   amp::GradScaler* scaler() { return scaler_.get(); }
+  // Every step() of this process under a scaler: the scale the step's loss was multiplied
+  // by, and whether the step was taken (false: an inf or NaN, the scale halved after it).
+  struct ScaleRecord {
+    double scale = 0;
+    bool stepped = true;
+  };
+  const std::vector<ScaleRecord>& scale_history() const { return scale_history_; }
+  // scale_history() as CSV, "step,scale,stepped", the steps numbered from `first_step` + 1
+  // (a resumed run's first), written with files::write_atomically (the flag names `flag`).
+  void write_scale_history(const std::string& flag, const std::string& path, int64_t first_step) const;
 
   // The scaler's state dict (empty without a scaler) and its loading: mg::Error naming
   // `source` for a checkpoint that lacks it.
@@ -98,6 +112,7 @@ class MixedPrecision {
   Precision precision_;
   Device device_;
   std::unique_ptr<amp::GradScaler> scaler_;
+  std::vector<ScaleRecord> scale_history_;
 };
 
 }  // namespace mg::samples

@@ -373,12 +373,30 @@ inline std::vector<Config> parity_table() {
   stages.schedule = Schedule::GPipe;
   mixed(stages);
   mixed(mlp(Form::TensorParallelRanks, 2, adamw, 4, 26));
+  // The in-process forms and the MLP's mesh: Pipe (1F1B), TensorParallel over CPU devices
+  // (their worker threads run under the caller's autocast region), dp x tp.
+  Config pipe = mlp(Form::Pipe, 2, adamw, 1, 11);
+  pipe.degree2 = 4;
+  pipe.schedule = Schedule::OneFOneB;
+  mixed(pipe);
+  mixed(mlp(Form::TensorParallel, 2, adamw, 1, 11));
+  Config mesh = mlp(Form::Mesh2D, 2, adamw, 1, 12);
+  mesh.degree2 = 2;
+  mixed(mesh);
   for (const Config& c : std::vector<Config>(rows)) {  // the GPT's: tp with SP, cp, the 4-D mesh, FSDP
     if (c.model != "GPT" || c.bf16_mixed || c.dtype != DType::Float32) continue;
     const bool pick = (c.form == Form::TensorParallelRanks && c.sequence_parallel && c.degree == 2) ||
                       (c.form == Form::MeshPipeline && c.degree == 2 && c.pp == 2 && c.cp == 1 && c.tp == 2) ||
                       (c.form == Form::FSDP && c.tp == 1 && c.degree == 2 && !c.recompute) ||
                       (c.form == Form::Mesh2D && c.cp == 2 && c.degree == 1);
+    if (pick) mixed(c);
+  }
+  for (const Config& c : std::vector<Config>(rows)) {  // the Llama's: tp with SP, FSDP, pp 1F1B, dp x pp x tp
+    if (c.model != "Llama" || c.bf16_mixed || c.dtype != DType::Float32) continue;
+    const bool pick = (c.form == Form::TensorParallelRanks && c.sequence_parallel) ||
+                      (c.form == Form::FSDP && c.degree == 2 && !c.recompute) ||
+                      (c.form == Form::PipelineStages && c.schedule == Schedule::OneFOneB) ||
+                      (c.form == Form::MeshPipeline && c.cp == 1);
     if (pick) mixed(c);
   }
   return rows;

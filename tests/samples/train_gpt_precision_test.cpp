@@ -251,3 +251,45 @@ TEST_CASE("train_gpt --precision: an unknown name and a resume in another precis
   CHECK_THAT(policy.output, MG_CONTAINS("--fsdp-mp-policy is FSDP's way of a mixed precision: it needs --zero 3 and "
                                         "--precision bf16-mixed or 16-mixed (got --zero 0, --precision bf16-mixed)"));
 }
+
+TEST_CASE("train_gpt --scale-log: 16-mixed's loss scale at every step, by GradScaler's rules, and refused in another precision") {
+  Runs runs;
+  const std::string log = runs.dir / "scale.csv";
+  runs.run(0, "--precision 16-mixed --growth-interval 2 --scale-log " + log, 8, "16-mixed");
+  std::istringstream lines(read_text(log));
+  std::string line;
+  std::getline(lines, line);
+  CHECK(line == "step,scale,stepped");
+  std::vector<std::tuple<int, double, int>> steps;
+  while (std::getline(lines, line)) {
+    int step = 0, stepped = 0;
+    double scale = 0;
+    REQUIRE(std::sscanf(line.c_str(), "%d,%lf,%d", &step, &scale, &stepped) == 3);
+    steps.emplace_back(step, scale, stepped);
+  }
+  REQUIRE(steps.size() == 8);
+  CHECK(std::get<1>(steps[0]) == 65536.0);  // torch's initial scale
+  // Each step's scale from the one before: halved after a skip, doubled after 2 clean
+  // steps in a row (--growth-interval 2), else kept.
+  int clean = 0, grown = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    INFO("step " << std::get<0>(steps[i]));
+    CHECK(std::get<0>(steps[i]) == static_cast<int>(i) + 1);
+    if (i == 0) {
+      clean = std::get<2>(steps[0]);
+      continue;
+    }
+    const double before = std::get<1>(steps[i - 1]);
+    double want = before;
+    if (std::get<2>(steps[i - 1]) == 0) want = before / 2;
+    else if (clean == 2) want = before * 2;
+    if (want == before * 2) ++grown;
+    CHECK(std::get<1>(steps[i]) == want);
+    if (want != before) clean = 0;
+    clean = std::get<2>(steps[i]) ? clean + 1 : 0;
+  }
+  CHECK(grown >= 1);  // the run showed growth, not only a constant
+  const auto refused = run_program(kProgram + runs.flags + " --iters 2 --precision bf16-mixed --scale-log " + log);
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.output, MG_CONTAINS("--scale-log records 16-mixed's loss scale: it needs --precision 16-mixed"));
+}

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -472,10 +473,18 @@ nn::TensorDict FSDPModule::full_state_dict() {
 
 void FSDPModule::load_full_state_dict(const nn::TensorDict& state, const std::string& source) {
   const nn::ModulePtr m = module();
-  nn::check_state_dict(*m, state, source);  // names, shapes, dtypes: nothing is read
   NoGradGuard no_grad;
   std::unordered_map<const TensorImpl*, std::string> name_of;
   for (const auto& [name, p] : m->named_parameters()) name_of.emplace(p.impl(), name);
+  // Names, shapes, dtypes, before anything is written. A parameter's dtype is its shard's
+  // (what full_state_dict returns), not the module's tensor's: under a MixedPrecisionPolicy
+  // that is a view in param_dtype of the gathered unit, while the shards keep float32.
+  std::map<std::string, nn::TensorSpec> expected;
+  for (const auto& [name, b] : m->named_buffers()) expected[name] = {b.shape(), b.dtype()};
+  for (const auto& unit : units_)
+    for (const Tensor& p : unit->flat->params())
+      expected[name_of.at(p.impl())] = {p.shape(), unit->flat->shard().dtype()};
+  nn::check_state_dict(expected, state, "FSDPModule::load_full_state_dict", m->type_name(), source);
   for (const auto& unit : units_) {
     FlatParameter& flat = *unit->flat;
     Tensor full = zeros(Shape{flat.layout().padded_numel()}, flat.shard().dtype(), flat.shard().device());
