@@ -24,6 +24,7 @@
 
 #if MINIGRAD_WITH_GLOO
 
+using mg::testing::require_close;
 using mg::testing::run_program;
 using mg::testing::TempDir;
 using mg::testing::make_fortunes;
@@ -53,23 +54,6 @@ std::vector<std::tuple<int, double, double>> evaluations(const std::string& csv_
       out.emplace_back(step, train, val);
   }
   return out;
-}
-
-// Every tensor of two checkpoints' dicts (the model's or the optimizer's) equal up to rounding.
-void require_close(const mg::nn::TensorDict& a, const mg::nn::TensorDict& b) {
-  REQUIRE(!a.empty());
-  REQUIRE(a.size() == b.size());
-  for (const auto& [name, t] : a) {
-    INFO(name);
-    REQUIRE(b.count(name) == 1);
-    if (t.dtype() == mg::DType::Int64) {  // AdamW's step counts
-      REQUIRE(t.to_vector<int64_t>() == b.at(name).to_vector<int64_t>());
-      continue;
-    }
-    const std::vector<float> x = t.to_vector<float>(), y = b.at(name).to_vector<float>();
-    REQUIRE(x.size() == y.size());
-    for (size_t i = 0; i < x.size(); ++i) REQUIRE(y[i] == Approx(x[i]).margin(1e-5));
-  }
 }
 
 struct Runs {

@@ -19,6 +19,7 @@
 
 using mg::testing::make_fortunes;
 using mg::testing::metrics_losses;
+using mg::testing::require_close;
 using mg::testing::run_program;
 using mg::testing::sample_of;
 using mg::testing::TempDir;
@@ -34,23 +35,6 @@ const std::string kLlama = " --model llama --devices cpu --n-layer 4 --n-head 4 
 const std::string kRunFlags = kLlama + " --iters 6 --eval-interval 3 --sample-chars 30";
 
 std::string launch(int ranks) { return kRun + " --nproc-per-node " + std::to_string(ranks) + " " + kProgram; }
-
-// Every tensor of two dicts equal up to float32 rounding (AdamW's step counts exactly). The
-// margin is the GPT split tests' (samples/train_gpt_split_test.cpp): seen 1e-6 after 4 steps.
-void require_close(const mg::nn::TensorDict& a, const mg::nn::TensorDict& b) {
-  REQUIRE(a.size() == b.size());
-  for (const auto& [name, t] : a) {
-    INFO(name);
-    REQUIRE(b.count(name) == 1);
-    if (t.dtype() == mg::DType::Int64) {
-      REQUIRE(t.to_vector<int64_t>() == b.at(name).to_vector<int64_t>());
-      continue;
-    }
-    const std::vector<float> x = t.to_vector<float>(), y = b.at(name).to_vector<float>();
-    REQUIRE(x.size() == y.size());
-    for (size_t i = 0; i < x.size(); ++i) REQUIRE(y[i] == Approx(x[i]).margin(1e-5));
-  }
-}
 
 }  // namespace
 

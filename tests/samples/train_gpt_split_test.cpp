@@ -21,6 +21,7 @@
 
 #if MINIGRAD_WITH_GLOO
 
+using mg::testing::require_close;
 using mg::testing::run_program;
 using mg::testing::TempDir;
 using mg::testing::make_fortunes;
@@ -117,22 +118,6 @@ TEST_CASE("train_gpt --dp 4 (5 windows: rows 2, 1, 1, 1) and --dp 2 --cp 2 on 4 
   Runs runs;
   require_same_run(runs, runs.split(4, "--dp 4", "dp4.csv"), "dp4.csv");
   require_same_run(runs, runs.split(4, "--dp 2 --cp 2", "dpcp.csv"), "dpcp.csv");
-}
-
-// Every tensor of two checkpoints' dicts (the model's or the optimizer's) equal up to rounding.
-void require_close(const mg::nn::TensorDict& a, const mg::nn::TensorDict& b) {
-  REQUIRE(a.size() == b.size());
-  for (const auto& [name, t] : a) {
-    INFO(name);
-    REQUIRE(b.count(name) == 1);
-    if (t.dtype() == mg::DType::Int64) {  // AdamW's step counts
-      REQUIRE(t.to_vector<int64_t>() == b.at(name).to_vector<int64_t>());
-      continue;
-    }
-    const std::vector<float> x = t.to_vector<float>(), y = b.at(name).to_vector<float>();
-    REQUIRE(x.size() == y.size());
-    for (size_t i = 0; i < x.size(); ++i) REQUIRE(y[i] == Approx(x[i]).margin(1e-5));
-  }
 }
 
 TEST_CASE("train_gpt --save under --dp 2 --tp 2 writes the whole model in nanoGPT's names, --tp 2 "
