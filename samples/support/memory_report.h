@@ -7,8 +7,8 @@
 //
 // The second figure takes the planner's terms at the moments train_gpt holds them (the
 // backward's peak without gradients, or the gradients with their dp/cp sum's two copies;
-// memory_report.cpp says why), for 32-true without ZeRO-2/3; elsewhere the line says it is
-// not priced so yet.
+// memory_report.cpp says why), in 32-true (FSDP with recompute left out); elsewhere the line
+// says it is not priced so yet.
 //
 // The peak is the device allocator's high-water mark (cpu_max_memory_allocated, or
 // cuda::max_memory_allocated: what the benches read), reset where the caller starts
