@@ -37,9 +37,15 @@
 //                                        does not, so its SP saves (2 - 2/t)C less, not 4C(1 - 1/t))
 //   the head  2C + 3V/t (ln_f in/out, logits, log-softmax, the logits' gradient);
 //             with SP 2C/t + C + 3V/t
-//   a stage without the head: its backward working set 8C/t + 2C (the last block's MLP
-//             gradients, the received gradient and the next one's, posted ahead; C once
-//             when m = 1; C/t for each with SP) for one micro-batch
+//   a stage without the head, at the first backward after the last forward: every
+//             micro-batch's output handed on with its header and the input gradients sent
+//             back before (held by their sends until the step's end), the received
+//             gradient and the next one's (posted ahead), c_proj's backward (4C/t a token
+//             and its weight and bias gradients, 4C²/t + C); the last stage: the gradients
+//             sent back and the larger of the loss's moment and the last block's c_proj
+//             backward (plan/gpt_formulas.h has each term)
+//   dp or cp: the peak may be the gradients' sum after backward instead, a flat copy of the
+//             stage's gradients and the all-reduce's (2 x 4 bytes an element)
 // times the tokens: blocks x micro-batches in flight (1F1B: min(pp - stage, m)) x b T/cp / m.
 //   cp > 1    the larger of that and ring attention's backward, a moment of its own (the
 //             head's backward is over by then): one block fewer in full, the first block
@@ -306,7 +312,10 @@ int main(int argc, char** argv) {
     shape.micro_batches = micro_batches;
     const double S = 4;  // float32
     std::map<std::string, plan::CollectiveBytes> f = plan::gpt_collective_bytes(config, shape, stage, S, S);
-    const double activation_formula = plan::gpt_activation_peak_floats(config, shape, stage) * S;
+    // The step's peak is a maximum over moments: the activations' (the backward) and, under
+    // dp or cp, the gradients' sum after it (a flat copy and the all-reduce's).
+    const double activation_formula = std::max(plan::gpt_activation_peak_floats(config, shape, stage) * S,
+                                               plan::gpt_gradient_sum_peak_bytes(config, shape, stage, S));
     const double step_ms = median(ms);
     std::vector<Row> rows{{"params", param_bytes, stage_params * S},
                           {"grads", grad_bytes, stage_params * S},

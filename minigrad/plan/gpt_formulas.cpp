@@ -82,11 +82,40 @@ double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshSha
   const double per_block = gpt_block_activation_floats(C, a, t, sp);
   double floats = recompute ? (Ls * in_flight * (sp ? C / t : C) + per_block) * mb_tokens
                             : Ls * per_block * in_flight * mb_tokens;
-  if (last)  // ln_f's input and output, the log-softmax, and in backward two gradients of V/t
-    floats += mb_tokens * (gpt_head_activation_floats(C, V, t, sp) + 2 * V / t);
-  else  // the backward working set: the last block's MLP gradients, the received gradient
-        // and the next backward's, posted ahead (pipeline_stage.cpp)
-    floats += mb_tokens * (8 * C / t + (m > 1 ? 2 : 1) * C / (sp ? t : 1));
+  // What a pipeline stage holds beside the blocks' saved tensors (pipeline_stage.cpp):
+  // every send's tensor stays alive until the waits at the end of train_step, so at the
+  // peak -- the first backward after the last forward, when all m forwards are done and
+  // the in-flight ones not yet gone back -- the stage holds the activation it handed on
+  // for every micro-batch (C a token; C/t with SP) and its 12-int64 header (24 floats'
+  // bytes), and, after stage 0, the input gradient it sent back for every backward done
+  // before. The receives for the current backward's gradient and the next one are posted.
+  const double handed = sp ? C / t : C;
+  const bool first = stage == 0;
+  if (first)  // wpe's int64 positions (T/cp of them, 2 floats' bytes each) per micro-batch in flight
+    floats += in_flight * 2 * static_cast<double>(mesh.T / mesh.cp);
+  // c_proj's backward, where a block's backward peaks: its input gradient (4C/t a token)
+  // and its weight and bias gradients (4C²/t + C, made before they are added into .grad:
+  // per micro-batch, not per token, so they weigh at small micro-batches and wide C).
+  const double c_proj_backward = 4 * C / t * mb_tokens + 4 * C * C / t + C;
+  if (last) {
+    // One micro-batch in flight (W = 1); the gradients sent back of the m - 1 before it.
+    const double sent_back = first ? 0 : (m - 1) * handed * mb_tokens;
+    // Two moments: the loss's (ln_f's input and output and the logits the loss keeps, with
+    // the loss's working set: the fused cross-entropy's backward makes the logits'
+    // gradient, V a token; under tp, vocab_parallel_cross_entropy's forward holds the
+    // shifted logits and their exp at once, 2V/t), then, once the head's backward is over,
+    // the last block's c_proj backward with the gradient flowing in from ln_f (C a token,
+    // C/t with SP). The peak is the larger, beside each earlier micro-batch's loss (m
+    // floats, summed at the step's end).
+    const double loss_working = (t > 1 ? 2 : 1) * V / t;
+    const double head = mb_tokens * (gpt_head_activation_floats(C, V, t, sp) + loss_working);
+    const double block = handed * mb_tokens + c_proj_backward;
+    floats += sent_back + std::max(head, block) + m;
+  } else {
+    const double sent = m * (handed * mb_tokens + 24) + (first ? 0 : (m - in_flight) * handed * mb_tokens);
+    const double received = std::min(in_flight, 2.0) * handed * mb_tokens;
+    floats += sent + received + c_proj_backward;
+  }
   if (mesh.cp > 1 && !recompute) {
     // Ring attention's backward is a moment of its own, not a term on top of the head's
     // (whose backward is over by then): the first block to go back still holds what its
@@ -104,6 +133,13 @@ double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshSha
     floats += N * 4 * C / t;
   }
   return floats;
+}
+
+double gpt_gradient_sum_peak_bytes(const models::GPTConfig& config, const MeshShape& mesh, int stage,
+                                   double grad_bytes) {
+  check_mesh(config, mesh, stage, "gpt_gradient_sum_peak_bytes");
+  if (mesh.dp == 1 && mesh.cp == 1) return 0;
+  return 2 * grad_bytes * gpt_stage_param_elements(config, mesh.tp, mesh.pp, stage) + 4;
 }
 
 std::map<std::string, CollectiveBytes> gpt_collective_bytes(const models::GPTConfig& config, const MeshShape& mesh,

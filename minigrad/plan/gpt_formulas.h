@@ -74,12 +74,23 @@ double micro_batches_of(const MeshShape& mesh);
 // micro-batches in flight), in floats; `recompute`: each block keeps its input alone (C/t
 // a token, C/t with SP too) and one block's activations are alive again in its backward.
 // Without recompute this is gpt-parallel-bench's formula (within 5 % of the allocator on
-// tp2 x pp2 with SP, dp2 x cp2 and cp2 x tp2; off by a fixed amount on dp2 x pp2 with 4
-// micro-batches: docs/planning.md, Validated):
-//   blocks x in flight x per block x tokens of a micro-batch
-//   + the last stage's head with its backward's 2V/t, or elsewhere the backward's working
-//     set 8C/t + 2C (C once when m = 1; C/t each with SP): the last block's MLP gradients,
-//     the received gradient and the next one's, posted ahead (pipeline_stage.cpp)
+// tp2 x pp2 with SP, dp2 x cp2, cp2 x tp2 and dp2 x pp2 with 4 micro-batches:
+// docs/planning.md, Validated):
+//   blocks x in flight x per block x tokens of a micro-batch, on stage 0 + wpe's int64
+//     positions of each micro-batch in flight, and
+//   the last stage: the gradients it sent back for the m - 1 micro-batches before (held
+//     by their sends until the step's end) and each micro-batch's loss (m floats), + the
+//     larger of two moments: the loss's (the head's activations and the loss's working
+//     set: V a token, the fused cross-entropy's gradient; under tp 2V/t, the vocab-parallel
+//     loss's shifted logits and their exp) and the last block's c_proj backward (the
+//     gradient from ln_f, C a token, + the working set below)
+//   elsewhere: at the first backward after the last forward, every micro-batch's output
+//     handed on (C a token; C/t with SP) with its 12-int64 header and, after stage 0, the
+//     input gradients sent back before -- all held by their sends until the step's end --,
+//     the received gradient and the next one's, posted ahead (one when m = 1), and the
+//     working set
+//   working set: c_proj's backward, 4C/t a token (its input gradient) + 4C²/t + C (its
+//     weight and bias gradients, made before they are added into .grad)
 //   cp > 1: the larger of that and ring attention's backward, a moment of its own: one
 //     block fewer in full, the first block going back holding what its attention saved
 //     (ln_1's input, output and statistics, q k v, the ring's output, the log-sum-exp), the
@@ -89,6 +100,14 @@ double micro_batches_of(const MeshShape& mesh);
 // extra warm-up; 1 for 1F1B).
 double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshShape& mesh, int stage,
                                   bool recompute = false, double in_flight_scale = 1);
+
+// The moment after backward when dp and cp sum the stage's gradients
+// (parallel::reduce_partial_gradients): a flat copy of the stage's gradients and the
+// all-reduce's working copy of it, beside the loss (4 bytes); 0 when neither dp nor cp is
+// split. The activations are gone by then, so a step's peak is the larger of this and
+// gpt_activation_peak_floats's bytes (it is on the last stage of dp2 x pp2, C 16).
+double gpt_gradient_sum_peak_bytes(const models::GPTConfig& config, const MeshShape& mesh, int stage,
+                                   double grad_bytes = 4);
 
 // ---- collectives ----
 

@@ -2,7 +2,13 @@
 // same split, precision and batch (plan/planner.h), one line a rank:
 //
 //   memory: peak 1.23 MiB on rank 0 (dp 0 pp 0 cp 0 tp 0); the planner: 1.21 MiB (params ...,
-//   grads ..., optimizer ..., activations ...)
+//   grads ..., optimizer ..., activations ...), measured / planned 1.017; at the trainer's
+//   moments: 1.22 MiB (...), measured / that 1.008
+//
+// The second figure takes the planner's terms at the moments train_gpt holds them (the
+// backward's peak without gradients, or the gradients with their dp/cp sum's two copies;
+// memory_report.cpp says why), in 32-true (FSDP with recompute left out); elsewhere the line
+// says it is not priced so yet.
 //
 // The peak is the device allocator's high-water mark (cpu_max_memory_allocated, or
 // cuda::max_memory_allocated: what the benches read), reset where the caller starts

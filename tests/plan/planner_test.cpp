@@ -57,9 +57,12 @@ TEST_CASE("planner: DDP in 32-true holds 4 4 and 8 bytes a parameter and buckets
   CHECK(p.peak.master == 0);
   CHECK(p.peak.optimizer == 8 * psi + 8 * tensors);
   CHECK(p.peak.buffers == 4 * psi);
-  // 4 rows a rank of 1024 tokens, gpt_activation_peak_floats' head and blocks, float32
+  // 4 rows a rank of 1024 tokens, gpt_activation_peak_floats' blocks and the loss's moment
+  // (the head's activations and the fused cross-entropy's gradient of the logits, V a
+  // token), wpe's int64 positions (1024, two floats' bytes each) and the loss, float32
   const double floats = 4096 * (12 * plan::gpt_block_activation_floats(768, 12) +
-                                plan::gpt_head_activation_floats(768, 50304) + 2 * 50304);
+                                plan::gpt_head_activation_floats(768, 50304) + 50304) +
+                        2 * 1024 + 1;
   CHECK(p.peak.activations == Approx(4 * floats).epsilon(1e-12));
   CHECK(p.comm.at("dp").all_reduce == 4 * psi + 4);
   CHECK(p.fits);

@@ -122,3 +122,35 @@ TEST_CASE("train_gpt: the log shows tokens/s, MFU and each rank's memory beside 
   CHECK_THAT(split.output, MG_CONTAINS("[rank 0] memory: peak ") && MG_CONTAINS("on rank 0 (dp 0 pp 0 cp 0 tp 0)"));
   CHECK_THAT(split.output, MG_CONTAINS("[rank 1] memory: peak ") && MG_CONTAINS("on rank 1 (dp 1 pp 0 cp 0 tp 0)"));
 }
+
+// The figure at the trainer's moments (memory_report.cpp: what it always holds + the larger
+// of the backward's activations and the gradients with their dp/cp sum's copies, + the
+// model kept under --pp, and there the gradients of the backwards before the peak's) against
+// each rank's allocator peak, train_gpt's default GPT (4 layers, C 128, 12 rows of 64
+// tokens) in float32. Measured 0.990 to 1.029 on the splits below (and 1.001 on dp 2 x pp 2,
+// tp 2 x pp 2 and pp 4, 4 ranks; ZeRO-2 0.990, ZeRO-3 1.029); not held yet, and so not
+// here: cp 2 x pp 2's first stage (1.063), FSDP with recompute and the bfloat16 precisions
+// (not priced at the trainer's moments).
+TEST_CASE("train_gpt: each rank's peak within 5 % of the planner's bytes at the trainer's moments") {
+  mg::testing::TempDir dir;
+  const std::string flags = " --devices cpu --iters 4 --eval-iters 2 --eval-interval 4 --sample-chars 0 --data-dir " +
+                            mg::testing::make_fortunes(dir);
+  const std::string alone = mg::testing::program_path("train_gpt") + flags;
+  const std::string two = mg::testing::program_path("minigrad-run") + " --nproc-per-node 2 " + alone;
+  for (const std::string& command : {alone, two + " --dp 2", two + " --dp 2 --zero 1", two + " --tp 2",
+                                     two + " --tp 2 --sequence-parallel", two + " --cp 2", two + " --dp 2 --recompute",
+                                     two + " --pp 2", two + " --pp 2 --micro-batches 4", two + " --dp 2 --zero 2",
+                                     two + " --dp 2 --zero 3 --weight-decay 0"}) {
+    const auto run = mg::testing::run_program(command);
+    INFO(command << "\n" << run.output);
+    REQUIRE(run.exit_code == 0);
+    int lines = 0;
+    for (size_t at = run.output.find("measured / that "); at != std::string::npos;
+         at = run.output.find("measured / that ", at + 1)) {
+      const double ratio = std::stod(run.output.substr(at + 16, 5));
+      CHECK(ratio == Approx(1.0).margin(0.05));
+      ++lines;
+    }
+    CHECK(lines == (command == alone ? 1 : 2));  // a line a rank
+  }
+}
