@@ -77,9 +77,9 @@ std::string memory_report(std::size_t peak_bytes, int rank, const parallel::Devi
     // of the two moments on top of what it always holds. ZeRO-2 makes its largest bucket's
     // flat gradient during backward (half its buffers: the reduce-scatter's scratch comes
     // after, with the gradients, when the activations are gone); FSDP holds its gathered
-    // units (its buffers) at the backward's peak. Not priced so yet: the bfloat16
-    // precisions (autocast's weight casts and the float32 outputs it keeps) and FSDP with
-    // recomputed blocks (1.22 of this on train_gpt's default GPT).
+    // units (its buffers) at the backward's peak. bf16-mixed adds autocast's terms
+    // (below). Not priced so yet: bf16-mixed with tp, pp, cp or recompute, bf16-true and
+    // 16-mixed, and FSDP with recomputed blocks (1.22 of this on train_gpt's default GPT).
     // bf16-mixed on one device or over dp (any ZeRO stage): the activations at 2 bytes a
     // float plus what autocast keeps beside them (plan::gpt_bf16_mixed_extra_bytes: float32
     // residual stream and statistics, the linears' bfloat16 weight casts, a float32 backward
@@ -97,7 +97,7 @@ std::string memory_report(std::size_t peak_bytes, int rank, const parallel::Devi
     }
     if ((precision != Precision::True32 && !mixed_priced) || (split.zero == 3 && split.recompute))
       return fmt::format("{}; the planner: {} ({}), measured / planned {:.3f}; not priced at the trainer's "
-                         "moments yet (bfloat16, FSDP with recompute)",
+                         "moments yet (bf16-true, 16-mixed, bf16-mixed beyond dp, FSDP with recompute)",
                          measured, mib(r.total()), parts, static_cast<double>(peak_bytes) / r.total());
     const double pb = workload.precision == plan::Precision::BF16True ? 2 : 4;
     // The kept model is the one the pipeline was cut from: under tp, this rank's tp shard.
