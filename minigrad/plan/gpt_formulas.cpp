@@ -135,6 +135,22 @@ double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshSha
   return floats;
 }
 
+AutocastExtraBytes gpt_bf16_mixed_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero) {
+  check_mesh(config, mesh, 0, "gpt_bf16_mixed_extra_bytes");
+  MG_CHECK(mesh.tp == 1 && mesh.pp == 1 && mesh.cp == 1,
+           "gpt_bf16_mixed_extra_bytes: priced on one device or over dp only, got tp {} pp {} cp {}", mesh.tp, mesh.pp,
+           mesh.cp);
+  const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
+  const double a = static_cast<double>(config.n_head), L = static_cast<double>(config.n_layer);
+  const double n = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T);
+  AutocastExtraBytes e;
+  e.float32_saved = (4 * C + 8 + 2 * a) * L * n;
+  e.weight_casts = 2 * 12 * C * C * L;
+  e.backward = (2 * C + 2 * C) * n + 4 * (C * n + 4 * C * C + 4 * C * n);
+  e.head_grad = 4 * V * C + (zero == 3 ? 4 * static_cast<double>(gpt_fsdp_unit_numels(config).front()) : 0);
+  return e;
+}
+
 double gpt_gradient_sum_peak_bytes(const models::GPTConfig& config, const MeshShape& mesh, int stage,
                                    double grad_bytes) {
   check_mesh(config, mesh, stage, "gpt_gradient_sum_peak_bytes");

@@ -109,6 +109,30 @@ double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshSha
 double gpt_gradient_sum_peak_bytes(const models::GPTConfig& config, const MeshShape& mesh, int stage,
                                    double grad_bytes = 4);
 
+// What bf16-mixed (CPU autocast to bfloat16, float32 parameters) holds at the backward's
+// peak beyond gpt_activation_peak_floats at 2 bytes a float, on one device or over dp (any
+// ZeRO stage; no tp, pp, cp, recompute): the backward of the last block's MLP c_proj, read
+// off the allocator's live blocks of train_gpt --dp 2 --zero 3 --precision bf16-mixed.
+// Each term follows from what the ops save under autocast_policy.h's CPU column:
+//   float32_saved  LayerNorm has no CPU rule, so the residual stream (ln_1's and ln_2's
+//                  inputs) and their mean/rstd stay float32, as does the fused attention's
+//                  log-sum-exp: (4C + 8 + 2a) bytes a token a block more than at 2 bytes
+//   weight_casts   each linear saves its bfloat16 weight for backward (autocast's cast of
+//                  a float32 leaf): 2 x 12C^2 bytes a block (the biases are not saved)
+//   backward       the gradient from ln_f is float32 (+2C a token) and c_proj casts it to
+//                  bfloat16 (+2C); the CPU's bfloat16 GEMM computes in float32, holding
+//                  its operands and result as float32 while its input gradient is made:
+//                  4 (C n + 4C^2 + 4C n)
+//   head_grad      the tied wte's gradient from the head, float32 (4VC), waiting for the
+//                  AccumulateGrad that runs at the end of backward; under FSDP (zero 3)
+//                  also the root unit's flat gradient it was laid into (4 x the unit)
+// n = the rank's tokens (batch / dp) x T.
+struct AutocastExtraBytes {
+  double float32_saved = 0, weight_casts = 0, backward = 0, head_grad = 0;
+  double total() const { return float32_saved + weight_casts + backward + head_grad; }
+};
+AutocastExtraBytes gpt_bf16_mixed_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero);
+
 // ---- collectives ----
 
 // Bytes one rank hands to each kind of collective in a step (inputs; a recv's buffer).

@@ -37,6 +37,7 @@ class ModelArithmetic {
 class GPTArithmetic final : public ModelArithmetic {
  public:
   explicit GPTArithmetic(models::GPTConfig config) : config_(config) {}
+  const models::GPTConfig& config() const { return config_; }
   std::string describe() const override;
   int64_t layers() const override { return config_.n_layer; }
   int64_t max_positions() const override { return config_.block_size; }

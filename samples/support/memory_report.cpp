@@ -77,12 +77,27 @@ std::string memory_report(std::size_t peak_bytes, int rank, const parallel::Devi
     // of the two moments on top of what it always holds. ZeRO-2 makes its largest bucket's
     // flat gradient during backward (half its buffers: the reduce-scatter's scratch comes
     // after, with the gradients, when the activations are gone); FSDP holds its gathered
-    // units (its buffers) at the backward's peak. Not priced so yet: the bfloat16
-    // precisions (autocast's weight casts and the float32 outputs it keeps) and FSDP with
-    // recomputed blocks (1.22 of this on train_gpt's default GPT).
-    if (precision != Precision::True32 || (split.zero == 3 && split.recompute))
+    // units (its buffers) at the backward's peak. bf16-mixed adds autocast's terms
+    // (below). Not priced so yet: bf16-mixed with tp, pp, cp or recompute, bf16-true and
+    // 16-mixed, and FSDP with recomputed blocks (1.22 of this on train_gpt's default GPT).
+    // bf16-mixed on one device or over dp (any ZeRO stage): the activations at 2 bytes a
+    // float plus what autocast keeps beside them (plan::gpt_bf16_mixed_extra_bytes: float32
+    // residual stream and statistics, the linears' bfloat16 weight casts, a float32 backward
+    // working set, the head's float32 gradient).
+    const auto* gpt = dynamic_cast<const plan::GPTArithmetic*>(&model);
+    const bool mixed_priced = precision == Precision::BF16Mixed && gpt != nullptr && split.tp == 1 &&
+                              split.pp == 1 && split.cp == 1 && !split.recompute;
+    plan::AutocastExtraBytes autocast;
+    if (mixed_priced) {
+      plan::MeshShape shape;
+      shape.dp = split.dp;
+      shape.batch = batch;
+      shape.T = T;
+      autocast = plan::gpt_bf16_mixed_extra_bytes(gpt->config(), shape, split.zero);
+    }
+    if ((precision != Precision::True32 && !mixed_priced) || (split.zero == 3 && split.recompute))
       return fmt::format("{}; the planner: {} ({}), measured / planned {:.3f}; not priced at the trainer's "
-                         "moments yet (bfloat16, FSDP with recompute)",
+                         "moments yet (bf16-true, 16-mixed, bf16-mixed beyond dp, FSDP with recompute)",
                          measured, mib(r.total()), parts, static_cast<double>(peak_bytes) / r.total());
     const double pb = workload.precision == plan::Precision::BF16True ? 2 : 4;
     // The kept model is the one the pipeline was cut from: under tp, this rank's tp shard.
@@ -97,13 +112,20 @@ std::string memory_report(std::size_t peak_bytes, int rank, const parallel::Devi
     const int64_t m = std::min<int64_t>(plan_split(split).micro_batches, batch);
     const double grads_at_peak = split.pp > 1 && m > split.pp - stage ? r.grads : 0;
     const double trainer =
-        r.params + r.master + r.optimizer + kept + std::max(r.activations + grads_at_peak + in_backward, reduced);
+        r.params + r.master + r.optimizer + kept +
+        std::max(r.activations + autocast.total() + grads_at_peak + in_backward, reduced);
     return fmt::format("{}; the planner: {} ({}), measured / planned {:.3f}; at the trainer's moments: {} "
-                       "(params, optimizer{}{} and the larger of activations {}{}{} and gradients{} {}), "
+                       "(params, optimizer{}{} and the larger of activations {}{}{}{} and gradients{} {}), "
                        "measured / that {:.3f}",
                        measured, mib(r.total()), parts, static_cast<double>(peak_bytes) / r.total(), mib(trainer),
                        r.master > 0 ? ", masters" : "", kept > 0 ? ", the whole model kept under --pp " + mib(kept) : "",
-                       mib(r.activations), grads_at_peak > 0 ? " with the gradients of the backwards before" : "",
+                       mib(r.activations),
+                       mixed_priced ? fmt::format(" with bf16-mixed's float32 saved tensors {}, bfloat16 weight casts {}, "
+                                                  "float32 backward working set {} and head gradient {}",
+                                                  mib(autocast.float32_saved), mib(autocast.weight_casts),
+                                                  mib(autocast.backward), mib(autocast.head_grad))
+                                    : "",
+                       grads_at_peak > 0 ? " with the gradients of the backwards before" : "",
                        in_backward > 0 ? fmt::format(" with ZeRO-{}'s {} {}", split.zero,
                                                      split.zero == 2 ? "bucket's flat gradient" : "gathered units",
                                                      mib(in_backward))

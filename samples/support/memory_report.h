@@ -7,7 +7,8 @@
 //
 // The second figure takes the planner's terms at the moments train_gpt holds them (the
 // backward's peak without gradients, or the gradients with their dp/cp sum's two copies;
-// memory_report.cpp says why), in 32-true (FSDP with recompute left out); elsewhere the line
+// memory_report.cpp says why), in 32-true (FSDP with recompute left out) and in bf16-mixed on
+// one device or over dp (plan::gpt_bf16_mixed_extra_bytes's terms on top); elsewhere the line
 // says it is not priced so yet.
 //
 // The peak is the device allocator's high-water mark (cpu_max_memory_allocated, or

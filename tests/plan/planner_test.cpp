@@ -10,6 +10,7 @@
 
 #include <minigrad/core/error.h>
 #include <minigrad/models/llama.h>
+#include <minigrad/plan/gpt_formulas.h>
 #include <minigrad/plan/llama_formulas.h>
 #include <minigrad/plan/planner.h>
 
@@ -171,4 +172,26 @@ TEST_CASE("planner: the Llama's parameters and tensors equal a built Llama's") {
   // Two stages: 2 and 1 layers, embed_tokens first, norm and lm_head last.
   CHECK(arithmetic.stage_param_elements(1, 2, 0) + arithmetic.stage_param_elements(1, 2, 1) == elements);
   REQUIRE_THROWS_WITH(arithmetic.check_tp(4), MG_CONTAINS("plan: tp 4 does not divide num_key_value_heads 2"));
+}
+
+TEST_CASE("planner: bf16-mixed's bytes beyond the activations at 2 bytes, term by term") {
+  models::GPTConfig config;
+  config.n_layer = 4;
+  config.n_head = 4;
+  config.n_embd = 128;
+  config.block_size = 64;
+  config.vocab_size = 114;
+  plan::MeshShape mesh;
+  mesh.dp = 2;
+  mesh.batch = 12;
+  mesh.T = 64;
+  const double n = 6 * 64, C = 128;
+  const plan::AutocastExtraBytes e = plan::gpt_bf16_mixed_extra_bytes(config, mesh, 3);
+  CHECK(e.float32_saved == (4 * C + 8 + 2 * 4) * 4 * n);  // float32 residual, statistics, log-sum-exp
+  CHECK(e.weight_casts == 2 * 12 * C * C * 4);             // the linears' bfloat16 weights
+  CHECK(e.backward == 4 * C * n + 4 * (C * n + 4 * C * C + 4 * C * n));
+  CHECK(e.head_grad == 4 * 114 * C + 4 * (114 * C + 64 * C + 2 * C));  // wte's gradient, the root unit's
+  CHECK(plan::gpt_bf16_mixed_extra_bytes(config, mesh, 1).head_grad == 4 * 114 * C);
+  mesh.tp = 2;
+  CHECK_THROWS_WITH(plan::gpt_bf16_mixed_extra_bytes(config, mesh, 0), MG_CONTAINS("one device or over dp"));
 }

@@ -128,9 +128,10 @@ TEST_CASE("train_gpt: the log shows tokens/s, MFU and each rank's memory beside 
 // model kept under --pp, and there the gradients of the backwards before the peak's) against
 // each rank's allocator peak, train_gpt's default GPT (4 layers, C 128, 12 rows of 64
 // tokens) in float32. Measured 0.990 to 1.029 on the splits below (and 1.001 on dp 2 x pp 2,
-// tp 2 x pp 2 and pp 4, 4 ranks; ZeRO-2 0.990, ZeRO-3 1.029); not held yet, and so not
-// here: cp 2 x pp 2's first stage (1.063), FSDP with recompute and the bfloat16 precisions
-// (not priced at the trainer's moments).
+// tp 2 x pp 2 and pp 4, 4 ranks; ZeRO-2 0.990, ZeRO-3 1.029), and in bf16-mixed on one
+// device, dp 2, ZeRO-1 and ZeRO-3 (plan::gpt_bf16_mixed_extra_bytes's terms on top); not
+// held yet, and so not here: cp 2 x pp 2's first stage (1.063), FSDP with recompute,
+// bf16-mixed under ZeRO-2 (0.957), tp, pp, cp or recompute, and bf16-true / 16-mixed.
 TEST_CASE("train_gpt: each rank's peak within 5 % of the planner's bytes at the trainer's moments") {
   mg::testing::TempDir dir;
   const std::string flags = " --devices cpu --iters 4 --eval-iters 2 --eval-interval 4 --sample-chars 0 --data-dir " +
@@ -140,7 +141,10 @@ TEST_CASE("train_gpt: each rank's peak within 5 % of the planner's bytes at the 
   for (const std::string& command : {alone, two + " --dp 2", two + " --dp 2 --zero 1", two + " --tp 2",
                                      two + " --tp 2 --sequence-parallel", two + " --cp 2", two + " --dp 2 --recompute",
                                      two + " --pp 2", two + " --pp 2 --micro-batches 4", two + " --dp 2 --zero 2",
-                                     two + " --dp 2 --zero 3 --weight-decay 0"}) {
+                                     two + " --dp 2 --zero 3 --weight-decay 0", alone + " --precision bf16-mixed",
+                                     two + " --dp 2 --precision bf16-mixed",
+                                     two + " --dp 2 --zero 1 --precision bf16-mixed",
+                                     two + " --dp 2 --zero 3 --weight-decay 0 --precision bf16-mixed"}) {
     const auto run = mg::testing::run_program(command);
     INFO(command << "\n" << run.output);
     REQUIRE(run.exit_code == 0);
@@ -151,6 +155,6 @@ TEST_CASE("train_gpt: each rank's peak within 5 % of the planner's bytes at the 
       CHECK(ratio == Approx(1.0).margin(0.05));
       ++lines;
     }
-    CHECK(lines == (command == alone ? 1 : 2));  // a line a rank
+    CHECK(lines == (command.rfind(alone, 0) == 0 ? 1 : 2));  // a line a rank
   }
 }
