@@ -510,7 +510,7 @@ int train(Options options) {
   Run run;
   run.options = options;
   Options& o = run.options;
-  if (o.distributed) run.dist = samples::join_split_run(o.dist_timeout, o.device_list);
+  if (o.distributed) run.dist = samples::join_job(o.dist_timeout, o.device_list);
   const bool rank0 = run.dist.rank == 0;
   run.device = o.device_list.front();
   manual_seed(o.seed);

@@ -246,7 +246,8 @@ Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, double temperatu
       for (const auto& s : seqs) context.push_back(s.back());
     } else {  // the prompt, or past block_size: the last block_size tokens, uncached from now on
       if (cached) caches.set(false);
-      cached = use_cache = use_cache && !cached;
+      use_cache = use_cache && !cached;
+      cached = use_cache;  // this forward fills the caches with the context
       T = std::min(len, config_.block_size);
       for (const auto& s : seqs) context.insert(context.end(), s.end() - T, s.end());
     }

@@ -11,8 +11,7 @@
 
 namespace mg::samples {
 
-DistributedRun join_distributed_run(double timeout_seconds, int64_t global_batch,
-                                    int tensor_parallel, std::vector<Device>& devices) {
+DistributedRun join_job(double timeout_seconds, std::vector<Device>& devices) {
   const parallel::DistributedEnv env = parallel::DistributedEnv::from_environment();
   const Device device = devices[static_cast<size_t>(env.local_rank) % devices.size()];
   devices = {device};
@@ -23,6 +22,12 @@ DistributedRun join_distributed_run(double timeout_seconds, int64_t global_batch
   run.group = parallel::init_process_group(device.is_cuda() ? "nccl" : "gloo", pg_options);
   run.rank = run.group->rank();
   run.world_size = run.group->size();
+  return run;
+}
+
+DistributedRun join_distributed_run(double timeout_seconds, int64_t global_batch,
+                                    int tensor_parallel, std::vector<Device>& devices) {
+  DistributedRun run = join_job(timeout_seconds, devices);
   run.data_group = run.group;
   run.data_rank = run.rank;
   run.data_ranks = run.world_size;

@@ -37,10 +37,14 @@ struct DistributedRun {
   bool writes_files() const { return rank == 0; }
 };
 
-// Joins the job described by the environment, waiting up to `timeout_seconds` for the
-// other ranks. `devices` (those of --devices) becomes this rank's one device: the CPU, or
-// the GPU of the list at LOCAL_RANK. `tensor_parallel` must divide the number of ranks,
-// and `global_batch` the data-parallel ranks (an OptionError otherwise).
+// Joins the job described by the environment (Gloo on the CPU, NCCL on GPUs), waiting up
+// to `timeout_seconds` for the other ranks. `devices` (those of --devices) becomes this
+// rank's one device: the CPU, or the GPU of the list at LOCAL_RANK. The whole job is its
+// group; train_gpt's split builds its mesh over it (split_model.h).
+DistributedRun join_job(double timeout_seconds, std::vector<Device>& devices);
+
+// join_job, then train_fashion_mnist's groups: `tensor_parallel` must divide the number of
+// ranks, and `global_batch` the data-parallel ranks (an OptionError otherwise).
 DistributedRun join_distributed_run(double timeout_seconds, int64_t global_batch,
                                     int tensor_parallel, std::vector<Device>& devices);
 

@@ -1,7 +1,6 @@
 #include "split_model.h"
 
 #include <algorithm>
-#include <chrono>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -11,7 +10,6 @@
 #include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/parallel/c10d/launch_environment.h>
-#include <minigrad/parallel/c10d/rendezvous.h>
 #include <minigrad/parallel/clip_grad.h>
 #include <minigrad/parallel/context_parallel/sequence_layout.h>
 #include <minigrad/parallel/context_parallel/wire.h>
@@ -82,20 +80,6 @@ void check_split(const ModelSplit& s, int64_t batch_size, int64_t block_size, do
   if (s.cp > 1 && dropout != 0.0)
     throw OptionError(fmt::format("--cp {}: ring attention has no dropout; train with --dropout 0 "
                                   "(not {})", s.cp, dropout));
-}
-
-DistributedRun join_split_run(double timeout_seconds, std::vector<Device>& devices) {
-  const parallel::DistributedEnv env = parallel::DistributedEnv::from_environment();
-  const Device device = devices[static_cast<size_t>(env.local_rank) % devices.size()];
-  devices = {device};
-  parallel::ProcessGroupOptions options;
-  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
-  options.device_index = device.is_cuda() ? device.index() : -1;
-  DistributedRun run;
-  run.group = parallel::init_process_group(device.is_cuda() ? "nccl" : "gloo", options);
-  run.rank = run.group->rank();
-  run.world_size = run.group->size();
-  return run;
 }
 
 SplitModel::SplitModel(models::SplitSpec spec, const ModelSplit& split, const DistributedRun& dist, uint64_t seed,

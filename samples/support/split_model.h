@@ -74,9 +74,6 @@ struct ModelSplit {
 void check_split(const ModelSplit& split, int64_t batch_size, int64_t block_size, double dropout,
                  double weight_decay = 0.0);
 
-// Joins the job (Gloo on the CPU, NCCL on GPUs; this rank's device: `devices` at
-// LOCAL_RANK, which becomes the list's only entry).
-DistributedRun join_split_run(double timeout_seconds, std::vector<Device>& devices);
 
 class SplitModel {
  public:

@@ -15,10 +15,12 @@
 #include <minigrad/core/ops.h>
 #include <minigrad/minigrad.h>
 
+#include "checkpoint_compare.h"
 #include "data/synthetic_fashion_mnist.h"
 #include "samples/run_program.h"
 #include "temp_dir.h"
 
+using mg::testing::require_identical;
 using mg::testing::run_program;
 using mg::testing::TempDir;
 
@@ -45,22 +47,6 @@ std::vector<std::pair<double, double>> losses(const std::string& path) {
     if (std::sscanf(line.c_str(), "%*d,%lf,%lf", &train, &test) == 2) out.emplace_back(train, test);
   }
   return out;
-}
-
-void require_identical(const mg::nn::TensorDict& a, const mg::nn::TensorDict& b) {
-  REQUIRE(a.size() == b.size());
-  for (const auto& [name, t] : a) {
-    INFO(name);
-    REQUIRE(b.count(name) == 1);
-    REQUIRE(t.dtype() == b.at(name).dtype());
-    if (t.dtype() == mg::DType::Int64) {
-      REQUIRE(t.to_vector<int64_t>() == b.at(name).to_vector<int64_t>());
-    } else {
-      const std::vector<float> x = mg::ops::to_dtype(t, mg::DType::Float32).to_vector<float>();
-      const std::vector<float> y = mg::ops::to_dtype(b.at(name), mg::DType::Float32).to_vector<float>();
-      REQUIRE(x == y);
-    }
-  }
 }
 
 struct Runs {

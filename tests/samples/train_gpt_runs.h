@@ -1,6 +1,6 @@
 // What the tests of train_gpt's splits share (train_gpt_split_test, train_gpt_pipeline_test,
 // train_gpt_checkpoint_test, train_gpt_llama_test): a tiny corpus, the losses of a --metrics
-// CSV, the sample a run printed, and two checkpoints' dicts compared.
+// CSV, the sample a run printed, and two checkpoints' dicts compared (checkpoint_compare.h).
 #pragma once
 
 #include <algorithm>
@@ -11,9 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <minigrad/nn/serialize.h>
-
-#include "catch_compat.h"
+#include "checkpoint_compare.h"
 #include "temp_dir.h"
 
 namespace mg::testing {
@@ -61,24 +59,6 @@ inline std::string sample_of(const std::string& output) {
     if (text.compare(line, 9, "[rank 0] ") == 0) rank_0 += text.substr(line + 9, end + 1 - line - 9);
   }
   return rank_0;
-}
-
-// Every tensor of two checkpoints' dicts (the model's or the optimizer's) equal up to float32
-// rounding, AdamW's step counts exactly. The margin: seen 1e-6 after 4 steps under a split.
-inline void require_close(const mg::nn::TensorDict& a, const mg::nn::TensorDict& b) {
-  REQUIRE(!a.empty());
-  REQUIRE(a.size() == b.size());
-  for (const auto& [name, t] : a) {
-    INFO(name);
-    REQUIRE(b.count(name) == 1);
-    if (t.dtype() == mg::DType::Int64) {  // AdamW's step counts
-      REQUIRE(t.to_vector<int64_t>() == b.at(name).to_vector<int64_t>());
-      continue;
-    }
-    const std::vector<float> x = t.to_vector<float>(), y = b.at(name).to_vector<float>();
-    REQUIRE(x.size() == y.size());
-    for (size_t i = 0; i < x.size(); ++i) REQUIRE(y[i] == Approx(x[i]).margin(1e-5));
-  }
 }
 
 }  // namespace mg::testing
