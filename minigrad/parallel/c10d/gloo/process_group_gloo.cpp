@@ -290,6 +290,7 @@ void ProcessGroupGloo::connect() {
     GlooStoreAdapter adapter(*impl_->store, impl_->prefix, options.timeout);
     context->connectFullMesh(adapter, impl_->device);
     impl_->context = std::move(context);
+    wait_until_every_rank_joined();
   } catch (const std::exception& e) {
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     MG_FAIL("ProcessGroupGloo: rank {} of {} could not join the group through the store at "
@@ -298,6 +299,18 @@ void ProcessGroupGloo::connect() {
             seconds_of(options.timeout), impl_->prefix, e.what());
   }
   impl_->worker = std::thread([impl = impl_.get()] { impl->run_worker(); });
+}
+
+// torch's _store_based_barrier: a rank's connectFullMesh can return while a peer's is still
+// shaking hands with it; were the first rank to fail straight after and exit, the peer would
+// see "connection closed" instead of that rank's own error. So no rank leaves the
+// constructor before every rank's mesh is up.
+void ProcessGroupGloo::wait_until_every_rank_joined() {
+  Store& store = *impl_->store;
+  store.set(fmt::format("{}joined/{}", impl_->prefix, rank()), "1");
+  std::vector<std::string> keys;
+  for (int r = 0; r < size(); ++r) keys.push_back(fmt::format("{}joined/{}", impl_->prefix, r));
+  store.wait(keys, impl_->options.timeout);
 }
 
 ProcessGroupGloo::~ProcessGroupGloo() {

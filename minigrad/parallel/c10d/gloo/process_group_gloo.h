@@ -67,6 +67,7 @@ class ProcessGroupGloo : public ProcessGroup {
  private:
   ProcessGroupGloo(const Impl& parent, std::string prefix, int rank, int size);  // new_group
   void connect();
+  void wait_until_every_rank_joined();
 
   std::unique_ptr<Impl> impl_;
 };
