@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 
 #include "catch_compat.h"
+#include "free_port.h"
 #include "rank_files.h"
 #include "shell_run.h"
 #include "temp_dir.h"
@@ -91,11 +92,6 @@ void require_torch() {
                 "torch.distributed; Debian's python3-torch provides it): skipping\n");
     std::exit(77);
   }
-}
-
-int free_port() {
-  net::Socket probe = net::listen_on("127.0.0.1", 0);
-  return net::local_port(probe);
 }
 
 // The two ranks' result lines ("launch-worker 1 of 2 ... loss ... params ...") from their
@@ -639,7 +635,7 @@ TEST_CASE("torchrun itself: a job it starts (its agent serving the store) trains
   const Run r = run_shell(fmt::format(
       "{}{} {} -m torch.distributed.run --redirects 1 --tee 1 --no_python --nnodes 1 "
       "--nproc_per_node 2 --master_addr 127.0.0.1 --master_port {} {}",
-      kCleanEnv, mg::testing::rank_dir_assignment(dir.path()), torch_python(), free_port(),
+      kCleanEnv, mg::testing::rank_dir_assignment(dir.path()), torch_python(), mg::testing::free_port(),
       kWorker));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
@@ -659,12 +655,12 @@ TEST_CASE("mpirun: a job started by Open MPI's mpirun trains as under minigrad-r
   const auto job = [&](const std::string& dir) {
     return run_shell(fmt::format(
         "{} mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_PORT={} -x {}={} {}",
-        kCleanEnv, free_port(), mg::testing::kRankDirVariable, dir, kWorker));
+        kCleanEnv, mg::testing::free_port(), mg::testing::kRankDirVariable, dir, kWorker));
   };
   const TempDir first, second;
   std::string dir = first.path();
   Run r = job(dir);
-  // free_port() releases its port before the job binds it, and under ctest -j another test
+  // mg::testing::free_port() releases its port before the job binds it, and under ctest -j another test
   // may take it in between (seen once on a loaded machine): one more try on a fresh port.
   if (r.exit_code != 0) {
     UNSCOPED_INFO("first try, on a port taken in between?\n" << r.output);
@@ -680,7 +676,7 @@ TEST_CASE("mpirun: a job started by Open MPI's mpirun trains as under minigrad-r
 
 TEST_CASE("srun: a job given Slurm's variables trains as under minigrad-run") {
   const std::vector<std::string> expected = minigrad_run_result();
-  const int port = free_port();
+  const int port = mg::testing::free_port();
   const TempDir dir;
   const Run r = start_pair(dir.path(), [&](int rank) {
     return fmt::format(

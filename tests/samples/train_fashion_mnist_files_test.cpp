@@ -3,6 +3,7 @@
 // a --resume of a FIFO refused at once, temporary files of an unfinished save named, a
 // save cut short by a file size limit cleaned up, and damaged checkpoints named.
 #include "catch_compat.h"
+#include "free_port.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -299,7 +300,7 @@ TEST_CASE(
 
   // Ranks started by hand, which no launcher stops: rank 1 stops by itself, told by rank 0.
   const std::string env =
-      "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(20000 + ::getpid() % 20000) +
+      "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(mg::testing::free_port()) +
       " WORLD_SIZE=2 LOCAL_RANK=0";
   const std::string rank_1_log = dir / "rank1.log";
   const auto by_hand =
@@ -419,7 +420,7 @@ TEST_CASE("train_fashion_mnist --distributed: a bad optimizer state is named und
   other.tensors.at("model.0.weight").data<float>()[3] += 1.0f;
   mg::nn::save_tensors(other, dir / "node1/ck.safetensors");
   const std::string env =
-      "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(20000 + (::getpid() + 7) % 20000) +
+      "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(mg::testing::free_port()) +
       " WORLD_SIZE=2 LOCAL_RANK=0";
   const std::string flags = small_run(dir.path(), 2) + " --distributed --resume ck.safetensors";
   const auto by_hand = run_program(
