@@ -6,6 +6,7 @@
 
 #include <minigrad/core/error.h>
 #include <minigrad/parallel/pipeline/balance.h>
+#include <minigrad/parallel/pipeline/schedule.h>
 
 namespace mg::plan {
 
@@ -69,8 +70,33 @@ double micro_batches_of(const MeshShape& m) {
   return static_cast<double>((rows + per - 1) / per);
 }
 
+PipelinePeak pipeline_peak(const MeshShape& mesh, int stage) {
+  const auto m = static_cast<int64_t>(micro_batches_of(mesh));
+  const int v = mesh.model_chunks, p = mesh.pp;
+  const auto schedule = v > 1 ? parallel::Schedule::Interleaved1F1B : parallel::Schedule::OneFOneB;
+  int64_t alive = 0, most = -1, forwards_sent = 0, gradients_sent = 0;
+  std::vector<bool> gone_back(static_cast<size_t>(v), false);
+  PipelinePeak peak;
+  for (const parallel::Action& a : parallel::rank_actions(schedule, stage, p, v, m)) {
+    const int k = a.chunk * p + stage;  // the virtual stage
+    if (a.pass == parallel::Pass::Forward) {
+      ++alive;
+      if (k != v * p - 1) ++forwards_sent;
+      continue;
+    }
+    if (alive >= most) {
+      most = alive;
+      peak = {static_cast<double>(alive) / v, forwards_sent, gradients_sent, gone_back};
+    }
+    --alive;
+    gone_back[static_cast<size_t>(a.chunk)] = true;
+    if (k != 0) ++gradients_sent;
+  }
+  return peak;
+}
+
 double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshShape& mesh, int stage,
-                                  bool recompute, double in_flight_scale) {
+                                  bool recompute) {
   check_mesh(config, mesh, stage, "gpt_activation_peak_floats");
   const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
   const double t = mesh.tp, a = static_cast<double>(config.n_head), m = micro_batches_of(mesh);
@@ -78,42 +104,41 @@ double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshSha
   const double Ls = static_cast<double>(gpt_stage_blocks(config, mesh.pp, stage));
   const double N = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T / mesh.cp);
   const double mb_tokens = N / m;
-  const double in_flight = std::min<double>(std::min<double>(mesh.pp - stage, m) * in_flight_scale, m);
+  const PipelinePeak peak = pipeline_peak(mesh, stage);
+  const double in_flight = peak.in_flight;
   const double per_block = gpt_block_activation_floats(C, a, t, sp);
   double floats = recompute ? (Ls * in_flight * (sp ? C / t : C) + per_block) * mb_tokens
                             : Ls * per_block * in_flight * mb_tokens;
   // What a pipeline stage holds beside the blocks' saved tensors (pipeline_stage.cpp):
   // every send's tensor stays alive until the waits at the end of train_step, so at the
-  // peak -- the first backward after the last forward, when all m forwards are done and
-  // the in-flight ones not yet gone back -- the stage holds the activation it handed on
-  // for every micro-batch (C a token; C/t with SP) and its 12-int64 header (24 floats'
-  // bytes), and, after stage 0, the input gradient it sent back for every backward done
-  // before. The receives for the current backward's gradient and the next one are posted.
+  // peak (pipeline_peak: under 1F1B the first backward after the last forward) it holds
+  // every activation it handed on so far (C a token; C/t with SP) with its 12-int64 header
+  // (24 floats' bytes), and every input gradient it sent back before. The receives for the
+  // current backward's gradient and the next one are posted.
   const double handed = sp ? C / t : C;
-  const bool first = stage == 0;
-  if (first)  // wpe's int64 positions (T/cp of them, 2 floats' bytes each) per micro-batch in flight
+  const double sent = static_cast<double>(peak.forwards_sent) * (handed * mb_tokens + 24) +
+                      static_cast<double>(peak.gradients_sent) * handed * mb_tokens;
+  const double received = std::min(in_flight, 2.0) * handed * mb_tokens;
+  if (stage == 0)  // wpe's int64 positions (T/cp of them, 2 floats' bytes each) per micro-batch in flight
     floats += in_flight * 2 * static_cast<double>(mesh.T / mesh.cp);
   // c_proj's backward, where a block's backward peaks: its input gradient (4C/t a token)
   // and its weight and bias gradients (4C²/t + C, made before they are added into .grad:
   // per micro-batch, not per token, so they weigh at small micro-batches and wide C).
   const double c_proj_backward = 4 * C / t * mb_tokens + 4 * C * C / t + C;
   if (last) {
-    // One micro-batch in flight (W = 1); the gradients sent back of the m - 1 before it.
-    const double sent_back = first ? 0 : (m - 1) * handed * mb_tokens;
-    // Two moments: the loss's (ln_f's input and output and the logits the loss keeps, with
-    // the loss's working set: the fused cross-entropy's backward makes the logits'
-    // gradient, V a token; under tp, vocab_parallel_cross_entropy's forward holds the
-    // shifted logits and their exp at once, 2V/t), then, once the head's backward is over,
-    // the last block's c_proj backward with the gradient flowing in from ln_f (C a token,
-    // C/t with SP). The peak is the larger, beside each earlier micro-batch's loss (m
-    // floats, summed at the step's end).
+    // Under 1F1B one micro-batch in flight (W = 1). Two moments: the loss's (ln_f's input
+    // and output and the logits the loss keeps, with the loss's working set: the fused
+    // cross-entropy's backward makes the logits' gradient, V a token; under tp,
+    // vocab_parallel_cross_entropy's forward holds the shifted logits and their exp at
+    // once, 2V/t), then, once the head's backward is over, the last block's c_proj backward
+    // with the gradient flowing in from ln_f (C a token, C/t with SP). The peak is the
+    // larger, beside each earlier micro-batch's loss (m floats, summed at the step's end).
+    // Interleaved, the last rank's other chunks also hand on and wait for gradients.
     const double loss_working = (t > 1 ? 2 : 1) * V / t;
     const double head = mb_tokens * (gpt_head_activation_floats(C, V, t, sp) + loss_working);
     const double block = handed * mb_tokens + c_proj_backward;
-    floats += sent_back + std::max(head, block) + m;
+    floats += sent + std::max(head, block) + m + (mesh.model_chunks > 1 ? received : 0);
   } else {
-    const double sent = m * (handed * mb_tokens + 24) + (first ? 0 : (m - in_flight) * handed * mb_tokens);
-    const double received = std::min(in_flight, 2.0) * handed * mb_tokens;
     floats += sent + received + c_proj_backward;
   }
   if (mesh.cp > 1 && !recompute) {

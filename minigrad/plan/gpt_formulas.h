@@ -64,11 +64,28 @@ struct MeshShape {
   int64_t batch = 1;          // rows of the whole step (every dp rank batch / dp)
   int64_t T = 1;              // tokens per row (every cp rank T / cp)
   int64_t micro_batches = 1;  // the pipeline's, per step
+  int model_chunks = 1;       // a rank's chunks under the interleaved schedule (1: 1F1B)
 };
 
 // The micro-batches a dp rank's b rows really make: chunk's (ceil(b / m) rows each, so
 // fewer than m when b < m or m does not divide b).
 double micro_batches_of(const MeshShape& mesh);
+
+// A pipeline stage's peak moment, read off its schedule's own action list
+// (parallel::rank_actions: 1F1B, or interleaved with mesh.model_chunks chunks a rank): the
+// backward that starts with the most forwards alive, the latest of them (every send's
+// tensor is held to the step's end, so the later holds more). `in_flight`: the micro-batches
+// whose activations are alive then -- min(pp - stage, m) under 1F1B; interleaved, the chunk
+// forwards alive over v, each being 1/v of the stage's blocks (Megatron's 1 + (p-1)/(pv)
+// times 1F1B's is this on stage 0 alone); `forwards_sent` and `gradients_sent`: the
+// messages handed on and sent back before it; `gone_back[c]`: whether chunk c ran a backward
+// before it (its weights' gradients are in .grad then).
+struct PipelinePeak {
+  double in_flight = 0;
+  int64_t forwards_sent = 0, gradients_sent = 0;
+  std::vector<bool> gone_back;
+};
+PipelinePeak pipeline_peak(const MeshShape& mesh, int stage);
 
 // The activation peak of one train_step on pipeline stage `stage` (1F1B: min(pp - stage, m)
 // micro-batches in flight), in floats; `recompute`: each block keeps its input alone (C/t
@@ -96,10 +113,8 @@ double micro_batches_of(const MeshShape& mesh);
 //     (ln_1's input, output and statistics, q k v, the ring's output, the log-sum-exp), the
 //     ring's working set 20C/t, 3C/t of gradients flowing in, and on the last stage the
 //     loss's logits of one chunk (V/2t); with recompute, + 4C/t a token on top.
-// `in_flight_scale` multiplies the micro-batches in flight (the interleaved schedule's
-// extra warm-up; 1 for 1F1B).
 double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshShape& mesh, int stage,
-                                  bool recompute = false, double in_flight_scale = 1);
+                                  bool recompute = false);
 
 // The moment after backward when dp and cp sum the stage's gradients
 // (parallel::reduce_partial_gradients): a flat copy of the stage's gradients and the

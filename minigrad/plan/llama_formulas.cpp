@@ -55,8 +55,7 @@ double LlamaArithmetic::stage_tensors(int pp, int stage) const {
   return 9.0 * static_cast<double>(stage_blocks(pp, stage)) + (stage == 0 ? 1 : 0) + (stage == pp - 1 ? 2 : 0);
 }
 
-double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage, bool recompute,
-                                               double in_flight_scale) const {
+double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const {
   check_tp(mesh.tp);
   const double t = mesh.tp, a = static_cast<double>(config_.num_attention_heads);
   const double m = micro_batches_of(mesh);
@@ -64,7 +63,7 @@ double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage,
   const double Ls = static_cast<double>(stage_blocks(mesh.pp, stage));
   const double N = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T / mesh.cp);
   const double mb = N / m;
-  const double in_flight = std::min<double>(std::min<double>(mesh.pp - stage, m) * in_flight_scale, m);
+  const double in_flight = pipeline_peak(mesh, stage).in_flight;
   // With SP the RMSNorms' inputs and rstd are sharded, their all-gathered outputs whole.
   const double layer = (sp ? 2 * C_ / t + 2 * C_ + 2 / t : 4 * C_ + 2) + 5 * C_ / t + a / t + 4 * I_ / t;
   double floats = recompute ? (Ls * in_flight * (sp ? C_ / t : C_) + layer) * mb : Ls * layer * in_flight * mb;

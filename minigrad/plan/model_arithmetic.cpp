@@ -52,9 +52,8 @@ double GPTArithmetic::stage_tensors(int pp, int stage) const {
   return 12.0 * static_cast<double>(stage_blocks(pp, stage)) + (first ? 2 : 0) + (last ? 2 + (pp > 1 ? 1 : 0) : 0);
 }
 
-double GPTArithmetic::activation_peak_floats(const MeshShape& mesh, int stage, bool recompute,
-                                             double in_flight_scale) const {
-  return gpt_activation_peak_floats(config_, mesh, stage, recompute, in_flight_scale);
+double GPTArithmetic::activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const {
+  return gpt_activation_peak_floats(config_, mesh, stage, recompute);
 }
 
 std::map<std::string, CollectiveBytes> GPTArithmetic::collective_bytes(const MeshShape& mesh, int stage,

@@ -26,8 +26,7 @@ class ModelArithmetic {
   virtual double stage_param_elements(int tp, int pp, int stage) const = 0;
   virtual double block_param_elements(int tp) const = 0;  // one layer's (an FSDP unit)
   virtual double stage_tensors(int pp, int stage) const = 0;
-  virtual double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute,
-                                        double in_flight_scale) const = 0;
+  virtual double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const = 0;
   virtual std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
                                                                   double grad_bytes) const = 0;
   // The dp rank's real micro-batches and layers of a stage (parallel::even_balance).
@@ -47,7 +46,7 @@ class GPTArithmetic final : public ModelArithmetic {
   double stage_param_elements(int tp, int pp, int stage) const override;
   double block_param_elements(int tp) const override;
   double stage_tensors(int pp, int stage) const override;
-  double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute, double in_flight_scale) const override;
+  double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const override;
   std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
                                                           double grad_bytes) const override;
 

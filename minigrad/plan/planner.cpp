@@ -114,10 +114,8 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
   mesh.batch = w.batch;
   mesh.T = w.seq_len;
   mesh.micro_batches = s.micro_batches;
-  // The interleaved schedule warms up more micro-batches: Megatron's 1 + (p-1)/(p v) times
-  // 1F1B's activations on the first stage (Narayanan et al. 2021, section 2.2.2).
-  const double in_flight_scale =
-      s.schedule == Schedule::Interleaved ? 1 + (s.pp - 1.0) / (s.pp * static_cast<double>(s.virtual_stages)) : 1;
+  // The interleaved schedule warms up more micro-batches (pipeline_in_flight reads its actions).
+  mesh.model_chunks = s.schedule == Schedule::Interleaved ? s.virtual_stages : 1;
   // ZeRO's flat buckets (25 MiB of float32, zero_redundancy_optimizer.h's bucket_cap_mb).
   const double bucket_cap = 25.0 * 1024 * 1024 / 4;
 
@@ -163,7 +161,7 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
     // (the block and the one prefetched) and the root's rest, gathered through backward.
     if (s.zero == 2) r.buffers += 2 * Pb * std::min(P, bucket_cap);
     if (s.zero == 3) r.buffers += Pb * (2 * block + std::max(0.0, P - blocks * block));
-    r.activations = model.activation_peak_floats(mesh, stage, s.recompute, in_flight_scale) * Ab;
+    r.activations = model.activation_peak_floats(mesh, stage, s.recompute) * Ab;
     plan.stages.push_back(r);
 
     // Communication: gpt-parallel-bench's counts (DDP over dp), then ZeRO's over dp: ZeRO-1

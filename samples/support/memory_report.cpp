@@ -16,6 +16,31 @@ namespace {
 
 std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
 
+// The share of a pipeline stage's parameters whose chunks ran a backward before the stage's
+// peak (each interleaved chunk is a virtual stage of a pp x v cut).
+double gone_back_share(const plan::ModelArithmetic& model, const ModelSplit& split, int stage, int64_t batch,
+                       int64_t T) {
+  const plan::Split s = plan_split(split);
+  plan::MeshShape mesh;
+  mesh.dp = s.dp;
+  mesh.tp = s.tp;
+  mesh.pp = s.pp;
+  mesh.cp = s.cp;
+  mesh.batch = batch;
+  mesh.T = T;
+  mesh.micro_batches = s.micro_batches;
+  mesh.model_chunks = s.schedule == plan::Schedule::Interleaved ? s.virtual_stages : 1;
+  const plan::PipelinePeak peak = plan::pipeline_peak(mesh, stage);
+  const int v = mesh.model_chunks;
+  double gone = 0, all = 0;
+  for (int c = 0; c < v; ++c) {
+    const double chunk = model.stage_param_elements(s.tp, s.pp * v, c * s.pp + stage);
+    all += chunk;
+    if (peak.gone_back[static_cast<size_t>(c)]) gone += chunk;
+  }
+  return gone / all;
+}
+
 }  // namespace
 
 std::size_t max_memory_allocated(Device device) {
@@ -106,11 +131,10 @@ std::string memory_report(std::size_t peak_bytes, int rank, const parallel::Devi
                            : split.zero == 2                                  ? r.grads + r.buffers
                                                                               : r.grads;
     const double in_backward = split.zero == 2 ? r.buffers / 2 : split.zero == 3 ? r.buffers : 0;
-    // Under --pp a stage's activation peak is its first backward after its last forward
-    // (gpt_formulas.h); when a backward of the step ran before it (m > pp - stage micro-
-    // batches), that one's gradients are already in .grad.
-    const int64_t m = std::min<int64_t>(plan_split(split).micro_batches, batch);
-    const double grads_at_peak = split.pp > 1 && m > split.pp - stage ? r.grads : 0;
+    // Under --pp a stage's activation peak is a backward late in its schedule
+    // (plan::pipeline_peak); the chunks that ran a backward before it (under 1F1B, when
+    // m > pp - stage micro-batches) have their gradients in .grad already.
+    const double grads_at_peak = split.pp > 1 ? r.grads * gone_back_share(model, split, stage, batch, T) : 0;
     const double trainer =
         r.params + r.master + r.optimizer + kept +
         std::max(r.activations + autocast.total() + grads_at_peak + in_backward, reduced);

@@ -47,6 +47,47 @@ TEST_CASE("planner: the pipeline bubble is (p-1)/(m+p-1) and (p-1)/(v m+p-1) int
   REQUIRE_THROWS_WITH(plan::pipeline_bubble(0, 4), MG_CONTAINS("pipeline_bubble: pp 0"));
 }
 
+TEST_CASE("planner: a stage's peak is read off its schedule's actions") {
+  plan::MeshShape mesh;
+  mesh.pp = 4;
+  mesh.batch = 8;
+  mesh.T = 16;
+  mesh.micro_batches = 8;
+  // 1F1B: min(pp - stage, m) in flight at the first backward after the last forward; by then
+  // every micro-batch was handed on (but from the last stage) and m - in flight sent back
+  // (but from the first).
+  for (int stage = 0; stage < 4; ++stage) {
+    const plan::PipelinePeak p = plan::pipeline_peak(mesh, stage);
+    CHECK(p.in_flight == 4 - stage);
+    CHECK(p.forwards_sent == (stage == 3 ? 0 : 8));
+    CHECK(p.gradients_sent == (stage == 0 ? 0 : 8 - (4 - stage)));
+    CHECK(p.gone_back == std::vector<bool>{true});
+  }
+  mesh.micro_batches = 2;  // all forwards, then all backwards: nothing gone back at the peak
+  CHECK(plan::pipeline_peak(mesh, 0).in_flight == 2);
+  CHECK(plan::pipeline_peak(mesh, 0).gone_back == std::vector<bool>{false});
+  // Interleaved, rank 0 of 2, v = 2, m = 4 (schedule.h's example): F0.0 F1.0 F0.1 F1.1 F2.0
+  // then B0.1: 5 chunk forwards alive, 2.5 micro-batches of the stage's blocks -- Megatron's
+  // 1 + (p-1)/(pv) = 1.25 times 1F1B's 2. The last rank warms up 2 chunk forwards, not
+  // 1.25 micro-batches' worth: 3 alive at its peak, 1.5.
+  mesh.pp = 2;
+  mesh.micro_batches = 4;
+  mesh.model_chunks = 2;
+  const plan::PipelinePeak first = plan::pipeline_peak(mesh, 0);
+  CHECK(first.in_flight == 2.5);
+  CHECK(first.in_flight == Approx(2 * (1 + 1.0 / 4)));
+  const plan::PipelinePeak last = plan::pipeline_peak(mesh, 1);
+  CHECK(last.in_flight == 1.5);
+  // Steady from there on (F then B), so the peak is its last such backward, B3.1: chunk 0
+  // has handed on all four micro-batches, and both chunks have gone back before.
+  CHECK(last.forwards_sent == 4);
+  CHECK(last.gone_back == std::vector<bool>{true, true});
+  // With m = 2 the last such backward is B1.1: only chunk 1 (the model's last) went back
+  // before it, so only its weights' gradients are in .grad then.
+  mesh.micro_batches = 2;
+  CHECK(plan::pipeline_peak(mesh, 1).gone_back == std::vector<bool>{false, true});
+}
+
 TEST_CASE("planner: DDP in 32-true holds 4 4 and 8 bytes a parameter and buckets of 4") {
   plan::Split s;
   s.dp = 2;
