@@ -50,6 +50,11 @@ void check_split(const ModelArithmetic& model, const Split& s, const Workload& w
   MG_CHECK(s.dp >= 1 && s.tp >= 1 && s.pp >= 1 && s.cp >= 1, "plan: dp {} tp {} pp {} cp {} must each be >= 1",
            s.dp, s.tp, s.pp, s.cp);
   MG_CHECK(s.zero >= 0 && s.zero <= 3, "plan: zero {} must be 0, 1, 2 or 3", s.zero);
+  // What the trainers refuse is not priced as if it ran (samples/support/split_model.cpp).
+  MG_CHECK(s.zero <= 1 || s.pp == 1,
+           "plan: ZeRO-{} with pp {}: minigrad's ZeRO-2 and FSDP reduce in backward hooks, which would fire "
+           "once per micro-batch inside the pipeline; ZeRO-1 composes with it",
+           s.zero, s.pp);
   model.check_tp(s.tp);
   MG_CHECK(!s.sequence_parallel || s.tp > 1, "plan: sequence parallelism needs tp > 1 (tp {})", s.tp);
   MG_CHECK(s.pp <= model.layers(), "plan: pp {} exceeds the model's {} layers", s.pp, model.layers());
@@ -254,7 +259,7 @@ std::vector<Plan> rank_splits(const ModelArithmetic& model, int world, const Wor
       for (int cp = 1; tp * pp * cp <= world; ++cp) {
         if (world % (tp * pp * cp) != 0) continue;
         const int dp = world / (tp * pp * cp);
-        for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)
+        for (int zero = 0; zero <= (dp == 1 ? 0 : pp > 1 ? 1 : 3); ++zero)
           for (const bool sp : {false, true})
             for (const bool recompute : {false, true}) {
               if (sp && tp == 1) continue;

@@ -154,6 +154,7 @@ TEST_CASE("planner: the ranking puts what fits first and fastest first") {
   bool seen_not_fitting = false;
   for (size_t i = 0; i < plans.size(); ++i) {
     CHECK(plans[i].split.world() == 4);
+    CHECK(!(plans[i].split.zero > 1 && plans[i].split.pp > 1));  // what the trainers refuse is not offered
     if (!plans[i].fits) seen_not_fitting = true;
     CHECK(!(seen_not_fitting && plans[i].fits));
     if (i > 0 && plans[i].fits && plans[i - 1].fits) CHECK(plans[i - 1].time.step_s <= plans[i].time.step_s);
@@ -173,6 +174,11 @@ TEST_CASE("planner: an impossible split or an unknown name is an error naming it
   s.dp = 3;
   REQUIRE_THROWS_WITH(plan::plan_gpt(gpt2(), s, workload(plan::Precision::True32), h100),
                       MG_CONTAINS("plan: batch 8 does not divide by dp 3"));
+  s.dp = 2;
+  s.pp = 2;
+  s.zero = 3;
+  REQUIRE_THROWS_WITH(plan::plan_gpt(gpt2(), s, workload(plan::Precision::True32), h100),
+                      MG_CONTAINS("plan: ZeRO-3 with pp 2: minigrad's ZeRO-2 and FSDP reduce in backward hooks"));
   REQUIRE_THROWS_WITH(plan::device_by_name("h100"), MG_CONTAINS("device: unknown device 'h100' (known: cpu, h100-80gb"));
   REQUIRE_THROWS_WITH(plan::precision_from_string("fp16"), MG_CONTAINS("unknown precision 'fp16'"));
 }
