@@ -144,6 +144,7 @@ struct Options {
   // --fsdp-mp-policy: under --zero 3, the mixed precision as FSDP2's MixedPrecisionPolicy
   // (torchtitan's) in place of autocast.
   bool fsdp_mp_policy = false;
+  bool memory_blocks = false;  // the allocator's live blocks at each rank's peak, listed
   samples::TraceOptions trace;
   // The split over ranks (--dp, --tp, --cp, --sequence-parallel); distributed when given.
   samples::ModelSplit split;
@@ -195,6 +196,7 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       ->check(CLI::IsMember(samples::precision_names()))->capture_default_str();
   app.add_flag("--fsdp-mp-policy", o.fsdp_mp_policy, "With --zero 3 and --precision bf16-mixed or 16-mixed: FSDP's MixedPrecisionPolicy (torchtitan's: float32 shards, units gathered in the 16-bit dtype, gradients reduce-scattered in float32) in place of autocast");
   samples::add_trace_options(app, o.trace, "training step");
+  app.add_flag("--memory-blocks", o.memory_blocks, "After the run, list the allocator's blocks live at each rank's training peak, by size (one CPU device a rank): what docs/planning.md's memory terms were read off");
   CLI::Option* dp = app.add_option("--dp", o.split.dp, "Data-parallel ranks (under minigrad-run): the batch's windows cut over them")->check(positive);
   CLI::Option* tp = app.add_option("--tp", o.split.tp, "Tensor-parallel ranks: every layer split over them (Megatron's)")->check(positive);
   CLI::Option* pp = app.add_option("--pp", o.split.pp, "Pipeline-parallel ranks: the blocks cut into stages (the 4-D pipeline)")->check(positive);
@@ -228,6 +230,8 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       throw samples::OptionError(fmt::format("--fsdp-mp-policy is FSDP's way of a mixed precision: it needs --zero 3 and "
                                              "--precision bf16-mixed or 16-mixed (got --zero {}, --precision {})",
                                              o.split.zero, precision));
+    if (o.memory_blocks && (o.device_list.size() != 1 || !o.device_list.front().is_cpu()))
+      throw samples::OptionError("--memory-blocks reads the CPU allocator: it needs one CPU device a rank (--devices cpu)");
     if (o.sample_only && o.resume.empty())
       throw samples::OptionError("--sample-only samples from a checkpoint: it needs --resume CHECKPOINT");
     if (o.sample_only && o.sample_chars == 0)
@@ -513,6 +517,7 @@ int train(Options options) {
   if (o.distributed) run.dist = samples::join_job(o.dist_timeout, o.device_list);
   const bool rank0 = run.dist.rank == 0;
   run.device = o.device_list.front();
+  if (o.memory_blocks) cpu_record_memory_history(true);  // from the start: the model's blocks counted too
   manual_seed(o.seed);
 
   const auto load_start = Clock::now();
@@ -705,6 +710,7 @@ int train(Options options) {
   bar.finish();
   tracer.finish();
   const size_t peak_bytes = samples::max_memory_allocated(run.device);
+  const std::vector<LiveBlocks> blocks_at_peak = o.memory_blocks ? cpu_live_blocks_at_peak() : std::vector<LiveBlocks>{};
   evaluate(o.iters);
   const double seconds = seconds_since(run_start);
   if (rank0) fmt::print("trained {} steps in {:.1f} s: {}\n", o.iters, seconds,
@@ -712,6 +718,7 @@ int train(Options options) {
   if (o.device_list.size() == 1)  // every rank its own line (DataParallel's replicas share one count)
     fmt::print("{}\n", samples::memory_report(peak_bytes, run.dist.rank, run.split ? &run.split->mesh() : nullptr,
                                               *arithmetic, o.split, o.batch_size, o.model.block_size, o.precision));
+  if (o.memory_blocks) fmt::print("{}", samples::live_blocks_report(run.dist.rank, blocks_at_peak));
   if (rank0 && run.amp->scaling())
     fmt::print("16-mixed: {} step{} skipped for an inf or NaN gradient; loss scale {}\n", run.skipped_steps,
                run.skipped_steps == 1 ? "" : "s", run.amp->loss_scale());

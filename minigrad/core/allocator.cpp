@@ -1,6 +1,8 @@
 #include <minigrad/core/allocator.h>
 
+#include <algorithm>
 #include <atomic>
+#include <map>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
@@ -31,20 +33,64 @@ class CpuAllocator final : public Allocator {
     if (nbytes == 0) return nullptr;
     void* ptr = allocate_block(nbytes);
     count_allocated(nbytes);
+    if (recording_.load(std::memory_order_relaxed)) record_allocation(ptr, nbytes);
     return ptr;
   }
 
   void deallocate(void* ptr, std::size_t nbytes) override {
     if (ptr == nullptr) return;
+    if (recording_.load(std::memory_order_relaxed)) record_free(ptr);
     allocated_.fetch_sub(nbytes, std::memory_order_relaxed);
     free_block(ptr, nbytes);
   }
 
   std::size_t allocated() const { return allocated_.load(std::memory_order_relaxed); }
   std::size_t peak() const { return peak_.load(std::memory_order_relaxed); }
-  void reset_peak() { peak_.store(allocated(), std::memory_order_relaxed); }
+  void reset_peak() {
+    peak_.store(allocated(), std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(history_mutex_);
+    recorded_peak_ = recorded_;
+    at_peak_ = live_sizes_;
+  }
+
+  void record_history(bool enabled) {
+    std::lock_guard<std::mutex> lock(history_mutex_);
+    recording_.store(enabled, std::memory_order_relaxed);
+    if (enabled) return;
+    live_.clear();
+    live_sizes_.clear();
+    recorded_ = recorded_peak_ = 0;
+  }
+
+  std::map<std::size_t, int64_t> blocks_at_peak() {
+    std::lock_guard<std::mutex> lock(history_mutex_);
+    return at_peak_;
+  }
 
  private:
+  // Recording: the blocks counted (so a free of one made before recording is ignored), the
+  // live ones by size, and a copy of that at the highest total seen (a few hundred sizes at
+  // most in a training step, so copying at each new high is cheap).
+  void record_allocation(void* ptr, std::size_t nbytes) {
+    std::lock_guard<std::mutex> lock(history_mutex_);
+    live_[ptr] = nbytes;
+    ++live_sizes_[nbytes];
+    recorded_ += nbytes;
+    if (recorded_ > recorded_peak_) {
+      recorded_peak_ = recorded_;
+      at_peak_ = live_sizes_;
+    }
+  }
+
+  void record_free(void* ptr) {
+    std::lock_guard<std::mutex> lock(history_mutex_);
+    const auto it = live_.find(ptr);
+    if (it == live_.end()) return;
+    recorded_ -= it->second;
+    if (--live_sizes_[it->second] == 0) live_sizes_.erase(it->second);
+    live_.erase(it);
+  }
+
   void count_allocated(std::size_t nbytes) {
     const std::size_t now = allocated_.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
     std::size_t peak = peak_.load(std::memory_order_relaxed);
@@ -91,6 +137,12 @@ class CpuAllocator final : public Allocator {
   std::size_t cached_bytes_ = 0;
   std::atomic<std::size_t> allocated_{0};
   std::atomic<std::size_t> peak_{0};
+
+  std::atomic<bool> recording_{false};
+  std::mutex history_mutex_;
+  std::unordered_map<void*, std::size_t> live_;
+  std::map<std::size_t, int64_t> live_sizes_, at_peak_;
+  std::size_t recorded_ = 0, recorded_peak_ = 0;
 };
 
 CpuAllocator& the_cpu_allocator() {
@@ -106,6 +158,17 @@ Allocator& cpu_allocator() { return the_cpu_allocator(); }
 std::size_t cpu_memory_allocated() { return the_cpu_allocator().allocated(); }
 std::size_t cpu_max_memory_allocated() { return the_cpu_allocator().peak(); }
 void cpu_reset_peak_memory_stats() { the_cpu_allocator().reset_peak(); }
+
+void cpu_record_memory_history(bool enabled) { the_cpu_allocator().record_history(enabled); }
+
+std::vector<LiveBlocks> cpu_live_blocks_at_peak() {
+  std::vector<LiveBlocks> blocks;
+  for (const auto& [bytes, count] : the_cpu_allocator().blocks_at_peak()) blocks.push_back({bytes, count});
+  std::stable_sort(blocks.begin(), blocks.end(), [](const LiveBlocks& a, const LiveBlocks& b) {
+    return a.bytes * static_cast<std::size_t>(a.count) > b.bytes * static_cast<std::size_t>(b.count);
+  });
+  return blocks;
+}
 
 std::string format_bytes(std::size_t bytes) {
   constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

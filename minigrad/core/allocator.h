@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include <minigrad/core/device.h>
 
@@ -27,6 +29,18 @@ Allocator& cpu_allocator();
 std::size_t cpu_memory_allocated();
 std::size_t cpu_max_memory_allocated();
 void cpu_reset_peak_memory_stats();
+
+// What was live at the high-water mark, by block size: how a memory formula's terms are
+// read off a run (torch.cuda.memory._record_memory_history and _snapshot, in brief).
+// Recording costs a lock and a map update an allocation, so it is off until asked for;
+// blocks allocated before it began are not counted, and the snapshot is taken where the
+// blocks it counts were most, since recording began or the last cpu_reset_peak_memory_stats.
+struct LiveBlocks {
+  std::size_t bytes = 0;  // a block's size, as asked for
+  int64_t count = 0;      // how many of that size
+};
+void cpu_record_memory_history(bool enabled);
+std::vector<LiveBlocks> cpu_live_blocks_at_peak();  // the largest total first
 
 // A byte count for people: "512 B", "1.50 MiB" (binary units), as the out-of-memory
 // errors and the pipeline's memory plan print it.

@@ -47,6 +47,18 @@ std::size_t max_memory_allocated(Device device) {
   return device.is_cuda() ? cuda::max_memory_allocated(device.index()) : cpu_max_memory_allocated();
 }
 
+std::string live_blocks_report(int rank, const std::vector<LiveBlocks>& blocks) {
+  std::size_t total = 0;
+  for (const LiveBlocks& b : blocks) total += b.bytes * static_cast<std::size_t>(b.count);
+  std::string out = fmt::format("memory blocks live at rank {}'s peak, largest total first ({} in all):\n", rank,
+                                mib(static_cast<double>(total)));
+  for (const LiveBlocks& b : blocks)
+    out += fmt::format("  {} x {} = {} ({} floats each)\n", b.count, format_bytes(b.bytes),
+                       mib(static_cast<double>(b.bytes * static_cast<std::size_t>(b.count))),
+                       static_cast<double>(b.bytes) / 4);
+  return out;
+}
+
 void reset_peak_memory(Device device) {
   if (device.is_cuda()) cuda::reset_peak_memory_stats(device.index());
   else cpu_reset_peak_memory_stats();

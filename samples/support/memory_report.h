@@ -21,6 +21,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include <minigrad/core/allocator.h>
 
 #include <minigrad/core/device.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
@@ -31,6 +34,12 @@
 #include "precision.h"
 
 namespace mg::samples {
+
+// --memory-blocks: the blocks live at `rank`'s peak (cpu_live_blocks_at_peak), a line a size,
+// the largest total first, with each size in float32 elements (to match against formulas):
+//   memory blocks live at rank 0's peak, largest total first (14.46 MB in all):
+//     5 x 774.50 KiB = 3.78 MiB (198272 floats each)
+std::string live_blocks_report(int rank, const std::vector<LiveBlocks>& blocks);
 
 // The device allocator's high-water mark since the last reset_peak_memory, and resetting it
 // to what is allocated now.

@@ -64,3 +64,35 @@ TEST_CASE("cpu allocator: counts the bytes of live storages and their peak") {
   cpu_reset_peak_memory_stats();
   CHECK(cpu_max_memory_allocated() == before);
 }
+
+TEST_CASE("cpu allocator: the live blocks at the peak, by size, while recording") {
+  const Tensor before_recording = empty({300}, DType::Float32);  // not counted: made before
+  cpu_record_memory_history(true);
+  cpu_reset_peak_memory_stats();
+  {
+    Tensor a = empty({1000}, DType::Float32), b = empty({1000}, DType::Float32);
+    Tensor c = empty({250}, DType::Float32);
+    {
+      Tensor d = empty({10}, DType::Float64);  // the peak: a, b, c and d
+    }
+    Tensor e = empty({20}, DType::Float32);  // after it, lower: not in the snapshot
+  }
+  const std::vector<LiveBlocks> at_peak = cpu_live_blocks_at_peak();
+  REQUIRE(at_peak.size() == 3);  // the largest total first
+  CHECK(at_peak[0].bytes == 4000);
+  CHECK(at_peak[0].count == 2);
+  CHECK(at_peak[1].bytes == 1000);
+  CHECK(at_peak[1].count == 1);
+  CHECK(at_peak[2].bytes == 80);
+  CHECK(at_peak[2].count == 1);
+  // A reset starts from what is live now (nothing recorded); turned off, it forgets.
+  cpu_reset_peak_memory_stats();
+  CHECK(cpu_live_blocks_at_peak().empty());
+  {
+    Tensor f = empty({64}, DType::Float32);
+  }
+  REQUIRE(cpu_live_blocks_at_peak().size() == 1);
+  CHECK(cpu_live_blocks_at_peak()[0].bytes == 256);
+  cpu_record_memory_history(false);
+  CHECK(cpu_live_blocks_at_peak().size() == 1);  // the last snapshot stays until a reset
+}

@@ -123,6 +123,28 @@ TEST_CASE("train_gpt: the log shows tokens/s, MFU and each rank's memory beside 
   CHECK_THAT(split.output, MG_CONTAINS("[rank 1] memory: peak ") && MG_CONTAINS("on rank 1 (dp 1 pp 0 cp 0 tp 0)"));
 }
 
+TEST_CASE("train_gpt --memory-blocks: the blocks live at the peak add up to the peak") {
+  mg::testing::TempDir dir;
+  const std::string run_flags = " --devices cpu --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4 "
+                                "--eval-iters 2 --iters 2 --eval-interval 2 --sample-chars 0 --memory-blocks --data-dir " +
+                                mg::testing::make_fortunes(dir);
+  const auto run = mg::testing::run_program(mg::testing::program_path("train_gpt") + run_flags);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  const size_t peak = run.output.find("memory: peak ");
+  const size_t all = run.output.find(" in all):\n");
+  REQUIRE(peak != std::string::npos);
+  REQUIRE(all != std::string::npos);
+  const std::string peak_mib = run.output.substr(peak + 13, run.output.find(' ', peak + 13) - (peak + 13));
+  const size_t open = run.output.rfind('(', all);
+  CHECK(run.output.substr(open + 1, all - open - 1) == peak_mib + " MiB");  // every block counted, from the start
+  CHECK_THAT(run.output, MG_CONTAINS("memory blocks live at rank 0's peak, largest total first (") &&
+                             MG_CONTAINS(" floats each)\n"));
+  const auto two = mg::testing::run_program(mg::testing::program_path("train_gpt") + run_flags + " --devices cpu,cpu");
+  CHECK(two.exit_code != 0);
+  CHECK_THAT(two.output, MG_CONTAINS("--memory-blocks reads the CPU allocator: it needs one CPU device a rank"));
+}
+
 // The figure at the trainer's moments (memory_report.cpp: what it always holds + the larger
 // of the backward's activations and the gradients with their dp/cp sum's copies, + the
 // model kept under --pp, and there the gradients of the backwards before the peak's) against
