@@ -711,7 +711,8 @@ int train(Options options) {
              meter.rate(static_cast<double>((o.iters - first_step) * tokens_per_step), seconds - eval_seconds));
   if (o.device_list.size() == 1)  // every rank its own line (DataParallel's replicas share one count)
     fmt::print("{}\n", samples::memory_report(peak_bytes, run.dist.rank, run.split ? &run.split->mesh() : nullptr,
-                                              *arithmetic, o.split, o.batch_size, o.model.block_size, o.precision));
+                                              *arithmetic, o.split, o.batch_size, o.model.block_size, o.precision,
+                                              o.fsdp_mp_policy));
   if (rank0 && run.amp->scaling())
     fmt::print("16-mixed: {} step{} skipped for an inf or NaN gradient; loss scale {}\n", run.skipped_steps,
                run.skipped_steps == 1 ? "" : "s", run.amp->loss_scale());
