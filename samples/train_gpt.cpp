@@ -717,7 +717,8 @@ int train(Options options) {
              meter.rate(static_cast<double>((o.iters - first_step) * tokens_per_step), seconds - eval_seconds));
   if (o.device_list.size() == 1)  // every rank its own line (DataParallel's replicas share one count)
     fmt::print("{}\n", samples::memory_report(peak_bytes, run.dist.rank, run.split ? &run.split->mesh() : nullptr,
-                                              *arithmetic, o.split, o.batch_size, o.model.block_size, o.precision));
+                                              *arithmetic, o.split, o.batch_size, o.model.block_size, o.precision,
+                                              o.fsdp_mp_policy));
   if (o.memory_blocks) fmt::print("{}", samples::live_blocks_report(run.dist.rank, blocks_at_peak));
   if (rank0 && run.amp->scaling())
     fmt::print("16-mixed: {} step{} skipped for an inf or NaN gradient; loss scale {}\n", run.skipped_steps,

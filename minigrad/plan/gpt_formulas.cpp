@@ -160,20 +160,52 @@ double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshSha
   return floats;
 }
 
-AutocastExtraBytes gpt_bf16_mixed_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero) {
-  check_mesh(config, mesh, 0, "gpt_bf16_mixed_extra_bytes");
+namespace {
+
+void check_dp_only(const models::GPTConfig& config, const MeshShape& mesh, const char* what) {
+  check_mesh(config, mesh, 0, what);
   MG_CHECK(mesh.tp == 1 && mesh.pp == 1 && mesh.cp == 1,
-           "gpt_bf16_mixed_extra_bytes: priced on one device or over dp only, got tp {} pp {} cp {}", mesh.tp, mesh.pp,
-           mesh.cp);
+           "{}: priced on one device or over dp only, got tp {} pp {} cp {}", what, mesh.tp, mesh.pp, mesh.cp);
+}
+
+}  // namespace
+
+PrecisionExtraBytes gpt_bf16_mixed_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero) {
+  check_dp_only(config, mesh, "gpt_bf16_mixed_extra_bytes");
   const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
   const double a = static_cast<double>(config.n_head), L = static_cast<double>(config.n_layer);
   const double n = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T);
-  AutocastExtraBytes e;
+  PrecisionExtraBytes e;
   e.float32_saved = (4 * C + 8 + 2 * a) * L * n;
   e.weight_casts = 2 * 12 * C * C * L;
   e.backward = (2 * C + 2 * C) * n + 4 * (C * n + 4 * C * C + 4 * C * n);
   e.head_grad = 4 * V * C + (zero == 3 ? 4 * static_cast<double>(gpt_fsdp_unit_numels(config).front()) : 0);
   return e;
+}
+
+PrecisionExtraBytes gpt_bf16_true_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero) {
+  check_dp_only(config, mesh, "gpt_bf16_true_extra_bytes");
+  const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
+  const double a = static_cast<double>(config.n_head), L = static_cast<double>(config.n_layer);
+  const double n = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T);
+  PrecisionExtraBytes e;
+  e.float32_saved = (8 + 2 * a) * L * n;
+  e.backward = 4 * (C * n + 4 * C * C + 4 * C * n);
+  e.head_grad = 2 * V * C + (zero == 3 ? 2 * static_cast<double>(gpt_fsdp_unit_numels(config).front()) : 0);
+  return e;
+}
+
+double gpt_zero2_released_bytes(const models::GPTConfig& config, const MeshShape& mesh, double act_bytes,
+                                bool autocast) {
+  check_dp_only(config, mesh, "gpt_zero2_released_bytes");
+  MG_CHECK(act_bytes == 2 || act_bytes == 4, "gpt_zero2_released_bytes: act_bytes {} must be 2 or 4", act_bytes);
+  const double C = static_cast<double>(config.n_embd), Ab = act_bytes;
+  const double n = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T);
+  const double casts = autocast ? 2 * 4 * C * C + 2 * C * n : 0;  // c_proj's weight cast, ln_f's gradient's
+  const double scratch = Ab == 2 ? 4 * (C * n + 4 * C * C + 4 * C * n) : 0;
+  const double gelu_backward = Ab * (4 * C * C + C) + scratch + casts;
+  const double c_fc_backward = Ab * (12 * C * n - 5 * C * n) + Ab * ((4 * C * C + C) - (4 * C * C + 4 * C)) + casts;
+  return std::min(gelu_backward, c_fc_backward);
 }
 
 double gpt_gradient_sum_peak_bytes(const models::GPTConfig& config, const MeshShape& mesh, int stage,

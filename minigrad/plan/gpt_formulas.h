@@ -124,29 +124,66 @@ double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshSha
 double gpt_gradient_sum_peak_bytes(const models::GPTConfig& config, const MeshShape& mesh, int stage,
                                    double grad_bytes = 4);
 
-// What bf16-mixed (CPU autocast to bfloat16, float32 parameters) holds at the backward's
-// peak beyond gpt_activation_peak_floats at 2 bytes a float, on one device or over dp (any
-// ZeRO stage; no tp, pp, cp, recompute): the backward of the last block's MLP c_proj, read
-// off the allocator's live blocks of train_gpt --dp 2 --zero 3 --precision bf16-mixed.
-// Each term follows from what the ops save under autocast_policy.h's CPU column:
+// What a 16-bit precision holds at the backward's peak beyond gpt_activation_peak_floats at
+// 2 bytes a float, on one device or over dp (any ZeRO stage; no tp, pp, cp, recompute): the
+// backward of the last block's MLP c_proj, read off the allocator's live blocks of train_gpt.
+// n = the rank's tokens (batch / dp) x T.
+struct PrecisionExtraBytes {
+  double float32_saved = 0, weight_casts = 0, backward = 0, head_grad = 0;
+  double total() const { return float32_saved + weight_casts + backward + head_grad; }
+};
+
+// bf16-mixed and 16-mixed (CPU autocast to bfloat16 or float16, float32 parameters), read off
+// train_gpt --dp 2 --zero 3 --precision bf16-mixed; 16-mixed holds the same blocks (the CPU
+// column casts by op, not by 16-bit dtype) but its scaled loss (4 bytes). Each term follows
+// from what the ops save under autocast_policy.h's CPU column:
 //   float32_saved  LayerNorm has no CPU rule, so the residual stream (ln_1's and ln_2's
 //                  inputs) and their mean/rstd stay float32, as does the fused attention's
 //                  log-sum-exp: (4C + 8 + 2a) bytes a token a block more than at 2 bytes
-//   weight_casts   each linear saves its bfloat16 weight for backward (autocast's cast of
+//   weight_casts   each linear saves its 16-bit weight for backward (autocast's cast of
 //                  a float32 leaf): 2 x 12C^2 bytes a block (the biases are not saved)
 //   backward       the gradient from ln_f is float32 (+2C a token) and c_proj casts it to
-//                  bfloat16 (+2C); the CPU's bfloat16 GEMM computes in float32, holding
-//                  its operands and result as float32 while its input gradient is made:
+//                  16 bits (+2C); the CPU's 16-bit GEMM computes in float32, holding its
+//                  operands and result as float32 while its input gradient is made:
 //                  4 (C n + 4C^2 + 4C n)
 //   head_grad      the tied wte's gradient from the head, float32 (4VC), waiting for the
 //                  AccumulateGrad that runs at the end of backward; under FSDP (zero 3)
 //                  also the root unit's flat gradient it was laid into (4 x the unit)
-// n = the rank's tokens (batch / dp) x T.
-struct AutocastExtraBytes {
-  double float32_saved = 0, weight_casts = 0, backward = 0, head_grad = 0;
-  double total() const { return float32_saved + weight_casts + backward + head_grad; }
-};
-AutocastExtraBytes gpt_bf16_mixed_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero);
+PrecisionExtraBytes gpt_bf16_mixed_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero);
+
+// bf16-true (bfloat16 parameters and activations, float32 masters in optim::MasterWeights),
+// read off train_gpt --precision bf16-true on one device and --dp 2 --zero 3:
+//   float32_saved  LayerNorm's mean/rstd and the fused attention's log-sum-exp are float32
+//                  whatever the input's dtype: (8 + 2a) bytes a token a block more than at 2
+//                  bytes (the residual stream is bfloat16 here)
+//   weight_casts   none: the linears save the bfloat16 weights themselves
+//   backward       the CPU's bfloat16 GEMM's float32 operands and result, as above:
+//                  4 (C n + 4C^2 + 4C n); the gradient from ln_f is bfloat16 already
+//   head_grad      the tied wte's bfloat16 gradient (2VC); under FSDP the root unit's
+//                  bfloat16 flat gradient (2 x the unit)
+PrecisionExtraBytes gpt_bf16_true_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero);
+
+// ZeRO-2 (minigrad's ShardedGradReducer) makes a bucket's flat gradient at the first
+// post-accumulate hook of its parameters, which fires once the last block's c_proj has gone
+// back: the flat gradient is not alive at gpt_activation_peak_floats's moment (c_proj's
+// backward) but from the next two on. What that peak held and these no longer hold, in
+// bytes, the smaller of the two (the later peak is the larger moment), for activations of
+// `act_bytes` (4, or 2: the CPU's 16-bit GEMMs then hold float32 scratch) under autocast
+// (`autocast`: bf16-mixed, 16-mixed) or not; read off the live blocks of --dp 2 --zero 2 in
+// 32-true (the first) and bf16-mixed (the second):
+//   GELU's backward  c_proj's weight and bias gradients (4C^2 + C) are in the flat buffer;
+//                    GELU's output goes as its input gradient comes (4C n each); in 16 bits
+//                    c_proj's float32 GEMM scratch, 4 (C n + 4C^2 + 4C n), is freed, and
+//                    under autocast its 16-bit weight cast (2 x 4C^2) and the 16-bit cast of
+//                    the gradient from ln_f (2C n)
+//   c_fc's backward  c_fc's and GELU's outputs and c_proj's input gradient gone (12C n),
+//                    GELU's input gradient and c_fc's made (4C n + C n), c_fc's weight and
+//                    bias gradients (4C^2 + 4C) in place of c_proj's (4C^2 + C); c_fc's GEMM
+//                    scratch is c_proj's size again; under autocast the two casts above gone
+// Priced against the c_proj moment: where the head's moment is the larger (V above about
+// 5C), the figure this gives is high.
+double gpt_zero2_released_bytes(const models::GPTConfig& config, const MeshShape& mesh, double act_bytes,
+                                bool autocast);
 
 // ---- collectives ----
 

@@ -7,9 +7,10 @@
 //
 // The second figure takes the planner's terms at the moments train_gpt holds them (the
 // backward's peak without gradients, or the gradients with their dp/cp sum's two copies;
-// memory_report.cpp says why), in 32-true (FSDP with recompute left out) and in bf16-mixed on
-// one device or over dp (plan::gpt_bf16_mixed_extra_bytes's terms on top); elsewhere the line
-// says it is not priced so yet.
+// memory_report.cpp says why), in 32-true (FSDP with recompute left out) and in the 16-bit
+// precisions on one device or over dp (plan::gpt_bf16_mixed_extra_bytes's terms on top for
+// bf16-mixed and 16-mixed, plan::gpt_bf16_true_extra_bytes's for bf16-true); elsewhere the
+// line says it is not priced so yet.
 //
 // The peak is the device allocator's high-water mark (cpu_max_memory_allocated, or
 // cuda::max_memory_allocated: what the benches read), reset where the caller starts
@@ -53,8 +54,10 @@ plan::Split plan_split(const ModelSplit& split);
 // The line above for `rank`, at its coordinates of `mesh` (null: one process), with the
 // planner's bytes of its pipeline stage for rows of `batch` x `T` tokens a micro-batch step.
 // The planner's refusal (a split it cannot price) is said in the line, not thrown.
+// `fsdp_mp_policy`: the 16-bit casts are FSDP's MixedPrecisionPolicy's (train_gpt
+// --fsdp-mp-policy), not autocast's, whose terms the second figure adds: not priced so yet.
 std::string memory_report(std::size_t peak_bytes, int rank, const parallel::DeviceMesh* mesh,
                           const plan::ModelArithmetic& model, const ModelSplit& split, int64_t batch, int64_t T,
-                          Precision precision);
+                          Precision precision, bool fsdp_mp_policy = false);
 
 }  // namespace mg::samples

@@ -233,7 +233,7 @@ TEST_CASE("planner: bf16-mixed's bytes beyond the activations at 2 bytes, term b
   mesh.batch = 12;
   mesh.T = 64;
   const double n = 6 * 64, C = 128;
-  const plan::AutocastExtraBytes e = plan::gpt_bf16_mixed_extra_bytes(config, mesh, 3);
+  const plan::PrecisionExtraBytes e = plan::gpt_bf16_mixed_extra_bytes(config, mesh, 3);
   CHECK(e.float32_saved == (4 * C + 8 + 2 * 4) * 4 * n);  // float32 residual, statistics, log-sum-exp
   CHECK(e.weight_casts == 2 * 12 * C * C * 4);             // the linears' bfloat16 weights
   CHECK(e.backward == 4 * C * n + 4 * (C * n + 4 * C * C + 4 * C * n));
@@ -241,4 +241,54 @@ TEST_CASE("planner: bf16-mixed's bytes beyond the activations at 2 bytes, term b
   CHECK(plan::gpt_bf16_mixed_extra_bytes(config, mesh, 1).head_grad == 4 * 114 * C);
   mesh.tp = 2;
   CHECK_THROWS_WITH(plan::gpt_bf16_mixed_extra_bytes(config, mesh, 0), MG_CONTAINS("one device or over dp"));
+}
+
+TEST_CASE("planner: bf16-true's bytes beyond the activations at 2 bytes, term by term") {
+  models::GPTConfig config;
+  config.n_layer = 4;
+  config.n_head = 4;
+  config.n_embd = 128;
+  config.block_size = 64;
+  config.vocab_size = 114;
+  plan::MeshShape mesh;
+  mesh.dp = 2;
+  mesh.batch = 12;
+  mesh.T = 64;
+  const double n = 6 * 64, C = 128;
+  const plan::PrecisionExtraBytes e = plan::gpt_bf16_true_extra_bytes(config, mesh, 3);
+  CHECK(e.float32_saved == (8 + 2 * 4) * 4 * n);  // float32 statistics and log-sum-exp; a bfloat16 residual
+  CHECK(e.weight_casts == 0);                      // the linears save the bfloat16 weights themselves
+  CHECK(e.backward == 4 * (C * n + 4 * C * C + 4 * C * n));
+  CHECK(e.head_grad == 2 * 114 * C + 2 * (114 * C + 64 * C + 2 * C));  // wte's gradient, the root unit's
+  CHECK(plan::gpt_bf16_true_extra_bytes(config, mesh, 2).head_grad == 2 * 114 * C);
+  mesh.cp = 2;
+  CHECK_THROWS_WITH(plan::gpt_bf16_true_extra_bytes(config, mesh, 0), MG_CONTAINS("one device or over dp"));
+}
+
+TEST_CASE("planner: what ZeRO-2's moment with the flat gradients no longer holds, moment by moment") {
+  models::GPTConfig config;
+  config.n_layer = 4;
+  config.n_head = 4;
+  config.n_embd = 128;
+  config.block_size = 64;
+  config.vocab_size = 114;
+  plan::MeshShape mesh;
+  mesh.dp = 2;
+  mesh.batch = 12;
+  mesh.T = 64;
+  const double n = 6 * 64, C = 128;
+  // 32-true: GELU's backward, c_proj's weight and bias gradients laid into the flat buffer.
+  CHECK(plan::gpt_zero2_released_bytes(config, mesh, 4, false) == 4 * (4 * C * C + C));
+  // bf16-mixed: c_fc's backward (its float32 GEMM scratch is c_proj's size again), less
+  // 7C n of activations, c_fc's 4C^2 + 4C gradients for c_proj's 4C^2 + C, and the two casts.
+  const double casts = 2 * 4 * C * C + 2 * C * n;
+  CHECK(plan::gpt_zero2_released_bytes(config, mesh, 2, true) == 2 * (7 * C * n - 3 * C) + casts);
+  // bf16-true: the same moment without autocast's casts.
+  CHECK(plan::gpt_zero2_released_bytes(config, mesh, 2, false) == 2 * (7 * C * n - 3 * C));
+  // In float32 at few tokens (n < about C/2) c_fc's backward is the later moment: 7C n less
+  // activations no longer outweigh c_proj's 4C^2 + C weight gradients.
+  mesh.T = 1;
+  mesh.batch = 2;
+  CHECK(plan::gpt_zero2_released_bytes(config, mesh, 4, false) == 4 * (7 * C - 3 * C));
+  CHECK_THROWS_WITH(plan::gpt_zero2_released_bytes(config, mesh, 3, false), MG_CONTAINS("act_bytes 3 must be 2 or 4"));
 }

@@ -95,6 +95,15 @@ TEST_CASE("memory_report: the allocator's peak beside the planner's bytes, or wh
   CHECK_THAT(line, MG_CONTAINS("memory: peak 1.00 MiB on rank 0; the planner: " +
                                fmt::format("{:.2f} MiB (params ", p.stages[0].total() / 1048576)));
   CHECK_THAT(line, MG_CONTAINS(fmt::format("measured / planned {:.3f}", 1048576 / p.stages[0].total())));
+  // The 16-bit precisions are priced at the trainer's moments over dp with autocast's casts,
+  // not with FSDP's MixedPrecisionPolicy's.
+  samples::ModelSplit fsdp;
+  fsdp.dp = 2;
+  fsdp.zero = 3;
+  CHECK_THAT(samples::memory_report(1 << 20, 0, nullptr, model, fsdp, 4, 16, samples::Precision::BF16Mixed),
+             MG_CONTAINS("at the trainer's moments: "));
+  CHECK_THAT(samples::memory_report(1 << 20, 0, nullptr, model, fsdp, 4, 16, samples::Precision::BF16Mixed, true),
+             MG_CONTAINS("not priced at the trainer's moments yet"));
   samples::ModelSplit bad;
   bad.tp = 3;
   CHECK_THAT(samples::memory_report(0, 0, nullptr, model, bad, 4, 16, samples::Precision::True32),
@@ -149,12 +158,16 @@ TEST_CASE("train_gpt --memory-blocks: the blocks live at the peak add up to the 
 // of the backward's activations and the gradients with their dp/cp sum's copies, + the
 // model kept under --pp, and there the gradients of the backwards before the peak's) against
 // each rank's allocator peak, train_gpt's default GPT (4 layers, C 128, 12 rows of 64
-// tokens) in float32. Measured 0.990 to 1.029 on the splits below (and 1.001 on dp 2 x pp 2,
-// tp 2 x pp 2 and pp 4, 4 ranks; ZeRO-2 0.990, ZeRO-3 1.029; the interleaved schedule 0.996
-// to 1.001, also on pp 4 x v 2 and dp 2 x pp 2 x v 2), and in bf16-mixed on one
-// device, dp 2, ZeRO-1 and ZeRO-3 (plan::gpt_bf16_mixed_extra_bytes's terms on top); not
-// held yet, and so not here: cp 2 x pp 2's first stage (1.063), FSDP with recompute,
-// bf16-mixed under ZeRO-2 (0.957), tp, pp, cp or recompute, and bf16-true / 16-mixed.
+// tokens) in float32. Measured 0.996 to 1.029 on the splits below (and 1.001 on dp 2 x pp 2,
+// tp 2 x pp 2 and pp 4, 4 ranks; ZeRO-2 1.001, ZeRO-3 1.029; the interleaved schedule 0.996
+// to 1.001, also on pp 4 x v 2 and dp 2 x pp 2 x v 2), and in the 16-bit precisions on one
+// device and over dp: bf16-mixed and 16-mixed on one device, dp 2, ZeRO-1, ZeRO-2 and ZeRO-3
+// (plan::gpt_bf16_mixed_extra_bytes's terms on top; 1.000 to 1.001), bf16-true on one
+// device, dp 2, ZeRO-1 and ZeRO-2 (plan::gpt_bf16_true_extra_bytes's; 0.996 to 1.000). Not
+// here: bf16-true under ZeRO-3 (0.977 to 1.001 a rank over runs: whether the peak holds the
+// unit gathered ahead, widened to float32 for Gloo, and its rounding back is a race with the
+// communication thread, so a faster one could read lower), cp 2 x pp 2's first stage
+// (1.063), FSDP with recompute, and the 16-bit precisions with tp, pp, cp or recompute.
 TEST_CASE("train_gpt: each rank's peak within 5 % of the planner's bytes at the trainer's moments") {
   mg::testing::TempDir dir;
   const std::string flags = " --devices cpu --iters 4 --eval-iters 2 --eval-interval 4 --sample-chars 0 --data-dir " +
@@ -170,7 +183,15 @@ TEST_CASE("train_gpt: each rank's peak within 5 % of the planner's bytes at the 
                                      two + " --dp 2 --zero 3 --weight-decay 0", alone + " --precision bf16-mixed",
                                      two + " --dp 2 --precision bf16-mixed",
                                      two + " --dp 2 --zero 1 --precision bf16-mixed",
-                                     two + " --dp 2 --zero 3 --weight-decay 0 --precision bf16-mixed"}) {
+                                     two + " --dp 2 --zero 2 --precision bf16-mixed",
+                                     two + " --dp 2 --zero 3 --weight-decay 0 --precision bf16-mixed",
+                                     alone + " --precision 16-mixed", two + " --dp 2 --precision 16-mixed",
+                                     two + " --dp 2 --zero 1 --precision 16-mixed",
+                                     two + " --dp 2 --zero 2 --precision 16-mixed",
+                                     two + " --dp 2 --zero 3 --weight-decay 0 --precision 16-mixed",
+                                     alone + " --precision bf16-true", two + " --dp 2 --precision bf16-true",
+                                     two + " --dp 2 --zero 1 --precision bf16-true",
+                                     two + " --dp 2 --zero 2 --precision bf16-true"}) {
     const auto run = mg::testing::run_program(command);
     INFO(command << "\n" << run.output);
     REQUIRE(run.exit_code == 0);
