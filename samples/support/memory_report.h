@@ -3,14 +3,12 @@
 //
 //   memory: peak 1.23 MiB on rank 0 (dp 0 pp 0 cp 0 tp 0); the planner: 1.21 MiB (params ...,
 //   grads ..., optimizer ..., activations ...), measured / planned 1.017; at the trainer's
-//   moments: 1.22 MiB (...), measured / that 1.008
+//   moments: 1.22 MiB (always ...; the largest of: backward ..., sum ...), measured / that 1.008
 //
-// The second figure takes the planner's terms at the moments train_gpt holds them (the
-// backward's peak without gradients, or the gradients with their dp/cp sum's two copies;
-// memory_report.cpp says why), in 32-true (FSDP with recompute left out) and in the 16-bit
-// precisions on one device or over dp (plan::gpt_bf16_mixed_extra_bytes's terms on top for
-// bf16-mixed and 16-mixed, plan::gpt_bf16_true_extra_bytes's for bf16-true); elsewhere the
-// line says it is not priced so yet.
+// The second figure takes the planner's terms at the moments train_gpt holds them
+// (trainer_moments.h: what it always holds and the largest of the backward's, the gradient
+// sum's and the step's), in 32-true (FSDP with recompute left out) and in the 16-bit
+// precisions on one device or over dp; elsewhere the line says it is not priced so yet.
 //
 // The peak is the device allocator's high-water mark (cpu_max_memory_allocated, or
 // cuda::max_memory_allocated: what the benches read), reset where the caller starts

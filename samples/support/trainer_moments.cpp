@@ -1,0 +1,159 @@
+#include "trainer_moments.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "memory_report.h"  // plan_split
+
+namespace mg::samples {
+
+namespace {
+
+std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
+
+MemoryMoment moment(std::string name, std::vector<MemoryTerm> terms) {
+  terms.erase(std::remove_if(terms.begin(), terms.end(), [](const MemoryTerm& t) { return t.bytes == 0; }),
+              terms.end());
+  return {std::move(name), std::move(terms)};
+}
+
+// The share of a pipeline stage's parameters whose chunks ran a backward before the stage's
+// peak (plan::pipeline_peak; each interleaved chunk is a virtual stage of a pp x v cut).
+double gone_back_share(const plan::ModelArithmetic& model, const ModelSplit& split, int stage, int64_t batch,
+                       int64_t T) {
+  const plan::Split s = plan_split(split);
+  plan::MeshShape mesh;
+  mesh.dp = s.dp;
+  mesh.tp = s.tp;
+  mesh.pp = s.pp;
+  mesh.cp = s.cp;
+  mesh.batch = batch;
+  mesh.T = T;
+  mesh.micro_batches = s.micro_batches;
+  mesh.model_chunks = s.schedule == plan::Schedule::Interleaved ? s.virtual_stages : 1;
+  const plan::PipelinePeak peak = plan::pipeline_peak(mesh, stage);
+  const int v = mesh.model_chunks;
+  double gone = 0, all = 0;
+  for (int c = 0; c < v; ++c) {
+    const double chunk = model.stage_param_elements(s.tp, s.pp * v, c * s.pp + stage);
+    all += chunk;
+    if (peak.gone_back[static_cast<size_t>(c)]) gone += chunk;
+  }
+  return gone / all;
+}
+
+}  // namespace
+
+double MemoryMoment::bytes() const {
+  double sum = 0;
+  for (const MemoryTerm& t : terms) sum += t.bytes;
+  return sum;
+}
+
+std::string MemoryMoment::describe() const {
+  std::string parts;
+  for (const MemoryTerm& t : terms) parts += (parts.empty() ? "" : ", ") + t.name + " " + mib(t.bytes);
+  return fmt::format("{} {} ({})", name, mib(bytes()), parts);
+}
+
+double TrainerMoments::peak() const {
+  double most = 0;
+  for (const MemoryMoment& m : moments) most = std::max(most, m.bytes());
+  return always.bytes() + most;
+}
+
+std::string TrainerMoments::describe() const {
+  std::string largest;
+  for (const MemoryMoment& m : moments) largest += (largest.empty() ? "" : ", ") + m.describe();
+  return fmt::format("{}; the largest of: {}", always.describe(), largest);
+}
+
+std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
+                                              const ModelSplit& split, int stage, int64_t batch, int64_t T,
+                                              Precision precision, bool fsdp_mp_policy, bool gloo) {
+  const auto* gpt = dynamic_cast<const plan::GPTArithmetic*>(&model);
+  const bool dp_only = gpt != nullptr && split.tp == 1 && split.pp == 1 && split.cp == 1 && !split.recompute &&
+                       !fsdp_mp_policy;
+  if ((precision != Precision::True32 && !dp_only) || (split.zero == 3 && split.recompute)) return std::nullopt;
+  const bool mixed = precision == Precision::BF16Mixed || precision == Precision::F16Mixed;
+  const bool bf16_true = precision == Precision::BF16True;
+  const double pb = bf16_true ? 2 : 4;  // a parameter's bytes
+
+  // What the 16-bit precisions keep beside the activations at 2 bytes a float
+  // (plan::gpt_bf16_mixed_extra_bytes, gpt_bf16_true_extra_bytes), and what ZeRO-2's later
+  // moment no longer holds (gpt_zero2_released_bytes).
+  plan::PrecisionExtraBytes extra;
+  double zero2_released = 0;
+  if (dp_only) {
+    plan::MeshShape shape;
+    shape.dp = split.dp;
+    shape.batch = batch;
+    shape.T = T;
+    if (mixed) extra = plan::gpt_bf16_mixed_extra_bytes(gpt->config(), shape, split.zero);
+    if (bf16_true) extra = plan::gpt_bf16_true_extra_bytes(gpt->config(), shape, split.zero);
+    if (split.zero == 2)  // the activations' bytes: 2 in both 16-bit precisions
+      zero2_released = plan::gpt_zero2_released_bytes(gpt->config(), shape, precision == Precision::True32 ? 4 : 2, mixed);
+  }
+  const std::string kind = mixed ? "autocast's" : "bf16-true's";
+  const std::vector<MemoryTerm> extras = {{kind + " float32 saved tensors", extra.float32_saved},
+                                          {"16-bit weight casts", extra.weight_casts},
+                                          {"float32 backward working set", extra.backward},
+                                          {"head gradient", extra.head_grad}};
+
+  // Gloo has no 16-bit reduction: a 16-bit tensor is summed as a float32 copy (`wire` times
+  // its bytes) and rounded back into its dtype on arrival.
+  const bool widened = pb == 2 && split.dp > 1 && gloo;
+  const double wire = widened ? 4 / pb : 1;
+  const double flat = split.zero == 2 ? r.buffers / 2 : 0;  // ZeRO-2's buckets' flat gradients
+  const double masters = r.master / 2;  // bf16-true's float32 masters; their gradients as much again
+  const double unit = pb * model.block_param_elements(split.tp);
+
+  TrainerMoments m;
+  m.always = moment("always", {{"params", r.params},
+                               {"masters", bf16_true ? masters : r.master},
+                               {"optimizer", r.optimizer},
+                               // the one the pipeline was cut from: under tp, this rank's shard
+                               {"the model kept under --pp", split.pp > 1 ? pb * model.stage_param_elements(split.tp, 1, 0) : 0}});
+
+  std::vector<MemoryTerm> backward = {{"activations", r.activations}};
+  backward.insert(backward.end(), extras.begin(), extras.end());
+  // Under --pp a stage's activation peak is a backward late in its schedule; the chunks that
+  // ran a backward before it (1F1B: when m > pp - stage) have their gradients in .grad.
+  backward.push_back({"gradients of the backwards before",
+                      split.pp > 1 ? r.grads * gone_back_share(model, split, stage, batch, T) : 0});
+  // FSDP's gathered units; over Gloo in 16 bits also the unit gathered ahead as float32 (the
+  // unit and this rank's shard of it, widened) and rounded back, which the communication
+  // thread makes at a moment of its own: some runs' peaks hold it, some not; this is the most.
+  backward.push_back({"ZeRO-3's gathered units",
+                      split.zero == 3 ? r.buffers + (widened ? (wire * (1 + 1.0 / split.dp) + 1) * unit : 0) : 0});
+  m.moments.push_back(moment("backward", backward));
+
+  if (split.zero == 2) {  // its flat gradients, made once the last block's c_proj has gone back
+    std::vector<MemoryTerm> later = {{"activations", r.activations}};
+    later.insert(later.end(), extras.begin(), extras.end());
+    later.push_back({"gone after c_proj's backward", -zero2_released});
+    later.push_back({"ZeRO-2's flat gradients", flat});
+    m.moments.push_back(moment("ZeRO-2's flat gradients made", later));
+  }
+
+  if ((split.dp > 1 || split.cp > 1) && split.zero <= 1)
+    m.moments.push_back(moment("sum", {{"gradients", r.grads},
+                                       {"their flat copy and the all-reduce's", 2 * r.grads},
+                                       {"over Gloo, its float32 copy and the sum rounded back",
+                                        widened ? (wire + 1) * r.grads : 0}}));
+  else if (split.zero == 2)
+    m.moments.push_back(moment("reduce-scatter", {{"gradient shards", r.grads},
+                                                  {"flat gradients", flat},
+                                                  {"the reduce-scatter's scratch", wire * flat},
+                                                  {"over Gloo, the widened copy, the float32 shard and it rounded back",
+                                                   widened ? wire * flat + (wire + 1) * r.grads : 0}}));
+  else
+    m.moments.push_back(moment("gradients", {{"gradients", r.grads}}));
+
+  if (bf16_true)
+    m.moments.push_back(moment("step", {{"gradients", r.grads}, {"the masters' float32 gradients", masters}}));
+  return m;
+}
+
+}  // namespace mg::samples
