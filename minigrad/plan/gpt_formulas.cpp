@@ -153,7 +153,10 @@ double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshSha
     const double attention_kept = (sp ? C / t + C + 2 / t : 2 * C + 2) + 4 * C / t + a / t;
     const double ring = (Ls * in_flight - 1) * per_block + attention_kept + 20 * C / t + 3 * C / t +
                         (last ? V / (2 * t) : 0);
-    floats = std::max(floats, ring * mb_tokens);
+    // Under pp the stage's messages are held at that moment too (sent, received ahead, and
+    // stage 0's positions).
+    const double messages = sent + (last ? 0 : received) + (stage == 0 ? in_flight * 2 * static_cast<double>(mesh.T / mesh.cp) : 0);
+    floats = std::max(floats, ring * mb_tokens + messages);
   } else if (mesh.cp > 1) {  // recompute: k, v arriving and dk, dv travelling, on top
     floats += N * 4 * C / t;
   }
