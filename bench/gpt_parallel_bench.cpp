@@ -403,11 +403,24 @@ int main(int argc, char** argv) {
       rows = {{"params", param_bytes, stage_params * S},
               {"grads", grad_bytes, stage_params * S},
               {"adamw", adam_bytes, 2 * stage_params * S}};
+    // ZeRO-2/3 with SP: each dp rank sums over tp the replicated parameters' gradients its
+    // shards hold, which differs by rank; the planner prices the dp ranks' mean, so the row
+    // holds their sum (an all-reduce after the counts were read) against dp times it.
+    const bool tp_reduce_summed = zero >= 2 && sp && tp > 1;
+    double tp_reduce_sum = 0;
+    if (tp_reduce_summed) {
+      Tensor t = from_vector(std::vector<int64_t>{step_counts["tp"].all_reduce}, Shape{1});
+      mesh.group("dp")->allreduce({t})->wait();
+      tp_reduce_sum = static_cast<double>(t.to_vector<int64_t>()[0]);
+    }
     for (auto& [n, g] : groups) {
       const Counts& got = step_counts[n];
       const plan::CollectiveBytes& e = f[n];
       if (got.total() == 0 && e.total() == 0) continue;
-      rows.push_back({n + " all_reduce", double(got.all_reduce), e.all_reduce});
+      if (n == "tp" && tp_reduce_summed)
+        rows.push_back({"tp all_reduce, sum over dp", tp_reduce_sum, std::round(dp * e.all_reduce)});
+      else
+        rows.push_back({n + " all_reduce", double(got.all_reduce), e.all_reduce});
       rows.push_back({n + " all_gather", double(got.all_gather), e.all_gather});
       rows.push_back({n + " reduce_scatter", double(got.reduce_scatter), e.reduce_scatter});
       rows.push_back({n + " broadcast", double(got.broadcast), e.broadcast});
