@@ -23,6 +23,15 @@
 //   step time              the median train_step + AdamW step, and the single-device GPT's
 //                          step on the whole batch (rank 0, same run, before the others).
 //
+// --zero 1|2|3: ZeRO over dp as train_gpt applies it on a mesh, through its own split
+// (samples/support/split_model.h: ZeroRedundancyOptimizer over the mesh's dp group, two of
+// them as nanoGPT's groups, or fully_shard per block for 3; the pipeline for pp > 1, ZeRO-1
+// only), a step as train_gpt's loop runs it (loss_share and backward, or pipeline_step;
+// reduce_gradients; the optimizers' step), no clip. The collectives alone are compared
+// then (the bytes held under ZeRO are gpt-fsdp-bench's); every group's count against the
+// planner's (plan::plan_gpt's stage_comm with the same split and workload, float32). The
+// other runs compare with the same planner figures, which are the formulas' under DDP.
+//
 // The activation formula, derived for this model (not Megatron's 34sbh + 5as²b, which
 // counts 16-bit activations and dropout masks): float32 (4 bytes), dropout 0 (no masks),
 // nanoGPT's pre-LN block with exact GELU, the fused attention keeping its output and one
@@ -76,9 +85,12 @@
 #include <minigrad/nn/optim/adam.h>
 #include <minigrad/parallel/c10d/device_mesh.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
+#include <minigrad/models/split_spec.h>
 #include <minigrad/plan/gpt_formulas.h>
+#include <minigrad/plan/planner.h>
 
 #include "samples/support/command_line.h"
+#include "samples/support/split_model.h"
 
 namespace {
 
@@ -179,7 +191,7 @@ int main(int argc, char** argv) {
   config.n_embd = 64;
   config.vocab_size = 256;
   config.block_size = 64;
-  int dp = 1, tp = 1, cp = 1, pp = 1, steps = 3;
+  int dp = 1, tp = 1, cp = 1, pp = 1, zero = 0, steps = 3;
   int64_t batch = 4, T = 64, micro_batches = 0;
   bool sp = false, json = false, check = false;
   double tolerance = 0.05;
@@ -189,6 +201,8 @@ int main(int argc, char** argv) {
   app.add_option("--cp", cp, "context-parallel ranks")->check(integer_in(1, 1024));
   app.add_option("--pp", pp, "pipeline stages")->check(integer_in(1, 1024));
   app.add_flag("--sequence-parallel", sp, "Megatron's sequence parallelism in the tp group");
+  app.add_option("--zero", zero, "ZeRO over dp as train_gpt applies it: 1 AdamW's state, 2 and the "
+                 "gradients, 3 FSDP by block (0: DDP)")->check(integer_in(0, 3));
   app.add_option("--n-layer", config.n_layer, "blocks")->check(integer_in(1, 1024));
   app.add_option("--n-embd", config.n_embd, "width")->check(integer_in(1, 1 << 16));
   app.add_option("--n-head", config.n_head, "heads")->check(integer_in(1, 1024));
@@ -214,7 +228,7 @@ int main(int argc, char** argv) {
     if (micro_batches == 0) micro_batches = pp;
     const int rank = world->rank();
     manual_seed(1337);
-    models::GPT gpt(config);
+    auto gpt = std::make_shared<models::GPT>(config);
     manual_seed(7);
     const Tensor x = randint(0, config.vocab_size, Shape{batch, T});
     const Tensor y = randint(0, config.vocab_size, Shape{batch, T});
@@ -222,7 +236,7 @@ int main(int argc, char** argv) {
     // The single-device step on the whole batch, rank 0 alone (the others wait).
     double single_ms = 0;
     if (rank == 0) {
-      auto ref = std::static_pointer_cast<models::GPT>(gpt.clone());
+      auto ref = std::static_pointer_cast<models::GPT>(gpt->clone());
       optim::AdamW opt(ref->parameters(), optim::AdamWOptions(1e-3));
       std::vector<double> ms;
       for (int s = 0; s <= steps; ++s) {
@@ -236,13 +250,45 @@ int main(int argc, char** argv) {
     }
     world->barrier()->wait();
 
-    parallel::DeviceMesh mesh(world, {{"dp", dp}, {"pp", pp}, {"cp", cp}, {"tp", tp}});
-    models::parallelize_gpt(gpt, mesh, sp);
-    parallel::MeshPipelineOptions options;
-    options.micro_batches = micro_batches;
-    auto model = std::make_unique<parallel::MeshPipeline>(gpt, mesh, models::gpt_pipeline_cut(config, pp), options);
-    const Tensor xl = model->local_batch(x), yl = model->local_batch(y);
-    optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
+    // DDP: the mesh pipeline (one stage when pp is 1) and one AdamW. --zero: train_gpt's
+    // split and its optimizers (AdamW over FSDP's flat shards for 3, as train_gpt's).
+    std::unique_ptr<parallel::DeviceMesh> own_mesh;
+    std::unique_ptr<parallel::MeshPipeline> model;
+    std::unique_ptr<optim::AdamW> adamw;
+    std::unique_ptr<samples::SplitModel> split;
+    std::vector<std::unique_ptr<optim::Optimizer>> zero_optimizers;
+    if (zero == 0) {
+      own_mesh = std::make_unique<parallel::DeviceMesh>(
+          world, std::vector<parallel::MeshDim>{{"dp", dp}, {"pp", pp}, {"cp", cp}, {"tp", tp}});
+      models::parallelize_gpt(*gpt, *own_mesh, sp);
+      parallel::MeshPipelineOptions options;
+      options.micro_batches = micro_batches;
+      model = std::make_unique<parallel::MeshPipeline>(*gpt, *own_mesh, models::gpt_pipeline_cut(config, pp), options);
+      adamw = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions(1e-3));
+    } else {
+      samples::ModelSplit ms;
+      ms.dp = dp;
+      ms.tp = tp;
+      ms.pp = pp;
+      ms.cp = cp;
+      ms.sequence_parallel = sp;
+      ms.micro_batches = micro_batches;
+      ms.zero = zero;
+      // train_gpt's refusals (ZeRO-2/3 with pp, ZeRO without dp); FSDP's AdamW decays nothing.
+      samples::check_split(ms, batch, T, config.dropout, 0.0);
+      samples::DistributedRun dist;
+      dist.group = world;
+      dist.rank = rank;
+      dist.world_size = world->size();
+      split = std::make_unique<samples::SplitModel>(models::gpt_split_spec(gpt), ms, dist, 1337);
+      if (zero < 3)
+        zero_optimizers = split->make_zero_optimizers(optim::AdamWOptions(1e-3));
+      else
+        zero_optimizers.push_back(
+            std::make_unique<optim::AdamW>(split->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.0)));
+    }
+    const parallel::DeviceMesh& mesh = split ? split->mesh() : *own_mesh;
+    const Tensor xl = model ? model->local_batch(x) : x, yl = model ? model->local_batch(y) : y;
     // A micro-batch's share of the batch's loss: its tokens' sum over the batch's B T.
     const double tokens = static_cast<double>(batch * T);
     const auto share = [&mesh, tokens](const Tensor& out, const Tensor& t) {
@@ -254,7 +300,7 @@ int main(int argc, char** argv) {
     // group's sub-group of the first and the last stage (its placement names it).
     std::vector<std::pair<std::string, std::shared_ptr<parallel::ProcessGroup>>> groups;
     for (const char* d : {"tp", "cp", "dp", "pp"}) groups.emplace_back(d, mesh.group(d));
-    for (const Tensor& p : model->parameters())
+    for (const Tensor& p : split ? split->parameters() : model->parameters())
       if (const parallel::ParameterSpec* spec = parallel::spec_of(p))
         for (const parallel::DimPlacement& d : spec->pieces[0].placements)
           if (d.dim == "tied" && groups.back().first != "emb") groups.emplace_back("emb", d.group);
@@ -263,18 +309,33 @@ int main(int argc, char** argv) {
     double activations = 0;
     std::vector<double> ms;
     for (int s = 0; s <= steps; ++s) {
-      model->zero_grad(/*set_to_none=*/s == 0);
+      if (model) model->zero_grad(/*set_to_none=*/s == 0);
+      for (auto& o : zero_optimizers) o->zero_grad();
       std::map<std::string, Counts> before;
       for (auto& [n, g] : groups) before[n] = counts_of(g);
       const size_t at_rest = cpu_memory_allocated();
       cpu_reset_peak_memory_stats();
       const auto t0 = Clock::now();
-      model->train_step(xl, yl, share);
+      if (model) {
+        model->train_step(xl, yl, share);
+      } else {  // train_gpt's step, one micro-batch of accumulation
+        Tensor step_loss;
+        if (split->pipelined()) {
+          step_loss = split->pipeline_step(x, y, tokens);
+        } else {
+          const Tensor loss = split->loss_share(x, y);
+          mul(loss, split->backward_scale()).backward();  // ZeRO-2/3 average over dp
+          step_loss = loss.detach();
+        }
+        split->reduce_gradients(step_loss);
+      }
       // Read here, before AdamW's step: its transient copies (contiguous gradients of
       // strided parameters) are not activations, and on a stage with few activations they
       // would be the peak.
       const size_t step_peak = cpu_max_memory_allocated();
-      opt.step();
+      if (adamw) adamw->step();
+      for (auto& o : zero_optimizers) o->prepare_gradients();  // train_gpt's unscale_
+      for (auto& o : zero_optimizers) o->step();
       const double t = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (s == 0) continue;  // the warm-up creates the gradients and AdamW's state
       ms.push_back(t);
@@ -288,13 +349,15 @@ int main(int argc, char** argv) {
       }
     }
 
-    // ---- measured bytes held ----
+    // ---- measured bytes held (DDP only) ----
     double param_bytes = 0, grad_bytes = 0, adam_bytes = 0;
-    const auto params = model->parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      param_bytes += static_cast<double>(params[i].nbytes());
-      if (params[i].grad().defined()) grad_bytes += static_cast<double>(params[i].grad().nbytes());
-      adam_bytes += static_cast<double>(opt.exp_avg(i).nbytes() + opt.exp_avg_sq(i).nbytes());
+    if (model) {
+      const auto params = model->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        param_bytes += static_cast<double>(params[i].nbytes());
+        if (params[i].grad().defined()) grad_bytes += static_cast<double>(params[i].grad().nbytes());
+        adam_bytes += static_cast<double>(adamw->exp_avg(i).nbytes() + adamw->exp_avg_sq(i).nbytes());
+      }
     }
 
     // ---- the arithmetic: the planner's formulas (minigrad/plan/gpt_formulas.h) ----
@@ -311,38 +374,76 @@ int main(int argc, char** argv) {
     shape.T = T;
     shape.micro_batches = micro_batches;
     const double S = 4;  // float32
-    std::map<std::string, plan::CollectiveBytes> f = plan::gpt_collective_bytes(config, shape, stage, S, S);
+    // The collectives: the planner's for this split and workload in float32 (DDP's are
+    // gpt_collective_bytes'; ZeRO's over dp the planner's own terms). The device does not
+    // enter the bytes.
+    plan::Split plan_split;
+    plan_split.dp = dp;
+    plan_split.tp = tp;
+    plan_split.pp = pp;
+    plan_split.cp = cp;
+    plan_split.sequence_parallel = sp;
+    plan_split.zero = zero;
+    plan_split.micro_batches = micro_batches;
+    plan::Workload workload;
+    workload.batch = batch;
+    workload.seq_len = T;
+    workload.precision = plan::Precision::True32;
+    const plan::Plan planned = plan::plan_gpt(config, plan_split, workload, plan::device_table().front());
+    MG_CHECK(static_cast<size_t>(stage) < planned.stage_comm.size(),
+             "gpt-parallel-bench: the planner priced {} stages, not stage {}", planned.stage_comm.size(), stage);
+    std::map<std::string, plan::CollectiveBytes> f = planned.stage_comm[static_cast<size_t>(stage)];
     // The step's peak is a maximum over moments: the activations' (the backward) and, under
     // dp or cp, the gradients' sum after it (a flat copy and the all-reduce's).
     const double activation_formula = std::max(plan::gpt_activation_peak_floats(config, shape, stage) * S,
                                                plan::gpt_gradient_sum_peak_bytes(config, shape, stage, S));
     const double step_ms = median(ms);
-    std::vector<Row> rows{{"params", param_bytes, stage_params * S},
-                          {"grads", grad_bytes, stage_params * S},
-                          {"adamw", adam_bytes, 2 * stage_params * S}};
+    std::vector<Row> rows;
+    if (model)
+      rows = {{"params", param_bytes, stage_params * S},
+              {"grads", grad_bytes, stage_params * S},
+              {"adamw", adam_bytes, 2 * stage_params * S}};
+    // ZeRO-2/3 with SP: each dp rank sums over tp the replicated parameters' gradients its
+    // shards hold, which differs by rank; the planner prices the dp ranks' mean, so the row
+    // holds their sum (an all-reduce after the counts were read) against dp times it.
+    const bool tp_reduce_summed = zero >= 2 && sp && tp > 1;
+    double tp_reduce_sum = 0;
+    if (tp_reduce_summed) {
+      Tensor t = from_vector(std::vector<int64_t>{step_counts["tp"].all_reduce}, Shape{1});
+      mesh.group("dp")->allreduce({t})->wait();
+      tp_reduce_sum = static_cast<double>(t.to_vector<int64_t>()[0]);
+    }
     for (auto& [n, g] : groups) {
       const Counts& got = step_counts[n];
       const plan::CollectiveBytes& e = f[n];
       if (got.total() == 0 && e.total() == 0) continue;
-      rows.push_back({n + " all_reduce", double(got.all_reduce), e.all_reduce});
+      if (n == "tp" && tp_reduce_summed)
+        rows.push_back({"tp all_reduce, sum over dp", tp_reduce_sum, std::round(dp * e.all_reduce)});
+      else
+        rows.push_back({n + " all_reduce", double(got.all_reduce), e.all_reduce});
       rows.push_back({n + " all_gather", double(got.all_gather), e.all_gather});
       rows.push_back({n + " reduce_scatter", double(got.reduce_scatter), e.reduce_scatter});
       rows.push_back({n + " broadcast", double(got.broadcast), e.broadcast});
       rows.push_back({n + " send", double(got.send), e.send});
       rows.push_back({n + " recv", double(got.recv), e.recv});
     }
-    rows.push_back({"activation peak", activations, activation_formula, false});
+    if (model) rows.push_back({"activation peak", activations, activation_formula, false});
 
     int failures = 0;
     for (const Row& row : rows)
       failures += row.exact ? row.measured != row.formula
                             : std::abs(row.measured / row.formula - 1) > tolerance;
+    // --zero compares the collectives alone: a dp group that saw nothing compared nothing.
+    if (zero > 0 && step_counts["dp"].total() == 0) {
+      fmt::print(stderr, "gpt-parallel-bench: rank {}: --zero {}, but the dp group counted no bytes\n", rank, zero);
+      ++failures;
+    }
     // Ranks print in turn.
     for (int r = 0; r < world->size(); ++r) {
       if (r == rank) {
-        fmt::print("rank {} (dp {} pp {} cp {} tp {}{}), {} blocks, step {:.2f} ms (single device {:.2f} ms)\n",
+        fmt::print("rank {} (dp {} pp {} cp {} tp {}{}{}), {} blocks, step {:.2f} ms (single device {:.2f} ms)\n",
                    rank, mesh.rank("dp"), stage, mesh.rank("cp"), mesh.rank("tp"), sp ? " sp" : "",
-                   Ls, step_ms, single_ms);
+                   zero > 0 ? fmt::format(" ZeRO-{}", zero) : "", Ls, step_ms, single_ms);
         fmt::print("| quantity | measured B | formula B | measured / formula |\n|---|---|---|---|\n");
         for (const Row& row : rows) {
           if (row.measured == 0 && row.formula == 0) continue;
@@ -355,8 +456,8 @@ int main(int argc, char** argv) {
         }
         if (json) {
           std::string j = fmt::format("{{\"rank\":{},\"dp\":{},\"tp\":{},\"cp\":{},\"pp\":{},\"sp\":{},"
-                                      "\"step_ms\":{:.3f},\"single_ms\":{:.3f}",
-                                      rank, dp, tp, cp, pp, sp, step_ms, single_ms);
+                                      "\"zero\":{},\"step_ms\":{:.3f},\"single_ms\":{:.3f}",
+                                      rank, dp, tp, cp, pp, sp, zero, step_ms, single_ms);
           for (const Row& row : rows)  // [measured, formula] bytes; the zero pairs left out
             if (row.measured != 0 || row.formula != 0)
               j += fmt::format(",\"{}\":[{:.0f},{:.0f}]", row.what, row.measured, row.formula);
@@ -364,7 +465,8 @@ int main(int argc, char** argv) {
         }
         if (check)
           fmt::print("rank {} check: {}\n", rank,
-                     failures == 0 ? "every byte count exact, activations within tolerance"
+                     failures == 0 ? (model ? "every byte count exact, activations within tolerance"
+                                            : "every collective's byte count exact")
                                    : fmt::format("{} quantities off their formula", failures));
         std::fflush(stdout);
       }

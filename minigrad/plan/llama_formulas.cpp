@@ -55,6 +55,11 @@ double LlamaArithmetic::stage_tensors(int pp, int stage) const {
   return 9.0 * static_cast<double>(stage_blocks(pp, stage)) + (stage == 0 ? 1 : 0) + (stage == pp - 1 ? 2 : 0);
 }
 
+double LlamaArithmetic::stage_vector_elements(int /*tp*/, int pp, int stage) const {
+  // Two RMSNorm weights a layer, replicated (no biases); the final norm's last.
+  return 2 * C_ * static_cast<double>(stage_blocks(pp, stage)) + (stage == pp - 1 ? C_ : 0);
+}
+
 double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const {
   check_tp(mesh.tp);
   const double t = mesh.tp, a = static_cast<double>(config_.num_attention_heads);

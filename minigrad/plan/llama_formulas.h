@@ -32,6 +32,7 @@ class LlamaArithmetic final : public ModelArithmetic {
   double stage_param_elements(int tp, int pp, int stage) const override;
   double block_param_elements(int tp) const override;
   double stage_tensors(int pp, int stage) const override;
+  double stage_vector_elements(int tp, int pp, int stage) const override;
   double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const override;
   std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
                                                           double grad_bytes) const override;

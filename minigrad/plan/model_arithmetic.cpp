@@ -52,6 +52,13 @@ double GPTArithmetic::stage_tensors(int pp, int stage) const {
   return 12.0 * static_cast<double>(stage_blocks(pp, stage)) + (first ? 2 : 0) + (last ? 2 + (pp > 1 ? 1 : 0) : 0);
 }
 
+double GPTArithmetic::stage_vector_elements(int tp, int pp, int stage) const {
+  // A block's two LayerNorms (4C) and row biases (2C), replicated, and its column biases
+  // (7C/tp: c_attn's 3C, c_fc's 4C); ln_f's 2C last.
+  const double C = static_cast<double>(config_.n_embd);
+  return static_cast<double>(stage_blocks(pp, stage)) * (6 * C + 7 * C / tp) + (stage == pp - 1 ? 2 * C : 0);
+}
+
 double GPTArithmetic::activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const {
   return gpt_activation_peak_floats(config_, mesh, stage, recompute);
 }

@@ -26,6 +26,9 @@ class ModelArithmetic {
   virtual double stage_param_elements(int tp, int pp, int stage) const = 0;
   virtual double block_param_elements(int tp) const = 0;  // one layer's (an FSDP unit)
   virtual double stage_tensors(int pp, int stage) const = 0;
+  // The stage's elements in 1-D parameters (biases, norm gains): nanoGPT's undecayed group,
+  // which train_gpt's ZeRO-1/2 lays in flat buffers of its own (split_model.h).
+  virtual double stage_vector_elements(int tp, int pp, int stage) const = 0;
   virtual double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const = 0;
   virtual std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
                                                                   double grad_bytes) const = 0;
@@ -46,6 +49,7 @@ class GPTArithmetic final : public ModelArithmetic {
   double stage_param_elements(int tp, int pp, int stage) const override;
   double block_param_elements(int tp) const override;
   double stage_tensors(int pp, int stage) const override;
+  double stage_vector_elements(int tp, int pp, int stage) const override;
   double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const override;
   std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
                                                           double grad_bytes) const override;

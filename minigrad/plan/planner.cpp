@@ -141,15 +141,21 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
     const double blocks = static_cast<double>(model.stage_blocks(s.pp, stage));
     const double tensors = model.stage_tensors(s.pp, stage);
     // The flat groups ZeRO shards: FSDP's units (a block each, the rest one unit), else
-    // 25 MiB buckets (a bucket ends at a parameter's end: up to dp elements apart a bucket).
+    // train_gpt's two ZeroRedundancyOptimizers' 25 MiB buckets, one list for the 2-D weights
+    // and one for the 1-D rest (nanoGPT's groups; each pads its own buckets to dp shards);
+    // a bucket ends at a parameter's end: up to dp elements apart a bucket.
     std::vector<int64_t> groups;
     const double block = model.block_param_elements(s.tp);
     if (s.zero == 3) {
       groups.assign(static_cast<size_t>(blocks), static_cast<int64_t>(block));
       if (P - blocks * block > 0) groups.push_back(static_cast<int64_t>(P - blocks * block));
     } else if (s.zero > 0) {
-      const int64_t n = static_cast<int64_t>(std::ceil(P / bucket_cap));
-      for (int64_t g = 0; g < n; ++g) groups.push_back(static_cast<int64_t>(P / static_cast<double>(n)));
+      const double vectors = model.stage_vector_elements(s.tp, s.pp, stage);
+      for (const double list : {P - vectors, vectors}) {
+        if (list <= 0) continue;
+        const int64_t n = static_cast<int64_t>(std::ceil(list / bucket_cap));
+        for (int64_t g = 0; g < n; ++g) groups.push_back(static_cast<int64_t>(list / static_cast<double>(n)));
+      }
     }
     const ShardedState st = zero_state_bytes(s.zero, P, tensors, groups, s.dp);
     double shards = 0;
@@ -169,9 +175,8 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
     r.activations = model.activation_peak_floats(mesh, stage, s.recompute) * Ab;
     plan.stages.push_back(r);
 
-    // Communication: gpt-parallel-bench's counts (DDP over dp), then ZeRO's over dp: ZeRO-1
-    // all-gathers the updated shards after the step; ZeRO-2 reduce-scatters the gradients in
-    // place of the all-reduce; FSDP gathers each unit in forward and again in backward.
+    // Communication: gpt-parallel-bench's counts (DDP over dp), then ZeRO's over dp as
+    // train_gpt runs it (gpt-parallel-bench --zero counts it on a mesh): below.
     std::map<std::string, CollectiveBytes> comm =
         model.collective_bytes(mesh, stage, Ab, prec == Precision::BF16True ? 2 : 4);
     const double G = prec == Precision::BF16True ? 2 : 4;
@@ -183,15 +188,41 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
     }
     if (s.dp > 1 && s.zero > 0) {
       CollectiveBytes& d = comm["dp"];
+      // A flat group hands the all-gather its shard, ceil(Ψ_g / dp) elements, and the
+      // reduce-scatter its whole buffer padded to dp shards.
       const double gathered = shards * Pb;
       if (s.zero == 1) {
+        // DDP's all-reduce of the gradients and the loss kept; after the step each
+        // bucket's updated shard all-gathered.
         d.all_gather = gathered;
       } else {
-        d.all_reduce = 4;  // the step's loss
-        d.reduce_scatter = P * G;
-        d.all_gather = (s.zero == 3 ? 2 : 1) * gathered;
+        d.all_reduce = 4;                      // the step's loss (float32)
+        d.reduce_scatter = s.dp * shards * G;  // each bucket's (unit's) gradients, in backward
+        // ZeRO-2: each bucket's updated shard after the step. FSDP: every unit in forward,
+        // then in backward every block's but the last's (its backward comes first, so it
+        // stays gathered: reshard_after_forward false); the root's unit stays gathered from
+        // its forward to the end of backward (FSDP2's rule).
+        d.all_gather = s.zero == 2 ? gathered
+                                   : gathered + std::max(0.0, blocks - 1) * std::ceil(block / s.dp) * Pb;
+      }
+      if (s.zero >= 2 && s.sequence_parallel) {
+        // The replicated parameters' gradients (SP's Partial over tp: the tp all-reduce's
+        // bytes that scale with the gradients' element size) are summed over tp by ZeRO-2's
+        // and FSDP's shards, so each dp rank sums the part its shards hold, which depends
+        // on where they fall in the flat buffers: priced as the dp ranks' mean.
+        const double replicated = comm["tp"].all_reduce - model.collective_bytes(mesh, stage, Ab, 0)["tp"].all_reduce;
+        comm["tp"].all_reduce -= replicated * (1 - 1.0 / s.dp);
+      }
+      if (s.cp > 1) {
+        CollectiveBytes& c = comm["cp"];
+        // ZeRO-2 and FSDP sum over cp what holds the gradients after backward: the shards.
+        if (s.zero >= 2) c.all_reduce += (shards - P) * G;
+        // Without the pipeline train_gpt's loss is loss_share's mean over the cp ranks'
+        // tokens: their count (an int64) summed over cp. (The pipeline's is a sum.)
+        if (s.pp == 1) c.all_reduce += 8;
       }
     }
+    plan.stage_comm.push_back(comm);
     std::map<std::string, double> comm_s;
     const std::map<std::string, int> size{{"tp", s.tp}, {"cp", s.cp}, {"dp", s.dp}, {"pp", 2}, {"emb", 2}};
     double exposed = 0;
@@ -239,9 +270,14 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
                           device.link, device.link_bandwidth / 1e9));
   if (!device.measured)
     a.push_back("usable memory: the datasheet's GB less 1 GiB for the CUDA context and the allocator");
-  if (s.zero > 0)
-    a.push_back("ZeRO over dp on a mesh: the dp-only formulas (exact on 3 ranks) applied to each stage's tp "
-                "shard; its collectives are the standard ones, not yet counted by a bench");
+  if (s.zero > 0) {
+    a.push_back("ZeRO over dp on a mesh: the dp-only memory formulas (exact on 3 ranks) applied to each stage's "
+                "tp shard; its collectives as train_gpt runs them, every group's bytes counted exactly by "
+                "gpt-parallel-bench --zero (dp2 x tp2 ZeRO-2, dp2 x cp2 ZeRO-3, dp2 x pp2 ZeRO-1)");
+    if (s.zero >= 2 && s.sequence_parallel)
+      a.push_back("ZeRO-2/3 with SP: a rank sums over tp the replicated parameters' gradients its shards hold, "
+                  "priced as the dp ranks' mean (gpt-parallel-bench checks their sum)");
+  }
   return plan;
 }
 

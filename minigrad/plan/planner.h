@@ -68,6 +68,9 @@ struct Plan {
   std::vector<RankMemory> stages;  // one rank of each pipeline stage
   RankMemory peak;                 // the stage holding the most
   std::map<std::string, CollectiveBytes> comm;  // that stage's bytes per step, by group
+  // Every stage's bytes per step, by group (a rank of stage s: stage_comm[s]); what
+  // gpt-parallel-bench counts on each rank.
+  std::vector<std::map<std::string, CollectiveBytes>> stage_comm;
   std::map<std::string, double> comm_s;         // that stage's seconds per group
   double bubble = 0;                            // the pipeline's idle fraction
   double flops_per_step = 0;                    // the whole job's, incl. recompute's forward

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <minigrad/core/error.h>
+#include <minigrad/models/gpt.h>
 #include <minigrad/models/llama.h>
 #include <minigrad/plan/gpt_formulas.h>
 #include <minigrad/plan/llama_formulas.h>
@@ -219,6 +220,33 @@ TEST_CASE("planner: the Llama's parameters and tensors equal a built Llama's") {
   // Two stages: 2 and 1 layers, embed_tokens first, norm and lm_head last.
   CHECK(arithmetic.stage_param_elements(1, 2, 0) + arithmetic.stage_param_elements(1, 2, 1) == elements);
   REQUIRE_THROWS_WITH(arithmetic.check_tp(4), MG_CONTAINS("plan: tp 4 does not divide num_key_value_heads 2"));
+  double vectors = 0;  // the 1-D parameters: ZeRO-1/2's second flat list in train_gpt
+  for (const Tensor& p : llama.parameters()) vectors += p.dim() == 1 ? static_cast<double>(p.numel()) : 0;
+  CHECK(arithmetic.stage_vector_elements(1, 1, 0) == vectors);
+  CHECK(arithmetic.stage_vector_elements(2, 2, 0) + arithmetic.stage_vector_elements(2, 2, 1) == vectors);
+}
+
+TEST_CASE("planner: the GPT's 1-D elements (ZeRO-1/2's second flat list) equal a built GPT's") {
+  models::GPTConfig c;
+  c.n_layer = 3;
+  c.n_head = 2;
+  c.n_embd = 18;
+  c.vocab_size = 34;
+  c.block_size = 16;
+  const plan::GPTArithmetic arithmetic(c);
+  models::GPT gpt(c);
+  double vectors = 0, column = 0;  // column: c_attn's and c_fc's biases, which tp shards
+  for (const auto& [name, p] : gpt.named_parameters()) {
+    if (p.dim() != 1) continue;
+    vectors += static_cast<double>(p.numel());
+    if (name.find("c_attn.bias") != std::string::npos || name.find("c_fc.bias") != std::string::npos)
+      column += static_cast<double>(p.numel());
+  }
+  CHECK(arithmetic.stage_vector_elements(1, 1, 0) == vectors);
+  CHECK(arithmetic.stage_vector_elements(2, 1, 0) == vectors - column / 2);
+  // Two stages of 2 and 1 blocks; ln_f last.
+  CHECK(arithmetic.stage_vector_elements(1, 2, 0) + arithmetic.stage_vector_elements(1, 2, 1) == vectors);
+  CHECK(arithmetic.stage_vector_elements(1, 2, 1) == 6 * 18 + 7 * 18 + 2 * 18);
 }
 
 TEST_CASE("planner: bf16-mixed's bytes beyond the activations at 2 bytes, term by term") {
