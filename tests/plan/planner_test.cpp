@@ -21,6 +21,26 @@ namespace {
 
 models::GPTConfig gpt2() { return models::GPTConfig{};  }  // 12 x 12 x 768, vocab 50304, block 1024
 
+// train_gpt's default GPT on the test corpus (vocabulary 114), where the terms were read off
+// its live blocks, and its batch: 12 rows of 64 tokens over dp 2.
+models::GPTConfig train_gpt_default() {
+  models::GPTConfig config;
+  config.n_layer = 4;
+  config.n_head = 4;
+  config.n_embd = 128;
+  config.block_size = 64;
+  config.vocab_size = 114;
+  return config;
+}
+
+plan::MeshShape twelve_rows_over_dp2() {
+  plan::MeshShape mesh;
+  mesh.dp = 2;
+  mesh.batch = 12;
+  mesh.T = 64;
+  return mesh;
+}
+
 plan::Workload workload(plan::Precision precision, int64_t batch = 8) {
   plan::Workload w;
   w.batch = batch;
@@ -250,16 +270,8 @@ TEST_CASE("planner: the GPT's 1-D elements (ZeRO-1/2's second flat list) equal a
 }
 
 TEST_CASE("planner: bf16-mixed's bytes beyond the activations at 2 bytes, term by term") {
-  models::GPTConfig config;
-  config.n_layer = 4;
-  config.n_head = 4;
-  config.n_embd = 128;
-  config.block_size = 64;
-  config.vocab_size = 114;
-  plan::MeshShape mesh;
-  mesh.dp = 2;
-  mesh.batch = 12;
-  mesh.T = 64;
+  const models::GPTConfig config = train_gpt_default();
+  plan::MeshShape mesh = twelve_rows_over_dp2();
   const double n = 6 * 64, C = 128;
   const plan::PrecisionExtraBytes e = plan::gpt_bf16_mixed_extra_bytes(config, mesh, 3);
   CHECK(e.float32_saved == (4 * C + 8 + 2 * 4) * 4 * n);  // float32 residual, statistics, log-sum-exp
@@ -272,16 +284,8 @@ TEST_CASE("planner: bf16-mixed's bytes beyond the activations at 2 bytes, term b
 }
 
 TEST_CASE("planner: bf16-true's bytes beyond the activations at 2 bytes, term by term") {
-  models::GPTConfig config;
-  config.n_layer = 4;
-  config.n_head = 4;
-  config.n_embd = 128;
-  config.block_size = 64;
-  config.vocab_size = 114;
-  plan::MeshShape mesh;
-  mesh.dp = 2;
-  mesh.batch = 12;
-  mesh.T = 64;
+  const models::GPTConfig config = train_gpt_default();
+  plan::MeshShape mesh = twelve_rows_over_dp2();
   const double n = 6 * 64, C = 128;
   const plan::PrecisionExtraBytes e = plan::gpt_bf16_true_extra_bytes(config, mesh, 3);
   CHECK(e.float32_saved == (8 + 2 * 4) * 4 * n);  // float32 statistics and log-sum-exp; a bfloat16 residual
@@ -294,16 +298,8 @@ TEST_CASE("planner: bf16-true's bytes beyond the activations at 2 bytes, term by
 }
 
 TEST_CASE("planner: what ZeRO-2's moment with the flat gradients no longer holds, moment by moment") {
-  models::GPTConfig config;
-  config.n_layer = 4;
-  config.n_head = 4;
-  config.n_embd = 128;
-  config.block_size = 64;
-  config.vocab_size = 114;
-  plan::MeshShape mesh;
-  mesh.dp = 2;
-  mesh.batch = 12;
-  mesh.T = 64;
+  const models::GPTConfig config = train_gpt_default();
+  plan::MeshShape mesh = twelve_rows_over_dp2();
   const double n = 6 * 64, C = 128;
   // 32-true: GELU's backward, c_proj's weight and bias gradients laid into the flat buffer.
   CHECK(plan::gpt_zero2_released_bytes(config, mesh, 4, false) == 4 * (4 * C * C + C));
