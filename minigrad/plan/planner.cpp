@@ -38,6 +38,21 @@ double pipeline_bubble(int pp, int64_t micro_batches, Schedule schedule, int vir
   return (p - 1) / (v * m + p - 1);
 }
 
+MeshShape mesh_shape(const Split& s, const Workload& w) {
+  MeshShape mesh;
+  mesh.dp = s.dp;
+  mesh.tp = s.tp;
+  mesh.pp = s.pp;
+  mesh.cp = s.cp;
+  mesh.sequence_parallel = s.sequence_parallel;
+  mesh.batch = w.batch;
+  mesh.T = w.seq_len;
+  mesh.micro_batches = s.micro_batches > 0 ? s.micro_batches : default_micro_batches(s, w);
+  // The interleaved schedule warms up more micro-batches (pipeline_peak reads its actions).
+  mesh.model_chunks = s.schedule == Schedule::Interleaved ? s.virtual_stages : 1;
+  return mesh;
+}
+
 int64_t default_micro_batches(const Split& split, const Workload& workload) {
   if (split.pp == 1) return 1;
   const int64_t rows = workload.batch / std::max(split.dp, 1);
@@ -110,17 +125,7 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
   plan.device = device;
   const Precision prec = w.precision;
   const double Pb = param_bytes(prec), Ab = activation_bytes(prec);
-  MeshShape mesh;
-  mesh.dp = s.dp;
-  mesh.tp = s.tp;
-  mesh.pp = s.pp;
-  mesh.cp = s.cp;
-  mesh.sequence_parallel = s.sequence_parallel;
-  mesh.batch = w.batch;
-  mesh.T = w.seq_len;
-  mesh.micro_batches = s.micro_batches;
-  // The interleaved schedule warms up more micro-batches (pipeline_in_flight reads its actions).
-  mesh.model_chunks = s.schedule == Schedule::Interleaved ? s.virtual_stages : 1;
+  const MeshShape mesh = mesh_shape(s, w);
   // ZeRO's flat buckets (25 MiB of float32, zero_redundancy_optimizer.h's bucket_cap_mb).
   const double bucket_cap = 25.0 * 1024 * 1024 / 4;
 

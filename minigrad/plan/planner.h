@@ -95,6 +95,10 @@ double pipeline_bubble(int pp, int64_t micro_batches, Schedule schedule = Schedu
 // up to 4 pp that divide the dp rank's rows.
 int64_t default_micro_batches(const Split& split, const Workload& workload);
 
+// The shape the formulas take (gpt_formulas.h's MeshShape) for a split and a workload:
+// its micro-batches (default_micro_batches when it names none) and, interleaved, its chunks.
+MeshShape mesh_shape(const Split& split, const Workload& workload);
+
 // mg::Error naming the bad value when the split cannot run this model (tp must divide the
 // heads and the vocabulary, T must divide into 2 cp chunks, ...).
 void check_split(const ModelArithmetic& model, const Split& split, const Workload& workload);

@@ -20,18 +20,8 @@ MemoryMoment moment(std::string name, std::vector<MemoryTerm> terms) {
 
 // The share of a pipeline stage's parameters whose chunks ran a backward before the stage's
 // peak (plan::pipeline_peak; each interleaved chunk is a virtual stage of a pp x v cut).
-double gone_back_share(const plan::ModelArithmetic& model, const ModelSplit& split, int stage, int64_t batch,
-                       int64_t T) {
-  const plan::Split s = plan_split(split);
-  plan::MeshShape mesh;
-  mesh.dp = s.dp;
-  mesh.tp = s.tp;
-  mesh.pp = s.pp;
-  mesh.cp = s.cp;
-  mesh.batch = batch;
-  mesh.T = T;
-  mesh.micro_batches = s.micro_batches;
-  mesh.model_chunks = s.schedule == plan::Schedule::Interleaved ? s.virtual_stages : 1;
+double gone_back_share(const plan::ModelArithmetic& model, const plan::Split& s, const plan::MeshShape& mesh,
+                       int stage) {
   const plan::PipelinePeak peak = plan::pipeline_peak(mesh, stage);
   const int v = mesh.model_chunks;
   double gone = 0, all = 0;
@@ -83,13 +73,11 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
   // What the 16-bit precisions keep beside the activations at 2 bytes a float
   // (plan::gpt_bf16_mixed_extra_bytes, gpt_bf16_true_extra_bytes), and what ZeRO-2's later
   // moment no longer holds (gpt_zero2_released_bytes).
+  const plan::Split planned = plan_split(split);
+  const plan::MeshShape shape = plan::mesh_shape(planned, plan::Workload{batch, T});
   plan::PrecisionExtraBytes extra;
   double zero2_released = 0;
   if (dp_only) {
-    plan::MeshShape shape;
-    shape.dp = split.dp;
-    shape.batch = batch;
-    shape.T = T;
     if (mixed) extra = plan::gpt_bf16_mixed_extra_bytes(gpt->config(), shape, split.zero);
     if (bf16_true) extra = plan::gpt_bf16_true_extra_bytes(gpt->config(), shape, split.zero);
     if (split.zero == 2)  // the activations' bytes: 2 in both 16-bit precisions
@@ -121,7 +109,7 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
   // Under --pp a stage's activation peak is a backward late in its schedule; the chunks that
   // ran a backward before it (1F1B: when m > pp - stage) have their gradients in .grad.
   backward.push_back({"gradients of the backwards before",
-                      split.pp > 1 ? r.grads * gone_back_share(model, split, stage, batch, T) : 0});
+                      split.pp > 1 ? r.grads * gone_back_share(model, planned, shape, stage) : 0});
   // FSDP's gathered units; over Gloo in 16 bits also the unit gathered ahead as float32 (the
   // unit and this rank's shard of it, widened) and rounded back, which the communication
   // thread makes at a moment of its own: some runs' peaks hold it, some not; this is the most.
