@@ -364,15 +364,6 @@ int main(int argc, char** argv) {
     const int stage = mesh.rank("pp");
     const double Ls = static_cast<double>(plan::gpt_stage_blocks(config, pp, stage));
     const double stage_params = plan::gpt_stage_param_elements(config, tp, pp, stage);
-    plan::MeshShape shape;
-    shape.dp = dp;
-    shape.tp = tp;
-    shape.pp = pp;
-    shape.cp = cp;
-    shape.sequence_parallel = sp;
-    shape.batch = batch;
-    shape.T = T;
-    shape.micro_batches = micro_batches;
     const double S = 4;  // float32
     // The collectives: the planner's for this split and workload in float32 (DDP's are
     // gpt_collective_bytes'; ZeRO's over dp the planner's own terms). The device does not
@@ -390,6 +381,7 @@ int main(int argc, char** argv) {
     workload.seq_len = T;
     workload.precision = plan::Precision::True32;
     const plan::Plan planned = plan::plan_gpt(config, plan_split, workload, plan::device_table().front());
+    const plan::MeshShape shape = plan::mesh_shape(plan_split, workload);
     MG_CHECK(static_cast<size_t>(stage) < planned.stage_comm.size(),
              "gpt-parallel-bench: the planner priced {} stages, not stage {}", planned.stage_comm.size(), stage);
     std::map<std::string, plan::CollectiveBytes> f = planned.stage_comm[static_cast<size_t>(stage)];
