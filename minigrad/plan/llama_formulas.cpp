@@ -65,13 +65,12 @@ double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage,
   const double t = mesh.tp, a = static_cast<double>(config_.num_attention_heads);
   const double m = micro_batches_of(mesh);
   const bool sp = mesh.sequence_parallel, last = stage == mesh.pp - 1;
-  const double Ls = static_cast<double>(stage_blocks(mesh.pp, stage));
   const double N = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T / mesh.cp);
   const double mb = N / m;
-  const double in_flight = pipeline_peak(mesh, stage).in_flight;
   // With SP the RMSNorms' inputs and rstd are sharded, their all-gathered outputs whole.
   const double layer = (sp ? 2 * C_ / t + 2 * C_ + 2 / t : 4 * C_ + 2) + 5 * C_ / t + a / t + 4 * I_ / t;
-  double floats = recompute ? (Ls * in_flight * (sp ? C_ / t : C_) + layer) * mb : Ls * layer * in_flight * mb;
+  const AliveBlocks alive = alive_blocks(stage_blocks(mesh.pp, stage), mesh, stage, recompute);
+  double floats = (alive.kept_inputs * (sp ? C_ / t : C_) + alive.whole * layer) * mb;
   if (last)
     floats += mb * ((sp ? C_ / t + C_ + 1 / t : 2 * C_ + 1) + 3 * V_ / t);
   else  // the backward's working set: the down projection's gradients, the two messages

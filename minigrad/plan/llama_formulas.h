@@ -25,6 +25,7 @@ class LlamaArithmetic final : public ModelArithmetic {
   explicit LlamaArithmetic(models::LlamaConfig config);
   std::string describe() const override;
   int64_t layers() const override { return config_.num_hidden_layers; }
+  int64_t hidden_size() const override { return config_.hidden_size; }
   int64_t max_positions() const override { return config_.max_position_embeddings; }
   void check_tp(int tp) const override;
   double parameter_count() const override;

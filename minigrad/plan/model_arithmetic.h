@@ -17,6 +17,7 @@ class ModelArithmetic {
   virtual ~ModelArithmetic() = default;
   virtual std::string describe() const = 0;  // "124 M parameters (n_layer 12, ...)"
   virtual int64_t layers() const = 0;
+  virtual int64_t hidden_size() const = 0;  // the residual stream's width: what a recomputed block keeps a token
   virtual int64_t max_positions() const = 0;
   // mg::Error naming the bad value when tp cannot split the model (heads, vocabulary).
   virtual void check_tp(int tp) const = 0;
@@ -42,6 +43,7 @@ class GPTArithmetic final : public ModelArithmetic {
   const models::GPTConfig& config() const { return config_; }
   std::string describe() const override;
   int64_t layers() const override { return config_.n_layer; }
+  int64_t hidden_size() const override { return config_.n_embd; }
   int64_t max_positions() const override { return config_.block_size; }
   void check_tp(int tp) const override;
   double parameter_count() const override;

@@ -279,8 +279,61 @@ TEST_CASE("planner: bf16-mixed's bytes beyond the activations at 2 bytes, term b
   CHECK(e.backward == 4 * C * n + 4 * (C * n + 4 * C * C + 4 * C * n));
   CHECK(e.head_grad == 4 * 114 * C + 4 * (114 * C + 64 * C + 2 * C));  // wte's gradient, the root unit's
   CHECK(plan::gpt_bf16_mixed_extra_bytes(config, mesh, 1).head_grad == 4 * 114 * C);
+  // Under tp 2 with SP: the LayerNorms' float32 tokens sharded, the heads, the weights' casts,
+  // c_proj's GEMM shard and the vocabulary-parallel head split.
   mesh.tp = 2;
-  CHECK_THROWS_WITH(plan::gpt_bf16_mixed_extra_bytes(config, mesh, 0), MG_CONTAINS("one device or over dp"));
+  mesh.sequence_parallel = true;
+  const plan::PrecisionExtraBytes tp = plan::gpt_bf16_mixed_extra_bytes(config, mesh, 1);
+  CHECK(tp.float32_saved == ((4 * C + 8) / 2 + 2 * 4 / 2) * 4 * n);
+  CHECK(tp.weight_casts == 2 * 12 * C * C / 2 * 4);
+  CHECK(tp.backward == 4 * C / 2 * n + 4 * (C * n + 4 * C * C / 2 + 4 * C * n / 2));
+  CHECK(tp.head_grad == 4 * 114 * C / 2);
+  CHECK(tp.messages == 0);
+  mesh.cp = 2;
+  CHECK_THROWS_WITH(plan::gpt_bf16_mixed_extra_bytes(config, mesh, 0), MG_CONTAINS("priced over dp, tp and pp only, got cp 2"));
+}
+
+TEST_CASE("planner: bf16-mixed's bytes on a pipeline stage and recomputed") {
+  const models::GPTConfig config = train_gpt_default();
+  plan::MeshShape mesh;
+  mesh.pp = 2;
+  mesh.batch = 12;
+  mesh.T = 64;
+  mesh.micro_batches = 2;
+  const double mb = 6 * 64, C = 128;
+  // Stage 0 of 1F1B over 2 micro-batches peaks at its first backward: both forwards alive
+  // (2 blocks each, each micro-batch's weights cast anew), both handed on, 2 receives posted.
+  const plan::PrecisionExtraBytes first = plan::gpt_bf16_mixed_extra_bytes(config, mesh, 1, 0);
+  CHECK(first.float32_saved == (4 * C + 8 + 2 * 4) * 2 * 2 * mb);
+  CHECK(first.weight_casts == 2 * 12 * C * C * 2 * 2);
+  CHECK(first.messages == 2 * (2 + 2) * C * mb);  // the float32 residual stream, 2 bytes over 16 bits
+  CHECK(first.head_grad == 0);
+  CHECK(plan::gpt_bf16_mixed_extra_bytes(config, mesh, 1, 1).head_grad == 4 * 114 * C);
+  // Recomputed, the stage's forward is redone whole per micro-batch: one micro-batch's 2
+  // blocks whole; the last stage's other micro-batch in flight keeps its input (none here:
+  // one in flight on the last stage), stage 0's its token ids.
+  const plan::PrecisionExtraBytes redone = plan::gpt_bf16_mixed_extra_bytes(config, mesh, 1, 0, true);
+  CHECK(redone.float32_saved == (4 * C + 8 + 2 * 4) * 2 * mb);
+  CHECK(redone.weight_casts == 2 * 12 * C * C * 2);
+}
+
+TEST_CASE("planner: the blocks alive at a stage's peak, with and without recompute") {
+  plan::MeshShape mesh;
+  mesh.batch = 8;
+  mesh.T = 16;
+  const plan::AliveBlocks plain = plan::alive_blocks(4, mesh, 0, false);
+  CHECK((plain.whole == 4 && plain.kept_inputs == 0));
+  const plan::AliveBlocks per_block = plan::alive_blocks(4, mesh, 0, true);  // models::GPT's checkpoint
+  CHECK((per_block.whole == 1 && per_block.kept_inputs == 4));
+  mesh.pp = 2;
+  mesh.micro_batches = 4;  // 1F1B: 2 in flight on stage 0, 1 on stage 1
+  const plan::AliveBlocks stage0 = plan::alive_blocks(2, mesh, 0, false);
+  CHECK((stage0.whole == 4 && stage0.kept_inputs == 0));
+  const plan::AliveBlocks redone0 = plan::alive_blocks(2, mesh, 0, true);  // its input is the token ids
+  CHECK((redone0.whole == 2 && redone0.kept_inputs == 0));
+  mesh.pp = 3;
+  const plan::AliveBlocks redone1 = plan::alive_blocks(2, mesh, 1, true);  // 2 in flight: one redone, one kept
+  CHECK((redone1.whole == 2 && redone1.kept_inputs == 1));
 }
 
 TEST_CASE("planner: bf16-true's bytes beyond the activations at 2 bytes, term by term") {
@@ -294,7 +347,7 @@ TEST_CASE("planner: bf16-true's bytes beyond the activations at 2 bytes, term by
   CHECK(e.head_grad == 2 * 114 * C + 2 * (114 * C + 64 * C + 2 * C));  // wte's gradient, the root unit's
   CHECK(plan::gpt_bf16_true_extra_bytes(config, mesh, 2).head_grad == 2 * 114 * C);
   mesh.cp = 2;
-  CHECK_THROWS_WITH(plan::gpt_bf16_true_extra_bytes(config, mesh, 0), MG_CONTAINS("one device or over dp"));
+  CHECK_THROWS_WITH(plan::gpt_bf16_true_extra_bytes(config, mesh, 0), MG_CONTAINS("priced over dp, tp and pp only, got cp 2"));
 }
 
 TEST_CASE("planner: what ZeRO-2's moment with the flat gradients no longer holds, moment by moment") {
