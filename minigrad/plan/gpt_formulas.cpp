@@ -105,8 +105,8 @@ AliveBlocks alive_blocks(int64_t stage_blocks, const MeshShape& mesh, int stage,
   return {Ls, stage == 0 ? 0 : in_flight - 1};
 }
 
-double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshShape& mesh, int stage,
-                                  bool recompute) {
+ActivationMoments gpt_activation_moments(const models::GPTConfig& config, const MeshShape& mesh, int stage,
+                                         bool recompute) {
   check_mesh(config, mesh, stage, "gpt_activation_peak_floats");
   const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
   const double t = mesh.tp, a = static_cast<double>(config.n_head), m = micro_batches_of(mesh);
@@ -166,11 +166,15 @@ double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshSha
     // Under pp the stage's messages are held at that moment too (sent, received ahead, and
     // stage 0's positions).
     const double messages = sent + (last ? 0 : received) + (stage == 0 ? in_flight * 2 * static_cast<double>(mesh.T / mesh.cp) : 0);
-    floats = std::max(floats, ring * mb_tokens + messages);
-  } else if (mesh.cp > 1) {  // recompute: k, v arriving and dk, dv travelling, on top
-    floats += N * 4 * C / t;
+    return {floats, ring * mb_tokens + messages};
   }
-  return floats;
+  if (mesh.cp > 1) floats += N * 4 * C / t;  // recompute: k, v arriving and dk, dv travelling, on top
+  return {floats, 0};
+}
+
+double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshShape& mesh, int stage,
+                                  bool recompute) {
+  return gpt_activation_moments(config, mesh, stage, recompute).peak();
 }
 
 namespace {
@@ -179,11 +183,6 @@ void check_dp_only(const models::GPTConfig& config, const MeshShape& mesh, const
   check_mesh(config, mesh, 0, what);
   MG_CHECK(mesh.tp == 1 && mesh.pp == 1 && mesh.cp == 1,
            "{}: priced on one device or over dp only, got tp {} pp {} cp {}", what, mesh.tp, mesh.pp, mesh.cp);
-}
-
-void check_no_cp(const models::GPTConfig& config, const MeshShape& mesh, int stage, const char* what) {
-  check_mesh(config, mesh, stage, what);
-  MG_CHECK(mesh.cp == 1, "{}: priced over dp, tp and pp only, got cp {}", what, mesh.cp);
 }
 
 // The CPU 16-bit GEMM's float32 operands and result in c_proj's backward (row-parallel
@@ -198,7 +197,7 @@ struct StagePeak {
 
 StagePeak stage_peak(const models::GPTConfig& config, const MeshShape& mesh, int stage) {
   const PipelinePeak peak = pipeline_peak(mesh, stage);
-  const double mb_tokens = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T) / micro_batches_of(mesh);
+  const double mb_tokens = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T / mesh.cp) / micro_batches_of(mesh);
   const double C = static_cast<double>(config.n_embd);
   const double handed = mesh.sequence_parallel ? C / mesh.tp : C;
   const bool receives = stage != mesh.pp - 1 || mesh.model_chunks > 1;
@@ -207,17 +206,44 @@ StagePeak stage_peak(const models::GPTConfig& config, const MeshShape& mesh, int
   return {static_cast<double>(gpt_stage_blocks(config, mesh.pp, stage)), peak.in_flight, mb_tokens, messages};
 }
 
+// At ring attention's backward (cp, when that moment is the stage's peak): the ring runs
+// in float32 whatever the 16-bit dtype (ring_attention.cpp), so its saved q k v and output
+// (4C/t a token a block) and its working set and the gradients flowing in (23C/t) hold 2
+// bytes a float more; `whole` blocks keep everything, the one going back what its attention
+// saved (ln_1's input and statistics, the log-sum-exp: `first_kept` bytes over 16 bits).
+struct RingAt {
+  double whole, float32_ring;
+};
+
+RingAt ring_at(const models::GPTConfig& config, const MeshShape& mesh, int stage, bool recompute) {
+  const ActivationMoments moments = gpt_activation_moments(config, mesh, stage, recompute);
+  if (moments.ring == 0 || moments.ring < moments.backward) return {-1, 0};
+  const double C = static_cast<double>(config.n_embd), t = mesh.tp;
+  const double whole = static_cast<double>(gpt_stage_blocks(config, mesh.pp, stage)) * pipeline_peak(mesh, stage).in_flight - 1;
+  return {whole, 2 * (4 * C / t * (whole + 1) + 23 * C / t)};
+}
+
 }  // namespace
 
 PrecisionExtraBytes gpt_bf16_mixed_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero,
                                                int stage, bool recompute) {
-  check_no_cp(config, mesh, stage, "gpt_bf16_mixed_extra_bytes");
+  check_mesh(config, mesh, stage, "gpt_bf16_mixed_extra_bytes");
   const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
   const double a = static_cast<double>(config.n_head);
   const double t = mesh.tp, sp = mesh.sequence_parallel ? t : 1;  // SP shards the LayerNorms' tokens
   const StagePeak at = stage_peak(config, mesh, stage);
   const bool head = stage == mesh.pp - 1;
   PrecisionExtraBytes e;
+  e.messages = 2 * at.messages;  // the residual stream is float32: its messages too
+  e.head_grad = (head ? 4 * V * C / t : 0) +
+                (zero == 3 ? 4 * static_cast<double>(gpt_fsdp_unit_numels(config).front()) : 0);
+  const RingAt ring = ring_at(config, mesh, stage, recompute);
+  if (ring.whole >= 0) {  // its c_attn's cast alive in the block going back; the residual's gradient float32
+    e.float32_saved = (((4 * C + 8) / sp + 2 * a / t) * ring.whole + (2 * C + 4) / sp + 2 * a / t) * at.mb_tokens;
+    e.weight_casts = 2 * C * C / t * (12 * (mesh.pp > 1 ? ring.whole : at.blocks - 1) + 3);
+    e.backward = (ring.float32_ring + 2 * C / sp) * at.mb_tokens;
+    return e;
+  }
   // A kept input is the float32 residual stream: 2C bytes a token over 16 bits.
   const AliveBlocks alive = alive_blocks(gpt_stage_blocks(config, mesh.pp, stage), mesh, stage, recompute);
   e.float32_saved = (((4 * C + 8) / sp + 2 * a / t) * alive.whole + 2 * C / sp * alive.kept_inputs) * at.mb_tokens;
@@ -225,25 +251,28 @@ PrecisionExtraBytes gpt_bf16_mixed_extra_bytes(const models::GPTConfig& config, 
   // the cast cache (each one's casts its own), the plain model's forward with it (once).
   e.weight_casts = 2 * 12 * C * C / t * (mesh.pp > 1 ? alive.whole : std::min(alive.whole, at.blocks));
   e.backward = (2 * C + 2 * C) / sp * at.mb_tokens + gemm_float32_scratch(C, at.mb_tokens, t);
-  e.messages = 2 * at.messages;  // the residual stream is float32: its messages too
-  e.head_grad = (head ? 4 * V * C / t : 0) +
-                (zero == 3 ? 4 * static_cast<double>(gpt_fsdp_unit_numels(config).front()) : 0);
   return e;
 }
 
 PrecisionExtraBytes gpt_bf16_true_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero,
                                               int stage, bool recompute) {
-  check_no_cp(config, mesh, stage, "gpt_bf16_true_extra_bytes");
+  check_mesh(config, mesh, stage, "gpt_bf16_true_extra_bytes");
   const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
   const double a = static_cast<double>(config.n_head);
   const double t = mesh.tp, sp = mesh.sequence_parallel ? t : 1;
   const StagePeak at = stage_peak(config, mesh, stage);
   const bool head = stage == mesh.pp - 1;
   PrecisionExtraBytes e;
-  e.float32_saved = (8 / sp + 2 * a / t) * alive_blocks(gpt_stage_blocks(config, mesh.pp, stage), mesh, stage, recompute).whole * at.mb_tokens;
-  e.backward = gemm_float32_scratch(C, at.mb_tokens, t);
   e.head_grad = (head ? 2 * V * C / t : 0) +
                 (zero == 3 ? 2 * static_cast<double>(gpt_fsdp_unit_numels(config).front()) : 0);
+  const RingAt ring = ring_at(config, mesh, stage, recompute);
+  if (ring.whole >= 0) {
+    e.float32_saved = ((8 / sp + 2 * a / t) * ring.whole + 4 / sp + 2 * a / t) * at.mb_tokens;
+    e.backward = ring.float32_ring * at.mb_tokens;
+    return e;
+  }
+  e.float32_saved = (8 / sp + 2 * a / t) * alive_blocks(gpt_stage_blocks(config, mesh.pp, stage), mesh, stage, recompute).whole * at.mb_tokens;
+  e.backward = gemm_float32_scratch(C, at.mb_tokens, t);
   return e;
 }
 

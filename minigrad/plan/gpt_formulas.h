@@ -128,6 +128,14 @@ AliveBlocks alive_blocks(int64_t stage_blocks, const MeshShape& mesh, int stage,
 //     loss's logits of one chunk (V/2t); with recompute, + 4C/t a token on top.
 double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshShape& mesh, int stage,
                                   bool recompute = false);
+// The same as two moments: the backward's (above, without cp's) and, under cp without
+// recompute, ring attention's backward (0 otherwise); the peak is the larger.
+struct ActivationMoments {
+  double backward = 0, ring = 0;
+  double peak() const { return backward > ring ? backward : ring; }
+};
+ActivationMoments gpt_activation_moments(const models::GPTConfig& config, const MeshShape& mesh, int stage,
+                                         bool recompute = false);
 
 // The moment after backward when dp and cp sum the stage's gradients
 // (parallel::reduce_partial_gradients): a flat copy of the stage's gradients and the
@@ -138,8 +146,11 @@ double gpt_gradient_sum_peak_bytes(const models::GPTConfig& config, const MeshSh
                                    double grad_bytes = 4);
 
 // What a 16-bit precision holds at the backward's peak beyond gpt_activation_peak_floats at
-// 2 bytes a float, over dp (any ZeRO stage), tp (± SP) and pp, ± recompute (not cp): the
-// backward of the last block's MLP c_proj, read off the allocator's live blocks of train_gpt.
+// 2 bytes a float, over dp (any ZeRO stage), tp (± SP), pp and cp, ± recompute: the
+// backward of the last block's MLP c_proj, or under cp ring attention's backward when
+// gpt_activation_moments says that is the peak (ring_attention.cpp runs in float32
+// whatever the 16-bit dtype: its saved q k v and output, its working set), read off the
+// allocator's live blocks of train_gpt.
 // Each term a token is taken over the stage's alive_blocks (whole blocks, kept inputs) and a
 // micro-batch's tokens n = (batch / dp) x T / m; under tp the sharded tensors are /t, under
 // SP the LayerNorms' tokens too; `messages` is the pipeline's held sends and posted receives

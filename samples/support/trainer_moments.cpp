@@ -63,7 +63,7 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
                                               const ModelSplit& split, int stage, int64_t batch, int64_t T,
                                               Precision precision, bool fsdp_mp_policy, bool gloo) {
   const auto* gpt = dynamic_cast<const plan::GPTArithmetic*>(&model);
-  const bool priced_16bit = gpt != nullptr && split.cp == 1 && !fsdp_mp_policy;
+  const bool priced_16bit = gpt != nullptr && !fsdp_mp_policy;
   if ((precision != Precision::True32 && !priced_16bit) || (split.zero == 3 && split.recompute)) return std::nullopt;
   const bool mixed = precision == Precision::BF16Mixed || precision == Precision::F16Mixed;
   const bool bf16_true = precision == Precision::BF16True;
@@ -91,7 +91,7 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
 
   // Gloo has no 16-bit reduction: a 16-bit tensor is summed as a float32 copy (`wire` times
   // its bytes) and rounded back into its dtype on arrival.
-  const bool widened = pb == 2 && split.dp > 1 && gloo;
+  const bool widened = pb == 2 && (split.dp > 1 || split.cp > 1) && gloo;
   const double wire = widened ? 4 / pb : 1;
   const double flat = split.zero == 2 ? r.buffers / 2 : 0;  // ZeRO-2's buckets' flat gradients
   const double masters = r.master / 2;  // bf16-true's float32 masters; their gradients as much again

@@ -49,9 +49,9 @@ struct TrainerMoments {
   std::string describe() const;  // "always 4.67 MiB (...); the largest of: backward ..., sum ..."
 };
 
-// `r`: the planner's bytes for this rank's stage; `gloo`: the dp group is Gloo's (no 16-bit
-// sums: they travel as float32). Empty where not priced so yet: the 16-bit precisions with
-// cp or under FSDP's MixedPrecisionPolicy, FSDP with recompute (its
+// `r`: the planner's bytes for this rank's stage; `gloo`: the dp and cp groups are Gloo's (no 16-bit
+// sums: they travel as float32). Empty where not priced so yet: the 16-bit precisions under
+// FSDP's MixedPrecisionPolicy, FSDP with recompute (its
 // peak moves late into backward, where an in-flight reduce-scatter's copy makes it vary by a
 // unit from run to run), and models other than the GPT in 16 bits.
 std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,

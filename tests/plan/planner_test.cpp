@@ -289,8 +289,25 @@ TEST_CASE("planner: bf16-mixed's bytes beyond the activations at 2 bytes, term b
   CHECK(tp.backward == 4 * C / 2 * n + 4 * (C * n + 4 * C * C / 2 + 4 * C * n / 2));
   CHECK(tp.head_grad == 4 * 114 * C / 2);
   CHECK(tp.messages == 0);
+}
+
+TEST_CASE("planner: bf16-mixed's bytes at ring attention's backward, which runs in float32") {
+  const models::GPTConfig config = train_gpt_default();
+  plan::MeshShape mesh = twelve_rows_over_dp2();
+  mesh.dp = 1;
   mesh.cp = 2;
-  CHECK_THROWS_WITH(plan::gpt_bf16_mixed_extra_bytes(config, mesh, 0), MG_CONTAINS("priced over dp, tp and pp only, got cp 2"));
+  const double n = 12 * 32, C = 128;
+  REQUIRE(plan::gpt_activation_moments(config, mesh, 0).ring > plan::gpt_activation_moments(config, mesh, 0).backward);
+  const plan::PrecisionExtraBytes e = plan::gpt_bf16_mixed_extra_bytes(config, mesh, 1);
+  // 3 blocks whole, the one going back its ln_1 input and statistics and its log-sum-exp.
+  CHECK(e.float32_saved == ((4 * C + 8 + 2 * 4) * 3 + 2 * C + 4 + 2 * 4) * n);
+  CHECK(e.weight_casts == 2 * C * C * (12 * 3 + 3));  // c_attn's cast alive in the block going back
+  // q k v and the ring's output of 4 blocks, the ring's working set and what flows in (23C),
+  // in float32; the residual's gradient float32.
+  CHECK(e.backward == (2 * (4 * C * 4 + 23 * C) + 2 * C) * n);
+  const plan::PrecisionExtraBytes bf16 = plan::gpt_bf16_true_extra_bytes(config, mesh, 1);
+  CHECK(bf16.float32_saved == ((8 + 2 * 4) * 3 + 4 + 2 * 4) * n);
+  CHECK(bf16.backward == 2 * (4 * C * 4 + 23 * C) * n);
 }
 
 TEST_CASE("planner: bf16-mixed's bytes on a pipeline stage and recomputed") {
@@ -346,8 +363,6 @@ TEST_CASE("planner: bf16-true's bytes beyond the activations at 2 bytes, term by
   CHECK(e.backward == 4 * (C * n + 4 * C * C + 4 * C * n));
   CHECK(e.head_grad == 2 * 114 * C + 2 * (114 * C + 64 * C + 2 * C));  // wte's gradient, the root unit's
   CHECK(plan::gpt_bf16_true_extra_bytes(config, mesh, 2).head_grad == 2 * 114 * C);
-  mesh.cp = 2;
-  CHECK_THROWS_WITH(plan::gpt_bf16_true_extra_bytes(config, mesh, 0), MG_CONTAINS("priced over dp, tp and pp only, got cp 2"));
 }
 
 TEST_CASE("planner: what ZeRO-2's moment with the flat gradients no longer holds, moment by moment") {
