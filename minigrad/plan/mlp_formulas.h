@@ -1,0 +1,63 @@
+// train_fashion_mnist's MLP (inputs -> hidden... -> classes, a Linear and a ReLU per hidden
+// width) priced as the planner prices the GPT: each rank's bytes of parameters, gradients,
+// optimizer state, buffers and activations at its training peak, in float32, with the
+// planner's RankMemory. Formulas only, read off train_fashion_mnist --memory-blocks
+// (docs/planning.md, "The MLP's formulas"); the trainer prints them beside its allocator's
+// peak.
+//
+// The peak of a step after the first (SGD's momentum, as torch's, is made at the first
+// step) is the largest of these moments, beside what the rank always holds (parameters,
+// optimizer state, the data):
+//   forward's end  the loss is made, the last step's gradients not yet freed (zero_grad
+//                  sets them to none after forward): every gradient, DDP's bucket, and what
+//                  the ops saved: each hidden layer's ReLU output (the next Linear's input
+//                  and ReLU's mask: one tensor, the Linear and the ReLU fused), the logits
+//                  (the fused cross-entropy's), the loss and its copies (3 floats)
+//   ZeRO-1's step  the activations gone; every gradient, DDP's bucket, and each bucket's
+//                  shard of the averaged gradient, copied out for the local optimizer
+//   ZeRO-2's       the first layer's weight gradient, the last made, fires the bucket's
+//   reduce-scatter reduce-scatter: the flat gradient, its scratch, the gradient shards and
+//                  that weight's gradient, still in .grad
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <minigrad/plan/planner.h>
+
+namespace mg::plan {
+
+struct MLPConfig {
+  int64_t inputs = 784;
+  std::vector<int64_t> hidden{256, 256};
+  int64_t classes = 10;
+};
+
+enum class MLPOptimizer { SGDMomentum, AdamW };
+
+// Each parameter's elements in the model's order: W0 [hidden0, inputs], b0, W1, b1, ...
+std::vector<int64_t> mlp_parameter_numels(const MLPConfig& config);
+
+// ZeroRedundancyOptimizer's buckets (parallel::compute_bucket_assignment_by_size): from the
+// last parameter to the first, a bucket closed once it holds at least `cap_bytes`.
+std::vector<int64_t> mlp_zero_bucket_numels(const MLPConfig& config, double cap_bytes = 25.0 * 1024 * 1024);
+
+// The optimizer's state for `elements` float32 elements in `tensors` tensors: SGD's
+// momentum buffer (4 a element); AdamW's two moments and an int64 step a tensor.
+double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tensors);
+
+// One data-parallel rank's bytes at its training peak for `rank_rows` rows a step (the
+// global batch over split.dp), under DDP (zero 0), ZeRO-1 or ZeRO-2 over split.dp ranks;
+// params, grads and optimizer are the tensors themselves (exact), buffers and activations
+// those of the peak's moment. Empty for the splits not priced yet: tp, pp, ZeRO-3 (its
+// peak moves with the communication thread from rank to rank), and DataParallel in one
+// process.
+std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
+                                          MLPOptimizer optimizer);
+
+// What the trainer holds beside the step: the training and test sets (float32 images,
+// int64 labels) and the rank's batch of `rank_rows`.
+double mlp_data_bytes(const MLPConfig& config, int64_t train_images, int64_t test_images, int64_t rank_rows);
+
+}  // namespace mg::plan
