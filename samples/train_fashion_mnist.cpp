@@ -451,7 +451,7 @@ samples::MLPRun mlp_run(const Run& run, const data::Dataset& train_set, const da
   m.split.pp = std::max(o.pipeline, 1);
   m.split.zero = o.zero;
   m.split.micro_batches = o.pipeline > 0 ? o.chunks : 0;
-  m.replicas = run.dist.active() || o.pipeline > 0 || o.tensor_parallel > 1 ? 1 : static_cast<int>(o.device_list.size());
+  m.devices_in_one_process = run.dist.active() || o.pipeline > 0 ? 1 : static_cast<int>(o.device_list.size());
   m.float32 = o.precision == "32-true";
   m.rank_rows = o.batch_size / m.split.dp;
   m.train_images = train_set.size();

@@ -56,28 +56,76 @@ double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tenso
   return kFloat * elements;                                                       // momentum_buffer
 }
 
+std::vector<int64_t> mlp_rank_parameter_numels(const MLPConfig& config, int tp) {
+  std::vector<int64_t> numels = mlp_parameter_numels(config);
+  if (tp == 1) return numels;
+  const size_t linears = numels.size() / 2;
+  const size_t paired = linears - linears % 2;
+  for (size_t i = 0; i < paired; ++i) {
+    const int64_t in = i == 0 ? config.inputs : config.hidden[i - 1];
+    MG_CHECK(numels[2 * i + 1] % tp == 0 || i % 2 == 1, "mlp_rank_parameter_numels: tp {} does not divide {} outputs",
+             tp, numels[2 * i + 1]);
+    if (i % 2 == 0) {  // column: the rows of W and of the bias
+      numels[2 * i] /= tp;
+      numels[2 * i + 1] /= tp;
+    } else {  // row: the columns of W; the bias whole
+      MG_CHECK(in % tp == 0, "mlp_rank_parameter_numels: tp {} does not divide {} inputs", tp, in);
+      numels[2 * i] /= tp;
+    }
+  }
+  return numels;
+}
+
+MLPForwardPeak mlp_forward_peak_floats(const MLPConfig& config, int tp, int64_t rank_rows) {
+  std::vector<int64_t> outs = config.hidden;
+  outs.push_back(config.classes);
+  const size_t linears = outs.size();
+  const size_t paired = tp > 1 ? linears - linears % 2 : 0;
+  const double b = static_cast<double>(rank_rows);
+  double saved = 0;  // the ReLU outputs so far (the next layer's inputs, ReLU's masks)
+  MLPForwardPeak peak;
+  for (size_t i = 0; i < linears; ++i) {
+    const double out = b * static_cast<double>(outs[i]);
+    double moment = 0;
+    if (i >= paired) {  // a whole Linear: fused with its ReLU, the output alone
+      moment = saved + out;
+    } else if (i % 2 == 0) {  // column: its slice of the output and ReLU's of it
+      moment = saved + 2 * out / tp;
+    } else {  // row: the partial product, the all-reduce's sum and the bias added to it
+      moment = saved + 3 * out;
+    }
+    peak.inside = std::max(peak.inside, moment);
+    saved += i % 2 == 0 && i < paired ? out / tp : out;  // ReLU's output, or the logits
+  }
+  peak.end = saved;
+  return peak;
+}
+
 std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
                                           MLPOptimizer optimizer) {
   MG_CHECK(split.zero >= 0 && split.zero <= 3, "mlp_rank_memory: ZeRO stage {} must be 0 to 3", split.zero);
-  if (split.tp > 1 || split.pp > 1 || split.cp > 1 || split.zero == 3) return std::nullopt;
-  const std::vector<int64_t> numels = mlp_parameter_numels(config);
+  if (split.pp > 1 || split.cp > 1 || split.zero == 3 || (split.tp > 1 && split.zero > 0)) return std::nullopt;
+  const std::vector<int64_t> numels = mlp_rank_parameter_numels(config, split.tp);
   const double psi = sum(numels);
   const double tensors = static_cast<double>(numels.size());
-  const bool distributed = split.dp > 1;
-  // The loss and the epoch's running sum; a distributed rank's copy of the loss summed over
-  // the ranks (to stop together on a NaN); in backward, its seed gradient.
-  const double scalars = kFloat * (2 + (distributed ? 1 : 0));
+  const bool distributed = split.dp > 1 || split.tp > 1;
+  // The running sum of the epoch's loss; once the loss is made, it and (distributed) its
+  // copy summed over the ranks (to stop together on a NaN); in backward, its seed gradient.
+  const double running = kFloat;
+  const double loss = kFloat * (1 + (distributed ? 1 : 0));
   const double seed = kFloat;
-  const double rows = static_cast<double>(rank_rows);
-  const double saved = kFloat * rows * (sum(config.hidden) + static_cast<double>(config.classes));
+  const MLPForwardPeak forward = mlp_forward_peak_floats(config, split.tp, rank_rows);
+  const double forward_act = std::max(kFloat * forward.inside + running, kFloat * forward.end + running + loss);
+  // Under tp the whole model the shards were cut from stays (the trainer's `model`).
+  const double kept = split.tp > 1 ? kFloat * sum(mlp_parameter_numels(config)) : 0;
 
   RankMemory r;
   if (split.zero == 0) {
-    r.params = kFloat * psi;
+    r.params = kFloat * psi + kept;
     r.grads = kFloat * psi;
     r.optimizer = mlp_optimizer_bytes(optimizer, psi, tensors);
-    r.buffers = distributed ? kFloat * psi : 0;  // DDP's buckets: every gradient once
-    r.activations = saved + scalars;
+    r.buffers = split.dp > 1 ? kFloat * psi : 0;  // DDP's buckets: every gradient once
+    r.activations = forward_act;
     return r;
   }
   const std::vector<int64_t> buckets = mlp_zero_bucket_numels(config);
@@ -87,10 +135,9 @@ std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& 
   r.optimizer = mlp_optimizer_bytes(optimizer, shards, static_cast<double>(buckets.size()));
   if (split.zero == 1) {
     r.grads = kFloat * psi;
-    const double forward_end = kFloat * psi + saved + scalars;       // DDP's bucket + activations
-    const double step = kFloat * psi + kFloat * shards + scalars;    // DDP's bucket + gradient shards
-    r.buffers = kFloat * psi + (step > forward_end ? kFloat * shards : 0);
-    r.activations = step > forward_end ? scalars : saved + scalars;
+    const double step = kFloat * shards + running + loss;  // the gradient shards, beside DDP's bucket
+    r.buffers = kFloat * psi + (step > forward_act ? kFloat * shards : 0);
+    r.activations = step > forward_act ? running + loss : forward_act;
     return r;
   }
   // ZeRO-2: at forward's end the last step's gradient shards alone; the reduce-scatter's
@@ -98,10 +145,9 @@ std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& 
   r.grads = kFloat * shards;
   const double flat = kFloat * N * shards;
   const double first_weight = kFloat * static_cast<double>(numels.front());
-  const double reduce_scatter = 2 * flat + first_weight + scalars + seed;
-  const double forward_end = saved + scalars;
-  r.buffers = reduce_scatter > forward_end ? 2 * flat + first_weight : 0;
-  r.activations = reduce_scatter > forward_end ? scalars + seed : saved + scalars;
+  const double reduce_scatter = 2 * flat + first_weight + running + loss + seed;
+  r.buffers = reduce_scatter > forward_act ? 2 * flat + first_weight : 0;
+  r.activations = reduce_scatter > forward_act ? running + loss + seed : forward_act;
   return r;
 }
 

@@ -8,11 +8,13 @@
 // The peak of a step after the first (SGD's momentum, as torch's, is made at the first
 // step) is the largest of these moments, beside what the rank always holds (parameters,
 // optimizer state, the data):
-//   forward's end  the loss is made, the last step's gradients not yet freed (zero_grad
-//                  sets them to none after forward): every gradient, DDP's bucket, and what
-//                  the ops saved: each hidden layer's ReLU output (the next Linear's input
-//                  and ReLU's mask: one tensor, the Linear and the ReLU fused), the logits
-//                  (the fused cross-entropy's), the loss and its copies (3 floats)
+//   forward        the last step's gradients not yet freed (zero_grad sets them to none
+//                  after forward): every gradient, DDP's bucket, and the activations at
+//                  forward's largest moment (mlp_forward_peak_floats): once the loss is
+//                  made, what the ops saved: each hidden layer's ReLU output (the next
+//                  Linear's input and ReLU's mask: one tensor, the Linear and the ReLU
+//                  fused), the logits (the fused cross-entropy's), the loss and its copy
+//                  summed over the ranks; under tp a row layer's moment may be larger
 //   ZeRO-1's step  the activations gone; every gradient, DDP's bucket, and each bucket's
 //                  shard of the averaged gradient, copied out for the local optimizer
 //   ZeRO-2's       the first layer's weight gradient, the last made, fires the bucket's
@@ -43,6 +45,21 @@ std::vector<int64_t> mlp_parameter_numels(const MLPConfig& config);
 // last parameter to the first, a bucket closed once it holds at least `cap_bytes`.
 std::vector<int64_t> mlp_zero_bucket_numels(const MLPConfig& config, double cap_bytes = 25.0 * 1024 * 1024);
 
+// A tensor-parallel rank's parameters (parallel::parallelize_mlp): the Linear layers in
+// pairs, the first of each a column layer (W's rows and the bias split over tp), the second
+// a row layer (W's columns split, the bias whole); a Linear left over at the end whole.
+std::vector<int64_t> mlp_rank_parameter_numels(const MLPConfig& config, int tp);
+
+// The forward's activations on a rank of `tp` for `rank_rows` rows, in floats: `inside`, its
+// largest moment before the loss (a whole Linear: its output, fused with its ReLU; a column
+// layer: its output slice and ReLU's of it; a row layer: its partial product, the
+// all-reduce's sum and the bias added to it), and `end`, what is saved once the loss is
+// made: each ReLU's output (a column layer's slice of it) and the logits.
+struct MLPForwardPeak {
+  double inside = 0, end = 0;
+};
+MLPForwardPeak mlp_forward_peak_floats(const MLPConfig& config, int tp, int64_t rank_rows);
+
 // The optimizer's state for `elements` float32 elements in `tensors` tensors: SGD's
 // momentum buffer (4 a element); AdamW's two moments and an int64 step a tensor.
 double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tensors);
@@ -50,9 +67,10 @@ double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tenso
 // One data-parallel rank's bytes at its training peak for `rank_rows` rows a step (the
 // global batch over split.dp), under DDP (zero 0), ZeRO-1 or ZeRO-2 over split.dp ranks;
 // params, grads and optimizer are the tensors themselves (exact), buffers and activations
-// those of the peak's moment. Empty for the splits not priced yet: tp, pp, ZeRO-3 (its
-// peak moves with the communication thread from rank to rank), and DataParallel in one
-// process.
+// those of the peak's moment; under tp (--distributed: a rank of a tp group, DDP over dp)
+// params also hold the whole model the shards were cut from, which the trainer keeps.
+// Empty for the splits not priced yet: pp, ZeRO-3 (its peak moves with the communication
+// thread from run to run), and DataParallel or tp in one process.
 std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
                                           MLPOptimizer optimizer);
 

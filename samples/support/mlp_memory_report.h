@@ -22,7 +22,7 @@ namespace mg::samples {
 struct MLPRun {
   plan::MLPConfig config;
   plan::Split split;        // dp: the data-parallel ranks of --distributed; tp, pp, zero
-  int replicas = 1;         // DataParallel's in one process (--devices cpu,cpu)
+  int devices_in_one_process = 1;  // DataParallel's or TensorParallel's (--devices cpu,cpu)
   bool float32 = true;      // --precision 32-true
   int64_t rank_rows = 0;    // a step's rows on this rank
   int64_t train_images = 0, test_images = 0;
