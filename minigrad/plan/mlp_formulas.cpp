@@ -102,9 +102,11 @@ MLPForwardPeak mlp_forward_peak_floats(const MLPConfig& config, int tp, int64_t 
 }
 
 std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
-                                          MLPOptimizer optimizer) {
+                                          MLPOptimizer optimizer, int replicas) {
   MG_CHECK(split.zero >= 0 && split.zero <= 3, "mlp_rank_memory: ZeRO stage {} must be 0 to 3", split.zero);
+  MG_CHECK(replicas >= 1, "mlp_rank_memory: {} replicas", replicas);
   if (split.pp > 1 || split.cp > 1 || split.zero == 3 || (split.tp > 1 && split.zero > 0)) return std::nullopt;
+  if (replicas > 1 && (split.dp > 1 || split.tp > 1 || split.zero > 0)) return std::nullopt;
   const std::vector<int64_t> numels = mlp_rank_parameter_numels(config, split.tp);
   const double psi = sum(numels);
   const double tensors = static_cast<double>(numels.size());
@@ -114,12 +116,28 @@ std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& 
   const double running = kFloat;
   const double loss = kFloat * (1 + (distributed ? 1 : 0));
   const double seed = kFloat;
-  const MLPForwardPeak forward = mlp_forward_peak_floats(config, split.tp, rank_rows);
-  const double forward_act = std::max(kFloat * forward.inside + running, kFloat * forward.end + running + loss);
+  const MLPForwardPeak forward_peak = mlp_forward_peak_floats(config, split.tp, rank_rows);
+  const double forward_act = std::max(kFloat * forward_peak.inside + running, kFloat * forward_peak.end + running + loss);
   // Under tp the whole model the shards were cut from stays (the trainer's `model`).
   const double kept = split.tp > 1 ? kFloat * sum(mlp_parameter_numels(config)) : 0;
 
   RankMemory r;
+  if (replicas > 1) {  // DataParallel in one process: the process's bytes
+    const double R = replicas;
+    r.params = kFloat * psi;
+    r.grads = kFloat * psi;
+    r.optimizer = mlp_optimizer_bytes(optimizer, psi, tensors);
+    // Forward: the replicas' parameters past the first (which shares the original's) in
+    // broadcast's flat copies, beside the last step's gradients and the activations (the
+    // replicas' together are one device's). The reduce_add in BroadcastBackward: every
+    // replica's gradients (.grad is none: zero_grad) and each flattened, and the host
+    // communicator's running sum (at most two sums alive at an add); the activations gone.
+    const double forward = kFloat * psi + kFloat * (R - 1) * psi + forward_act;
+    const double reduce_add = kFloat * psi * (2 * R + std::min(R - 1, 2.0)) + running + loss + seed;
+    r.buffers = reduce_add > forward ? kFloat * psi * (2 * R + std::min(R - 1, 2.0) - 1) : kFloat * (R - 1) * psi;
+    r.activations = reduce_add > forward ? running + loss + seed : forward_act;
+    return r;
+  }
   if (split.zero == 0) {
     r.params = kFloat * psi + kept;
     r.grads = kFloat * psi;

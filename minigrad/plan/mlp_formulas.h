@@ -17,6 +17,8 @@
 //                  summed over the ranks; under tp a row layer's moment may be larger
 //   ZeRO-1's step  the activations gone; every gradient, DDP's bucket, and each bucket's
 //                  shard of the averaged gradient, copied out for the local optimizer
+//   DataParallel's the replicas' gradients summed in BroadcastBackward (replicate.cpp):
+//   reduce_add     each replica's, each flattened, and the running sum
 //   ZeRO-2's       the first layer's weight gradient, the last made, fires the bucket's
 //   reduce-scatter reduce-scatter: the flat gradient, its scratch, the gradient shards and
 //                  that weight's gradient, still in .grad
@@ -69,10 +71,12 @@ double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tenso
 // params, grads and optimizer are the tensors themselves (exact), buffers and activations
 // those of the peak's moment; under tp (--distributed: a rank of a tp group, DDP over dp)
 // params also hold the whole model the shards were cut from, which the trainer keeps.
+// `replicas` > 1: DataParallel's in one process (the process's bytes: the original's
+// parameters, gradients and state, the replicas' copies and the reduce_add's buffers).
 // Empty for the splits not priced yet: pp, ZeRO-3 (its peak moves with the communication
-// thread from run to run), and DataParallel or tp in one process.
+// thread from run to run), and tp in one process.
 std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
-                                          MLPOptimizer optimizer);
+                                          MLPOptimizer optimizer, int replicas = 1);
 
 // What the trainer holds beside the step: the training and test sets (float32 images,
 // int64 labels) and the rank's batch of `rank_rows`.
