@@ -453,7 +453,7 @@ samples::MLPRun mlp_run(const Run& run, const data::Dataset& train_set, const da
   m.split.micro_batches = o.pipeline > 0 ? o.chunks : 0;
   m.devices_in_one_process = run.dist.active() || o.pipeline > 0 ? 1 : static_cast<int>(o.device_list.size());
   m.float32 = o.precision == "32-true";
-  // DataParallel's replicas together: the process's rows.
+  m.cpu = run.device.is_cpu();
   m.rank_rows = o.batch_size / m.split.dp;
   m.train_images = train_set.size();
   m.test_images = test_set.size();

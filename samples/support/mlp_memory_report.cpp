@@ -14,6 +14,7 @@ std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0
 
 std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& run) {
   const std::string measured = fmt::format("memory: peak {} on rank {}", mib(static_cast<double>(peak_bytes)), rank);
+  if (!run.cpu) return measured + "; the planner prices the CPU's allocator only so far";
   if (!run.float32) return measured + "; the planner prices 32-true only so far";
   if (run.devices_in_one_process > 1 && run.split.tp > 1)
     return measured + "; the planner does not price tensor parallelism in one process yet";

@@ -7,7 +7,8 @@
 //   planned 1.000
 //
 // "data" is what the trainer holds beside the step: the training and test sets and the
-// rank's batch. Splits and precisions the formulas do not price yet are said in the line.
+// rank's batch. Splits, precisions and devices the formulas do not price yet are said in the
+// line (a GPU: its allocator holds the batch but not the data sets; not measured yet).
 #pragma once
 
 #include <cstddef>
@@ -24,6 +25,7 @@ struct MLPRun {
   plan::Split split;        // dp: the data-parallel ranks of --distributed; tp, pp, zero
   int devices_in_one_process = 1;  // DataParallel's or TensorParallel's (--devices cpu,cpu)
   bool float32 = true;      // --precision 32-true
+  bool cpu = true;          // the CPU allocator's peak (the data sets live there too)
   int64_t rank_rows = 0;    // a step's rows on this rank
   int64_t train_images = 0, test_images = 0;
   plan::MLPOptimizer optimizer = plan::MLPOptimizer::SGDMomentum;

@@ -66,7 +66,7 @@ TEST_CASE("train_fashion_mnist: the memory line prices one device and DataParall
 // threads on one allocator too, every micro-batch but the last recomputed in backward, the
 // memory plan's dry run inside the step), ZeRO-3 (its peak moves with the communication
 // thread from run to run, by a unit's gathered parameters: 4.45 or 5.22 MiB on the same
-// run of --hidden 256,128).
+// run of --hidden 256,128), and the 16-bit precisions.
 TEST_CASE("train_fashion_mnist: the memory line says which splits it does not price") {
   TempDir dir;
   mg::testing::write_synthetic_fashion_mnist(dir.path(), 100, 20, false);
@@ -78,6 +78,10 @@ TEST_CASE("train_fashion_mnist: the memory line says which splits it does not pr
   INFO(pipeline.output);
   REQUIRE(pipeline.exit_code == 0);
   REQUIRE_THAT(pipeline.output, MG_CONTAINS("the planner does not price the pipeline yet"));
+  const auto bf16 = run_program(tiny_run(dir.path()) + " --precision bf16-mixed");
+  INFO(bf16.output);
+  REQUIRE(bf16.exit_code == 0);
+  REQUIRE_THAT(bf16.output, MG_CONTAINS("the planner prices 32-true only so far"));
 }
 
 #if MINIGRAD_WITH_GLOO
