@@ -74,7 +74,8 @@ double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tenso
 // `replicas` > 1: DataParallel's in one process (the process's bytes: the original's
 // parameters, gradients and state, the replicas' copies and the reduce_add's buffers).
 // Empty for the splits not priced yet: pp, ZeRO-3 (its peak moves with the communication
-// thread from run to run), and tp in one process.
+// thread from run to run), ZeRO with tp, and tp in one process (`replicas` > 1 with tp: its
+// ranks' threads add their moments on one allocator as they happen to meet).
 std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
                                           MLPOptimizer optimizer, int replicas = 1);
 
