@@ -64,9 +64,10 @@ TEST_CASE("train_fashion_mnist: the memory line prices one device and DataParall
 // Not priced yet, and the line says so: TensorParallel in one process (its ranks' threads
 // share one allocator and leave each all-reduce at times of their own, so its peak is what
 // their moments happen to add to: 7 of the 8 activations the two ranks' bias-adds hold in
-// the runs read), the pipeline (its peak falls in stage 0's backward inside the schedule,
-// with each micro-batch's input copy, output and loss held and the checkpointed
-// micro-batches recomputed: not derived yet), ZeRO-3 (its peak moves with the
+// the runs read), the pipeline (its peak falls in stage 0's backward of a recomputed
+// micro-batch, beside every micro-batch's input copy, output and loss; what stage 1 holds
+// then, its gradients handed back and queued for stage 0, depends on how far its own thread
+// has run ahead: not derived yet), ZeRO-3 (its peak moves with the
 // communication thread from run to run, by a unit's gathered parameters: 4.45 or 5.22 MiB
 // on the same run of --hidden 256,128), and the 16-bit precisions.
 TEST_CASE("train_fashion_mnist: the memory line says which splits it does not price") {
