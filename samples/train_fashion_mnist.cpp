@@ -29,6 +29,8 @@
 //   evaluate             the test loss and accuracy
 //   training_reports     --metrics (CSV) and --plot (SVG); progress: the bar
 //   trace                --trace: a few steps as a Chrome trace (Perfetto), per rank
+//   mlp_memory_report    the last line: the training steps' memory peak beside the MLP's
+//                        formulas (plan/mlp_formulas.h); --memory-blocks: what was live
 //
 // A run stopped by a signal leaves a checkpoint of exactly where it stands, mid-epoch
 // included; --resume continues from it to the same parameters, bit for bit on the CPU, as
