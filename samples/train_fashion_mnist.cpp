@@ -459,7 +459,9 @@ samples::MLPRun mlp_run(const Run& run, const data::Dataset& train_set, const da
   m.rank_rows = o.batch_size / m.split.dp;
   m.train_images = train_set.size();
   m.test_images = test_set.size();
-  m.optimizer = o.optimizer == "adamw" ? plan::MLPOptimizer::AdamW : plan::MLPOptimizer::SGDMomentum;
+  m.optimizer = o.optimizer == "adamw" ? plan::MLPOptimizer::AdamW
+                : o.momentum > 0         ? plan::MLPOptimizer::SGDMomentum
+                                         : plan::MLPOptimizer::SGD;
   return m;
 }
 

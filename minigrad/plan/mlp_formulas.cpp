@@ -53,7 +53,8 @@ std::vector<int64_t> mlp_zero_bucket_numels(const MLPConfig& config, double cap_
 
 double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tensors) {
   if (optimizer == MLPOptimizer::AdamW) return 2 * kFloat * elements + 8 * tensors;  // exp_avg, exp_avg_sq, step
-  return kFloat * elements;                                                       // momentum_buffer
+  if (optimizer == MLPOptimizer::SGD) return 0;
+  return kFloat * elements;  // momentum_buffer
 }
 
 std::vector<int64_t> mlp_rank_parameter_numels(const MLPConfig& config, int tp) {
@@ -62,16 +63,12 @@ std::vector<int64_t> mlp_rank_parameter_numels(const MLPConfig& config, int tp) 
   const size_t linears = numels.size() / 2;
   const size_t paired = linears - linears % 2;
   for (size_t i = 0; i < paired; ++i) {
-    const int64_t in = i == 0 ? config.inputs : config.hidden[i - 1];
-    MG_CHECK(numels[2 * i + 1] % tp == 0 || i % 2 == 1, "mlp_rank_parameter_numels: tp {} does not divide {} outputs",
-             tp, numels[2 * i + 1]);
-    if (i % 2 == 0) {  // column: the rows of W and of the bias
-      numels[2 * i] /= tp;
+    if (i % 2 == 0) {  // column: the rows of W and of the bias (the row layer's inputs too)
+      MG_CHECK(numels[2 * i + 1] % tp == 0, "mlp_rank_parameter_numels: tp {} does not divide {} outputs", tp,
+               numels[2 * i + 1]);
       numels[2 * i + 1] /= tp;
-    } else {  // row: the columns of W; the bias whole
-      MG_CHECK(in % tp == 0, "mlp_rank_parameter_numels: tp {} does not divide {} inputs", tp, in);
-      numels[2 * i] /= tp;
     }
+    numels[2 * i] /= tp;  // a row layer: the columns of W; its bias whole
   }
   return numels;
 }

@@ -38,7 +38,7 @@ struct MLPConfig {
   int64_t classes = 10;
 };
 
-enum class MLPOptimizer { SGDMomentum, AdamW };
+enum class MLPOptimizer { SGD, SGDMomentum, AdamW };  // SGD: without momentum, no state
 
 // Each parameter's elements in the model's order: W0 [hidden0, inputs], b0, W1, b1, ...
 std::vector<int64_t> mlp_parameter_numels(const MLPConfig& config);
@@ -62,8 +62,9 @@ struct MLPForwardPeak {
 };
 MLPForwardPeak mlp_forward_peak_floats(const MLPConfig& config, int tp, int64_t rank_rows);
 
-// The optimizer's state for `elements` float32 elements in `tensors` tensors: SGD's
-// momentum buffer (4 a element); AdamW's two moments and an int64 step a tensor.
+// The optimizer's state for `elements` float32 elements in `tensors` tensors: none for SGD
+// without momentum; SGD's momentum buffer (4 a element); AdamW's two moments and an int64
+// step a tensor.
 double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tensors);
 
 // One data-parallel rank's bytes at its training peak for `rank_rows` rows a step (the
