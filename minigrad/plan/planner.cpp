@@ -227,9 +227,10 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
         if (s.pp == 1) c.all_reduce += 8;
       }
     }
+    if (s.clip_grad_norm && s.world() > 1) comm["world"].all_reduce += 4;
     plan.stage_comm.push_back(comm);
     std::map<std::string, double> comm_s;
-    const std::map<std::string, int> size{{"tp", s.tp}, {"cp", s.cp}, {"dp", s.dp}, {"pp", 2}, {"emb", 2}};
+    const std::map<std::string, int> size{{"tp", s.tp}, {"cp", s.cp}, {"dp", s.dp}, {"pp", 2}, {"emb", 2}, {"world", s.world()}};
     double exposed = 0;
     for (const auto& [group, bytes] : comm) {
       const double t = seconds(bytes, size.at(group), device.link_bandwidth);

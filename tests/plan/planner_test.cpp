@@ -128,7 +128,10 @@ TEST_CASE("planner: DDP in 32-true holds 4 4 and 8 bytes a parameter and buckets
                         2 * 1024 + 1;
   CHECK(p.peak.activations == Approx(4 * floats).epsilon(1e-12));
   CHECK(p.comm.at("dp").all_reduce == 4 * psi + 4);
+  CHECK(p.comm.at("world").all_reduce == 4);  // clip_grad_norm_'s partial norms, one float32
   CHECK(p.fits);
+  s.clip_grad_norm = false;
+  CHECK(plan::plan_gpt(gpt2(), s, workload(plan::Precision::True32), plan::device_by_name("a100-80gb")).comm.count("world") == 0);
 }
 
 TEST_CASE("planner: one data-parallel rank holds no DDP buckets") {
