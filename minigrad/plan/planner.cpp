@@ -274,6 +274,9 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
   a.push_back(fmt::format("collectives as rings over {} at {:.0f} GB/s a direction; tp, cp and pp exposed, "
                           "dp hidden behind backward up to 2/3 of the compute",
                           device.link, device.link_bandwidth / 1e9));
+  if (s.clip_grad_norm && s.world() > 1)
+    a.push_back("the gradient norm clipped each step (nanoGPT's, train_gpt's --grad-clip): one float32 "
+                "all-reduce of the ranks' partial norms over the world");
   if (!device.measured)
     a.push_back("usable memory: the datasheet's GB less 1 GiB for the CUDA context and the allocator");
   if (s.zero > 0) {
