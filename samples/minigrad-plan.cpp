@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", model, "gpt2 | gpt2-medium | gpt2-large | gpt2-xl | tinyllama-1.1b | llama2-7b");
   app.add_option("--device", device_name, "h100-80gb h100-pcie h200 a100-40gb a100-80gb l4 rtx-4090 cpu");
   app.add_option("--devices", devices, "devices to split over (ranks every split)")->check(integer_in(1, 4096));
-  app.add_option("--precision", precision, "32-true | bf16-mixed | bf16-true");
+  app.add_option("--precision", precision, "32-true | bf16-mixed | bf16-true | 16-mixed");
   app.add_option("--batch", w.batch, "rows a step, the whole job (default: 8 a device)")->check(integer_in(1, 1 << 20));
   app.add_option("--seq-len", w.seq_len, "tokens a row (default: the model's positions)")->check(integer_in(1, 1 << 20));
   app.add_option("--efficiency", w.efficiency, "share of the dense peak the GEMMs reach")->check(CLI::Range(0.01, 1.0));

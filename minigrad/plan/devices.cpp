@@ -37,7 +37,8 @@ Precision precision_from_string(const std::string& name) {
   if (name == "32-true") return Precision::True32;
   if (name == "bf16-mixed") return Precision::BF16Mixed;
   if (name == "bf16-true") return Precision::BF16True;
-  MG_FAIL("precision: unknown precision '{}' (32-true, bf16-mixed or bf16-true)", name);
+  if (name == "16-mixed") return Precision::F16Mixed;
+  MG_FAIL("precision: unknown precision '{}' (32-true, bf16-mixed, bf16-true or 16-mixed)", name);
 }
 
 std::string to_string(Precision precision) {
@@ -45,6 +46,7 @@ std::string to_string(Precision precision) {
     case Precision::True32: return "32-true";
     case Precision::BF16Mixed: return "bf16-mixed";
     case Precision::BF16True: return "bf16-true";
+    case Precision::F16Mixed: return "16-mixed";
   }
   return "?";
 }

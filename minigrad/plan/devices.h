@@ -14,9 +14,10 @@ namespace mg::plan {
 // Lightning's names: 32-true (float32 everywhere), bf16-mixed (float32 parameters and
 // AdamW, GEMMs in bfloat16 under autocast: nanoGPT's), bf16-true (bfloat16 parameters,
 // gradients and activations, float32 master weights and AdamW state: llm.c's,
-// optim::MasterWeights).
-enum class Precision { True32, BF16Mixed, BF16True };
-// "32-true" | "bf16-mixed" | "bf16-true"; mg::Error naming the others.
+// optim::MasterWeights), 16-mixed (bf16-mixed's bytes with float16 GEMMs and a loss scale;
+// every device here runs float16 at its bfloat16 dense rate).
+enum class Precision { True32, BF16Mixed, BF16True, F16Mixed };
+// "32-true" | "bf16-mixed" | "bf16-true" | "16-mixed"; mg::Error naming the others.
 Precision precision_from_string(const std::string& name);
 std::string to_string(Precision precision);
 

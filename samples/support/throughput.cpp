@@ -39,8 +39,8 @@ double measure_gpu_gemm(Device device) {
 plan::Precision plan_precision(Precision precision) {
   switch (precision) {
     case Precision::True32: return plan::Precision::True32;
-    case Precision::BF16Mixed:
-    case Precision::F16Mixed: return plan::Precision::BF16Mixed;
+    case Precision::BF16Mixed: return plan::Precision::BF16Mixed;
+    case Precision::F16Mixed: return plan::Precision::F16Mixed;
     case Precision::BF16True: return plan::Precision::BF16True;
   }
   return plan::Precision::True32;
@@ -52,7 +52,9 @@ PeakFlops peak_for(const std::optional<plan::DeviceSpec>& row, const std::string
   if (row) {
     peak.flops = row->peak_flops(precision);
     peak.description = fmt::format("{}'s dense {} peak of {:.1f} TFLOP/s ({})", row->description,
-                                   precision == plan::Precision::True32 ? "float32" : "bfloat16",
+                                   precision == plan::Precision::True32    ? "float32"
+                                   : precision == plan::Precision::F16Mixed ? "float16"
+                                                                            : "bfloat16",
                                    peak.flops / 1e12, row->source);
     return peak;
   }

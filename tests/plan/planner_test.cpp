@@ -157,6 +157,20 @@ TEST_CASE("planner: bf16-true keeps float32 masters and bf16 ZeRO-3 shards") {
   CHECK(p.comm.at("dp").reduce_scatter == 2 * 124475904.0);
 }
 
+TEST_CASE("planner: 16-mixed holds bf16-mixed's bytes and runs at the bfloat16 rate") {
+  plan::Split s;
+  s.dp = 2;
+  s.tp = 2;
+  const plan::DeviceSpec h100 = plan::device_by_name("h100-80gb");
+  const plan::Plan bf16 = plan::plan_gpt(gpt2(), s, workload(plan::Precision::BF16Mixed), h100);
+  const plan::Plan f16 = plan::plan_gpt(gpt2(), s, workload(plan::Precision::F16Mixed), h100);
+  CHECK(f16.peak.total() == bf16.peak.total());
+  CHECK(f16.peak.activations == bf16.peak.activations);
+  CHECK(f16.comm.at("tp").all_reduce == bf16.comm.at("tp").all_reduce);
+  CHECK(f16.time.step_s == bf16.time.step_s);
+  CHECK(plan::to_string(plan::precision_from_string("16-mixed")) == "16-mixed");
+}
+
 TEST_CASE("planner: tensor parallelism shards the stage's matrices and pp deals the blocks") {
   plan::Split s;
   s.tp = 2;
@@ -204,6 +218,7 @@ TEST_CASE("planner: an impossible split or an unknown name is an error naming it
   REQUIRE_THROWS_WITH(plan::plan_gpt(gpt2(), s, workload(plan::Precision::True32), h100),
                       MG_CONTAINS("plan: ZeRO-3 with pp 2: minigrad's ZeRO-2 and FSDP reduce in backward hooks"));
   REQUIRE_THROWS_WITH(plan::device_by_name("h100"), MG_CONTAINS("device: unknown device 'h100' (known: cpu, h100-80gb"));
+  REQUIRE_THROWS_WITH(plan::precision_from_string("fp8"), MG_CONTAINS("unknown precision 'fp8' (32-true, bf16-mixed, bf16-true or 16-mixed)"));
   REQUIRE_THROWS_WITH(plan::precision_from_string("fp16"), MG_CONTAINS("unknown precision 'fp16'"));
 }
 

@@ -58,8 +58,11 @@ TEST_CASE("throughput: a GPU the table knows by its runtime name gives its dense
   CHECK_THAT(bf16.description, MG_CONTAINS("NVIDIA H100 SXM5 80 GB's dense bfloat16 peak of 989.5 TFLOP/s"));
   CHECK(samples::peak_for(h100, "", plan::Precision::True32, never).flops == 67e12);
   CHECK_FALSE(measured);
-  // 16-mixed is priced as bf16-mixed: float16's dense rate is bfloat16's on every row.
-  CHECK(samples::plan_precision(samples::Precision::F16Mixed) == plan::Precision::BF16Mixed);
+  // 16-mixed: float16's dense rate is bfloat16's on every row.
+  CHECK(samples::plan_precision(samples::Precision::F16Mixed) == plan::Precision::F16Mixed);
+  const samples::PeakFlops f16 = samples::peak_for(h100, "", plan::Precision::F16Mixed, never);
+  CHECK(f16.flops == 989.5e12);
+  CHECK_THAT(f16.description, MG_CONTAINS("dense float16 peak of 989.5 TFLOP/s"));
   CHECK(plan::device_by_runtime_name("NVIDIA A100-SXM4-40GB")->name == "a100-40gb");
 }
 
