@@ -63,19 +63,50 @@ double LlamaArithmetic::stage_vector_elements(int /*tp*/, int pp, int stage) con
 double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const {
   check_tp(mesh.tp);
   const double t = mesh.tp, a = static_cast<double>(config_.num_attention_heads);
+  const double d = static_cast<double>(config_.head_dim());
   const double m = micro_batches_of(mesh);
   const bool sp = mesh.sequence_parallel, last = stage == mesh.pp - 1;
   const double Ls = static_cast<double>(stage_blocks(mesh.pp, stage));
-  const double N = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T / mesh.cp);
+  const double Tl = static_cast<double>(mesh.T / mesh.cp);
+  const double N = static_cast<double>(mesh.batch / mesh.dp) * Tl;
   const double mb = N / m;
-  const double in_flight = pipeline_peak(mesh, stage).in_flight;
-  // With SP the RMSNorms' inputs and rstd are sharded, their all-gathered outputs whole.
+  const PipelinePeak peak = pipeline_peak(mesh, stage);
+  const double in_flight = peak.in_flight;
+  // A layer's saved tensors a token: the RMSNorms' inputs, outputs and rstd (with SP the
+  // inputs and rstd sharded, the all-gathered outputs whole), q and k turned, k and v
+  // repeated to a heads, attention's output and o_proj's contiguous copy (5C/t), the
+  // log-sum-exps (a/t), gate's, SiLU's and up's outputs and their product (4I/t).
   const double layer = (sp ? 2 * C_ / t + 2 * C_ + 2 / t : 4 * C_ + 2) + 5 * C_ / t + a / t + 4 * I_ / t;
-  double floats = recompute ? (Ls * in_flight * (sp ? C_ / t : C_) + layer) * mb : Ls * layer * in_flight * mb;
-  if (last)
-    floats += mb * ((sp ? C_ / t + C_ + 1 / t : 2 * C_ + 1) + 3 * V_ / t);
-  else  // the backward's working set: the down projection's gradients, the two messages
-    floats += mb * (2 * I_ / t + (m > 1 ? 2 : 1) * C_ / (sp ? t : 1));
+  // And once a layer's forward, not a token: RoPE's cos and sin tables it saves ([T/cp, d/2] each).
+  const double rope = Tl * d;
+  double floats = recompute ? (Ls * in_flight * (sp ? C_ / t : C_) + layer) * mb + rope
+                            : Ls * in_flight * (layer * mb + rope);
+  // A pipeline stage's messages, as the GPT's (gpt_activation_peak_floats): every send's
+  // tensor held to the step's end (C a token, C/t with SP; a forward behind its 12-int64
+  // header), the gradient received and the next one posted.
+  const double handed = sp ? C_ / t : C_;
+  const double sent = static_cast<double>(peak.forwards_sent) * (handed * mb + 24) +
+                      static_cast<double>(peak.gradients_sent) * handed * mb;
+  const double received = std::min(in_flight, 2.0) * handed * mb;
+  // The last layer's MLP backward, where a layer's backward peaks: in SwiGLU's product's
+  // backward down_proj's input gradient and the two it makes (gate's and up's, 3I/t a token)
+  // are alive while the product (I/t) is gone, and down_proj's weight gradient (C I/t, made
+  // before AccumulateGrad adds it into .grad at the end of backward).
+  const double mlp_backward = 2 * I_ / t * mb + C_ * I_ / t;
+  if (last) {
+    // Two moments, the larger the peak: the loss's (the norm's input, output and rstd, the
+    // logits the loss keeps and its working set: the fused cross-entropy's gradient, V a
+    // token; under tp the vocab-parallel loss's shifted logits and their exp, 2V/t), and
+    // the last layer's MLP backward with the gradient from the norm (C a token, C/t with
+    // SP) and the head's weight gradients waiting for AccumulateGrad (lm_head's V C/t, the
+    // norm's C). Beside them each earlier micro-batch's loss (m floats).
+    const double loss_working = (t > 1 ? 2 : 1) * V_ / t;
+    const double head = mb * ((sp ? C_ / t + C_ + 1 / t : 2 * C_ + 1) + V_ / t + loss_working);
+    const double block = handed * mb + mlp_backward + V_ * C_ / t + C_;
+    floats += sent + std::max(head, block) + m + (mesh.model_chunks > 1 ? received : 0);
+  } else {
+    floats += sent + received + mlp_backward;
+  }
   if (mesh.cp > 1)  // ring attention's backward: k, v arriving and dk, dv travelling
     floats += N * 4 * kd_ / t;
   return floats;
