@@ -73,14 +73,16 @@ double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage,
   const PipelinePeak peak = pipeline_peak(mesh, stage);
   const double in_flight = peak.in_flight;
   // A layer's saved tensors a token: the RMSNorms' inputs, outputs and rstd (with SP the
-  // inputs and rstd sharded, the all-gathered outputs whole), q and k turned, k and v
+  // inputs and rstd sharded, and each column layer -- q, k, v, gate, up -- all-gathers the
+  // norm's output for itself and keeps its own whole copy: 5C), q and k turned, k and v
   // repeated to a heads, attention's output and o_proj's contiguous copy (5C/t), the
   // log-sum-exps (a/t), gate's, SiLU's and up's outputs and their product (4I/t).
-  const double layer = (sp ? 2 * C_ / t + 2 * C_ + 2 / t : 4 * C_ + 2) + 5 * C_ / t + a / t + 4 * I_ / t;
+  const double layer = (sp ? 2 * C_ / t + 5 * C_ + 2 / t : 4 * C_ + 2) + 5 * C_ / t + a / t + 4 * I_ / t;
   // And once a layer's forward, not a token: RoPE's cos and sin tables it saves ([T/cp, d/2] each).
   const double rope = Tl * d;
   double floats = recompute ? (Ls * in_flight * (sp ? C_ / t : C_) + layer) * mb + rope
                             : Ls * in_flight * (layer * mb + rope);
+  const double saved = floats;
   // A pipeline stage's messages, as the GPT's (gpt_activation_peak_floats): every send's
   // tensor held to the step's end (C a token, C/t with SP; a forward behind its 12-int64
   // header), the gradient received and the next one posted.
@@ -107,6 +109,9 @@ double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage,
   } else {
     floats += sent + received + mlp_backward;
   }
+  if (sp)  // a moment of its own: the last layer's down_proj reduce-scattering in forward (its
+            // partial sum, the T-first copy, Gloo's slices: 3C a token; the rank's sum, C/t)
+    floats = std::max(floats, saved + sent + mb * (3 * C_ + C_ / t));
   if (mesh.cp > 1)  // ring attention's backward: k, v arriving and dk, dv travelling
     floats += N * 4 * kd_ / t;
   return floats;
