@@ -80,8 +80,21 @@ double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage,
   const double layer = (sp ? 2 * C_ / t + 5 * C_ + 2 / t : 4 * C_ + 2) + 5 * C_ / t + a / t + 4 * I_ / t;
   // And once a layer's forward, not a token: RoPE's cos and sin tables it saves ([T/cp, d/2] each).
   const double rope = Tl * d;
-  double floats = recompute ? (Ls * in_flight * (sp ? C_ / t : C_) + layer) * mb + rope
-                            : Ls * in_flight * (layer * mb + rope);
+  const double kept = sp ? C_ / t : C_;  // a checkpoint's input a token
+  double floats = Ls * in_flight * (layer * mb + rope);
+  if (recompute && mesh.pp > 1) {
+    // The pipeline checkpoints a stage's micro-batch whole (parallel::Checkpoint::Always):
+    // each one in flight keeps its input, and one is recomputed at a time, all its layers.
+    floats = in_flight * kept * mb + Ls * (layer * mb + rope);
+  } else if (recompute) {
+    // Each layer checkpointed (models::set_layer_checkpointing): a layer's backward holds its
+    // own activations again whatever its place. Going back, the layers' inputs are freed
+    // while the weight gradients of the layers gone back wait for AccumulateGrad at the end
+    // of backward: the larger of the stage's last layer (every input kept) and its first
+    // (one input kept, the other Ls - 1 layers' gradients alive).
+    const double one_layer = layer * mb + rope;
+    floats = std::max(Ls * kept * mb, kept * mb + (Ls - 1) * block_param_elements(mesh.tp)) + one_layer;
+  }
   const double saved = floats;
   // A pipeline stage's messages, as the GPT's (gpt_activation_peak_floats): every send's
   // tensor held to the step's end (C a token, C/t with SP; a forward behind its 12-int64
