@@ -125,8 +125,8 @@ double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage,
   if (sp)  // a moment of its own: the last layer's down_proj reduce-scattering in forward (its
             // partial sum, the T-first copy, Gloo's slices: 3C a token; the rank's sum, C/t)
     floats = std::max(floats, saved + sent + mb * (3 * C_ + C_ / t));
-  if (mesh.cp > 1)  // ring attention's backward: k, v arriving and dk, dv travelling
-    floats += N * 4 * kd_ / t;
+  if (mesh.cp > 1)  // ring attention's backward: k, v arriving and dk, dv travelling, repeated to the a heads
+    floats += N * 4 * C_ / t;
   return floats;
 }
 
@@ -143,18 +143,24 @@ std::map<std::string, CollectiveBytes> LlamaArithmetic::collective_bytes(const M
   std::map<std::string, CollectiveBytes> f;
   if (tp > 1) {
     CollectiveBytes& c = f["tp"];
+    // Each column layer (q, k, v, gate, up) takes the stream on its own: in backward each
+    // sums its input's gradient (with SP, each all-gathers its input in forward and
+    // reduce-scatters that gradient), beside o_proj's and down_proj's sums in forward: 7
+    // a layer where the GPT's fused c_attn makes 4.
+    const double sums = 7 * Ls + first + last;
     if (!sp) {
-      c.all_reduce = (4 * Ls + first + last) * NC + (last ? 2 * N * 4 : 0);
+      c.all_reduce = sums * NC + (last ? 2 * N * 4 : 0);
       c.all_gather = last ? N * 4 : 0;
     } else {
-      c.all_gather = (4 * Ls + first + last) * NC / tp + (last ? N * 4 : 0);
-      c.reduce_scatter = (4 * Ls + first + last) * NC;
+      c.all_gather = sums * NC / tp + (last ? N * 4 : 0);
+      c.reduce_scatter = sums * NC;
       c.all_reduce = (last ? 2 * N * 4 : 0) + (Ls * 2 * C_ + (last ? C_ : 0)) * G;  // the RMSNorms' weights
     }
   }
   if (cp > 1) {
     CollectiveBytes& c = f["cp"];
-    c.send = c.recv = Ls * (3 * cp - 2) * 2 * b * Tl * kd_ * S / tp;
+    // k and v travel repeated to the a heads (ring attention takes them after repeat_kv).
+    c.send = c.recv = Ls * (3 * cp - 2) * 2 * b * Tl * C_ * S / tp;
     c.all_reduce = P * G + (last ? m * 4 : 0);
   }
   if (mesh.dp > 1) f["dp"].all_reduce = P * G + 4;
