@@ -416,6 +416,10 @@ int main(int argc, char** argv) {
     MG_CHECK(static_cast<size_t>(stage) < planned.stage_comm.size(),
              "gpt-parallel-bench: the planner priced {} stages, not stage {}", planned.stage_comm.size(), stage);
     std::map<std::string, plan::CollectiveBytes> f = planned.stage_comm[static_cast<size_t>(stage)];
+    // The planner prices train_gpt's step, whose loss without the pipeline is loss_share's
+    // mean over the cp ranks' tokens (their int64 count summed over cp); the DDP runs here
+    // step MeshPipeline::train_step, which sums the micro-batches' losses and counts none.
+    if (model && cp > 1 && pp == 1) f["cp"].all_reduce -= 8;
     // The step's peak is a maximum over moments: the activations' (the backward) and, under
     // dp or cp, the gradients' sum after it (a flat copy and the all-reduce's).
     const double activation_formula = std::max(plan::gpt_activation_peak_floats(config, shape, stage) * S,
