@@ -60,10 +60,41 @@ double LlamaArithmetic::stage_vector_elements(int /*tp*/, int pp, int stage) con
   return 2 * C_ * static_cast<double>(stage_blocks(pp, stage)) + (stage == pp - 1 ? C_ : 0);
 }
 
+double LlamaArithmetic::layer_floats(double t, bool sp) const {
+  // The RMSNorms' inputs, outputs and rstd (with SP the inputs and rstd sharded, and each
+  // column layer -- q, k, v, gate, up -- all-gathers the norm's output for itself and keeps
+  // its own whole copy: 5C), q and k turned, k and v repeated to a heads, attention's output
+  // and o_proj's contiguous copy (5C/t), the log-sum-exps (a/t), gate's, SiLU's and up's
+  // outputs and their product (4I/t).
+  const double a = static_cast<double>(config_.num_attention_heads);
+  return (sp ? 2 * C_ / t + 5 * C_ + 2 / t : 4 * C_ + 2) + 5 * C_ / t + a / t + 4 * I_ / t;
+}
+
+double LlamaArithmetic::recomputed_last_backward_floats(const MeshShape& mesh, int stage) const {
+  check_tp(mesh.tp);
+  const double m = micro_batches_of(mesh);
+  if (mesh.pp == 1 || mesh.model_chunks > 1 || m < 2) return 0;  // no backward before the last
+  const double t = mesh.tp;
+  const bool sp = mesh.sequence_parallel, first = stage == 0, last = stage == mesh.pp - 1;
+  const double Ls = static_cast<double>(stage_blocks(mesh.pp, stage));
+  const double Tl = static_cast<double>(mesh.T / mesh.cp);
+  const double mb = static_cast<double>(mesh.batch / mesh.dp) * Tl / m;
+  const double handed = sp ? C_ / t : C_;
+  // The last micro-batch alone: its input kept and its layers recomputed; every forward
+  // handed on (behind its header) and every gradient but its own sent back, held to the
+  // step's end; its gradient received (none posted after it); the MLP's backward as in
+  // activation_peak_floats, on the last stage with the head's weight gradients made again
+  // and every micro-batch's loss.
+  const double recomputed = handed * mb + Ls * (layer_floats(t, sp) * mb + Tl * static_cast<double>(config_.head_dim()));
+  const double sent = (last ? 0 : m * (handed * mb + 24)) + (first ? 0 : (m - 1) * handed * mb);
+  const double mlp_backward = 2 * I_ / t * mb + C_ * I_ / t;
+  const double tail = last ? handed * mb + V_ * C_ / t + C_ + m : handed * mb;
+  return recomputed + sent + mlp_backward + tail;
+}
+
 double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const {
   check_tp(mesh.tp);
-  const double t = mesh.tp, a = static_cast<double>(config_.num_attention_heads);
-  const double d = static_cast<double>(config_.head_dim());
+  const double t = mesh.tp, d = static_cast<double>(config_.head_dim());
   const double m = micro_batches_of(mesh);
   const bool sp = mesh.sequence_parallel, last = stage == mesh.pp - 1;
   const double Ls = static_cast<double>(stage_blocks(mesh.pp, stage));
@@ -72,12 +103,7 @@ double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage,
   const double mb = N / m;
   const PipelinePeak peak = pipeline_peak(mesh, stage);
   const double in_flight = peak.in_flight;
-  // A layer's saved tensors a token: the RMSNorms' inputs, outputs and rstd (with SP the
-  // inputs and rstd sharded, and each column layer -- q, k, v, gate, up -- all-gathers the
-  // norm's output for itself and keeps its own whole copy: 5C), q and k turned, k and v
-  // repeated to a heads, attention's output and o_proj's contiguous copy (5C/t), the
-  // log-sum-exps (a/t), gate's, SiLU's and up's outputs and their product (4I/t).
-  const double layer = (sp ? 2 * C_ / t + 5 * C_ + 2 / t : 4 * C_ + 2) + 5 * C_ / t + a / t + 4 * I_ / t;
+  const double layer = layer_floats(t, sp);
   // And once a layer's forward, not a token: RoPE's cos and sin tables it saves ([T/cp, d/2] each).
   const double rope = Tl * d;
   const double kept = sp ? C_ / t : C_;  // a checkpoint's input a token

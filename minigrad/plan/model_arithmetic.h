@@ -30,6 +30,11 @@ class ModelArithmetic {
   // which train_gpt's ZeRO-1/2 lays in flat buffers of its own (split_model.h).
   virtual double stage_vector_elements(int tp, int pp, int stage) const = 0;
   virtual double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const = 0;
+  // Under --pp with --recompute, the activations of the stage's last backward (1F1B), whose
+  // weight gradients of the backwards before are in .grad: with a micro-batch recomputed
+  // whole, each backward holds about as many activations, so that one may be the peak.
+  // 0 where not priced (the GPT; the interleaved schedule).
+  virtual double recomputed_last_backward_floats(const MeshShape& /*mesh*/, int /*stage*/) const { return 0; }
   virtual std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
                                                                   double grad_bytes) const = 0;
   // The dp rank's real micro-batches and layers of a stage (parallel::even_balance).

@@ -125,6 +125,13 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
     m.moments.push_back(moment("ZeRO-2's flat gradients made", later));
   }
 
+  // Recomputed under --pp, the last backward: about as many activations as the first, and
+  // every weight gradient of the stage in .grad from the backwards before.
+  const double last_backward = model.recomputed_last_backward_floats(shape, stage);
+  if (split.recompute && split.pp > 1 && last_backward > 0)
+    m.moments.push_back(moment("the last backward, recomputed",
+                               {{"activations", 4 * last_backward}, {"gradients", r.grads}}));
+
   if ((split.dp > 1 || split.cp > 1) && split.zero <= 1)
     m.moments.push_back(moment("sum", {{"gradients", r.grads},
                                        {"their flat copy and the all-reduce's", 2 * r.grads},
