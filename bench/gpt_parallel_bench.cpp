@@ -32,6 +32,13 @@
 // planner's (plan::plan_gpt's stage_comm with the same split and workload, float32). The
 // other runs compare with the same planner figures, which are the formulas' under DDP.
 //
+// --model llama: the Llama (models/llama.h) of the same flags (--n-kv-head and
+// --intermediate-size as train_gpt's), split by models::llama_split_spec and stepped through
+// train_gpt's split as --zero runs are (DDP when --zero is 0): every group's collectives
+// against the planner's for plan::LlamaArithmetic, exact (llama_formulas.h). The bytes held
+// and the activation peak are not compared here: train_gpt's peak is, against the same
+// terms at its moments (the ctest `train_gpt --model llama: each rank's peak within 5 %`).
+//
 // The activation formula, derived for this model (not Megatron's 34sbh + 5as²b, which
 // counts 16-bit activations and dropout masks): float32 (4 bytes), dropout 0 (no masks),
 // nanoGPT's pre-LN block with exact GELU, the fused attention keeping its output and one
