@@ -83,12 +83,12 @@ double LlamaArithmetic::recomputed_last_backward_floats(const MeshShape& mesh, i
   // The last micro-batch alone: its input kept and its layers recomputed; every forward
   // handed on (behind its header) and every gradient but its own sent back, held to the
   // step's end; its gradient received (none posted after it); the MLP's backward as in
-  // activation_peak_floats, on the last stage with the head's weight gradients made again
-  // and every micro-batch's loss.
+  // activation_peak_floats but for the weight gradients, added into .grad in place in a
+  // later backward; on the last stage every micro-batch's loss.
   const double recomputed = handed * mb + Ls * (layer_floats(t, sp) * mb + Tl * static_cast<double>(config_.head_dim()));
   const double sent = (last ? 0 : m * (handed * mb + 24)) + (first ? 0 : (m - 1) * handed * mb);
-  const double mlp_backward = 2 * I_ / t * mb + C_ * I_ / t;
-  const double tail = last ? handed * mb + V_ * C_ / t + C_ + m : handed * mb;
+  const double mlp_backward = 2 * I_ / t * mb;
+  const double tail = last ? handed * mb + m : handed * mb;
   return recomputed + sent + mlp_backward + tail;
 }
 
@@ -115,9 +115,9 @@ double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage,
   } else if (recompute) {
     // Each layer checkpointed (models::set_layer_checkpointing): a layer's backward holds its
     // own activations again whatever its place. Going back, the layers' inputs are freed
-    // while the weight gradients of the layers gone back wait for AccumulateGrad at the end
-    // of backward: the larger of the stage's last layer (every input kept) and its first
-    // (one input kept, the other Ls - 1 layers' gradients alive).
+    // while the weight gradients of the layers gone back stay, .grad from then on: the
+    // larger of the stage's last layer (every input kept) and its first (one input kept,
+    // the other Ls - 1 layers' gradients alive).
     const double one_layer = layer * mb + rope;
     floats = std::max(Ls * kept * mb, kept * mb + (Ls - 1) * block_param_elements(mesh.tp)) + one_layer;
   }
@@ -129,21 +129,26 @@ double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage,
   const double sent = static_cast<double>(peak.forwards_sent) * (handed * mb + 24) +
                       static_cast<double>(peak.gradients_sent) * handed * mb;
   const double received = std::min(in_flight, 2.0) * handed * mb;
+  // The weight gradients made so far in the backward: in the step's first backward of the
+  // stage each becomes .grad (AccumulateGrad keeps the buffer) and is held from then on;
+  // in a later one (the pipeline's, once a backward has gone before: trainer_moments
+  // counts .grad then) each is added into .grad in place and freed.
+  const bool first_backward = std::none_of(peak.gone_back.begin(), peak.gone_back.end(), [](bool b) { return b; });
+  const double made = first_backward ? 1 : 0;
   // The last layer's MLP backward, where a layer's backward peaks: in SwiGLU's product's
   // backward down_proj's input gradient and the two it makes (gate's and up's, 3I/t a token)
-  // are alive while the product (I/t) is gone, and down_proj's weight gradient (C I/t, made
-  // before AccumulateGrad adds it into .grad at the end of backward).
-  const double mlp_backward = 2 * I_ / t * mb + C_ * I_ / t;
+  // are alive while the product (I/t) is gone, and down_proj's weight gradient (C I/t).
+  const double mlp_backward = 2 * I_ / t * mb + made * C_ * I_ / t;
   if (last) {
     // Two moments, the larger the peak: the loss's (the norm's input, output and rstd, the
     // logits the loss keeps and its working set: the fused cross-entropy's gradient, V a
     // token; under tp the vocab-parallel loss's shifted logits and their exp, 2V/t), and
     // the last layer's MLP backward with the gradient from the norm (C a token, C/t with
-    // SP) and the head's weight gradients waiting for AccumulateGrad (lm_head's V C/t, the
-    // norm's C). Beside them each earlier micro-batch's loss (m floats).
+    // SP) and the head's weight gradients made (lm_head's V C/t, the norm's C). Beside them
+    // each earlier micro-batch's loss (m floats).
     const double loss_working = (t > 1 ? 2 : 1) * V_ / t;
     const double head = mb * ((sp ? C_ / t + C_ + 1 / t : 2 * C_ + 1) + V_ / t + loss_working);
-    const double block = handed * mb + mlp_backward + V_ * C_ / t + C_;
+    const double block = handed * mb + mlp_backward + made * (V_ * C_ / t + C_);
     floats += sent + std::max(head, block) + m + (mesh.model_chunks > 1 ? received : 0);
   } else {
     floats += sent + received + mlp_backward;
@@ -151,8 +156,24 @@ double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage,
   if (sp)  // a moment of its own: the last layer's down_proj reduce-scattering in forward (its
             // partial sum, the T-first copy, Gloo's slices: 3C a token; the rank's sum, C/t)
     floats = std::max(floats, saved + sent + mb * (3 * C_ + C_ / t));
-  if (mesh.cp > 1)  // ring attention's backward: k, v arriving and dk, dv travelling, repeated to the a heads
+  if (mesh.cp > 1 && !recompute) {
+    // Ring attention's backward is a moment of its own, as the GPT's
+    // (gpt_activation_peak_floats): one layer fewer in full, the first layer going back
+    // holding what its attention saved (input_layernorm's input, output and rstd -- with SP
+    // q's, k's and v's own gathered copies --, q, k and v repeated to the a heads, the ring's
+    // output, the log-sum-exps) with the ring's working set and the gradients flowing in,
+    // 23C/t as the GPT's (the same ring_attention, k and v at the a heads' width); the
+    // weight gradients made: that layer's MLP's, o_proj's and its second norm's (3CI/t +
+    // C²/t + C) and, on the last stage, the head's.
+    const double a = static_cast<double>(config_.num_attention_heads);
+    const double attention_kept = (sp ? C_ / t + 3 * C_ + 1 / t : 2 * C_ + 1) + 4 * C_ / t + a / t;
+    const double ring = (Ls * in_flight - 1) * layer + attention_kept + 23 * C_ / t;
+    const double gradients = made * (3 * C_ * I_ / t + C_ * C_ / t + C_ + (last ? V_ * C_ / t + C_ : 0));
+    const double messages = sent + (last ? m : received);
+    floats = std::max(floats, ring * mb + Ls * in_flight * rope + gradients + messages);
+  } else if (mesh.cp > 1) {  // recompute: k, v arriving and dk, dv travelling (the a heads' width), on top
     floats += N * 4 * C_ / t;
+  }
   return floats;
 }
 

@@ -13,7 +13,8 @@
 //                          4I/t (gate's, SiLU's and up's outputs, their product); RoPE's
 //                          tables T d a layer's forward. At the peak, the larger of the loss's
 //                          moment and the last layer's SwiGLU backward (2I/t a token more and
-//                          down_proj's weight gradient, C I/t; the head's, V C/t + C), with
+//                          in the step's first backward down_proj's weight gradient, C I/t,
+//                          and the head's, V C/t + C, each .grad from then on), with
 //                          the pipeline's messages as the GPT's; with SP down_proj's forward
 //                          reduce-scatter (3C + C/t) a moment too; recomputed per layer, the
 //                          stage's first layer with the later layers' weight gradients alive,
