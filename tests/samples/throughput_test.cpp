@@ -208,11 +208,8 @@ TEST_CASE("train_gpt: each rank's peak within 5 % of the planner's bytes at the 
 }
 
 // The Llama (llama_formulas.h) at train_gpt's default shape, 32-true, through the splits
-// train_gpt runs it on (0.951 to 1.025 on every rank). Left out: the interleaved schedule
-// with 2 micro-batches and dp 2 x pp 2 with recompute (1.000 and 0.988, the same terms as
-// the runs kept: CI's 2 cores), the 16-bit precisions (not priced for the Llama yet:
-// trainer_moments), and tp 2 x cp 2 with SP (0.964: within 5 %, but ring attention's
-// backward is not yet priced term by term: docs/planning.md).
+// train_gpt runs it on: 0.977 to 1.025 on every rank (bench/RESULTS.md). Left out: the
+// 16-bit precisions, not priced for the Llama yet (trainer_moments).
 TEST_CASE("train_gpt --model llama: each rank's peak within 5 % of the planner's bytes at the trainer's moments") {
   mg::testing::TempDir dir;
   const std::string flags = " --devices cpu --model llama --iters 4 --eval-iters 2 --eval-interval 4 --sample-chars 0 "
@@ -225,8 +222,10 @@ TEST_CASE("train_gpt --model llama: each rank's peak within 5 % of the planner's
         two + " --dp 2 --zero 3 --weight-decay 0", two + " --dp 2 --recompute", two + " --tp 2",
         two + " --tp 2 --sequence-parallel", two + " --cp 2", two + " --pp 2 --micro-batches 1",
         two + " --pp 2", two + " --pp 2 --micro-batches 4", two + " --pp 2 --recompute",
+        two + " --pp 2 --schedule interleaved --model-chunks 2 --micro-batches 2",
         two + " --pp 2 --schedule interleaved --model-chunks 2 --micro-batches 4", four + " --dp 2 --pp 2",
-        four + " --tp 2 --pp 2 --sequence-parallel", four + " --cp 2 --pp 2", four + " --dp 2 --cp 2"}) {
+        four + " --dp 2 --pp 2 --recompute", four + " --tp 2 --pp 2", four + " --tp 2 --pp 2 --sequence-parallel",
+        four + " --cp 2 --pp 2", four + " --dp 2 --cp 2", four + " --tp 2 --cp 2 --sequence-parallel"}) {
     const auto run = mg::testing::run_program(command);
     INFO(command << "\n" << run.output);
     REQUIRE(run.exit_code == 0);
