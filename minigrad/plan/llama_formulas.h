@@ -20,17 +20,17 @@
 //                          stage's first layer with the later layers' weight gradients alive,
 //                          and under --pp a micro-batch recomputed whole (its last backward,
 //                          the gradients in .grad, a moment of its own); cp: ring attention's
-//                          k v arriving and dk dv travelling, 4C/t.
+//                          backward a moment of its own, as the GPT's (its working set 23C/t,
+//                          k and v at the a heads' width).
 //   collectives            the GPT's, but 7 sums a layer over tp (q, k, v, gate and up each
 //                          take the stream) where the GPT's fused c_attn makes 4, k v hops of
 //                          2 b (T/cp) C/t (repeated to the a heads) and no tied group
 //
 // Held: every collective byte exact against gpt-parallel-bench --model llama's counts (its
 // ctests: tp 2 with SP, cp 2, pp 2 with 4 micro-batches, dp 2 x cp 2 with ZeRO-3); each
-// rank's peak within 5 % of these terms at train_gpt's moments (samples/trainer_moments.h)
-// on 19 splits, 0.951 to 1.025 (the ctest `train_gpt --model llama: each rank's peak
-// within 5 % ...`), in 32-true; ring attention's backward is within 5 % (0.951 to 1.016)
-// but not yet priced term by term as the GPT's is.
+// rank's peak within 5 % of these terms at train_gpt's moments (samples/trainer_moments.h),
+// 0.977 to 1.025 on 23 splits, in 32-true (the ctest `train_gpt --model llama: each rank's
+// peak within 5 % ...`; bench/RESULTS.md has the table).
 #pragma once
 
 #include <minigrad/models/llama.h>
