@@ -29,6 +29,8 @@
 //   evaluate             the test loss and accuracy
 //   training_reports     --metrics (CSV) and --plot (SVG); progress: the bar
 //   trace                --trace: a few steps as a Chrome trace (Perfetto), per rank
+//   mlp_memory_report    the last line: the training steps' memory peak beside the MLP's
+//                        formulas (plan/mlp_formulas.h); --memory-blocks: what was live
 //
 // A run stopped by a signal leaves a checkpoint of exactly where it stands, mid-epoch
 // included; --resume continues from it to the same parameters, bit for bit on the CPU, as
@@ -51,6 +53,7 @@
 
 #include <minigrad/autograd/anomaly_mode.h>
 #include <minigrad/autograd/functions.h>
+#include <minigrad/core/allocator.h>
 #include <minigrad/core/generator.h>
 #include <minigrad/core/ops.h>
 #include <minigrad/core/profiler.h>
@@ -73,6 +76,8 @@
 #include "support/distributed_run.h"
 #include "support/precision.h"
 #include "support/evaluate.h"
+#include "support/memory_report.h"
+#include "support/mlp_memory_report.h"
 #include "support/progress.h"
 #include "support/run_files.h"
 #include "support/running_loss.h"
@@ -223,6 +228,8 @@ struct Run {
   std::unique_ptr<samples::StepTracer> tracer;  // --trace
   std::unique_ptr<samples::MixedPrecision> amp;  // --precision
   int64_t first_step = 1;                       // the first global step this process runs
+  std::size_t training_peak = 0;                // the allocator's bytes at the steps' peak
+  std::vector<LiveBlocks> blocks_at_peak{};     // --memory-blocks: what was live then
   int64_t total_steps() const { return train_loader.size() * options.epochs; }
   // The model's and the optimizer's state, however --zero spreads them over the ranks.
   samples::TrainingState state() { return {*model, *net, *optimizer}; }
@@ -427,6 +434,37 @@ void end_epoch(Run& run, int epoch, const RunningLoss& running, Clock::time_poin
   if (!run.options.save.empty()) save_checkpoint(run, run.options.save, RunPosition::after_epoch(epoch));
 }
 
+// The training steps' high-water mark so far: the peak is reset before each epoch's steps
+// and read after them, so the evaluation and the checkpoint between epochs are left out.
+void note_training_peak(Run& run) {
+  const std::size_t peak = samples::max_memory_allocated(run.device);
+  if (peak <= run.training_peak) return;
+  run.training_peak = peak;
+  if (run.options.memory_blocks) run.blocks_at_peak = cpu_live_blocks_at_peak();
+}
+
+// The run as the MLP's formulas see it (support/mlp_memory_report.h).
+samples::MLPRun mlp_run(const Run& run, const data::Dataset& train_set, const data::Dataset& test_set) {
+  const TrainOptions& o = run.options;
+  samples::MLPRun m;
+  m.config.hidden = o.hidden;
+  m.split.dp = run.dist.active() ? run.dist.data_ranks : 1;
+  m.split.tp = o.tensor_parallel;
+  m.split.pp = std::max(o.pipeline, 1);
+  m.split.zero = o.zero;
+  m.split.micro_batches = o.pipeline > 0 ? o.chunks : 0;
+  m.devices_in_one_process = run.dist.active() || o.pipeline > 0 ? 1 : static_cast<int>(o.device_list.size());
+  m.float32 = o.precision == "32-true";
+  m.cpu = run.device.is_cpu();
+  m.rank_rows = o.batch_size / m.split.dp;
+  m.train_images = train_set.size();
+  m.test_images = test_set.size();
+  m.optimizer = o.optimizer == "adamw" ? plan::MLPOptimizer::AdamW
+                : o.momentum > 0         ? plan::MLPOptimizer::SGDMomentum
+                                         : plan::MLPOptimizer::SGD;
+  return m;
+}
+
 // Trains the epoch that `start` stands in, from its batch (0, or where a checkpoint
 // written in mid-epoch stopped), then ends it. Returns 0, or the exit code of a run that
 // a signal stopped.
@@ -439,6 +477,7 @@ int train_epoch(Run& run, const RunPosition& start) {
   samples::ProgressBar bar(fmt::format("epoch {}/{}", epoch, run.options.epochs), loader.size());
   RunningLoss running = loss_at(start, run);
   int64_t step = start.batches;
+  samples::reset_peak_memory(run.device);
   for (const data::Batch& host_batch : loader) {
     data::Batch batch = host_batch.to(run.device);
     batch.data = ops::to_dtype(batch.data, run.amp->param_dtype());  // bf16-true: bfloat16 images
@@ -458,6 +497,7 @@ int train_epoch(Run& run, const RunPosition& start) {
       bar.update(step, fmt::format("loss {:.4f}  {:.0f} samples/s", running.mean(),
                                    static_cast<double>(running.seen) / seconds_since(start_time)));
   }
+  note_training_peak(run);
   bar.finish();
   end_epoch(run, epoch, running, start_time);
   return 0;
@@ -543,6 +583,8 @@ int run(const TrainOptions& options) {
   // Before the data loads and anything trains: a path that cannot be used fails now, not
   // when the first epoch is done (or never, as a FIFO given to --resume would).
   samples::check_run_files(options, dist, devices.front());
+  // From the start: the data's and the model's blocks are listed too.
+  if (options.memory_blocks) cpu_record_memory_history(true);
   data::FashionMNISTOptions data_options;
   data_options.normalize = !options.no_normalize;
   auto train_set =
@@ -600,6 +642,8 @@ int run(const TrainOptions& options) {
     return 0;
   }
   print_summary(run, resumed.epochs_done);
+  fmt::print("{}\n", samples::mlp_memory_report(run.training_peak, run.dist.rank, mlp_run(run, *train_set, *test_set)));
+  if (options.memory_blocks) fmt::print("{}", samples::live_blocks_report(run.dist.rank, run.blocks_at_peak));
   return 0;
 }
 

@@ -95,8 +95,18 @@ PipelinePeak pipeline_peak(const MeshShape& mesh, int stage) {
   return peak;
 }
 
-double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshShape& mesh, int stage,
-                                  bool recompute) {
+AliveBlocks alive_blocks(int64_t stage_blocks, const MeshShape& mesh, int stage, bool recompute) {
+  const double Ls = static_cast<double>(stage_blocks);
+  const double in_flight = pipeline_peak(mesh, stage).in_flight;
+  if (!recompute) return {Ls * in_flight, 0};
+  if (mesh.pp == 1) return {1, Ls};  // checkpoint per block (models::GPT's recompute)
+  // The pipeline checkpoints a stage's whole forward per micro-batch (Checkpoint::Always):
+  // the others in flight keep the stage's input alone (the first stage's is token ids).
+  return {Ls, stage == 0 ? 0 : in_flight - 1};
+}
+
+ActivationMoments gpt_activation_moments(const models::GPTConfig& config, const MeshShape& mesh, int stage,
+                                         bool recompute) {
   check_mesh(config, mesh, stage, "gpt_activation_peak_floats");
   const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
   const double t = mesh.tp, a = static_cast<double>(config.n_head), m = micro_batches_of(mesh);
@@ -107,8 +117,8 @@ double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshSha
   const PipelinePeak peak = pipeline_peak(mesh, stage);
   const double in_flight = peak.in_flight;
   const double per_block = gpt_block_activation_floats(C, a, t, sp);
-  double floats = recompute ? (Ls * in_flight * (sp ? C / t : C) + per_block) * mb_tokens
-                            : Ls * per_block * in_flight * mb_tokens;
+  const AliveBlocks alive = alive_blocks(gpt_stage_blocks(config, mesh.pp, stage), mesh, stage, recompute);
+  double floats = (alive.kept_inputs * (sp ? C / t : C) + alive.whole * per_block) * mb_tokens;
   // What a pipeline stage holds beside the blocks' saved tensors (pipeline_stage.cpp):
   // every send's tensor stays alive until the waits at the end of train_step, so at the
   // peak (pipeline_peak: under 1F1B the first backward after the last forward) it holds
@@ -156,11 +166,15 @@ double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshSha
     // Under pp the stage's messages are held at that moment too (sent, received ahead, and
     // stage 0's positions).
     const double messages = sent + (last ? 0 : received) + (stage == 0 ? in_flight * 2 * static_cast<double>(mesh.T / mesh.cp) : 0);
-    floats = std::max(floats, ring * mb_tokens + messages);
-  } else if (mesh.cp > 1) {  // recompute: k, v arriving and dk, dv travelling, on top
-    floats += N * 4 * C / t;
+    return {floats, ring * mb_tokens + messages};
   }
-  return floats;
+  if (mesh.cp > 1) floats += N * 4 * C / t;  // recompute: k, v arriving and dk, dv travelling, on top
+  return {floats, 0};
+}
+
+double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshShape& mesh, int stage,
+                                  bool recompute) {
+  return gpt_activation_moments(config, mesh, stage, recompute).peak();
 }
 
 namespace {
@@ -171,30 +185,94 @@ void check_dp_only(const models::GPTConfig& config, const MeshShape& mesh, const
            "{}: priced on one device or over dp only, got tp {} pp {} cp {}", what, mesh.tp, mesh.pp, mesh.cp);
 }
 
+// The CPU 16-bit GEMM's float32 operands and result in c_proj's backward (row-parallel
+// under tp: its input and weight are the rank's shard, the gradient flowing in is whole).
+double gemm_float32_scratch(double C, double n, double t) { return 4 * (C * n + 4 * C * C / t + 4 * C * n / t); }
+
+// Where the stage's activations peak: its blocks, the micro-batches alive then and their
+// tokens (pipeline_peak; one micro-batch of every token without a pipeline).
+struct StagePeak {
+  double blocks, in_flight, mb_tokens, messages;  // messages: the floats handed on and sent back, held
+};
+
+StagePeak stage_peak(const models::GPTConfig& config, const MeshShape& mesh, int stage) {
+  const PipelinePeak peak = pipeline_peak(mesh, stage);
+  const double mb_tokens = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T / mesh.cp) / micro_batches_of(mesh);
+  const double C = static_cast<double>(config.n_embd);
+  const double handed = mesh.sequence_parallel ? C / mesh.tp : C;
+  const bool receives = stage != mesh.pp - 1 || mesh.model_chunks > 1;
+  const double messages = static_cast<double>(peak.forwards_sent + peak.gradients_sent) * handed * mb_tokens +
+                          (receives && mesh.pp > 1 ? std::min(peak.in_flight, 2.0) * handed * mb_tokens : 0);
+  return {static_cast<double>(gpt_stage_blocks(config, mesh.pp, stage)), peak.in_flight, mb_tokens, messages};
+}
+
+// At ring attention's backward (cp, when that moment is the stage's peak): the ring runs
+// in float32 whatever the 16-bit dtype (ring_attention.cpp), so its saved q k v and output
+// (4C/t a token a block) and its working set and the gradients flowing in (23C/t) hold 2
+// bytes a float more; `whole` blocks keep everything, the one going back what its attention
+// saved (ln_1's input and statistics, the log-sum-exp: `first_kept` bytes over 16 bits).
+struct RingAt {
+  double whole, float32_ring;
+};
+
+RingAt ring_at(const models::GPTConfig& config, const MeshShape& mesh, int stage, bool recompute) {
+  const ActivationMoments moments = gpt_activation_moments(config, mesh, stage, recompute);
+  if (moments.ring == 0 || moments.ring < moments.backward) return {-1, 0};
+  const double C = static_cast<double>(config.n_embd), t = mesh.tp;
+  const double whole = static_cast<double>(gpt_stage_blocks(config, mesh.pp, stage)) * pipeline_peak(mesh, stage).in_flight - 1;
+  return {whole, 2 * (4 * C / t * (whole + 1) + 23 * C / t)};
+}
+
 }  // namespace
 
-PrecisionExtraBytes gpt_bf16_mixed_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero) {
-  check_dp_only(config, mesh, "gpt_bf16_mixed_extra_bytes");
+PrecisionExtraBytes gpt_bf16_mixed_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero,
+                                               int stage, bool recompute) {
+  check_mesh(config, mesh, stage, "gpt_bf16_mixed_extra_bytes");
   const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
-  const double a = static_cast<double>(config.n_head), L = static_cast<double>(config.n_layer);
-  const double n = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T);
+  const double a = static_cast<double>(config.n_head);
+  const double t = mesh.tp, sp = mesh.sequence_parallel ? t : 1;  // SP shards the LayerNorms' tokens
+  const StagePeak at = stage_peak(config, mesh, stage);
+  const bool head = stage == mesh.pp - 1;
   PrecisionExtraBytes e;
-  e.float32_saved = (4 * C + 8 + 2 * a) * L * n;
-  e.weight_casts = 2 * 12 * C * C * L;
-  e.backward = (2 * C + 2 * C) * n + 4 * (C * n + 4 * C * C + 4 * C * n);
-  e.head_grad = 4 * V * C + (zero == 3 ? 4 * static_cast<double>(gpt_fsdp_unit_numels(config).front()) : 0);
+  e.messages = 2 * at.messages;  // the residual stream is float32: its messages too
+  e.head_grad = (head ? 4 * V * C / t : 0) +
+                (zero == 3 ? 4 * static_cast<double>(gpt_fsdp_unit_numels(config).front()) : 0);
+  const RingAt ring = ring_at(config, mesh, stage, recompute);
+  if (ring.whole >= 0) {  // its c_attn's cast alive in the block going back; the residual's gradient float32
+    e.float32_saved = (((4 * C + 8) / sp + 2 * a / t) * ring.whole + (2 * C + 4) / sp + 2 * a / t) * at.mb_tokens;
+    e.weight_casts = 2 * C * C / t * (12 * (mesh.pp > 1 ? ring.whole : at.blocks - 1) + 3);
+    e.backward = (ring.float32_ring + 2 * C / sp) * at.mb_tokens;
+    return e;
+  }
+  // A kept input is the float32 residual stream: 2C bytes a token over 16 bits.
+  const AliveBlocks alive = alive_blocks(gpt_stage_blocks(config, mesh.pp, stage), mesh, stage, recompute);
+  e.float32_saved = (((4 * C + 8) / sp + 2 * a / t) * alive.whole + 2 * C / sp * alive.kept_inputs) * at.mb_tokens;
+  // Each whole block saved its 16-bit weights; the pipeline runs its micro-batches without
+  // the cast cache (each one's casts its own), the plain model's forward with it (once).
+  e.weight_casts = 2 * 12 * C * C / t * (mesh.pp > 1 ? alive.whole : std::min(alive.whole, at.blocks));
+  e.backward = (2 * C + 2 * C) / sp * at.mb_tokens + gemm_float32_scratch(C, at.mb_tokens, t);
   return e;
 }
 
-PrecisionExtraBytes gpt_bf16_true_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero) {
-  check_dp_only(config, mesh, "gpt_bf16_true_extra_bytes");
+PrecisionExtraBytes gpt_bf16_true_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero,
+                                              int stage, bool recompute) {
+  check_mesh(config, mesh, stage, "gpt_bf16_true_extra_bytes");
   const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
-  const double a = static_cast<double>(config.n_head), L = static_cast<double>(config.n_layer);
-  const double n = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T);
+  const double a = static_cast<double>(config.n_head);
+  const double t = mesh.tp, sp = mesh.sequence_parallel ? t : 1;
+  const StagePeak at = stage_peak(config, mesh, stage);
+  const bool head = stage == mesh.pp - 1;
   PrecisionExtraBytes e;
-  e.float32_saved = (8 + 2 * a) * L * n;
-  e.backward = 4 * (C * n + 4 * C * C + 4 * C * n);
-  e.head_grad = 2 * V * C + (zero == 3 ? 2 * static_cast<double>(gpt_fsdp_unit_numels(config).front()) : 0);
+  e.head_grad = (head ? 2 * V * C / t : 0) +
+                (zero == 3 ? 2 * static_cast<double>(gpt_fsdp_unit_numels(config).front()) : 0);
+  const RingAt ring = ring_at(config, mesh, stage, recompute);
+  if (ring.whole >= 0) {
+    e.float32_saved = ((8 / sp + 2 * a / t) * ring.whole + 4 / sp + 2 * a / t) * at.mb_tokens;
+    e.backward = ring.float32_ring * at.mb_tokens;
+    return e;
+  }
+  e.float32_saved = (8 / sp + 2 * a / t) * alive_blocks(gpt_stage_blocks(config, mesh.pp, stage), mesh, stage, recompute).whole * at.mb_tokens;
+  e.backward = gemm_float32_scratch(C, at.mb_tokens, t);
   return e;
 }
 

@@ -87,9 +87,22 @@ struct PipelinePeak {
 };
 PipelinePeak pipeline_peak(const MeshShape& mesh, int stage);
 
+// The blocks (of the stage's `stage_blocks`) whose activations are alive at a stage's peak,
+// counted once a micro-batch (any model's: the Llama's too):
+// `whole` ones keep every saved tensor, `kept_inputs` their input alone. Without recompute:
+// blocks x in flight whole. Recomputed on one stage (models::GPT's per-block checkpoint):
+// one whole (the block going back) and every block's input. Recomputed under pp (the
+// pipeline checkpoints each micro-batch's whole stage forward, Checkpoint::Always): the
+// stage's blocks whole once and the others in flight their stage input (none on stage 0,
+// whose input is the token ids).
+struct AliveBlocks {
+  double whole = 0, kept_inputs = 0;
+};
+AliveBlocks alive_blocks(int64_t stage_blocks, const MeshShape& mesh, int stage, bool recompute);
+
 // The activation peak of one train_step on pipeline stage `stage` (1F1B: min(pp - stage, m)
-// micro-batches in flight), in floats; `recompute`: each block keeps its input alone (C/t
-// a token, C/t with SP too) and one block's activations are alive again in its backward.
+// micro-batches in flight), in floats; `recompute`: alive_blocks's whole blocks and kept
+// inputs (C a token, C/t with SP).
 // Without recompute this is gpt-parallel-bench's formula (within 5 % of the allocator on
 // tp2 x pp2 with SP, dp2 x cp2, cp2 x tp2 and dp2 x pp2 with 4 micro-batches:
 // docs/planning.md, Validated):
@@ -115,6 +128,14 @@ PipelinePeak pipeline_peak(const MeshShape& mesh, int stage);
 //     loss's logits of one chunk (V/2t); with recompute, + 4C/t a token on top.
 double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshShape& mesh, int stage,
                                   bool recompute = false);
+// The same as two moments: the backward's (above, without cp's) and, under cp without
+// recompute, ring attention's backward (0 otherwise); the peak is the larger.
+struct ActivationMoments {
+  double backward = 0, ring = 0;
+  double peak() const { return backward > ring ? backward : ring; }
+};
+ActivationMoments gpt_activation_moments(const models::GPTConfig& config, const MeshShape& mesh, int stage,
+                                         bool recompute = false);
 
 // The moment after backward when dp and cp sum the stage's gradients
 // (parallel::reduce_partial_gradients): a flat copy of the stage's gradients and the
@@ -125,12 +146,18 @@ double gpt_gradient_sum_peak_bytes(const models::GPTConfig& config, const MeshSh
                                    double grad_bytes = 4);
 
 // What a 16-bit precision holds at the backward's peak beyond gpt_activation_peak_floats at
-// 2 bytes a float, on one device or over dp (any ZeRO stage; no tp, pp, cp, recompute): the
-// backward of the last block's MLP c_proj, read off the allocator's live blocks of train_gpt.
-// n = the rank's tokens (batch / dp) x T.
+// 2 bytes a float, over dp (any ZeRO stage), tp (± SP), pp and cp, ± recompute: the
+// backward of the last block's MLP c_proj, or under cp ring attention's backward when
+// gpt_activation_moments says that is the peak (ring_attention.cpp runs in float32
+// whatever the 16-bit dtype: its saved q k v and output, its working set), read off the
+// allocator's live blocks of train_gpt.
+// Each term a token is taken over the stage's alive_blocks (whole blocks, kept inputs) and a
+// micro-batch's tokens n = (batch / dp) x T / m; under tp the sharded tensors are /t, under
+// SP the LayerNorms' tokens too; `messages` is the pipeline's held sends and posted receives
+// (pipeline_peak), float32 under autocast.
 struct PrecisionExtraBytes {
-  double float32_saved = 0, weight_casts = 0, backward = 0, head_grad = 0;
-  double total() const { return float32_saved + weight_casts + backward + head_grad; }
+  double float32_saved = 0, weight_casts = 0, backward = 0, messages = 0, head_grad = 0;
+  double total() const { return float32_saved + weight_casts + backward + messages + head_grad; }
 };
 
 // bf16-mixed and 16-mixed (CPU autocast to bfloat16 or float16, float32 parameters), read off
@@ -141,7 +168,9 @@ struct PrecisionExtraBytes {
 //                  inputs) and their mean/rstd stay float32, as does the fused attention's
 //                  log-sum-exp: (4C + 8 + 2a) bytes a token a block more than at 2 bytes
 //   weight_casts   each linear saves its 16-bit weight for backward (autocast's cast of
-//                  a float32 leaf): 2 x 12C^2 bytes a block (the biases are not saved)
+//                  a float32 leaf): 2 x 12C^2 bytes a block (the biases are not saved),
+//                  once with the cast cache; the pipeline runs without it, each micro-batch
+//                  in flight its own
 //   backward       the gradient from ln_f is float32 (+2C a token) and c_proj casts it to
 //                  16 bits (+2C); the CPU's 16-bit GEMM computes in float32, holding its
 //                  operands and result as float32 while its input gradient is made:
@@ -149,7 +178,8 @@ struct PrecisionExtraBytes {
 //   head_grad      the tied wte's gradient from the head, float32 (4VC), waiting for the
 //                  AccumulateGrad that runs at the end of backward; under FSDP (zero 3)
 //                  also the root unit's flat gradient it was laid into (4 x the unit)
-PrecisionExtraBytes gpt_bf16_mixed_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero);
+PrecisionExtraBytes gpt_bf16_mixed_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero,
+                                               int stage = 0, bool recompute = false);
 
 // bf16-true (bfloat16 parameters and activations, float32 masters in optim::MasterWeights),
 // read off train_gpt --precision bf16-true on one device and --dp 2 --zero 3:
@@ -161,7 +191,8 @@ PrecisionExtraBytes gpt_bf16_mixed_extra_bytes(const models::GPTConfig& config, 
 //                  4 (C n + 4C^2 + 4C n); the gradient from ln_f is bfloat16 already
 //   head_grad      the tied wte's bfloat16 gradient (2VC); under FSDP the root unit's
 //                  bfloat16 flat gradient (2 x the unit)
-PrecisionExtraBytes gpt_bf16_true_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero);
+PrecisionExtraBytes gpt_bf16_true_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero,
+                                              int stage = 0, bool recompute = false);
 
 // ZeRO-2 (minigrad's ShardedGradReducer) makes a bucket's flat gradient at the first
 // post-accumulate hook of its parameters, which fires once the last block's c_proj has gone

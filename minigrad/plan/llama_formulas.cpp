@@ -70,28 +70,6 @@ double LlamaArithmetic::layer_floats(double t, bool sp) const {
   return (sp ? 2 * C_ / t + 5 * C_ + 2 / t : 4 * C_ + 2) + 5 * C_ / t + a / t + 4 * I_ / t;
 }
 
-double LlamaArithmetic::recomputed_last_backward_floats(const MeshShape& mesh, int stage) const {
-  check_tp(mesh.tp);
-  const double m = micro_batches_of(mesh);
-  if (mesh.pp == 1 || mesh.model_chunks > 1 || m < 2) return 0;  // no backward before the last
-  const double t = mesh.tp;
-  const bool sp = mesh.sequence_parallel, first = stage == 0, last = stage == mesh.pp - 1;
-  const double Ls = static_cast<double>(stage_blocks(mesh.pp, stage));
-  const double Tl = static_cast<double>(mesh.T / mesh.cp);
-  const double mb = static_cast<double>(mesh.batch / mesh.dp) * Tl / m;
-  const double handed = sp ? C_ / t : C_;
-  // The last micro-batch alone: its input kept and its layers recomputed; every forward
-  // handed on (behind its header) and every gradient but its own sent back, held to the
-  // step's end; its gradient received (none posted after it); the MLP's backward as in
-  // activation_peak_floats but for the weight gradients, added into .grad in place in a
-  // later backward; on the last stage every micro-batch's loss.
-  const double recomputed = handed * mb + Ls * (layer_floats(t, sp) * mb + Tl * static_cast<double>(config_.head_dim()));
-  const double sent = (last ? 0 : m * (handed * mb + 24)) + (first ? 0 : (m - 1) * handed * mb);
-  const double mlp_backward = 2 * I_ / t * mb;
-  const double tail = last ? handed * mb + m : handed * mb;
-  return recomputed + sent + mlp_backward + tail;
-}
-
 double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const {
   check_tp(mesh.tp);
   const double t = mesh.tp, d = static_cast<double>(config_.head_dim());
@@ -106,21 +84,12 @@ double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage,
   const double layer = layer_floats(t, sp);
   // And once a layer's forward, not a token: RoPE's cos and sin tables it saves ([T/cp, d/2] each).
   const double rope = Tl * d;
-  const double kept = sp ? C_ / t : C_;  // a checkpoint's input a token
-  double floats = Ls * in_flight * (layer * mb + rope);
-  if (recompute && mesh.pp > 1) {
-    // The pipeline checkpoints a stage's micro-batch whole (parallel::Checkpoint::Always):
-    // each one in flight keeps its input, and one is recomputed at a time, all its layers.
-    floats = in_flight * kept * mb + Ls * (layer * mb + rope);
-  } else if (recompute) {
-    // Each layer checkpointed (models::set_layer_checkpointing): a layer's backward holds its
-    // own activations again whatever its place. Going back, the layers' inputs are freed
-    // while the weight gradients of the layers gone back stay, .grad from then on: the
-    // larger of the stage's last layer (every input kept) and its first (one input kept,
-    // the other Ls - 1 layers' gradients alive).
-    const double one_layer = layer * mb + rope;
-    floats = std::max(Ls * kept * mb, kept * mb + (Ls - 1) * block_param_elements(mesh.tp)) + one_layer;
-  }
+  // The layers alive whole and the kept inputs of the recomputed ones (alive_blocks: per
+  // layer on one stage, the stage's micro-batch whole under --pp); the later moments of a
+  // recomputed backward (the first layer going back, the pipeline's last backward) are
+  // trainer_moments'.
+  const AliveBlocks alive = alive_blocks(stage_blocks(mesh.pp, stage), mesh, stage, recompute);
+  double floats = (alive.kept_inputs * (sp ? C_ / t : C_) + alive.whole * layer) * mb + alive.whole * rope;
   const double saved = floats;
   // A pipeline stage's messages, as the GPT's (gpt_activation_peak_floats): every send's
   // tensor held to the step's end (C a token, C/t with SP; a forward behind its 12-int64

@@ -16,10 +16,8 @@
 //                          in the step's first backward down_proj's weight gradient, C I/t,
 //                          and the head's, V C/t + C, each .grad from then on), with
 //                          the pipeline's messages as the GPT's; with SP down_proj's forward
-//                          reduce-scatter (3C + C/t) a moment too; recomputed per layer, the
-//                          stage's first layer with the later layers' weight gradients alive,
-//                          and under --pp a micro-batch recomputed whole (its last backward,
-//                          the gradients in .grad, a moment of its own); cp: ring attention's
+//                          reduce-scatter (3C + C/t) a moment too; recomputed, alive_blocks's
+//                          layers (recompute's later moments are trainer_moments'); cp: ring attention's
 //                          backward a moment of its own, as the GPT's (its working set 23C/t,
 //                          k and v at the a heads' width).
 //   collectives            the GPT's, but 7 sums a layer over tp (q, k, v, gate and up each
@@ -43,6 +41,7 @@ class LlamaArithmetic final : public ModelArithmetic {
   explicit LlamaArithmetic(models::LlamaConfig config);
   std::string describe() const override;
   int64_t layers() const override { return config_.num_hidden_layers; }
+  int64_t hidden_size() const override { return config_.hidden_size; }
   int64_t max_positions() const override { return config_.max_position_embeddings; }
   void check_tp(int tp) const override;
   double parameter_count() const override;
@@ -52,7 +51,6 @@ class LlamaArithmetic final : public ModelArithmetic {
   double stage_tensors(int pp, int stage) const override;
   double stage_vector_elements(int tp, int pp, int stage) const override;
   double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const override;
-  double recomputed_last_backward_floats(const MeshShape& mesh, int stage) const override;
   std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
                                                           double grad_bytes) const override;
 

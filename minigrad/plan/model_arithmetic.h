@@ -17,6 +17,7 @@ class ModelArithmetic {
   virtual ~ModelArithmetic() = default;
   virtual std::string describe() const = 0;  // "124 M parameters (n_layer 12, ...)"
   virtual int64_t layers() const = 0;
+  virtual int64_t hidden_size() const = 0;  // the residual stream's width: what a recomputed block keeps a token
   virtual int64_t max_positions() const = 0;
   // mg::Error naming the bad value when tp cannot split the model (heads, vocabulary).
   virtual void check_tp(int tp) const = 0;
@@ -30,11 +31,6 @@ class ModelArithmetic {
   // which train_gpt's ZeRO-1/2 lays in flat buffers of its own (split_model.h).
   virtual double stage_vector_elements(int tp, int pp, int stage) const = 0;
   virtual double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const = 0;
-  // Under --pp with --recompute, the activations of the stage's last backward (1F1B), whose
-  // weight gradients of the backwards before are in .grad: with a micro-batch recomputed
-  // whole, each backward holds about as many activations, so that one may be the peak.
-  // 0 where not priced (the GPT; the interleaved schedule).
-  virtual double recomputed_last_backward_floats(const MeshShape& /*mesh*/, int /*stage*/) const { return 0; }
   virtual std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
                                                                   double grad_bytes) const = 0;
   // The dp rank's real micro-batches and layers of a stage (parallel::even_balance).
@@ -47,6 +43,7 @@ class GPTArithmetic final : public ModelArithmetic {
   const models::GPTConfig& config() const { return config_; }
   std::string describe() const override;
   int64_t layers() const override { return config_.n_layer; }
+  int64_t hidden_size() const override { return config_.n_embd; }
   int64_t max_positions() const override { return config_.block_size; }
   void check_tp(int tp) const override;
   double parameter_count() const override;

@@ -225,9 +225,10 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
     // their count (an int64) summed over cp, under DDP as under ZeRO. (The pipeline's is a
     // sum.)
     if (s.cp > 1 && s.pp == 1) comm["cp"].all_reduce += 8;
+    if (s.clip_grad_norm && s.world() > 1) comm["world"].all_reduce += 4;
     plan.stage_comm.push_back(comm);
     std::map<std::string, double> comm_s;
-    const std::map<std::string, int> size{{"tp", s.tp}, {"cp", s.cp}, {"dp", s.dp}, {"pp", 2}, {"emb", 2}};
+    const std::map<std::string, int> size{{"tp", s.tp}, {"cp", s.cp}, {"dp", s.dp}, {"pp", 2}, {"emb", 2}, {"world", s.world()}};
     double exposed = 0;
     for (const auto& [group, bytes] : comm) {
       const double t = seconds(bytes, size.at(group), device.link_bandwidth);
@@ -271,6 +272,9 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
   a.push_back(fmt::format("collectives as rings over {} at {:.0f} GB/s a direction; tp, cp and pp exposed, "
                           "dp hidden behind backward up to 2/3 of the compute",
                           device.link, device.link_bandwidth / 1e9));
+  if (s.clip_grad_norm && s.world() > 1)
+    a.push_back("the gradient norm clipped each step (nanoGPT's, train_gpt's --grad-clip): one float32 "
+                "all-reduce of the ranks' partial norms over the world");
   if (!device.measured)
     a.push_back("usable memory: the datasheet's GB less 1 GiB for the CUDA context and the allocator");
   if (s.zero > 0) {

@@ -33,6 +33,9 @@ struct Split {
   Schedule schedule = Schedule::OneFOneB;
   int virtual_stages = 2;  // model chunks per rank under Schedule::Interleaved
   bool recompute = false;  // each block recomputed in backward (activation checkpointing)
+  // clip_grad_norm_ each step (train_gpt's --grad-clip, nanoGPT's 1.0 by default): the
+  // ranks' partial norms summed over the world, one float32 all-reduce.
+  bool clip_grad_norm = true;
   int world() const { return dp * tp * pp * cp; }
   std::string str() const;  // "dp 2 x tp 2 x pp 2 x cp 1, ZeRO-1, SP, recompute, 1F1B m 8"
 };

@@ -86,8 +86,8 @@ std::string memory_report(std::size_t peak_bytes, int rank, const parallel::Devi
     const std::string planned = fmt::format("{}; the planner: {} ({}), measured / planned {:.3f}", measured,
                                             mib(r.total()), parts, static_cast<double>(peak_bytes) / r.total());
     if (!moments)
-      return planned + "; not priced at the trainer's moments yet (16-bit precisions beyond dp or under FSDP's "
-                       "mixed precision policy, FSDP with recompute)";
+      return planned + "; not priced at the trainer's moments yet (16-bit precisions under FSDP's mixed "
+                       "precision policy, FSDP with recompute)";
     return fmt::format("{}; at the trainer's moments: {} ({}), measured / that {:.3f}", planned,
                        mib(moments->peak()), moments->describe(), static_cast<double>(peak_bytes) / moments->peak());
   } catch (const Error& e) {

@@ -8,7 +8,7 @@
 // The second figure takes the planner's terms at the moments train_gpt holds them
 // (trainer_moments.h: what it always holds and the largest of the backward's, the gradient
 // sum's and the step's), in 32-true (FSDP with recompute left out) and in the 16-bit
-// precisions on one device or over dp; elsewhere the line says it is not priced so yet.
+// precisions over dp, tp, pp and cp (± recompute); elsewhere the line says it is not priced so yet.
 //
 // The peak is the device allocator's high-water mark (cpu_max_memory_allocated, or
 // cuda::max_memory_allocated: what the benches read), reset where the caller starts

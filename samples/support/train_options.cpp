@@ -110,6 +110,9 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
                  "loss scaling) or bf16-true (bfloat16 weights, float32 master weights)")
       ->check(CLI::IsMember(precision_names()))
       ->capture_default_str();
+  app.add_flag("--memory-blocks", options.memory_blocks,
+               "After the run, list the allocator's blocks live at the training peak, by size "
+               "(CPU devices only): what the memory line's terms are read off");
   add_trace_options(app, options.trace, "training step");
   // For tests: raise a real SIGINT after this global step, so that the interrupt and
   // resume path runs deterministically. Hidden from --help (an empty group).
@@ -149,6 +152,10 @@ std::optional<int> parse_train_options(int argc, char** argv, TrainOptions& opti
                options.pipeline, options.devices, options.device_list.size());
     }
     check_tensor_parallel(options);
+    for (const Device& d : options.device_list)
+      MG_CHECK(!options.memory_blocks || d.is_cpu(),
+               "--memory-blocks reads the CPU allocator: give CPU devices (--devices cpu), not {}",
+               d.str());
   } catch (const Error& e) {
     return report_error(program, OptionError(e.what()));
   }

@@ -49,6 +49,7 @@ struct TrainOptions {
   std::string precision = "32-true";  // or bf16-mixed, 16-mixed, bf16-true (support/precision.h)
   double dist_timeout = 300.0;  // seconds a rank waits for the others before failing
   bool detect_anomaly = false;  // check every gradient of every backward (slow)
+  bool memory_blocks = false;   // the allocator's live blocks at the training peak, listed
   TraceOptions trace;           // --trace FILE.json and its --trace-* flags
   int64_t stop_after_steps = 0;  // hidden, for tests: raise SIGINT after this global step
 };

@@ -63,9 +63,8 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
                                               const ModelSplit& split, int stage, int64_t batch, int64_t T,
                                               Precision precision, bool fsdp_mp_policy, bool gloo) {
   const auto* gpt = dynamic_cast<const plan::GPTArithmetic*>(&model);
-  const bool dp_only = gpt != nullptr && split.tp == 1 && split.pp == 1 && split.cp == 1 && !split.recompute &&
-                       !fsdp_mp_policy;
-  if ((precision != Precision::True32 && !dp_only) || (split.zero == 3 && split.recompute)) return std::nullopt;
+  const bool priced_16bit = gpt != nullptr && !fsdp_mp_policy;
+  if ((precision != Precision::True32 && !priced_16bit) || (split.zero == 3 && split.recompute)) return std::nullopt;
   const bool mixed = precision == Precision::BF16Mixed || precision == Precision::F16Mixed;
   const bool bf16_true = precision == Precision::BF16True;
   const double pb = bf16_true ? 2 : 4;  // a parameter's bytes
@@ -77,21 +76,22 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
   const plan::MeshShape shape = plan::mesh_shape(planned, plan::Workload{batch, T});
   plan::PrecisionExtraBytes extra;
   double zero2_released = 0;
-  if (dp_only) {
-    if (mixed) extra = plan::gpt_bf16_mixed_extra_bytes(gpt->config(), shape, split.zero);
-    if (bf16_true) extra = plan::gpt_bf16_true_extra_bytes(gpt->config(), shape, split.zero);
-    if (split.zero == 2)  // the activations' bytes: 2 in both 16-bit precisions
+  if (priced_16bit) {
+    if (mixed) extra = plan::gpt_bf16_mixed_extra_bytes(gpt->config(), shape, split.zero, stage, split.recompute);
+    if (bf16_true) extra = plan::gpt_bf16_true_extra_bytes(gpt->config(), shape, split.zero, stage, split.recompute);
+    if (split.zero == 2 && split.tp == 1)  // the activations' bytes: 2 in both 16-bit precisions
       zero2_released = plan::gpt_zero2_released_bytes(gpt->config(), shape, precision == Precision::True32 ? 4 : 2, mixed);
   }
   const std::string kind = mixed ? "autocast's" : "bf16-true's";
   const std::vector<MemoryTerm> extras = {{kind + " float32 saved tensors", extra.float32_saved},
                                           {"16-bit weight casts", extra.weight_casts},
                                           {"float32 backward working set", extra.backward},
+                                          {"float32 pipeline messages", extra.messages},
                                           {"head gradient", extra.head_grad}};
 
   // Gloo has no 16-bit reduction: a 16-bit tensor is summed as a float32 copy (`wire` times
   // its bytes) and rounded back into its dtype on arrival.
-  const bool widened = pb == 2 && split.dp > 1 && gloo;
+  const bool widened = pb == 2 && (split.dp > 1 || split.cp > 1) && gloo;
   const double wire = widened ? 4 / pb : 1;
   const double flat = split.zero == 2 ? r.buffers / 2 : 0;  // ZeRO-2's buckets' flat gradients
   const double masters = r.master / 2;  // bf16-true's float32 masters; their gradients as much again
@@ -110,12 +110,50 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
   // ran a backward before it (1F1B: when m > pp - stage) have their gradients in .grad.
   backward.push_back({"gradients of the backwards before",
                       split.pp > 1 ? r.grads * gone_back_share(model, planned, shape, stage) : 0});
+  const std::vector<MemoryTerm> before_gradients = backward;
   // FSDP's gathered units; over Gloo in 16 bits also the unit gathered ahead as float32 (the
   // unit and this rank's shard of it, widened) and rounded back, which the communication
   // thread makes at a moment of its own: some runs' peaks hold it, some not; this is the most.
   backward.push_back({"ZeRO-3's gathered units",
                       split.zero == 3 ? r.buffers + (widened ? (wire * (1 + 1.0 / split.dp) + 1) * unit : 0) : 0});
   m.moments.push_back(moment("backward", backward));
+
+  // Recomputed per block (one stage: models::GPT's checkpoint), each block's backward runs
+  // one of its own and adds its weights' gradients into .grad at once, and a block's kept
+  // input is freed once it has gone back: so the first block going back holds the fewest
+  // inputs and the most gradients, a moment that can be larger than the last block's.
+  if (split.recompute && split.pp == 1 && model.stage_blocks(1, 0) > 1) {
+    const double later_blocks = static_cast<double>(model.stage_blocks(1, 0) - 1);
+    const double hidden = static_cast<double>(model.hidden_size()) / (split.sequence_parallel ? split.tp : 1);
+    const double tokens = static_cast<double>(batch / split.dp) * static_cast<double>(T / split.cp);
+    const double kept = mixed ? 4 : pb;  // the residual stream is float32 under autocast
+    std::vector<MemoryTerm> first = backward;
+    first.push_back({"the later blocks' inputs, freed", -later_blocks * hidden * tokens * kept});
+    first.push_back({"their gradients", later_blocks * pb * model.block_param_elements(split.tp)});
+    m.moments.push_back(moment("backward through the first block", first));
+  }
+
+  // The pipeline's recompute (the whole stage's forward per micro-batch) keeps about as much
+  // at each backward, so its last one, with every earlier backward's gradients in .grad and
+  // every message of the step held, can be the larger moment.
+  if (split.recompute && split.pp > 1 && shape.model_chunks == 1 && plan::micro_batches_of(shape) > 1 &&
+      gone_back_share(model, planned, shape, stage) < 1) {
+    const plan::PipelinePeak peak = plan::pipeline_peak(shape, stage);
+    const double m_count = plan::micro_batches_of(shape);
+    const double message = static_cast<double>(model.hidden_size()) / (split.sequence_parallel ? split.tp : 1) *
+                           static_cast<double>(batch / split.dp) * static_cast<double>(T / split.cp) / m_count *
+                           (mixed ? 4 : pb);
+    const plan::AliveBlocks alive = plan::alive_blocks(model.stage_blocks(split.pp, stage), shape, stage, true);
+    const bool receives = stage != split.pp - 1;
+    std::vector<MemoryTerm> last = before_gradients;
+    last.push_back({"the other micro-batches' inputs, freed", -alive.kept_inputs * message});
+    last.push_back({"the messages sent since",
+                    (m_count - static_cast<double>(peak.forwards_sent) + m_count - 1 -
+                     static_cast<double>(peak.gradients_sent) - (receives ? std::min(peak.in_flight, 2.0) - 1 : 0)) *
+                        message});
+    last.push_back({"gradients", r.grads});
+    m.moments.push_back(moment("the last backward", last));
+  }
 
   if (split.zero == 2) {  // its flat gradients, made once the last block's c_proj has gone back
     std::vector<MemoryTerm> later = {{"activations", r.activations}};
@@ -124,13 +162,6 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
     later.push_back({"ZeRO-2's flat gradients", flat});
     m.moments.push_back(moment("ZeRO-2's flat gradients made", later));
   }
-
-  // Recomputed under --pp, the last backward: about as many activations as the first, and
-  // every weight gradient of the stage in .grad from the backwards before.
-  const double last_backward = model.recomputed_last_backward_floats(shape, stage);
-  if (split.recompute && split.pp > 1 && last_backward > 0)
-    m.moments.push_back(moment("the last backward, recomputed",
-                               {{"activations", 4 * last_backward}, {"gradients", r.grads}}));
 
   if ((split.dp > 1 || split.cp > 1) && split.zero <= 1)
     m.moments.push_back(moment("sum", {{"gradients", r.grads},

@@ -8,6 +8,10 @@
 //              the gradients of the pipeline's backwards before it, FSDP's gathered units
 //              (no gradient otherwise: zero_grad sets them to none, and the engine adds each
 //              weight's into .grad at the end of backward)
+//   recompute  models::GPT's per-block checkpoint: the first block going back, the later
+//              blocks' inputs freed and their gradients in .grad; the pipeline's (the whole
+//              stage redone per micro-batch): its last backward, every earlier one's
+//              gradients in .grad and every message of the step held
 //   ZeRO-2's   later in backward: its flat gradients made, part of the activations gone
 //   sum        the gradients with the dp/cp sum's flat copy and the all-reduce's (or
 //              ZeRO-2's reduce-scatter's), after backward, when the activations are gone
@@ -45,9 +49,9 @@ struct TrainerMoments {
   std::string describe() const;  // "always 4.67 MiB (...); the largest of: backward ..., sum ..."
 };
 
-// `r`: the planner's bytes for this rank's stage; `gloo`: the dp group is Gloo's (no 16-bit
-// sums: they travel as float32). Empty where not priced so yet: the 16-bit precisions with
-// tp, pp, cp or recompute or under FSDP's MixedPrecisionPolicy, FSDP with recompute (its
+// `r`: the planner's bytes for this rank's stage; `gloo`: the dp and cp groups are Gloo's (no 16-bit
+// sums: they travel as float32). Empty where not priced so yet: the 16-bit precisions under
+// FSDP's MixedPrecisionPolicy, FSDP with recompute (its
 // peak moves late into backward, where an in-flight reduce-scatter's copy makes it vary by a
 // unit from run to run), and models other than the GPT in 16 bits.
 std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,

@@ -128,7 +128,10 @@ TEST_CASE("planner: DDP in 32-true holds 4 4 and 8 bytes a parameter and buckets
                         2 * 1024 + 1;
   CHECK(p.peak.activations == Approx(4 * floats).epsilon(1e-12));
   CHECK(p.comm.at("dp").all_reduce == 4 * psi + 4);
+  CHECK(p.comm.at("world").all_reduce == 4);  // clip_grad_norm_'s partial norms, one float32
   CHECK(p.fits);
+  s.clip_grad_norm = false;
+  CHECK(plan::plan_gpt(gpt2(), s, workload(plan::Precision::True32), plan::device_by_name("a100-80gb")).comm.count("world") == 0);
 }
 
 TEST_CASE("planner: one data-parallel rank holds no DDP buckets") {
@@ -279,8 +282,78 @@ TEST_CASE("planner: bf16-mixed's bytes beyond the activations at 2 bytes, term b
   CHECK(e.backward == 4 * C * n + 4 * (C * n + 4 * C * C + 4 * C * n));
   CHECK(e.head_grad == 4 * 114 * C + 4 * (114 * C + 64 * C + 2 * C));  // wte's gradient, the root unit's
   CHECK(plan::gpt_bf16_mixed_extra_bytes(config, mesh, 1).head_grad == 4 * 114 * C);
+  // Under tp 2 with SP: the LayerNorms' float32 tokens sharded, the heads, the weights' casts,
+  // c_proj's GEMM shard and the vocabulary-parallel head split.
   mesh.tp = 2;
-  CHECK_THROWS_WITH(plan::gpt_bf16_mixed_extra_bytes(config, mesh, 0), MG_CONTAINS("one device or over dp"));
+  mesh.sequence_parallel = true;
+  const plan::PrecisionExtraBytes tp = plan::gpt_bf16_mixed_extra_bytes(config, mesh, 1);
+  CHECK(tp.float32_saved == ((4 * C + 8) / 2 + 2 * 4 / 2) * 4 * n);
+  CHECK(tp.weight_casts == 2 * 12 * C * C / 2 * 4);
+  CHECK(tp.backward == 4 * C / 2 * n + 4 * (C * n + 4 * C * C / 2 + 4 * C * n / 2));
+  CHECK(tp.head_grad == 4 * 114 * C / 2);
+  CHECK(tp.messages == 0);
+}
+
+TEST_CASE("planner: bf16-mixed's bytes at ring attention's backward, which runs in float32") {
+  const models::GPTConfig config = train_gpt_default();
+  plan::MeshShape mesh = twelve_rows_over_dp2();
+  mesh.dp = 1;
+  mesh.cp = 2;
+  const double n = 12 * 32, C = 128;
+  REQUIRE(plan::gpt_activation_moments(config, mesh, 0).ring > plan::gpt_activation_moments(config, mesh, 0).backward);
+  const plan::PrecisionExtraBytes e = plan::gpt_bf16_mixed_extra_bytes(config, mesh, 1);
+  // 3 blocks whole, the one going back its ln_1 input and statistics and its log-sum-exp.
+  CHECK(e.float32_saved == ((4 * C + 8 + 2 * 4) * 3 + 2 * C + 4 + 2 * 4) * n);
+  CHECK(e.weight_casts == 2 * C * C * (12 * 3 + 3));  // c_attn's cast alive in the block going back
+  // q k v and the ring's output of 4 blocks, the ring's working set and what flows in (23C),
+  // in float32; the residual's gradient float32.
+  CHECK(e.backward == (2 * (4 * C * 4 + 23 * C) + 2 * C) * n);
+  const plan::PrecisionExtraBytes bf16 = plan::gpt_bf16_true_extra_bytes(config, mesh, 1);
+  CHECK(bf16.float32_saved == ((8 + 2 * 4) * 3 + 4 + 2 * 4) * n);
+  CHECK(bf16.backward == 2 * (4 * C * 4 + 23 * C) * n);
+}
+
+TEST_CASE("planner: bf16-mixed's bytes on a pipeline stage and recomputed") {
+  const models::GPTConfig config = train_gpt_default();
+  plan::MeshShape mesh;
+  mesh.pp = 2;
+  mesh.batch = 12;
+  mesh.T = 64;
+  mesh.micro_batches = 2;
+  const double mb = 6 * 64, C = 128;
+  // Stage 0 of 1F1B over 2 micro-batches peaks at its first backward: both forwards alive
+  // (2 blocks each, each micro-batch's weights cast anew), both handed on, 2 receives posted.
+  const plan::PrecisionExtraBytes first = plan::gpt_bf16_mixed_extra_bytes(config, mesh, 1, 0);
+  CHECK(first.float32_saved == (4 * C + 8 + 2 * 4) * 2 * 2 * mb);
+  CHECK(first.weight_casts == 2 * 12 * C * C * 2 * 2);
+  CHECK(first.messages == 2 * (2 + 2) * C * mb);  // the float32 residual stream, 2 bytes over 16 bits
+  CHECK(first.head_grad == 0);
+  CHECK(plan::gpt_bf16_mixed_extra_bytes(config, mesh, 1, 1).head_grad == 4 * 114 * C);
+  // Recomputed, the stage's forward is redone whole per micro-batch: one micro-batch's 2
+  // blocks whole; the last stage's other micro-batch in flight keeps its input (none here:
+  // one in flight on the last stage), stage 0's its token ids.
+  const plan::PrecisionExtraBytes redone = plan::gpt_bf16_mixed_extra_bytes(config, mesh, 1, 0, true);
+  CHECK(redone.float32_saved == (4 * C + 8 + 2 * 4) * 2 * mb);
+  CHECK(redone.weight_casts == 2 * 12 * C * C * 2);
+}
+
+TEST_CASE("planner: the blocks alive at a stage's peak, with and without recompute") {
+  plan::MeshShape mesh;
+  mesh.batch = 8;
+  mesh.T = 16;
+  const plan::AliveBlocks plain = plan::alive_blocks(4, mesh, 0, false);
+  CHECK((plain.whole == 4 && plain.kept_inputs == 0));
+  const plan::AliveBlocks per_block = plan::alive_blocks(4, mesh, 0, true);  // models::GPT's checkpoint
+  CHECK((per_block.whole == 1 && per_block.kept_inputs == 4));
+  mesh.pp = 2;
+  mesh.micro_batches = 4;  // 1F1B: 2 in flight on stage 0, 1 on stage 1
+  const plan::AliveBlocks stage0 = plan::alive_blocks(2, mesh, 0, false);
+  CHECK((stage0.whole == 4 && stage0.kept_inputs == 0));
+  const plan::AliveBlocks redone0 = plan::alive_blocks(2, mesh, 0, true);  // its input is the token ids
+  CHECK((redone0.whole == 2 && redone0.kept_inputs == 0));
+  mesh.pp = 3;
+  const plan::AliveBlocks redone1 = plan::alive_blocks(2, mesh, 1, true);  // 2 in flight: one redone, one kept
+  CHECK((redone1.whole == 2 && redone1.kept_inputs == 1));
 }
 
 TEST_CASE("planner: bf16-true's bytes beyond the activations at 2 bytes, term by term") {
@@ -293,8 +366,6 @@ TEST_CASE("planner: bf16-true's bytes beyond the activations at 2 bytes, term by
   CHECK(e.backward == 4 * (C * n + 4 * C * C + 4 * C * n));
   CHECK(e.head_grad == 2 * 114 * C + 2 * (114 * C + 64 * C + 2 * C));  // wte's gradient, the root unit's
   CHECK(plan::gpt_bf16_true_extra_bytes(config, mesh, 2).head_grad == 2 * 114 * C);
-  mesh.cp = 2;
-  CHECK_THROWS_WITH(plan::gpt_bf16_true_extra_bytes(config, mesh, 0), MG_CONTAINS("one device or over dp"));
 }
 
 TEST_CASE("planner: what ZeRO-2's moment with the flat gradients no longer holds, moment by moment") {

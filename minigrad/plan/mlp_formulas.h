@@ -1,0 +1,87 @@
+// train_fashion_mnist's MLP (inputs -> hidden... -> classes, a Linear and a ReLU per hidden
+// width) priced as the planner prices the GPT: each rank's bytes of parameters, gradients,
+// optimizer state, buffers and activations at its training peak, in float32, with the
+// planner's RankMemory. Formulas only, read off train_fashion_mnist --memory-blocks
+// (docs/planning.md, "The MLP's formulas"); the trainer prints them beside its allocator's
+// peak.
+//
+// The peak of a step after the first (SGD's momentum, as torch's, is made at the first
+// step) is the largest of these moments, beside what the rank always holds (parameters,
+// optimizer state, the data):
+//   forward        the last step's gradients not yet freed (zero_grad sets them to none
+//                  after forward): every gradient, DDP's bucket, and the activations at
+//                  forward's largest moment (mlp_forward_peak_floats): once the loss is
+//                  made, what the ops saved: each hidden layer's ReLU output (the next
+//                  Linear's input and ReLU's mask: one tensor, the Linear and the ReLU
+//                  fused), the logits (the fused cross-entropy's), the loss and its copy
+//                  summed over the ranks; under tp a row layer's moment may be larger
+//   ZeRO-1's step  the activations gone; every gradient, DDP's bucket, and each bucket's
+//                  shard of the averaged gradient, copied out for the local optimizer
+//   DataParallel's the replicas' gradients summed in BroadcastBackward (replicate.cpp):
+//   reduce_add     each replica's, each flattened, and the running sum
+//   ZeRO-2's       the first layer's weight gradient, the last made, fires the bucket's
+//   reduce-scatter reduce-scatter: the flat gradient, its scratch, the gradient shards and
+//                  that weight's gradient, still in .grad
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <minigrad/plan/planner.h>
+
+namespace mg::plan {
+
+struct MLPConfig {
+  int64_t inputs = 784;
+  std::vector<int64_t> hidden{256, 256};
+  int64_t classes = 10;
+};
+
+enum class MLPOptimizer { SGD, SGDMomentum, AdamW };  // SGD: without momentum, no state
+
+// Each parameter's elements in the model's order: W0 [hidden0, inputs], b0, W1, b1, ...
+std::vector<int64_t> mlp_parameter_numels(const MLPConfig& config);
+
+// ZeroRedundancyOptimizer's buckets (parallel::compute_bucket_assignment_by_size): from the
+// last parameter to the first, a bucket closed once it holds at least `cap_bytes`.
+std::vector<int64_t> mlp_zero_bucket_numels(const MLPConfig& config, double cap_bytes = 25.0 * 1024 * 1024);
+
+// A tensor-parallel rank's parameters (parallel::parallelize_mlp): the Linear layers in
+// pairs, the first of each a column layer (W's rows and the bias split over tp), the second
+// a row layer (W's columns split, the bias whole); a Linear left over at the end whole.
+std::vector<int64_t> mlp_rank_parameter_numels(const MLPConfig& config, int tp);
+
+// The forward's activations on a rank of `tp` for `rank_rows` rows, in floats: `inside`, its
+// largest moment before the loss (a whole Linear: its output, fused with its ReLU; a column
+// layer: its output slice and ReLU's of it; a row layer: its partial product, the
+// all-reduce's sum and the bias added to it), and `end`, what is saved once the loss is
+// made: each ReLU's output (a column layer's slice of it) and the logits.
+struct MLPForwardPeak {
+  double inside = 0, end = 0;
+};
+MLPForwardPeak mlp_forward_peak_floats(const MLPConfig& config, int tp, int64_t rank_rows);
+
+// The optimizer's state for `elements` float32 elements in `tensors` tensors: none for SGD
+// without momentum; SGD's momentum buffer (4 a element); AdamW's two moments and an int64
+// step a tensor.
+double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tensors);
+
+// One data-parallel rank's bytes at its training peak for `rank_rows` rows a step (the
+// global batch over split.dp), under DDP (zero 0), ZeRO-1 or ZeRO-2 over split.dp ranks;
+// params, grads and optimizer are the tensors themselves (exact), buffers and activations
+// those of the peak's moment; under tp (--distributed: a rank of a tp group, DDP over dp)
+// params also hold the whole model the shards were cut from, which the trainer keeps.
+// `replicas` > 1: DataParallel's in one process (the process's bytes: the original's
+// parameters, gradients and state, the replicas' copies and the reduce_add's buffers).
+// Empty for the splits not priced yet: pp, ZeRO-3 (its peak moves with the communication
+// thread from run to run), ZeRO with tp, and tp in one process (`replicas` > 1 with tp: its
+// ranks' threads add their moments on one allocator as they happen to meet).
+std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
+                                          MLPOptimizer optimizer, int replicas = 1);
+
+// What the trainer holds beside the step: the training and test sets (float32 images,
+// int64 labels) and the rank's batch of `rank_rows`.
+double mlp_data_bytes(const MLPConfig& config, int64_t train_images, int64_t test_images, int64_t rank_rows);
+
+}  // namespace mg::plan

@@ -1,0 +1,36 @@
+// train_fashion_mnist's memory line: this rank's allocator peak over the training steps
+// beside the MLP's formulas (plan/mlp_formulas.h) for the same split, as train_gpt's
+// memory_report.h does for the GPT:
+//
+//   memory: peak 4.43 MiB on rank 0; the planner: 4.43 MiB (params 0.90 MiB, grads 0.90 MiB,
+//   optimizer 0.90 MiB, buffers 0.90 MiB, activations 0.03 MiB, data 0.81 MiB), measured /
+//   planned 1.000
+//
+// "data" is what the trainer holds beside the step: the training and test sets and the
+// rank's batch. Splits, precisions and devices the formulas do not price yet are said in the
+// line (a GPU: its allocator holds the batch but not the data sets; not measured yet).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <minigrad/plan/mlp_formulas.h>
+#include <minigrad/plan/planner.h>
+
+namespace mg::samples {
+
+struct MLPRun {
+  plan::MLPConfig config;
+  plan::Split split;        // dp: the data-parallel ranks of --distributed; tp, pp, zero
+  int devices_in_one_process = 1;  // DataParallel's or TensorParallel's (--devices cpu,cpu)
+  bool float32 = true;      // --precision 32-true
+  bool cpu = true;          // the CPU allocator's peak (the data sets live there too)
+  int64_t rank_rows = 0;    // a step's rows on this rank
+  int64_t train_images = 0, test_images = 0;
+  plan::MLPOptimizer optimizer = plan::MLPOptimizer::SGDMomentum;
+};
+
+std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& run);
+
+}  // namespace mg::samples

@@ -1,0 +1,125 @@
+// The MLP's formulas (minigrad/plan/mlp_formulas.h) against the tensors themselves: the
+// parameters, gradients and optimizer state of a stepped model, parallelize_mlp's shards and
+// ZeRO's buckets, byte for byte. Against the allocator's peak: train_fashion_mnist's memory
+// ctests (tests/samples/train_fashion_mnist_memory_test.cpp).
+#include "catch_compat.h"
+
+#include <memory>
+#include <vector>
+
+#include <minigrad/core/ops.h>
+#include <minigrad/core/tensor.h>
+#include <minigrad/autograd/functions.h>
+#include <minigrad/nn/layers.h>
+#include <minigrad/nn/optim/adam.h>
+#include <minigrad/nn/optim/sgd.h>
+#include <minigrad/parallel/c10d/bucketing.h>
+#include <minigrad/parallel/tensor_parallel/tensor_parallel.h>
+#include <minigrad/plan/mlp_formulas.h>
+
+using namespace mg;
+
+namespace {
+
+plan::MLPConfig small_mlp() {
+  plan::MLPConfig config;
+  config.inputs = 12;
+  config.hidden = {8, 6};
+  config.classes = 4;
+  return config;
+}
+
+// train_fashion_mnist's make_mlp for `config`.
+std::shared_ptr<nn::Sequential> make_mlp(const plan::MLPConfig& config) {
+  auto mlp = std::make_shared<nn::Sequential>();
+  int64_t width = config.inputs;
+  for (const int64_t h : config.hidden) {
+    mlp->push_back(std::make_shared<nn::Linear>(width, h));
+    mlp->push_back(std::make_shared<nn::ReLU>());
+    width = h;
+  }
+  mlp->push_back(std::make_shared<nn::Linear>(width, config.classes));
+  return mlp;
+}
+
+double bytes(const std::vector<Tensor>& tensors) {
+  double sum = 0;
+  for (const Tensor& t : tensors)
+    if (t.defined()) sum += static_cast<double>(t.nbytes());
+  return sum;
+}
+
+// Two steps on random rows: the optimizer's state made (SGD's momentum at the first step).
+void train_two_steps(nn::Module& mlp, optim::Optimizer& optimizer, const plan::MLPConfig& config) {
+  for (int step = 0; step < 2; ++step) {
+    optimizer.zero_grad();
+    const Tensor x = randn({5, config.inputs});
+    const Tensor y = from_vector(std::vector<int64_t>{0, 1, 2, 3, 0}, {5});
+    cross_entropy(mlp.forward(x), y).backward();
+    optimizer.step();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mlp formulas: the parameters, gradients and SGD momentum of one device are the tensors' bytes") {
+  const plan::MLPConfig config = small_mlp();
+  auto mlp = make_mlp(config);
+  std::vector<int64_t> numels;
+  for (const Tensor& p : mlp->parameters()) numels.push_back(p.numel());
+  REQUIRE(plan::mlp_parameter_numels(config) == numels);
+
+  optim::SGD sgd(mlp->parameters(), optim::SGDOptions(0.1, 0.9));
+  train_two_steps(*mlp, sgd, config);
+  const auto r = plan::mlp_rank_memory(config, plan::Split{}, 5, plan::MLPOptimizer::SGDMomentum);
+  REQUIRE(r.has_value());
+  std::vector<Tensor> grads, momentum;
+  for (size_t i = 0; i < mlp->parameters().size(); ++i) {
+    grads.push_back(mlp->parameters()[i].grad());
+    momentum.push_back(sgd.momentum_buffer(i));
+  }
+  CHECK(r->params == bytes(mlp->parameters()));
+  CHECK(r->grads == bytes(grads));
+  CHECK(r->optimizer == bytes(momentum));
+  CHECK(r->buffers == 0);
+}
+
+TEST_CASE("mlp formulas: AdamW's state is its two moments and a step a tensor, in bytes") {
+  const plan::MLPConfig config = small_mlp();
+  auto mlp = make_mlp(config);
+  optim::AdamW adamw(mlp->parameters(), optim::AdamWOptions(1e-3));
+  train_two_steps(*mlp, adamw, config);
+  std::vector<Tensor> state;
+  for (size_t i = 0; i < mlp->parameters().size(); ++i)
+    for (const auto& [name, t] : adamw.state(i)) state.push_back(t);
+  const auto r = plan::mlp_rank_memory(config, plan::Split{}, 5, plan::MLPOptimizer::AdamW);
+  REQUIRE(r.has_value());
+  CHECK(r->optimizer == bytes(state));
+}
+
+TEST_CASE("mlp formulas: a tensor-parallel rank's parameters are parallelize_mlp's shards") {
+  const plan::MLPConfig config = small_mlp();
+  auto mlp = make_mlp(config);
+  const parallel::TensorParallel tp(*mlp, {Device::cpu(), Device::cpu()});
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<int64_t> numels;
+    for (const Tensor& p : tp.shard(rank)->parameters()) numels.push_back(p.numel());
+    CHECK(plan::mlp_rank_parameter_numels(config, 2) == numels);
+  }
+}
+
+TEST_CASE("mlp formulas: ZeRO's buckets are compute_bucket_assignment_by_size's") {
+  plan::MLPConfig config = small_mlp();
+  config.hidden = {300, 200};  // 12 x 300 + 300 x 200 + 200 x 4 floats and biases: several buckets of 64 KiB
+  auto mlp = make_mlp(config);
+  const std::vector<Tensor> params = mlp->parameters();
+  const size_t cap = 64 * 1024;
+  std::vector<int64_t> want;
+  for (const std::vector<size_t>& bucket : parallel::compute_bucket_assignment_by_size(params, cap, cap)) {
+    int64_t numel = 0;
+    for (const size_t i : bucket) numel += params[i].numel();
+    want.push_back(numel);
+  }
+  REQUIRE(want.size() > 1);
+  CHECK(plan::mlp_zero_bucket_numels(config, static_cast<double>(cap)) == want);
+}
