@@ -32,6 +32,13 @@
 // planner's (plan::plan_gpt's stage_comm with the same split and workload, float32). The
 // other runs compare with the same planner figures, which are the formulas' under DDP.
 //
+// --model llama: the Llama (models/llama.h) of the same flags (--n-kv-head and
+// --intermediate-size as train_gpt's), split by models::llama_split_spec and stepped through
+// train_gpt's split as --zero runs are (DDP when --zero is 0): every group's collectives
+// against the planner's for plan::LlamaArithmetic, exact (llama_formulas.h). The bytes held
+// and the activation peak are not compared here: train_gpt's peak is, against the same
+// terms at its moments (the ctest `train_gpt --model llama: each rank's peak within 5 %`).
+//
 // The activation formula, derived for this model (not Megatron's 34sbh + 5as²b, which
 // counts 16-bit activations and dropout masks): float32 (4 bytes), dropout 0 (no masks),
 // nanoGPT's pre-LN block with exact GELU, the fused attention keeping its output and one
@@ -79,6 +86,7 @@
 #include <minigrad/minigrad.h>
 #include <minigrad/models/gpt.h>
 #include <minigrad/models/gpt_plan.h>
+#include <minigrad/models/llama.h>
 #include <minigrad/parallel/loss_parallel.h>
 #include <minigrad/parallel/pipeline/mesh_pipeline.h>
 #include <minigrad/parallel/placement.h>
@@ -86,6 +94,7 @@
 #include <minigrad/parallel/c10d/device_mesh.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
 #include <minigrad/models/split_spec.h>
+#include <minigrad/plan/llama_formulas.h>
 #include <minigrad/plan/gpt_formulas.h>
 #include <minigrad/plan/planner.h>
 
@@ -194,6 +203,8 @@ int main(int argc, char** argv) {
   int dp = 1, tp = 1, cp = 1, pp = 1, zero = 0, steps = 3;
   int64_t batch = 4, T = 64, micro_batches = 0;
   bool sp = false, json = false, check = false;
+  std::string model_kind = "gpt";
+  int64_t n_kv_head = 0, intermediate_size = 0;
   double tolerance = 0.05;
   using mg::samples::integer_in;
   app.add_option("--dp", dp, "data-parallel ranks")->check(integer_in(1, 1024));
@@ -203,6 +214,14 @@ int main(int argc, char** argv) {
   app.add_flag("--sequence-parallel", sp, "Megatron's sequence parallelism in the tp group");
   app.add_option("--zero", zero, "ZeRO over dp as train_gpt applies it: 1 AdamW's state, 2 and the "
                  "gradients, 3 FSDP by block (0: DDP)")->check(integer_in(0, 3));
+  app.add_option("--model", model_kind, "gpt, or llama: the Llama (models/llama.h) built from the same flags "
+                 "as train_gpt --model llama builds it, split by its SplitSpec; its collectives are counted "
+                 "against LlamaArithmetic's (the bytes held are not compared)")
+      ->check(CLI::IsMember({"gpt", "llama"}));
+  app.add_option("--n-kv-head", n_kv_head, "--model llama: key-value heads (0: half of --n-head)")
+      ->check(integer_in(0, 1024));
+  app.add_option("--intermediate-size", intermediate_size, "--model llama: SwiGLU's width (0: 8/3 --n-embd, "
+                 "rounded up to 32)")->check(integer_in(0, 1 << 20));
   app.add_option("--n-layer", config.n_layer, "blocks")->check(integer_in(1, 1024));
   app.add_option("--n-embd", config.n_embd, "width")->check(integer_in(1, 1 << 16));
   app.add_option("--n-head", config.n_head, "heads")->check(integer_in(1, 1024));
@@ -227,15 +246,27 @@ int main(int argc, char** argv) {
     MG_CHECK(batch % dp == 0, "gpt-parallel-bench: batch {} does not divide by dp {}", batch, dp);
     if (micro_batches == 0) micro_batches = pp;
     const int rank = world->rank();
+    const bool llama_model = model_kind == "llama";
+    // The Llama of these flags, as samples/support/language_model.cpp makes train_gpt's.
+    models::LlamaConfig llama_config;
+    llama_config.num_hidden_layers = config.n_layer;
+    llama_config.num_attention_heads = config.n_head;
+    llama_config.num_key_value_heads =
+        n_kv_head > 0 ? n_kv_head : (config.n_head % 2 == 0 ? config.n_head / 2 : config.n_head);
+    llama_config.hidden_size = config.n_embd;
+    llama_config.intermediate_size = intermediate_size > 0 ? intermediate_size : (8 * config.n_embd / 3 + 31) / 32 * 32;
+    llama_config.vocab_size = config.vocab_size;
+    llama_config.max_position_embeddings = config.block_size;
     manual_seed(1337);
     auto gpt = std::make_shared<models::GPT>(config);
+    auto llama = llama_model ? std::make_shared<models::Llama>(llama_config) : nullptr;
     manual_seed(7);
     const Tensor x = randint(0, config.vocab_size, Shape{batch, T});
     const Tensor y = randint(0, config.vocab_size, Shape{batch, T});
 
     // The single-device step on the whole batch, rank 0 alone (the others wait).
     double single_ms = 0;
-    if (rank == 0) {
+    if (rank == 0 && !llama_model) {
       auto ref = std::static_pointer_cast<models::GPT>(gpt->clone());
       optim::AdamW opt(ref->parameters(), optim::AdamWOptions(1e-3));
       std::vector<double> ms;
@@ -257,7 +288,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<optim::AdamW> adamw;
     std::unique_ptr<samples::SplitModel> split;
     std::vector<std::unique_ptr<optim::Optimizer>> zero_optimizers;
-    if (zero == 0) {
+    if (zero == 0 && !llama_model) {
       own_mesh = std::make_unique<parallel::DeviceMesh>(
           world, std::vector<parallel::MeshDim>{{"dp", dp}, {"pp", pp}, {"cp", cp}, {"tp", tp}});
       models::parallelize_gpt(*gpt, *own_mesh, sp);
@@ -280,8 +311,12 @@ int main(int argc, char** argv) {
       dist.group = world;
       dist.rank = rank;
       dist.world_size = world->size();
-      split = std::make_unique<samples::SplitModel>(models::gpt_split_spec(gpt), ms, dist, 1337);
-      if (zero < 3)
+      split = std::make_unique<samples::SplitModel>(llama_model ? models::llama_split_spec(llama)
+                                                                : models::gpt_split_spec(gpt),
+                                                    ms, dist, 1337);
+      if (zero == 0)
+        zero_optimizers.push_back(std::make_unique<optim::AdamW>(split->parameters(), optim::AdamWOptions(1e-3)));
+      else if (zero < 3)
         zero_optimizers = split->make_zero_optimizers(optim::AdamWOptions(1e-3));
       else
         zero_optimizers.push_back(
@@ -362,7 +397,10 @@ int main(int argc, char** argv) {
 
     // ---- the arithmetic: the planner's formulas (minigrad/plan/gpt_formulas.h) ----
     const int stage = mesh.rank("pp");
-    const double Ls = static_cast<double>(plan::gpt_stage_blocks(config, pp, stage));
+    const std::unique_ptr<plan::ModelArithmetic> arithmetic =
+        llama_model ? std::unique_ptr<plan::ModelArithmetic>(std::make_unique<plan::LlamaArithmetic>(llama_config))
+                    : std::make_unique<plan::GPTArithmetic>(config);
+    const double Ls = static_cast<double>(arithmetic->stage_blocks(pp, stage));
     const double stage_params = plan::gpt_stage_param_elements(config, tp, pp, stage);
     const double S = 4;  // float32
     // The collectives: the planner's for this split and workload in float32 (DDP's are
@@ -380,11 +418,15 @@ int main(int argc, char** argv) {
     workload.batch = batch;
     workload.seq_len = T;
     workload.precision = plan::Precision::True32;
-    const plan::Plan planned = plan::plan_gpt(config, plan_split, workload, plan::device_table().front());
+    const plan::Plan planned = plan::plan_model(*arithmetic, plan_split, workload, plan::device_table().front());
     const plan::MeshShape shape = plan::mesh_shape(plan_split, workload);
     MG_CHECK(static_cast<size_t>(stage) < planned.stage_comm.size(),
              "gpt-parallel-bench: the planner priced {} stages, not stage {}", planned.stage_comm.size(), stage);
     std::map<std::string, plan::CollectiveBytes> f = planned.stage_comm[static_cast<size_t>(stage)];
+    // The planner prices train_gpt's step, whose loss without the pipeline is loss_share's
+    // mean over the cp ranks' tokens (their int64 count summed over cp); the DDP runs here
+    // step MeshPipeline::train_step, which sums the micro-batches' losses and counts none.
+    if (model && cp > 1 && pp == 1) f["cp"].all_reduce -= 8;
     // The step's peak is a maximum over moments: the activations' (the backward) and, under
     // dp or cp, the gradients' sum after it (a flat copy and the all-reduce's).
     const double activation_formula = std::max(plan::gpt_activation_peak_floats(config, shape, stage) * S,
@@ -433,8 +475,8 @@ int main(int argc, char** argv) {
     // Ranks print in turn.
     for (int r = 0; r < world->size(); ++r) {
       if (r == rank) {
-        fmt::print("rank {} (dp {} pp {} cp {} tp {}{}{}), {} blocks, step {:.2f} ms (single device {:.2f} ms)\n",
-                   rank, mesh.rank("dp"), stage, mesh.rank("cp"), mesh.rank("tp"), sp ? " sp" : "",
+        fmt::print("rank {} ({}dp {} pp {} cp {} tp {}{}{}), {} blocks, step {:.2f} ms (single device {:.2f} ms)\n",
+                   rank, llama_model ? "the Llama, " : "", mesh.rank("dp"), stage, mesh.rank("cp"), mesh.rank("tp"), sp ? " sp" : "",
                    zero > 0 ? fmt::format(" ZeRO-{}", zero) : "", Ls, step_ms, single_ms);
         fmt::print("| quantity | measured B | formula B | measured / formula |\n|---|---|---|---|\n");
         for (const Row& row : rows) {

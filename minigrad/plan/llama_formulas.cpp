@@ -60,23 +60,89 @@ double LlamaArithmetic::stage_vector_elements(int /*tp*/, int pp, int stage) con
   return 2 * C_ * static_cast<double>(stage_blocks(pp, stage)) + (stage == pp - 1 ? C_ : 0);
 }
 
+double LlamaArithmetic::layer_floats(double t, bool sp) const {
+  // The RMSNorms' inputs, outputs and rstd (with SP the inputs and rstd sharded, and each
+  // column layer -- q, k, v, gate, up -- all-gathers the norm's output for itself and keeps
+  // its own whole copy: 5C), q and k turned, k and v repeated to a heads, attention's output
+  // and o_proj's contiguous copy (5C/t), the log-sum-exps (a/t), gate's, SiLU's and up's
+  // outputs and their product (4I/t).
+  const double a = static_cast<double>(config_.num_attention_heads);
+  return (sp ? 2 * C_ / t + 5 * C_ + 2 / t : 4 * C_ + 2) + 5 * C_ / t + a / t + 4 * I_ / t;
+}
+
 double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const {
   check_tp(mesh.tp);
-  const double t = mesh.tp, a = static_cast<double>(config_.num_attention_heads);
+  const double t = mesh.tp, d = static_cast<double>(config_.head_dim());
   const double m = micro_batches_of(mesh);
   const bool sp = mesh.sequence_parallel, last = stage == mesh.pp - 1;
-  const double N = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T / mesh.cp);
+  const double Ls = static_cast<double>(stage_blocks(mesh.pp, stage));
+  const double Tl = static_cast<double>(mesh.T / mesh.cp);
+  const double N = static_cast<double>(mesh.batch / mesh.dp) * Tl;
   const double mb = N / m;
-  // With SP the RMSNorms' inputs and rstd are sharded, their all-gathered outputs whole.
-  const double layer = (sp ? 2 * C_ / t + 2 * C_ + 2 / t : 4 * C_ + 2) + 5 * C_ / t + a / t + 4 * I_ / t;
+  const PipelinePeak peak = pipeline_peak(mesh, stage);
+  const double in_flight = peak.in_flight;
+  const double layer = layer_floats(t, sp);
+  // And once a layer's forward, not a token: RoPE's cos and sin tables it saves ([T/cp, d/2] each).
+  const double rope = Tl * d;
+  // The layers alive whole and the kept inputs of the recomputed ones (alive_blocks: per
+  // layer on one stage, the stage's micro-batch whole under --pp); the later moments of a
+  // recomputed backward (the first layer going back, the pipeline's last backward) are
+  // trainer_moments'.
   const AliveBlocks alive = alive_blocks(stage_blocks(mesh.pp, stage), mesh, stage, recompute);
-  double floats = (alive.kept_inputs * (sp ? C_ / t : C_) + alive.whole * layer) * mb;
-  if (last)
-    floats += mb * ((sp ? C_ / t + C_ + 1 / t : 2 * C_ + 1) + 3 * V_ / t);
-  else  // the backward's working set: the down projection's gradients, the two messages
-    floats += mb * (2 * I_ / t + (m > 1 ? 2 : 1) * C_ / (sp ? t : 1));
-  if (mesh.cp > 1)  // ring attention's backward: k, v arriving and dk, dv travelling
-    floats += N * 4 * kd_ / t;
+  double floats = (alive.kept_inputs * (sp ? C_ / t : C_) + alive.whole * layer) * mb + alive.whole * rope;
+  const double saved = floats;
+  // A pipeline stage's messages, as the GPT's (gpt_activation_peak_floats): every send's
+  // tensor held to the step's end (C a token, C/t with SP; a forward behind its 12-int64
+  // header), the gradient received and the next one posted.
+  const double handed = sp ? C_ / t : C_;
+  const double sent = static_cast<double>(peak.forwards_sent) * (handed * mb + 24) +
+                      static_cast<double>(peak.gradients_sent) * handed * mb;
+  const double received = std::min(in_flight, 2.0) * handed * mb;
+  // The weight gradients made so far in the backward: in the step's first backward of the
+  // stage each becomes .grad (AccumulateGrad keeps the buffer) and is held from then on;
+  // in a later one (the pipeline's, once a backward has gone before: trainer_moments
+  // counts .grad then) each is added into .grad in place and freed.
+  const bool first_backward = std::none_of(peak.gone_back.begin(), peak.gone_back.end(), [](bool b) { return b; });
+  const double made = first_backward ? 1 : 0;
+  // The last layer's MLP backward, where a layer's backward peaks: in SwiGLU's product's
+  // backward down_proj's input gradient and the two it makes (gate's and up's, 3I/t a token)
+  // are alive while the product (I/t) is gone, and down_proj's weight gradient (C I/t).
+  const double mlp_backward = 2 * I_ / t * mb + made * C_ * I_ / t;
+  if (last) {
+    // Two moments, the larger the peak: the loss's (the norm's input, output and rstd, the
+    // logits the loss keeps and its working set: the fused cross-entropy's gradient, V a
+    // token; under tp the vocab-parallel loss's shifted logits and their exp, 2V/t), and
+    // the last layer's MLP backward with the gradient from the norm (C a token, C/t with
+    // SP) and the head's weight gradients made (lm_head's V C/t, the norm's C). Beside them
+    // each earlier micro-batch's loss (m floats).
+    const double loss_working = (t > 1 ? 2 : 1) * V_ / t;
+    const double head = mb * ((sp ? C_ / t + C_ + 1 / t : 2 * C_ + 1) + V_ / t + loss_working);
+    const double block = handed * mb + mlp_backward + made * (V_ * C_ / t + C_);
+    floats += sent + std::max(head, block) + m + (mesh.model_chunks > 1 ? received : 0);
+  } else {
+    floats += sent + received + mlp_backward;
+  }
+  if (sp)  // a moment of its own: the last layer's down_proj reduce-scattering in forward (its
+            // partial sum, the T-first copy, Gloo's slices: 3C a token; the rank's sum, C/t)
+    floats = std::max(floats, saved + sent + mb * (3 * C_ + C_ / t));
+  if (mesh.cp > 1 && !recompute) {
+    // Ring attention's backward is a moment of its own, as the GPT's
+    // (gpt_activation_peak_floats): one layer fewer in full, the first layer going back
+    // holding what its attention saved (input_layernorm's input, output and rstd -- with SP
+    // q's, k's and v's own gathered copies --, q, k and v repeated to the a heads, the ring's
+    // output, the log-sum-exps) with the ring's working set and the gradients flowing in,
+    // 23C/t as the GPT's (the same ring_attention, k and v at the a heads' width); the
+    // weight gradients made: that layer's MLP's, o_proj's and its second norm's (3CI/t +
+    // C²/t + C) and, on the last stage, the head's.
+    const double a = static_cast<double>(config_.num_attention_heads);
+    const double attention_kept = (sp ? C_ / t + 3 * C_ + 1 / t : 2 * C_ + 1) + 4 * C_ / t + a / t;
+    const double ring = (Ls * in_flight - 1) * layer + attention_kept + 23 * C_ / t;
+    const double gradients = made * (3 * C_ * I_ / t + C_ * C_ / t + C_ + (last ? V_ * C_ / t + C_ : 0));
+    const double messages = sent + (last ? m : received);
+    floats = std::max(floats, ring * mb + Ls * in_flight * rope + gradients + messages);
+  } else if (mesh.cp > 1) {  // recompute: k, v arriving and dk, dv travelling (the a heads' width), on top
+    floats += N * 4 * C_ / t;
+  }
   return floats;
 }
 
@@ -93,18 +159,24 @@ std::map<std::string, CollectiveBytes> LlamaArithmetic::collective_bytes(const M
   std::map<std::string, CollectiveBytes> f;
   if (tp > 1) {
     CollectiveBytes& c = f["tp"];
+    // Each column layer (q, k, v, gate, up) takes the stream on its own: in backward each
+    // sums its input's gradient (with SP, each all-gathers its input in forward and
+    // reduce-scatters that gradient), beside o_proj's and down_proj's sums in forward: 7
+    // a layer where the GPT's fused c_attn makes 4.
+    const double sums = 7 * Ls + first + last;
     if (!sp) {
-      c.all_reduce = (4 * Ls + first + last) * NC + (last ? 2 * N * 4 : 0);
+      c.all_reduce = sums * NC + (last ? 2 * N * 4 : 0);
       c.all_gather = last ? N * 4 : 0;
     } else {
-      c.all_gather = (4 * Ls + first + last) * NC / tp + (last ? N * 4 : 0);
-      c.reduce_scatter = (4 * Ls + first + last) * NC;
+      c.all_gather = sums * NC / tp + (last ? N * 4 : 0);
+      c.reduce_scatter = sums * NC;
       c.all_reduce = (last ? 2 * N * 4 : 0) + (Ls * 2 * C_ + (last ? C_ : 0)) * G;  // the RMSNorms' weights
     }
   }
   if (cp > 1) {
     CollectiveBytes& c = f["cp"];
-    c.send = c.recv = Ls * (3 * cp - 2) * 2 * b * Tl * kd_ * S / tp;
+    // k and v travel repeated to the a heads (ring attention takes them after repeat_kv).
+    c.send = c.recv = Ls * (3 * cp - 2) * 2 * b * Tl * C_ * S / tp;
     c.all_reduce = P * G + (last ? m * 4 : 0);
   }
   if (mesh.dp > 1) f["dp"].all_reduce = P * G + 4;

@@ -6,13 +6,29 @@
 //   a layer's parameters   (2C² + 2 C k d + 3 C I)/t + 2C (the two RMSNorms, replicated)
 //   the first stage        + embed_tokens V C/t;  the last: norm C + lm_head V C/t
 //   FLOPs a token          6 (L (2C² + 2Ckd + 3CI) + V C) + 12 L C T
-//   activations a token    4C + 2 (the RMSNorms' inputs, outputs and rstd) + 5C/t (q and
-//                          k turned, v, repeated to a heads as attention keeps them: 3C/t;
-//                          its output and the copy o_proj takes) + a/t (log-sum-exps) +
-//                          4I/t (gate's and up's outputs, SiLU's, their product); the head
-//                          2C + 1 + V/t and 2V/t more in backward. DERIVED from the ops'
-//                          saved tensors, NOT measured by a bench (the GPT's are).
-//   collectives            the GPT's, with k v hops of 2 b (T/cp) k d/t and no tied group
+//   activations a token    a layer: 4C + 2 (the RMSNorms' inputs, outputs and rstd; with SP
+//                          2C/t + 2/t and 5C, each column layer's own all-gathered input) +
+//                          5C/t (q and k turned, k and v repeated to a heads as attention
+//                          keeps them, its output and o_proj's copy) + a/t (log-sum-exps) +
+//                          4I/t (gate's, SiLU's and up's outputs, their product); RoPE's
+//                          tables T d a layer's forward. At the peak, the larger of the loss's
+//                          moment and the last layer's SwiGLU backward (2I/t a token more and
+//                          in the step's first backward down_proj's weight gradient, C I/t,
+//                          and the head's, V C/t + C, each .grad from then on), with
+//                          the pipeline's messages as the GPT's; with SP down_proj's forward
+//                          reduce-scatter (3C + C/t) a moment too; recomputed, alive_blocks's
+//                          layers (recompute's later moments are trainer_moments'); cp: ring attention's
+//                          backward a moment of its own, as the GPT's (its working set 23C/t,
+//                          k and v at the a heads' width).
+//   collectives            the GPT's, but 7 sums a layer over tp (q, k, v, gate and up each
+//                          take the stream) where the GPT's fused c_attn makes 4, k v hops of
+//                          2 b (T/cp) C/t (repeated to the a heads) and no tied group
+//
+// Held: every collective byte exact against gpt-parallel-bench --model llama's counts (its
+// ctests: tp 2 with SP, cp 2, pp 2 with 4 micro-batches, dp 2 x cp 2 with ZeRO-3); each
+// rank's peak within 5 % of these terms at train_gpt's moments (samples/trainer_moments.h),
+// 0.977 to 1.025 on 23 splits, in 32-true (the ctest `train_gpt --model llama: each rank's
+// peak within 5 % ...`; bench/RESULTS.md has the table).
 #pragma once
 
 #include <minigrad/models/llama.h>
@@ -41,6 +57,8 @@ class LlamaArithmetic final : public ModelArithmetic {
  private:
   models::LlamaConfig config_;
   double C_, I_, V_, kd_;  // hidden, intermediate, vocabulary, k d (the k and v widths)
+  // A layer's saved floats a token (activation_peak_floats has each term).
+  double layer_floats(double t, bool sp) const;
 };
 
 }  // namespace mg::plan

@@ -218,15 +218,13 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
         const double replicated = comm["tp"].all_reduce - model.collective_bytes(mesh, stage, Ab, 0)["tp"].all_reduce;
         comm["tp"].all_reduce -= replicated * (1 - 1.0 / s.dp);
       }
-      if (s.cp > 1) {
-        CollectiveBytes& c = comm["cp"];
-        // ZeRO-2 and FSDP sum over cp what holds the gradients after backward: the shards.
-        if (s.zero >= 2) c.all_reduce += (shards - P) * G;
-        // Without the pipeline train_gpt's loss is loss_share's mean over the cp ranks'
-        // tokens: their count (an int64) summed over cp. (The pipeline's is a sum.)
-        if (s.pp == 1) c.all_reduce += 8;
-      }
+      // ZeRO-2 and FSDP sum over cp what holds the gradients after backward: the shards.
+      if (s.cp > 1 && s.zero >= 2) comm["cp"].all_reduce += (shards - P) * G;
     }
+    // Without the pipeline train_gpt's loss is loss_share's mean over the cp ranks' tokens:
+    // their count (an int64) summed over cp, under DDP as under ZeRO. (The pipeline's is a
+    // sum.)
+    if (s.cp > 1 && s.pp == 1) comm["cp"].all_reduce += 8;
     if (s.clip_grad_norm && s.world() > 1) comm["world"].all_reduce += 4;
     plan.stage_comm.push_back(comm);
     std::map<std::string, double> comm_s;

@@ -224,3 +224,36 @@ TEST_CASE("train_gpt: each rank's peak within 5 % of the planner's bytes at the 
     CHECK(lines == (command.rfind(alone, 0) == 0 ? 1 : command.rfind(four, 0) == 0 ? 4 : 2));  // a line a rank
   }
 }
+
+// The Llama (llama_formulas.h) at train_gpt's default shape, 32-true, through the splits
+// train_gpt runs it on: 0.977 to 1.025 on every rank (bench/RESULTS.md). Left out: the
+// 16-bit precisions, not priced for the Llama yet (trainer_moments).
+TEST_CASE("train_gpt --model llama: each rank's peak within 5 % of the planner's bytes at the trainer's moments") {
+  mg::testing::TempDir dir;
+  const std::string flags = " --devices cpu --model llama --iters 4 --eval-iters 2 --eval-interval 4 --sample-chars 0 "
+                            "--data-dir " + mg::testing::make_fortunes(dir);
+  const std::string alone = mg::testing::program_path("train_gpt") + flags;
+  const std::string two = mg::testing::program_path("minigrad-run") + " --nproc-per-node 2 " + alone;
+  const std::string four = mg::testing::program_path("minigrad-run") + " --nproc-per-node 4 " + alone;
+  for (const std::string& command :
+       {alone, alone + " --recompute", two + " --dp 2", two + " --dp 2 --zero 1", two + " --dp 2 --zero 2",
+        two + " --dp 2 --zero 3 --weight-decay 0", two + " --dp 2 --recompute", two + " --tp 2",
+        two + " --tp 2 --sequence-parallel", two + " --cp 2", two + " --pp 2 --micro-batches 1",
+        two + " --pp 2", two + " --pp 2 --micro-batches 4", two + " --pp 2 --recompute",
+        two + " --pp 2 --schedule interleaved --model-chunks 2 --micro-batches 2",
+        two + " --pp 2 --schedule interleaved --model-chunks 2 --micro-batches 4", four + " --dp 2 --pp 2",
+        four + " --dp 2 --pp 2 --recompute", four + " --tp 2 --pp 2", four + " --tp 2 --pp 2 --sequence-parallel",
+        four + " --cp 2 --pp 2", four + " --dp 2 --cp 2", four + " --tp 2 --cp 2 --sequence-parallel"}) {
+    const auto run = mg::testing::run_program(command);
+    INFO(command << "\n" << run.output);
+    REQUIRE(run.exit_code == 0);
+    int lines = 0;
+    for (size_t at = run.output.find("measured / that "); at != std::string::npos;
+         at = run.output.find("measured / that ", at + 1)) {
+      const double ratio = std::stod(run.output.substr(at + 16, 5));
+      CHECK(ratio == Approx(1.0).margin(0.05));
+      ++lines;
+    }
+    CHECK(lines == (command.rfind(alone, 0) == 0 ? 1 : command.rfind(four, 0) == 0 ? 4 : 2));  // a line a rank
+  }
+}
