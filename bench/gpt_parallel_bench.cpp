@@ -27,10 +27,13 @@
 // (samples/support/split_model.h: ZeroRedundancyOptimizer over the mesh's dp group, two of
 // them as nanoGPT's groups, or fully_shard per block for 3; the pipeline for pp > 1, ZeRO-1
 // only), a step as train_gpt's loop runs it (loss_share and backward, or pipeline_step;
-// reduce_gradients; the optimizers' step), no clip. The collectives alone are compared
+// reduce_gradients; the optimizers' step). The collectives alone are compared
 // then (the bytes held under ZeRO are gpt-fsdp-bench's); every group's count against the
 // planner's (plan::plan_gpt's stage_comm with the same split and workload, float32). The
 // other runs compare with the same planner figures, which are the formulas' under DDP.
+// --grad-clip X: the gradient norm clipped each step as train_gpt clips it
+// (parallel::clip_grad_norm_ over the mesh's world, after the gradients' reduction), and the
+// world group counted beside the others against the planner's clip term.
 //
 // --model llama: the Llama (models/llama.h) of the same flags (--n-kv-head and
 // --intermediate-size as train_gpt's), split by models::llama_split_spec and stepped through
@@ -87,6 +90,7 @@
 #include <minigrad/models/gpt.h>
 #include <minigrad/models/gpt_plan.h>
 #include <minigrad/models/llama.h>
+#include <minigrad/parallel/clip_grad.h>
 #include <minigrad/parallel/loss_parallel.h>
 #include <minigrad/parallel/pipeline/mesh_pipeline.h>
 #include <minigrad/parallel/placement.h>
@@ -205,7 +209,7 @@ int main(int argc, char** argv) {
   bool sp = false, json = false, check = false;
   std::string model_kind = "gpt";
   int64_t n_kv_head = 0, intermediate_size = 0;
-  double tolerance = 0.05;
+  double tolerance = 0.05, grad_clip = 0;
   using mg::samples::integer_in;
   app.add_option("--dp", dp, "data-parallel ranks")->check(integer_in(1, 1024));
   app.add_option("--tp", tp, "tensor-parallel ranks")->check(integer_in(1, 1024));
@@ -231,6 +235,8 @@ int main(int argc, char** argv) {
   app.add_option("--T", T, "tokens per row")->check(integer_in(1, 1 << 16));
   app.add_option("--micro-batches", micro_batches, "pipeline micro-batches (0: pp)")->check(integer_in(0, 1024));
   app.add_option("--steps", steps, "measured steps after one warm-up")->check(integer_in(1, 1000));
+  app.add_option("--grad-clip", grad_clip, "clip the gradient norm to this each step, as train_gpt (0: no clip)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--json", json, "one JSON line per rank as well");
   app.add_flag("--check", check, "exit 1 unless every byte count equals its formula and the "
                "activation peak is within --tolerance of its formula (the smoke test)");
@@ -335,6 +341,7 @@ int main(int argc, char** argv) {
     // group's sub-group of the first and the last stage (its placement names it).
     std::vector<std::pair<std::string, std::shared_ptr<parallel::ProcessGroup>>> groups;
     for (const char* d : {"tp", "cp", "dp", "pp"}) groups.emplace_back(d, mesh.group(d));
+    groups.emplace_back("world", world);  // the clip's (and nothing else's in a step)
     for (const Tensor& p : split ? split->parameters() : model->parameters())
       if (const parallel::ParameterSpec* spec = parallel::spec_of(p))
         for (const parallel::DimPlacement& d : spec->pieces[0].placements)
@@ -368,6 +375,11 @@ int main(int argc, char** argv) {
       // strided parameters) are not activations, and on a stage with few activations they
       // would be the peak.
       const size_t step_peak = cpu_max_memory_allocated();
+      if (grad_clip > 0) {  // train_gpt's: over what the optimizers step
+        std::vector<Tensor> clipped = model ? model->parameters() : std::vector<Tensor>{};
+        for (auto& o : zero_optimizers) clipped.insert(clipped.end(), o->parameters().begin(), o->parameters().end());
+        parallel::clip_grad_norm_(clipped, mesh, grad_clip);
+      }
       if (adamw) adamw->step();
       for (auto& o : zero_optimizers) o->prepare_gradients();  // train_gpt's unscale_
       for (auto& o : zero_optimizers) o->step();
@@ -414,6 +426,7 @@ int main(int argc, char** argv) {
     plan_split.sequence_parallel = sp;
     plan_split.zero = zero;
     plan_split.micro_batches = micro_batches;
+    plan_split.clip_grad_norm = grad_clip > 0;
     plan::Workload workload;
     workload.batch = batch;
     workload.seq_len = T;
