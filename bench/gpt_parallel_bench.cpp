@@ -31,6 +31,8 @@
 // then (the bytes held under ZeRO are gpt-fsdp-bench's); every group's count against the
 // planner's (plan::plan_gpt's stage_comm with the same split and workload, float32). The
 // other runs compare with the same planner figures, which are the formulas' under DDP.
+// --model-chunks v (v > 1, with --pp): the interleaved schedule, v chunks a rank, stepped
+// through train_gpt's split as --zero runs are: its pp messages against the planner's.
 // --grad-clip X: the gradient norm clipped each step as train_gpt clips it
 // (parallel::clip_grad_norm_ over the mesh's world, after the gradients' reduction), and the
 // world group counted beside the others against the planner's clip term.
@@ -204,7 +206,7 @@ int main(int argc, char** argv) {
   config.n_embd = 64;
   config.vocab_size = 256;
   config.block_size = 64;
-  int dp = 1, tp = 1, cp = 1, pp = 1, zero = 0, steps = 3;
+  int dp = 1, tp = 1, cp = 1, pp = 1, zero = 0, steps = 3, model_chunks = 1;
   int64_t batch = 4, T = 64, micro_batches = 0;
   bool sp = false, json = false, check = false;
   std::string model_kind = "gpt";
@@ -235,6 +237,8 @@ int main(int argc, char** argv) {
   app.add_option("--T", T, "tokens per row")->check(integer_in(1, 1 << 16));
   app.add_option("--micro-batches", micro_batches, "pipeline micro-batches (0: pp)")->check(integer_in(0, 1024));
   app.add_option("--steps", steps, "measured steps after one warm-up")->check(integer_in(1, 1000));
+  app.add_option("--model-chunks", model_chunks, "with --pp: the interleaved schedule with this many chunks a rank "
+                 "(1: 1F1B)")->check(integer_in(1, 64));
   app.add_option("--grad-clip", grad_clip, "clip the gradient norm to this each step, as train_gpt (0: no clip)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--json", json, "one JSON line per rank as well");
@@ -294,7 +298,8 @@ int main(int argc, char** argv) {
     std::unique_ptr<optim::AdamW> adamw;
     std::unique_ptr<samples::SplitModel> split;
     std::vector<std::unique_ptr<optim::Optimizer>> zero_optimizers;
-    if (zero == 0 && !llama_model) {
+    const bool interleaved = model_chunks > 1;
+    if (zero == 0 && !llama_model && !interleaved) {
       own_mesh = std::make_unique<parallel::DeviceMesh>(
           world, std::vector<parallel::MeshDim>{{"dp", dp}, {"pp", pp}, {"cp", cp}, {"tp", tp}});
       models::parallelize_gpt(*gpt, *own_mesh, sp);
@@ -310,6 +315,8 @@ int main(int argc, char** argv) {
       ms.cp = cp;
       ms.sequence_parallel = sp;
       ms.micro_batches = micro_batches;
+      ms.interleaved = interleaved;
+      ms.model_chunks = model_chunks;
       ms.zero = zero;
       // train_gpt's refusals (ZeRO-2/3 with pp, ZeRO without dp); FSDP's AdamW decays nothing.
       samples::check_split(ms, batch, T, config.dropout, 0.0);
@@ -427,6 +434,10 @@ int main(int argc, char** argv) {
     plan_split.zero = zero;
     plan_split.micro_batches = micro_batches;
     plan_split.clip_grad_norm = grad_clip > 0;
+    if (interleaved) {
+      plan_split.schedule = plan::Schedule::Interleaved;
+      plan_split.virtual_stages = model_chunks;
+    }
     plan::Workload workload;
     workload.batch = batch;
     workload.seq_len = T;

@@ -338,8 +338,11 @@ std::map<std::string, CollectiveBytes> gpt_collective_bytes(const models::GPTCon
     // Forward: each micro-batch's activation behind a header of 12 int64 (pipeline_stage.cpp:
     // 4 + 8 dimensions); backward: its gradient alone.
     const double act = N * C * S / (sp ? tp : 1), header = m * 12 * 8;
-    f["pp"].send = (last ? 0 : act + header) + (first ? 0 : act);
-    f["pp"].recv = (first ? 0 : act + header) + (last ? 0 : act);
+    // Each of the rank's v chunks (1 under 1F1B) hands on but the last rank's last, and
+    // sends back but the first rank's first (interleaved: v pp - 1 chunk boundaries a way).
+    const double v = mesh.model_chunks, forwards = v - (last ? 1 : 0), backs = v - (first ? 1 : 0);
+    f["pp"].send = forwards * (act + header) + backs * act;
+    f["pp"].recv = backs * (act + header) + forwards * act;
     // The loss from the last stage, behind its dtype (one int64: loss_on_every_rank).
     f["pp"].broadcast = 8 + 4;
     f["emb"].all_reduce = V * C / tp * G;

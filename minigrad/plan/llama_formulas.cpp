@@ -182,8 +182,11 @@ std::map<std::string, CollectiveBytes> LlamaArithmetic::collective_bytes(const M
   if (mesh.dp > 1) f["dp"].all_reduce = P * G + 4;
   if (pp > 1) {
     const double act = N * C_ * S / (sp ? tp : 1), header = m * 12 * 8;
-    f["pp"].send = (last ? 0 : act + header) + (first ? 0 : act);
-    f["pp"].recv = (first ? 0 : act + header) + (last ? 0 : act);
+    // Each of the rank's v chunks (1 under 1F1B) hands on but the last rank's last, and
+    // sends back but the first rank's first (interleaved: v pp - 1 chunk boundaries a way).
+    const double v = mesh.model_chunks, forwards = v - (last ? 1 : 0), backs = v - (first ? 1 : 0);
+    f["pp"].send = forwards * (act + header) + backs * act;
+    f["pp"].recv = backs * (act + header) + forwards * act;
     f["pp"].broadcast = 8 + 4;
   }
   return f;

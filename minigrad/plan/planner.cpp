@@ -185,12 +185,6 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
     std::map<std::string, CollectiveBytes> comm =
         model.collective_bytes(mesh, stage, Ab, prec == Precision::BF16True ? 2 : 4);
     const double G = prec == Precision::BF16True ? 2 : 4;
-    // Interleaved: each micro-batch crosses every rank v times (one per model chunk), so
-    // about v times 1F1B's messages (not counted by a bench).
-    if (s.schedule == Schedule::Interleaved && comm.count("pp")) {
-      comm["pp"].send *= s.virtual_stages;
-      comm["pp"].recv *= s.virtual_stages;
-    }
     if (s.dp > 1 && s.zero > 0) {
       CollectiveBytes& d = comm["dp"];
       // A flat group hands the all-gather its shard, ceil(Ψ_g / dp) elements, and the
