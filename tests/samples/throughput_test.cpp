@@ -12,6 +12,7 @@
 #include "samples/run_program.h"
 #include "../../samples/support/memory_report.h"
 #include "../../samples/support/throughput.h"
+#include "../../samples/support/trainer_moments.h"
 #include "temp_dir.h"
 #include "train_gpt_runs.h"  // make_fortunes
 
@@ -219,5 +220,74 @@ TEST_CASE("train_gpt: each rank's peak within 5 % of the planner's bytes at the 
       ++lines;
     }
     CHECK(lines == (command.rfind(alone, 0) == 0 ? 1 : command.rfind(four, 0) == 0 ? 4 : 2));  // a line a rank
+  }
+}
+
+// FSDP with recompute: whether Gloo's communication thread still holds block k + 1's
+// reduce-scatter scratch at block k's backward is a race (13.03, 13.22, 13.60 or 13.79 MiB on
+// rank 0 of the same command), so the line prices it as a range (trainer_moments.h): the
+// low, every collective done before compute reached the moment, and the high, the scratch
+// alive. The range is no wider than that named scratch, one block's flat gradient, and
+// each bound is a moment's own terms: a wrong formula still fails.
+TEST_CASE("train_gpt: FSDP with recompute prices its race with Gloo's thread as a range and each run falls within it") {
+  // The bounds at train_gpt's default shape, exactly: the high is the low's moment with the
+  // scratch (12C^2 + 13C floats at C 128) alive.
+  models::GPTConfig c;
+  c.n_layer = 4;
+  c.n_head = 4;
+  c.n_embd = 128;
+  c.vocab_size = 34;
+  c.block_size = 64;
+  const plan::GPTArithmetic model(c);
+  samples::ModelSplit fsdp;
+  fsdp.dp = 2;
+  fsdp.zero = 3;
+  fsdp.recompute = true;
+  const plan::Plan p = plan::plan_model(model, samples::plan_split(fsdp),
+                                        plan::Workload{12, 64, plan::Precision::True32}, plan::device_table().front());
+  const auto moments = samples::trainer_moments(p.stages[0], model, fsdp, 0, 12, 64, samples::Precision::True32,
+                                                false, true);
+  REQUIRE(moments.has_value());
+  REQUIRE(moments->is_range());
+  const double unit = 4.0 * (12 * 128 * 128 + 13 * 128);
+  CHECK(moments->high() - moments->low() == unit);
+  CHECK(moments->high_moment().name == moments->low_moment().name);
+  REQUIRE(moments->high_moment().racing.size() == 1);
+  CHECK(moments->high_moment().racing[0].bytes == unit);
+  CHECK_THAT(moments->high_moment().racing[0].name, MG_CONTAINS("the reduce-scatter's scratch"));
+  // Over NCCL (no such thread's scratch), or in 16 bits, it is not priced.
+  CHECK_FALSE(samples::trainer_moments(p.stages[0], model, fsdp, 0, 12, 64, samples::Precision::True32, false, false));
+
+  mg::testing::TempDir dir;
+  const std::string command = mg::testing::program_path("minigrad-run") + " --nproc-per-node 2 " +
+                              mg::testing::program_path("train_gpt") +
+                              " --devices cpu --iters 4 --eval-iters 2 --eval-interval 4 --sample-chars 0 --data-dir " +
+                              mg::testing::make_fortunes(dir) + " --dp 2 --zero 3 --weight-decay 0 --recompute";
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const auto run = mg::testing::run_program(command);
+    INFO(command << "\n" << run.output);
+    REQUIRE(run.exit_code == 0);
+    int lines = 0;
+    for (size_t at = run.output.find("memory: peak "); at != std::string::npos;
+         at = run.output.find("memory: peak ", at + 1)) {
+      const std::string line = run.output.substr(at, run.output.find('\n', at) - at);
+      const double measured = std::stod(line.substr(13));
+      const std::string key = "at the trainer's moments: ";
+      const size_t range = line.find(key);
+      REQUIRE(range != std::string::npos);
+      const double low = std::stod(line.substr(range + key.size()));
+      const double high = std::stod(line.substr(line.find(" to ", range) + 4));
+      const std::string adds = "the high adds: the reduce-scatter's scratch (block ";
+      const size_t scratch = line.find(adds);
+      REQUIRE(scratch != std::string::npos);
+      const double racing = std::stod(line.substr(line.find(") ", scratch) + 2));
+      CHECK(racing == Approx(unit / 1048576).margin(0.005));
+      CHECK(high - low == Approx(racing).margin(0.011));  // each printed to 0.01 MiB
+      CHECK(measured >= 0.95 * low);
+      CHECK(measured <= 1.05 * high);
+      CHECK_THAT(line, MG_CONTAINS("measured within that range"));
+      ++lines;
+    }
+    CHECK(lines == 2);
   }
 }
