@@ -16,6 +16,10 @@
 //   sum        the gradients with the dp/cp sum's flat copy and the all-reduce's (or
 //              ZeRO-2's reduce-scatter's), after backward, when the activations are gone
 //   step       bf16-true: the masters' float32 gradients beside the bfloat16 ones
+//   FSDP with  backward through block k (each k): block k recomputed, its unit, the one
+//   recompute  gathered ahead and the root's, the flat gradients of k, of k + 1 (its
+//              reduce-scatter in flight) and the root's, the gradient shards reduced; Gloo's
+//              scratch for k + 1's reduce-scatter a racing term: the peak is a range
 #pragma once
 
 #include <optional>

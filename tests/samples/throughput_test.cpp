@@ -171,7 +171,7 @@ TEST_CASE("train_gpt --memory-blocks: the blocks live at the peak add up to the 
 // under ZeRO-3 (0.977 to 1.001 a rank over runs: whether the peak holds the unit gathered
 // ahead, widened to float32 for Gloo, and its rounding back is a race with the
 // communication thread, so a faster one could read lower), FSDP with recompute (a race of
-// the same kind). The 16-bit precisions with cp (ring attention runs in float32): cp 2
+// the same kind, priced as a range: the next test). The 16-bit precisions with cp (ring attention runs in float32): cp 2
 // 1.000 to 1.013, dp 2 x cp 2 1.000, cp 2 x pp 2 0.989 to 1.029, cp 2 x tp 2 1.005 to 1.017.
 TEST_CASE("train_gpt: each rank's peak within 5 % of the planner's bytes at the trainer's moments") {
   mg::testing::TempDir dir;
