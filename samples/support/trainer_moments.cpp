@@ -207,12 +207,18 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
   backward.push_back({"gradients of the backwards before",
                       split.pp > 1 ? r.grads * gone_back_share(model, planned, shape, stage) : 0});
   const std::vector<MemoryTerm> before_gradients = backward;
-  // FSDP's gathered units; over Gloo in 16 bits also the unit gathered ahead as float32 (the
-  // unit and this rank's shard of it, widened) and rounded back, which the communication
-  // thread makes at a moment of its own: some runs' peaks hold it, some not; this is the most.
-  backward.push_back({"ZeRO-3's gathered units",
-                      split.zero == 3 ? r.buffers + (widened ? (wire * (1 + 1.0 / split.dp) + 1) * unit : 0) : 0});
-  m.moments.push_back(moment("backward", backward));
+  // FSDP's gathered units; over Gloo in 16 bits the unit gathered ahead also travels as
+  // float32 (its float32 output and this rank's shard widened, then it rounded back), made
+  // and freed by the communication thread while compute runs the last block's backward:
+  // some runs' peaks hold all of it, some part, some none (a race: the backward's racing
+  // terms; the rest of the moment is the low).
+  backward.push_back({"ZeRO-3's gathered units", split.zero == 3 ? r.buffers : 0});
+  MemoryMoment backward_moment = moment("backward", backward);
+  if (split.zero == 3 && widened)
+    backward_moment.racing.push_back({"the unit gathered ahead, widened for Gloo: its float32 output, this rank's "
+                                      "float32 shard and it rounded back (on Gloo's thread)",
+                                      (wire * (1 + 1.0 / split.dp) + 1) * unit});
+  m.moments.push_back(std::move(backward_moment));
 
   // Recomputed per block (one stage: models::GPT's checkpoint), each block's backward runs
   // one of its own and adds its weights' gradients into .grad at once, and a block's kept

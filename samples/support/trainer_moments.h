@@ -18,8 +18,10 @@
 //   step       bf16-true: the masters' float32 gradients beside the bfloat16 ones
 //   FSDP with  backward through block k (each k): block k recomputed, its unit, the one
 //   recompute  gathered ahead and the root's, the flat gradients of k, of k + 1 (its
-//              reduce-scatter in flight) and the root's, the gradient shards reduced; Gloo's
-//              scratch for k + 1's reduce-scatter a racing term: the peak is a range
+//              reduce-scatter in flight) and the root's, the gradient shards reduced
+// and two racing terms, which make the peak a range: FSDP with recompute's Gloo scratch for
+// block k + 1's reduce-scatter, and under bf16-true ZeRO-3 over Gloo the backward's unit
+// gathered ahead, widened to float32 on the communication thread.
 #pragma once
 
 #include <optional>
