@@ -22,6 +22,9 @@
 //   ZeRO-2's       the first layer's weight gradient, the last made, fires the bucket's
 //   reduce-scatter reduce-scatter: the flat gradient, its scratch, the gradient shards and
 //                  that weight's gradient, still in .grad
+//   ZeRO-3's       the first Linear's reduce-scatter launched: its unit gathered, its flat
+//   launch         gradient, its weight's gradient, every gradient shard; a range, Gloo's
+//                  scratch for it racing the caller (mlp_zero3_memory)
 #pragma once
 
 #include <cstdint>
