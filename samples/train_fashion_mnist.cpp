@@ -462,6 +462,7 @@ samples::MLPRun mlp_run(const Run& run, const data::Dataset& train_set, const da
   m.optimizer = o.optimizer == "adamw" ? plan::MLPOptimizer::AdamW
                 : o.momentum > 0         ? plan::MLPOptimizer::SGDMomentum
                                          : plan::MLPOptimizer::SGD;
+  m.gloo = run.dist.active() && run.dist.group != nullptr && run.dist.group->backend_name() == "gloo";
   return m;
 }
 

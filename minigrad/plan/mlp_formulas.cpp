@@ -166,6 +166,25 @@ std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& 
   return r;
 }
 
+std::optional<MLPZero3Memory> mlp_zero3_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
+                                               MLPOptimizer optimizer) {
+  if (split.zero != 3 || split.tp > 1 || split.pp > 1 || split.cp > 1 || split.dp < 2) return std::nullopt;
+  (void)rank_rows;  // the activations are gone at the moment: the loss's scalars alone
+  const std::vector<int64_t> numels = mlp_parameter_numels(config);
+  const double N = split.dp;
+  double shards = 0;  // a Linear's unit: its weight and bias, ceil(Ψ_u / N) a rank
+  for (size_t i = 0; i + 1 < numels.size(); i += 2) shards += std::ceil(static_cast<double>(numels[i] + numels[i + 1]) / N);
+  const double first_unit = kFloat * N * std::ceil(static_cast<double>(numels[0] + numels[1]) / N);
+  MLPZero3Memory m;
+  m.low.params = kFloat * shards;
+  m.low.grads = kFloat * shards;
+  m.low.optimizer = mlp_optimizer_bytes(optimizer, shards, static_cast<double>(numels.size() / 2));
+  m.low.buffers = 2 * first_unit + kFloat * static_cast<double>(numels.front());
+  m.low.activations = kFloat * 4;  // the running loss, the loss and its copy summed over the ranks, its seed
+  m.scratch = first_unit;
+  return m;
+}
+
 double mlp_data_bytes(const MLPConfig& config, int64_t train_images, int64_t test_images, int64_t rank_rows) {
   const double image = kFloat * static_cast<double>(config.inputs);
   const double label = 8;  // int64

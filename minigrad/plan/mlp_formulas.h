@@ -22,6 +22,9 @@
 //   ZeRO-2's       the first layer's weight gradient, the last made, fires the bucket's
 //   reduce-scatter reduce-scatter: the flat gradient, its scratch, the gradient shards and
 //                  that weight's gradient, still in .grad
+//   ZeRO-3's       the first Linear's reduce-scatter launched: its unit gathered, its flat
+//   launch         gradient, its weight's gradient, every gradient shard; a range, Gloo's
+//                  scratch for it racing the caller (mlp_zero3_memory)
 #pragma once
 
 #include <cstdint>
@@ -74,11 +77,30 @@ double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tenso
 // params also hold the whole model the shards were cut from, which the trainer keeps.
 // `replicas` > 1: DataParallel's in one process (the process's bytes: the original's
 // parameters, gradients and state, the replicas' copies and the reduce_add's buffers).
-// Empty for the splits not priced yet: pp, ZeRO-3 (its peak moves with the communication
-// thread from run to run), ZeRO with tp, and tp in one process (`replicas` > 1 with tp: its
+// Empty for the splits not priced yet: pp, ZeRO-3 (a range: mlp_zero3_memory), ZeRO with tp, and tp in one process (`replicas` > 1 with tp: its
 // ranks' threads add their moments on one allocator as they happen to meet).
 std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
                                           MLPOptimizer optimizer, int replicas = 1);
+
+// ZeRO-3 (FullyShardedDataParallel: a unit a Linear, reduced last first) over Gloo: its peak
+// is a race with the communication thread, so it is a range. The moment is the first
+// Linear's weight gradient's post-accumulate hook (the unit's last, in a step after the
+// first, beside the optimizer's state), which launches that unit's reduce-scatter: the unit
+// gathered (freed only after the launch), its flat gradient (the reduce-scatter's input),
+// the weight's gradient (the engine holds it while its hook runs), every unit's gradient
+// shard (the first's the reduce-scatter's output, made at the launch; the others' done:
+// one reduce-scatter in flight), the loss's scalars. `low`: those terms, the communication
+// thread not yet started on the reduce-scatter; `scratch`: what the high adds, the
+// reduce-scatter's `slices` (the flat gradient's size), which Gloo's thread allocates as
+// soon as the work is queued and may do before the caller frees the gathered unit and
+// returns from the hook. Empty under tp, pp or cp, and with `replicas` > 1.
+struct MLPZero3Memory {
+  RankMemory low;  // params and grads: the shards; buffers: the unit, its flat gradient, the weight's gradient
+  double scratch = 0;
+  double high() const { return low.total() + scratch; }
+};
+std::optional<MLPZero3Memory> mlp_zero3_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
+                                               MLPOptimizer optimizer);
 
 // What the trainer holds beside the step: the training and test sets (float32 images,
 // int64 labels) and the rank's batch of `rank_rows`.

@@ -7,8 +7,12 @@
 //
 // The second figure takes the planner's terms at the moments train_gpt holds them
 // (trainer_moments.h: what it always holds and the largest of the backward's, the gradient
-// sum's and the step's), in 32-true (FSDP with recompute left out) and in the 16-bit
-// precisions over dp, tp, pp and cp (± recompute); elsewhere the line says it is not priced so yet.
+// sum's and the step's), in 32-true and in the 16-bit precisions over dp, tp, pp and cp
+// (± recompute); elsewhere the line says it is not priced so yet. FSDP with recompute (32-true
+// over Gloo) races with the communication thread, so its figure is a range, "at the
+// trainer's moments: 13.25 to 14.01 MiB (...; the low: ...; the high adds: ...), measured
+// within that range (measured / low 1.040, measured / high 0.984)": within is 0.95 low to
+// 1.05 high.
 //
 // The peak is the device allocator's high-water mark (cpu_max_memory_allocated, or
 // cuda::max_memory_allocated: what the benches read), reset where the caller starts

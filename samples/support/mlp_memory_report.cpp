@@ -20,10 +20,26 @@ std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& ru
     return measured + "; the planner does not price tensor parallelism in one process yet";
   const std::optional<plan::RankMemory> r =
       plan::mlp_rank_memory(run.config, run.split, run.rank_rows, run.optimizer, run.devices_in_one_process);
+  const double data = plan::mlp_data_bytes(run.config, run.train_images, run.test_images, run.rank_rows);
+  if (!r && run.split.zero == 3 && run.split.pp == 1 && run.gloo) {
+    if (const auto z = plan::mlp_zero3_memory(run.config, run.split, run.rank_rows, run.optimizer)) {
+      // A race with Gloo's communication thread (mlp_formulas.h): a range, within it from
+      // 0.95 of the low to 1.05 of the high.
+      const double low = z->low.total() + data, high = z->high() + data;
+      const double peak = static_cast<double>(peak_bytes);
+      const char* where = peak < 0.95 * low ? "below that range" : peak > 1.05 * high ? "above that range" : "within that range";
+      return fmt::format("{}; the planner: {:.2f} to {} (the low: params {}, grads {}, optimizer {}, buffers {}, "
+                         "activations {}, data {}; the high adds: the reduce-scatter's scratch (the first Linear's, on "
+                         "Gloo's thread) {} (a race with Gloo's communication thread)), measured {} (measured / low "
+                         "{:.3f}, measured / high {:.3f})",
+                         measured, low / (1024.0 * 1024.0), mib(high), mib(z->low.params), mib(z->low.grads),
+                         mib(z->low.optimizer), mib(z->low.buffers), mib(z->low.activations), mib(data),
+                         mib(z->scratch), where, peak / low, peak / high);
+    }
+  }
   if (!r)
     return fmt::format("{}; the planner does not price {} yet", measured,
                        run.split.pp > 1 ? "the pipeline" : "ZeRO-3");
-  const double data = plan::mlp_data_bytes(run.config, run.train_images, run.test_images, run.rank_rows);
   const double planned = r->total() + data;
   return fmt::format("{}; the planner: {} (params {}, grads {}, optimizer {}, buffers {}, activations {}, data {}), "
                      "measured / planned {:.3f}",

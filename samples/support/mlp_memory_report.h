@@ -7,7 +7,10 @@
 //   planned 1.000
 //
 // "data" is what the trainer holds beside the step: the training and test sets and the
-// rank's batch. Splits, precisions and devices the formulas do not price yet are said in the
+// rank's batch. ZeRO-3 over Gloo is a range (plan::mlp_zero3_memory: a race with the
+// communication thread): "the planner: 4.03 to 4.80 MiB (the low: ...; the high adds: the
+// reduce-scatter's scratch ...), measured within that range (measured / low 1.000, measured
+// / high 0.840)". Splits, precisions and devices the formulas do not price yet are said in the
 // line (a GPU: its allocator holds the batch but not the data sets; not measured yet).
 #pragma once
 
@@ -29,6 +32,7 @@ struct MLPRun {
   int64_t rank_rows = 0;    // a step's rows on this rank
   int64_t train_images = 0, test_images = 0;
   plan::MLPOptimizer optimizer = plan::MLPOptimizer::SGDMomentum;
+  bool gloo = false;        // the process group is Gloo's (ZeRO-3's range: its thread's scratch)
 };
 
 std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& run);

@@ -1,6 +1,7 @@
 #include "trainer_moments.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -15,7 +16,7 @@ std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0
 MemoryMoment moment(std::string name, std::vector<MemoryTerm> terms) {
   terms.erase(std::remove_if(terms.begin(), terms.end(), [](const MemoryTerm& t) { return t.bytes == 0; }),
               terms.end());
-  return {std::move(name), std::move(terms)};
+  return {std::move(name), std::move(terms), {}};
 }
 
 // The share of a pipeline stage's parameters whose chunks ran a backward before the stage's
@@ -33,11 +34,77 @@ double gone_back_share(const plan::ModelArithmetic& model, const plan::Split& s,
   return gone / all;
 }
 
+
+// FSDP with recompute, 32-true over Gloo (fully_shard.cpp, sharded_grad_reducer.cpp,
+// process_group_gloo.cpp; docs/planning.md, "Planner against the trainer"). models::GPT
+// checkpoints each block, so the recomputed block k (0 the first, the last to go back) is
+// the one whose activations are whole, with the inputs of blocks 0..k kept and the later
+// blocks' freed. Its recompute's forward pre-hook gathers unit k and starts gathering unit
+// k - 1 (backward prefetch; for block 0 the root's unit, gathered since forward). Its
+// weights' gradients go, at their post-accumulate hooks, into the unit's flat gradient
+// (ShardedGradReducer's filling); block k + 1's flat gradient is still held by its
+// reduce-scatter in flight (kMaxInFlight 1: waited at block k's launch), as is that
+// reduce-scatter's output shard; the blocks reduced before have their gradient shards in
+// .grad. The root's unit stays gathered and its flat gradient is made at ln_f's hook, at
+// the start of backward. Gloo's communication thread runs block k + 1's reduce-scatter
+// while compute runs block k's backward: its `slices` scratch (the size of the flat
+// gradient) is alive at block k's moment if the peer rank lags, gone if the exchange is
+// over: the race. Nothing else of the thread's allocates in 32-true (the prefetch's gather
+// writes into the unit's flat buffer, allocated by the caller).
+TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
+                                      const ModelSplit& split, int64_t batch, int64_t T) {
+  const double dp = split.dp;
+  const int64_t blocks = model.stage_blocks(1, 0);
+  const double block_shard = std::ceil(model.block_param_elements(1) / dp);  // ceil(Psi_unit / N), padding in
+  const double unit = 4 * block_shard * dp;  // a block's flat buffer: gathered, or its flat gradient
+  const double shard = 4 * block_shard;
+  const double root_elements = model.stage_param_elements(1, 1, 0) - static_cast<double>(blocks) * model.block_param_elements(1);
+  const double root_unit = 4 * std::ceil(root_elements / dp) * dp;
+  const double input = 4 * static_cast<double>(model.hidden_size()) * static_cast<double>(batch / split.dp) *
+                       static_cast<double>(T);  // a block's kept input
+
+  TrainerMoments m;
+  m.always = moment("always", {{"params", r.params}, {"optimizer", r.optimizer}});
+  std::vector<MemoryMoment> all;
+  for (int64_t k = blocks - 1; k >= 0; --k) {
+    const double later = static_cast<double>(blocks - 1 - k);  // blocks gone back before it
+    const bool in_flight = later > 0;                            // block k + 1's reduce-scatter
+    MemoryMoment at = moment(fmt::format("backward through block {}", k),
+                             {{"activations", r.activations},
+                              {"the later blocks' inputs, freed", -later * input},
+                              {"the root's unit gathered", root_unit},
+                              {fmt::format("block {}'s unit gathered", k), unit},
+                              {fmt::format("block {}'s unit gathered ahead", k - 1), k > 0 ? unit : 0},
+                              {"the root's flat gradient", root_unit},
+                              {fmt::format("block {}'s flat gradient", k), unit},
+                              {fmt::format("block {}'s flat gradient, its reduce-scatter in flight", k + 1),
+                               in_flight ? unit : 0},
+                              {"gradient shards of the blocks after it (one the reduce-scatter's output)",
+                               later * shard}});
+    if (in_flight)
+      at.racing.push_back({fmt::format("the reduce-scatter's scratch (block {}'s, on Gloo's thread)", k + 1), unit});
+    all.push_back(std::move(at));
+  }
+  // Only the moments that can be the peak of either bound: a moment whose most is below
+  // another's least never is.
+  double low = 0;
+  for (const MemoryMoment& at : all) low = std::max(low, at.bytes());
+  for (MemoryMoment& at : all)
+    if (at.bytes() + at.racing_bytes() >= low) m.moments.push_back(std::move(at));
+  return m;
+}
+
 }  // namespace
 
 double MemoryMoment::bytes() const {
   double sum = 0;
   for (const MemoryTerm& t : terms) sum += t.bytes;
+  return sum;
+}
+
+double MemoryMoment::racing_bytes() const {
+  double sum = 0;
+  for (const MemoryTerm& t : racing) sum += t.bytes;
   return sum;
 }
 
@@ -53,10 +120,35 @@ double TrainerMoments::peak() const {
   return always.bytes() + most;
 }
 
+double TrainerMoments::high() const {
+  double most = 0;
+  for (const MemoryMoment& m : moments) most = std::max(most, m.bytes() + m.racing_bytes());
+  return always.bytes() + most;
+}
+
+const MemoryMoment& TrainerMoments::low_moment() const {
+  return *std::max_element(moments.begin(), moments.end(),
+                           [](const MemoryMoment& a, const MemoryMoment& b) { return a.bytes() < b.bytes(); });
+}
+
+const MemoryMoment& TrainerMoments::high_moment() const {
+  return *std::max_element(moments.begin(), moments.end(), [](const MemoryMoment& a, const MemoryMoment& b) {
+    return a.bytes() + a.racing_bytes() < b.bytes() + b.racing_bytes();
+  });
+}
+
 std::string TrainerMoments::describe() const {
   std::string largest;
   for (const MemoryMoment& m : moments) largest += (largest.empty() ? "" : ", ") + m.describe();
   return fmt::format("{}; the largest of: {}", always.describe(), largest);
+}
+
+std::string TrainerMoments::describe_range() const {
+  const MemoryMoment& high = high_moment();
+  std::string adds;
+  for (const MemoryTerm& t : high.racing) adds += (adds.empty() ? "" : ", ") + t.name + " " + mib(t.bytes);
+  return fmt::format("{}; the low: {} {}; the high adds: {} at {} (a race with Gloo's communication thread)",
+                     describe(), low_moment().name, mib(low()), adds, high.name);
 }
 
 std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
@@ -64,7 +156,11 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
                                               Precision precision, bool fsdp_mp_policy, bool gloo) {
   const auto* gpt = dynamic_cast<const plan::GPTArithmetic*>(&model);
   const bool priced_16bit = gpt != nullptr && !fsdp_mp_policy;
-  if ((precision != Precision::True32 && !priced_16bit) || (split.zero == 3 && split.recompute)) return std::nullopt;
+  if (precision != Precision::True32 && !priced_16bit) return std::nullopt;
+  if (split.zero == 3 && split.recompute) {
+    if (precision != Precision::True32 || !gloo || split.tp > 1 || split.cp > 1 || split.pp > 1) return std::nullopt;
+    return fsdp_recompute_moments(r, model, split, batch, T);
+  }
   const bool mixed = precision == Precision::BF16Mixed || precision == Precision::F16Mixed;
   const bool bf16_true = precision == Precision::BF16True;
   const double pb = bf16_true ? 2 : 4;  // a parameter's bytes
@@ -111,12 +207,18 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
   backward.push_back({"gradients of the backwards before",
                       split.pp > 1 ? r.grads * gone_back_share(model, planned, shape, stage) : 0});
   const std::vector<MemoryTerm> before_gradients = backward;
-  // FSDP's gathered units; over Gloo in 16 bits also the unit gathered ahead as float32 (the
-  // unit and this rank's shard of it, widened) and rounded back, which the communication
-  // thread makes at a moment of its own: some runs' peaks hold it, some not; this is the most.
-  backward.push_back({"ZeRO-3's gathered units",
-                      split.zero == 3 ? r.buffers + (widened ? (wire * (1 + 1.0 / split.dp) + 1) * unit : 0) : 0});
-  m.moments.push_back(moment("backward", backward));
+  // FSDP's gathered units; over Gloo in 16 bits the unit gathered ahead also travels as
+  // float32 (its float32 output and this rank's shard widened, then it rounded back), made
+  // and freed by the communication thread while compute runs the last block's backward:
+  // some runs' peaks hold all of it, some part, some none (a race: the backward's racing
+  // terms; the rest of the moment is the low).
+  backward.push_back({"ZeRO-3's gathered units", split.zero == 3 ? r.buffers : 0});
+  MemoryMoment backward_moment = moment("backward", backward);
+  if (split.zero == 3 && widened)
+    backward_moment.racing.push_back({"the unit gathered ahead, widened for Gloo: its float32 output, this rank's "
+                                      "float32 shard and it rounded back (on Gloo's thread)",
+                                      (wire * (1 + 1.0 / split.dp) + 1) * unit});
+  m.moments.push_back(std::move(backward_moment));
 
   // Recomputed per block (one stage: models::GPT's checkpoint), each block's backward runs
   // one of its own and adds its weights' gradients into .grad at once, and a block's kept

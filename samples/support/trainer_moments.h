@@ -16,6 +16,12 @@
 //   sum        the gradients with the dp/cp sum's flat copy and the all-reduce's (or
 //              ZeRO-2's reduce-scatter's), after backward, when the activations are gone
 //   step       bf16-true: the masters' float32 gradients beside the bfloat16 ones
+//   FSDP with  backward through block k (each k): block k recomputed, its unit, the one
+//   recompute  gathered ahead and the root's, the flat gradients of k, of k + 1 (its
+//              reduce-scatter in flight) and the root's, the gradient shards reduced
+// and two racing terms, which make the peak a range: FSDP with recompute's Gloo scratch for
+// block k + 1's reduce-scatter, and under bf16-true ZeRO-3 over Gloo the backward's unit
+// gathered ahead, widened to float32 on the communication thread.
 #pragma once
 
 #include <optional>
@@ -38,22 +44,44 @@ struct MemoryTerm {
 struct MemoryMoment {
   std::string name;
   std::vector<MemoryTerm> terms;  // only those above zero are kept
-  double bytes() const;
+  // What another thread may still hold at this moment, or may have freed already: Gloo's
+  // communication thread's scratch for a collective in flight. Alive only in some runs.
+  std::vector<MemoryTerm> racing;
+  double bytes() const;         // the terms alone: the communication thread done
+  double racing_bytes() const;  // what its work in flight adds
   std::string describe() const;  // "backward 13.99 MiB (activations 13.99 MiB, ...)"
 };
 
+// The peak is what the rank always holds plus the largest moment. Where a moment has racing
+// terms the peak is a range: `low()`, every collective finished before compute reached its
+// moments (the largest moment's terms alone), to `high()`, the largest of the moments with
+// their racing terms alive; where both are one moment, high() - low() is its racing terms.
 struct TrainerMoments {
   MemoryMoment always;
   std::vector<MemoryMoment> moments;  // the peak falls at the largest
-  double peak() const;
+  double peak() const;  // low(): the single figure of a split with no race
+  double low() const { return peak(); }
+  double high() const;
+  bool is_range() const { return high() > low(); }
+  const MemoryMoment& low_moment() const;
+  const MemoryMoment& high_moment() const;
   std::string describe() const;  // "always 4.67 MiB (...); the largest of: backward ..., sum ..."
+  // "always ...; the low: the largest of: ...; the high adds: <its racing terms> at <moment>
+  // (a race with Gloo's communication thread)"
+  std::string describe_range() const;
 };
 
+// FSDP with recompute (ZeRO-3, one stage, 32-true over Gloo) is a range: its peak is a
+// "backward through block k" (the recomputed block k going back, block k - 1 gathered ahead,
+// block k + 1's reduce-scatter in flight: its flat gradient and its output shard, and the
+// shards of the blocks reduced before), and whether Gloo's communication thread still holds
+// that reduce-scatter's scratch (`slices`, a flat gradient's size) at it is a race: the low
+// is the largest moment without it, the high the largest with it.
+//
 // `r`: the planner's bytes for this rank's stage; `gloo`: the dp and cp groups are Gloo's (no 16-bit
 // sums: they travel as float32). Empty where not priced so yet: the 16-bit precisions under
-// FSDP's MixedPrecisionPolicy, FSDP with recompute (its
-// peak moves late into backward, where an in-flight reduce-scatter's copy makes it vary by a
-// unit from run to run), and models other than the GPT in 16 bits.
+// FSDP's MixedPrecisionPolicy, FSDP with recompute in the 16-bit precisions, over tp or cp or
+// over NCCL, and models other than the GPT in 16 bits.
 std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                               const ModelSplit& split, int stage, int64_t batch, int64_t T,
                                               Precision precision, bool fsdp_mp_policy, bool gloo);
