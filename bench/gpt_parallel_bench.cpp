@@ -33,6 +33,8 @@
 // other runs compare with the same planner figures, which are the formulas' under DDP.
 // --model-chunks v (v > 1, with --pp): the interleaved schedule, v chunks a rank, stepped
 // through train_gpt's split as --zero runs are: its pp messages against the planner's.
+// --precision bf16-mixed: the step under autocast as train_gpt runs it (through its split),
+// every group's bytes against the planner's for bf16-mixed.
 // --grad-clip X: the gradient norm clipped each step as train_gpt clips it
 // (parallel::clip_grad_norm_ over the mesh's world, after the gradients' reduction), and the
 // world group counted beside the others against the planner's clip term.
@@ -105,6 +107,7 @@
 #include <minigrad/plan/planner.h>
 
 #include "samples/support/command_line.h"
+#include "samples/support/precision.h"
 #include "samples/support/split_model.h"
 
 namespace {
@@ -209,7 +212,7 @@ int main(int argc, char** argv) {
   int dp = 1, tp = 1, cp = 1, pp = 1, zero = 0, steps = 3, model_chunks = 1;
   int64_t batch = 4, T = 64, micro_batches = 0;
   bool sp = false, json = false, check = false;
-  std::string model_kind = "gpt";
+  std::string model_kind = "gpt", precision = "32-true";
   int64_t n_kv_head = 0, intermediate_size = 0;
   double tolerance = 0.05, grad_clip = 0;
   using mg::samples::integer_in;
@@ -237,6 +240,8 @@ int main(int argc, char** argv) {
   app.add_option("--T", T, "tokens per row")->check(integer_in(1, 1 << 16));
   app.add_option("--micro-batches", micro_batches, "pipeline micro-batches (0: pp)")->check(integer_in(0, 1024));
   app.add_option("--steps", steps, "measured steps after one warm-up")->check(integer_in(1, 1000));
+  app.add_option("--precision", precision, "32-true, or bf16-mixed: the step under bfloat16 autocast as train_gpt's")
+      ->check(CLI::IsMember({"32-true", "bf16-mixed"}));
   app.add_option("--model-chunks", model_chunks, "with --pp: the interleaved schedule with this many chunks a rank "
                  "(1: 1F1B)")->check(integer_in(1, 64));
   app.add_option("--grad-clip", grad_clip, "clip the gradient norm to this each step, as train_gpt (0: no clip)")
@@ -299,7 +304,8 @@ int main(int argc, char** argv) {
     std::unique_ptr<samples::SplitModel> split;
     std::vector<std::unique_ptr<optim::Optimizer>> zero_optimizers;
     const bool interleaved = model_chunks > 1;
-    if (zero == 0 && !llama_model && !interleaved) {
+    const samples::MixedPrecision amp(samples::parse_precision(precision), Device::cpu());
+    if (zero == 0 && !llama_model && !interleaved && precision == "32-true") {
       own_mesh = std::make_unique<parallel::DeviceMesh>(
           world, std::vector<parallel::MeshDim>{{"dp", dp}, {"pp", pp}, {"cp", cp}, {"tp", tp}});
       models::parallelize_gpt(*gpt, *own_mesh, sp);
@@ -370,9 +376,14 @@ int main(int argc, char** argv) {
       } else {  // train_gpt's step, one micro-batch of accumulation
         Tensor step_loss;
         if (split->pipelined()) {
+          const auto region = amp.autocast(false);  // train_gpt's: no cast cache over the micro-batches
           step_loss = split->pipeline_step(x, y, tokens);
         } else {
-          const Tensor loss = split->loss_share(x, y);
+          Tensor loss;
+          {
+            const auto region = amp.autocast();
+            loss = split->loss_share(x, y);
+          }
           mul(loss, split->backward_scale()).backward();  // ZeRO-2/3 average over dp
           step_loss = loss.detach();
         }
@@ -441,7 +452,7 @@ int main(int argc, char** argv) {
     plan::Workload workload;
     workload.batch = batch;
     workload.seq_len = T;
-    workload.precision = plan::Precision::True32;
+    workload.precision = plan::precision_from_string(precision);
     const plan::Plan planned = plan::plan_model(*arithmetic, plan_split, workload, plan::device_table().front());
     const plan::MeshShape shape = plan::mesh_shape(plan_split, workload);
     MG_CHECK(static_cast<size_t>(stage) < planned.stage_comm.size(),

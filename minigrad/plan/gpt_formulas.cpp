@@ -297,27 +297,32 @@ double gpt_gradient_sum_peak_bytes(const models::GPTConfig& config, const MeshSh
 }
 
 std::map<std::string, CollectiveBytes> gpt_collective_bytes(const models::GPTConfig& config, const MeshShape& mesh,
-                                                            int stage, double act_bytes, double grad_bytes) {
+                                                            int stage, double act_bytes, double grad_bytes,
+                                                            double stream_bytes) {
   check_mesh(config, mesh, stage, "gpt_collective_bytes");
   const int tp = mesh.tp, cp = mesh.cp, pp = mesh.pp;
   const bool sp = mesh.sequence_parallel;
-  const double S = act_bytes, G = grad_bytes;
+  const double S = act_bytes, G = grad_bytes, R = stream_bytes > 0 ? stream_bytes : act_bytes;
   const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size);
   const bool first = stage == 0, last = stage == pp - 1;
   const double Ls = static_cast<double>(gpt_stage_blocks(config, pp, stage));
   const double stage_params = gpt_stage_param_elements(config, tp, pp, stage);
   const double b = static_cast<double>(mesh.batch / mesh.dp), Tl = static_cast<double>(mesh.T / cp);
   const double N = b * Tl;  // this rank's tokens per step
-  const double NC = N * C * S;
+  // The tp group's sums (gathers and scatters with SP) a token: the two row layers' outputs in
+  // forward and their gradients' in backward (a GEMM's: S), the stream's in the other
+  // direction (the column layers' inputs, LayerNorms' outputs, and the embedding's and the
+  // head's: R).
+  const double NC = N * C * (2 * Ls * S + (2 * Ls + first + last) * R);
   const double m = micro_batches_of(mesh);
   std::map<std::string, CollectiveBytes> f;
   if (tp > 1) {
     CollectiveBytes& c = f["tp"];
     if (!sp) {
-      c.all_reduce = (4 * Ls + first + last) * NC + (last ? 2 * N * 4 : 0);
+      c.all_reduce = NC + (last ? 2 * N * 4 : 0);
     } else {
-      c.all_gather = (4 * Ls + first + last) * NC / tp + (last ? N * 4 : 0);
-      c.reduce_scatter = (4 * Ls + first + last) * NC;
+      c.all_gather = NC / tp + (last ? N * 4 : 0);
+      c.reduce_scatter = NC;
       const double replicated = Ls * 6 * C + (first ? static_cast<double>(config.block_size) * C : 0) +
                                 (last ? 2 * C : 0);
       c.all_reduce = (last ? 2 * N * 4 : 0) + replicated * G;
@@ -327,7 +332,7 @@ std::map<std::string, CollectiveBytes> gpt_collective_bytes(const models::GPTCon
   if (!sp && tp > 1) f["tp"].all_gather = last ? N * 4 : 0;
   if (cp > 1) {
     CollectiveBytes& c = f["cp"];
-    const double hop = 2 * b * Tl * C * S / tp;  // k and v of this rank's heads
+    const double hop = 2 * b * Tl * C * 4 / tp;  // k and v of this rank's heads, float32
     c.send = c.recv = Ls * (3 * cp - 2) * hop;
     // + each micro-batch's loss (float32, the last stage: summed over cp).
     c.all_reduce = stage_params * G + (last ? m * 4 : 0);
@@ -337,7 +342,7 @@ std::map<std::string, CollectiveBytes> gpt_collective_bytes(const models::GPTCon
   if (pp > 1) {
     // Forward: each micro-batch's activation behind a header of 12 int64 (pipeline_stage.cpp:
     // 4 + 8 dimensions); backward: its gradient alone.
-    const double act = N * C * S / (sp ? tp : 1), header = m * 12 * 8;
+    const double act = N * C * R / (sp ? tp : 1), header = m * 12 * 8;  // the residual stream
     // Each of the rank's v chunks (1 under 1F1B) hands on but the last rank's last, and
     // sends back but the first rank's first (interleaved: v pp - 1 chunk boundaries a way).
     const double v = mesh.model_chunks, forwards = v - (last ? 1 : 0), backs = v - (first ? 1 : 0);

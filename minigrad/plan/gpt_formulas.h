@@ -239,8 +239,15 @@ struct CollectiveBytes {
 //   pp     one activation forward behind a 12-int64 header a micro-batch, one gradient back,
 //          the loss broadcast behind its dtype; "emb": the tied wte's gradient all-reduced
 // n = the rank's tokens b T / cp, b = batch / dp.
+// Bytes an element: `act_bytes` a tensor a GEMM makes (the row layers' outputs, and their
+// gradients, in autocast's dtype), `stream_bytes` the residual stream's, the LayerNorms'
+// outputs' and the embedding's (float32 under autocast, 2 in bf16-true; 0: act_bytes),
+// `grad_bytes` the parameters' gradients. Ring attention runs in float32 whatever the
+// precision, so cp's k and v travel at 4 bytes (ring_attention.cpp). Counted exactly by
+// gpt-parallel-bench in 32-true and bf16-mixed.
 std::map<std::string, CollectiveBytes> gpt_collective_bytes(const models::GPTConfig& config, const MeshShape& mesh,
-                                                            int stage, double act_bytes = 4, double grad_bytes = 4);
+                                                            int stage, double act_bytes = 4, double grad_bytes = 4,
+                                                            double stream_bytes = 0);
 
 // ---- ZeRO and FSDP over dp ----
 

@@ -147,15 +147,16 @@ double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage,
 }
 
 std::map<std::string, CollectiveBytes> LlamaArithmetic::collective_bytes(const MeshShape& mesh, int stage,
-                                                                         double act_bytes, double grad_bytes) const {
+                                                                         double act_bytes, double grad_bytes,
+                                                                         double stream_bytes) const {
   check_tp(mesh.tp);
   const int tp = mesh.tp, cp = mesh.cp, pp = mesh.pp;
   const bool sp = mesh.sequence_parallel, first = stage == 0, last = stage == pp - 1;
-  const double S = act_bytes, G = grad_bytes;
+  const double S = act_bytes, G = grad_bytes, R = stream_bytes > 0 ? stream_bytes : act_bytes;
   const double Ls = static_cast<double>(stage_blocks(pp, stage));
   const double P = stage_param_elements(tp, pp, stage);
   const double b = static_cast<double>(mesh.batch / mesh.dp), Tl = static_cast<double>(mesh.T / cp);
-  const double N = b * Tl, NC = N * C_ * S, m = micro_batches_of(mesh);
+  const double N = b * Tl, m = micro_batches_of(mesh);
   std::map<std::string, CollectiveBytes> f;
   if (tp > 1) {
     CollectiveBytes& c = f["tp"];
@@ -163,25 +164,28 @@ std::map<std::string, CollectiveBytes> LlamaArithmetic::collective_bytes(const M
     // sums its input's gradient (with SP, each all-gathers its input in forward and
     // reduce-scatters that gradient), beside o_proj's and down_proj's sums in forward: 7
     // a layer where the GPT's fused c_attn makes 4.
-    const double sums = 7 * Ls + first + last;
+    // The row layers' (o_proj, down_proj) outputs and their gradients are a GEMM's (S); the
+    // column layers' inputs, the RMSNorms' outputs, the embedding's and the head's the
+    // stream's (R).
+    const double NC = N * C_ * (2 * Ls * S + (5 * Ls + first + last) * R);
     if (!sp) {
-      c.all_reduce = sums * NC + (last ? 2 * N * 4 : 0);
+      c.all_reduce = NC + (last ? 2 * N * 4 : 0);
       c.all_gather = last ? N * 4 : 0;
     } else {
-      c.all_gather = sums * NC / tp + (last ? N * 4 : 0);
-      c.reduce_scatter = sums * NC;
+      c.all_gather = NC / tp + (last ? N * 4 : 0);
+      c.reduce_scatter = NC;
       c.all_reduce = (last ? 2 * N * 4 : 0) + (Ls * 2 * C_ + (last ? C_ : 0)) * G;  // the RMSNorms' weights
     }
   }
   if (cp > 1) {
     CollectiveBytes& c = f["cp"];
     // k and v travel repeated to the a heads (ring attention takes them after repeat_kv).
-    c.send = c.recv = Ls * (3 * cp - 2) * 2 * b * Tl * C_ * S / tp;
+    c.send = c.recv = Ls * (3 * cp - 2) * 2 * b * Tl * C_ * 4 / tp;  // float32 (ring_attention.cpp)
     c.all_reduce = P * G + (last ? m * 4 : 0);
   }
   if (mesh.dp > 1) f["dp"].all_reduce = P * G + 4;
   if (pp > 1) {
-    const double act = N * C_ * S / (sp ? tp : 1), header = m * 12 * 8;
+    const double act = N * C_ * R / (sp ? tp : 1), header = m * 12 * 8;  // the residual stream
     // Each of the rank's v chunks (1 under 1F1B) hands on but the last rank's last, and
     // sends back but the first rank's first (interleaved: v pp - 1 chunk boundaries a way).
     const double v = mesh.model_chunks, forwards = v - (last ? 1 : 0), backs = v - (first ? 1 : 0);

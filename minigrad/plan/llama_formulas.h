@@ -52,7 +52,7 @@ class LlamaArithmetic final : public ModelArithmetic {
   double stage_vector_elements(int tp, int pp, int stage) const override;
   double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const override;
   std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
-                                                          double grad_bytes) const override;
+                                                          double grad_bytes, double stream_bytes) const override;
 
  private:
   models::LlamaConfig config_;

@@ -64,8 +64,9 @@ double GPTArithmetic::activation_peak_floats(const MeshShape& mesh, int stage, b
 }
 
 std::map<std::string, CollectiveBytes> GPTArithmetic::collective_bytes(const MeshShape& mesh, int stage,
-                                                                       double act_bytes, double grad_bytes) const {
-  return gpt_collective_bytes(config_, mesh, stage, act_bytes, grad_bytes);
+                                                                       double act_bytes, double grad_bytes,
+                                                                       double stream_bytes) const {
+  return gpt_collective_bytes(config_, mesh, stage, act_bytes, grad_bytes, stream_bytes);
 }
 
 }  // namespace mg::plan

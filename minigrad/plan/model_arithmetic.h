@@ -31,8 +31,10 @@ class ModelArithmetic {
   // which train_gpt's ZeRO-1/2 lays in flat buffers of its own (split_model.h).
   virtual double stage_vector_elements(int tp, int pp, int stage) const = 0;
   virtual double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const = 0;
+  // Bytes an element: act_bytes a GEMM's output, grad_bytes a gradient, stream_bytes the
+  // residual stream's (gpt_collective_bytes).
   virtual std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
-                                                                  double grad_bytes) const = 0;
+                                                                  double grad_bytes, double stream_bytes) const = 0;
   // The dp rank's real micro-batches and layers of a stage (parallel::even_balance).
   int64_t stage_blocks(int pp, int stage) const;
 };
@@ -54,7 +56,7 @@ class GPTArithmetic final : public ModelArithmetic {
   double stage_vector_elements(int tp, int pp, int stage) const override;
   double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const override;
   std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
-                                                          double grad_bytes) const override;
+                                                          double grad_bytes, double stream_bytes) const override;
 
  private:
   models::GPTConfig config_;

@@ -182,9 +182,10 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
 
     // Communication: gpt-parallel-bench's counts (DDP over dp), then ZeRO's over dp as
     // train_gpt runs it (gpt-parallel-bench --zero counts it on a mesh): below.
-    std::map<std::string, CollectiveBytes> comm =
-        model.collective_bytes(mesh, stage, Ab, prec == Precision::BF16True ? 2 : 4);
-    const double G = prec == Precision::BF16True ? 2 : 4;
+    // The residual stream is float32 under autocast (its messages, the LayerNorms' outputs),
+    // bfloat16 in bf16-true.
+    const double G = prec == Precision::BF16True ? 2 : 4, R = Pb;
+    std::map<std::string, CollectiveBytes> comm = model.collective_bytes(mesh, stage, Ab, G, R);
     if (s.dp > 1 && s.zero > 0) {
       CollectiveBytes& d = comm["dp"];
       // A flat group hands the all-gather its shard, ceil(Ψ_g / dp) elements, and the
@@ -209,7 +210,7 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
         // bytes that scale with the gradients' element size) are summed over tp by ZeRO-2's
         // and FSDP's shards, so each dp rank sums the part its shards hold, which depends
         // on where they fall in the flat buffers: priced as the dp ranks' mean.
-        const double replicated = comm["tp"].all_reduce - model.collective_bytes(mesh, stage, Ab, 0)["tp"].all_reduce;
+        const double replicated = comm["tp"].all_reduce - model.collective_bytes(mesh, stage, Ab, 0, R)["tp"].all_reduce;
         comm["tp"].all_reduce -= replicated * (1 - 1.0 / s.dp);
       }
       // ZeRO-2 and FSDP sum over cp what holds the gradients after backward: the shards.

@@ -157,6 +157,31 @@ TEST_CASE("planner: bf16-true keeps float32 masters and bf16 ZeRO-3 shards") {
   CHECK(p.comm.at("dp").reduce_scatter == 2 * 124475904.0);
 }
 
+TEST_CASE("planner: under autocast a GEMM's output travels in 16 bits, the residual stream and the ring in float32") {
+  const models::GPTConfig config = train_gpt_default();
+  plan::MeshShape mesh;
+  mesh.tp = 2;
+  mesh.pp = 2;
+  mesh.batch = 4;
+  mesh.T = 64;
+  mesh.micro_batches = 2;
+  const double N = 4 * 64, C = 128, Ls = 2;
+  // Stage 0: the row layers' outputs (2 a block) at 2 bytes, the column layers' inputs (2 a
+  // block) and the embedding's sum at 4; the pp messages the float32 stream.
+  const auto mixed = plan::gpt_collective_bytes(config, mesh, 0, 2, 4, 4);
+  CHECK(mixed.at("tp").all_reduce == N * C * (2 * Ls * 2 + (2 * Ls + 1) * 4));
+  CHECK(mixed.at("pp").send == N * C * 4 + 2 * 12 * 8);
+  const auto bf16 = plan::gpt_collective_bytes(config, mesh, 0, 2, 2, 2);
+  CHECK(bf16.at("tp").all_reduce == N * C * (4 * Ls + 1) * 2);
+  CHECK(bf16.at("pp").send == N * C * 2 + 2 * 12 * 8);
+  // The ring runs in float32 whatever the precision: k and v of the rank's heads a hop.
+  mesh.pp = 1;
+  mesh.tp = 1;
+  mesh.cp = 2;
+  const double hops = 4 * (3 * 2 - 2), Tl = 32;
+  CHECK(plan::gpt_collective_bytes(config, mesh, 0, 2, 2, 2).at("cp").send == hops * 2 * 4 * Tl * C * 4);
+}
+
 TEST_CASE("planner: 16-mixed holds bf16-mixed's bytes and runs at the bfloat16 rate") {
   plan::Split s;
   s.dp = 2;
