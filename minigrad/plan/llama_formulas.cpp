@@ -189,4 +189,56 @@ std::map<std::string, CollectiveBytes> LlamaArithmetic::collective_bytes(const M
   return f;
 }
 
+std::optional<PrecisionExtraBytes> LlamaArithmetic::precision_extra_bytes(const MeshShape& mesh, int stage, int zero,
+                                                                          bool recompute, Precision precision) const {
+  check_tp(mesh.tp);
+  if (precision == Precision::True32) return PrecisionExtraBytes{};
+  if (mesh.cp > 1) return std::nullopt;
+  const bool autocast = precision != Precision::BF16True;
+  const double t = mesh.tp, sp = mesh.sequence_parallel ? t : 1;  // SP shards the RMSNorms' tokens
+  const double a = static_cast<double>(config_.num_attention_heads);
+  const bool last = stage == mesh.pp - 1;
+  const PipelinePeak peak = pipeline_peak(mesh, stage);
+  const double n = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T) / micro_batches_of(mesh);
+  const double blocks = static_cast<double>(stage_blocks(mesh.pp, stage));
+  const AliveBlocks alive = alive_blocks(stage_blocks(mesh.pp, stage), mesh, stage, recompute);
+  const bool first_backward = std::none_of(peak.gone_back.begin(), peak.gone_back.end(), [](bool b) { return b; });
+  PrecisionExtraBytes e;
+  // Saved in float32 where activation_peak_floats prices 2 bytes, a token a whole layer: the
+  // two RMSNorms' rstd (rms_norm keeps it in float32 whatever x's dtype: 2 x 2 bytes) and
+  // attention's log-sum-exps (2a/t); under autocast also the RMSNorms' inputs, the float32
+  // residual stream (2 x 2C), and in place of the norms' two outputs (float32, freed once
+  // cast) each column layer's own 16-bit cast of its input, q k v of input_layernorm's,
+  // gate and up of post_attention_layernorm's: 5 x 2C - 2 x 2C (with SP already five
+  // gathered copies in activation_peak_floats: none). A kept input (recompute) is the
+  // float32 residual stream too: 2C/sp.
+  const double saved = (autocast ? 4 * C_ / sp + (mesh.sequence_parallel ? 0 : 6 * C_) : 0) + 4 / sp + 2 * a / t;
+  e.float32_saved = (saved * alive.whole + (autocast ? 2 * C_ / sp * alive.kept_inputs : 0)) * n;
+  // Under autocast each whole layer saved its weights' 16-bit casts (q o k v gate up down:
+  // 2 (2C^2 + 2Ckd + 3CI)/t bytes); the pipeline runs its micro-batches without the cast
+  // cache (each one's casts its own), the plain model's forward with it (once).
+  if (autocast)
+    e.weight_casts = 2 * (block_param_elements(mesh.tp) - 2 * C_) * (mesh.pp > 1 ? alive.whole : std::min(alive.whole, blocks));
+  // The peak moves from SwiGLU's product's backward to down_proj's backward GEMMs, which on
+  // the CPU compute in float32: their float32 operands and result (the gradient flowing in
+  // C n, the weight's shard C I/t, the input gradient's I n/t) while the product's backward's
+  // second I/t a token is not made yet (2 I n/t fewer); under autocast the gradient flowing
+  // in is float32 (+2C n/sp) and down_proj casts it to 16 bits (+2C n/sp).
+  e.backward = 4 * (C_ * n + C_ * I_ / t + I_ * n / t) - 2 * I_ * n / t + (autocast ? 4 * C_ / sp * n : 0);
+  // The pipeline's messages: the float32 residual stream under autocast (2 bytes a float
+  // over activation_peak_floats's), what it holds sent and posted at the peak.
+  if (autocast && mesh.pp > 1) {
+    const double handed = C_ / sp;
+    const bool receives = !last || mesh.model_chunks > 1;
+    e.messages = 2 * (static_cast<double>(peak.forwards_sent + peak.gradients_sent) * handed * n +
+                      (receives ? std::min(peak.in_flight, 2.0) * handed * n : 0));
+  }
+  // The head's weight gradients made in the step's first backward (lm_head's V C/t, the
+  // norm's C): float32 .grad under autocast (2 bytes a float over activation_peak_floats's);
+  // bfloat16 in bf16-true, as priced.
+  e.head_grad = autocast && last && first_backward ? 2 * (V_ * C_ / t + C_) : 0;
+  (void)zero;
+  return e;
+}
+
 }  // namespace mg::plan

@@ -53,6 +53,10 @@ class LlamaArithmetic final : public ModelArithmetic {
   double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const override;
   std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
                                                           double grad_bytes) const override;
+  // The 16-bit precisions' terms (this header's top); std::nullopt under cp (its float32
+  // ring not priced for the Llama yet).
+  std::optional<PrecisionExtraBytes> precision_extra_bytes(const MeshShape& mesh, int stage, int zero, bool recompute,
+                                                           Precision precision) const override;
 
  private:
   models::LlamaConfig config_;
