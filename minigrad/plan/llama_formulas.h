@@ -53,14 +53,16 @@ class LlamaArithmetic final : public ModelArithmetic {
   double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const override;
   std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
                                                           double grad_bytes) const override;
-  // The 16-bit precisions' terms (this header's top); std::nullopt under cp (its float32
-  // ring not priced for the Llama yet).
+  // The 16-bit precisions' terms (this header's top).
   std::optional<PrecisionExtraBytes> precision_extra_bytes(const MeshShape& mesh, int stage, int zero, bool recompute,
                                                            Precision precision) const override;
 
  private:
   models::LlamaConfig config_;
   double C_, I_, V_, kd_;  // hidden, intermediate, vocabulary, k d (the k and v widths)
+  // activation_peak_floats's two moments: the backward's and, under cp without recompute,
+  // ring attention's backward (0 otherwise); the peak is the larger.
+  ActivationMoments activation_moments(const MeshShape& mesh, int stage, bool recompute) const;
   // A layer's saved floats a token (activation_peak_floats has each term).
   double layer_floats(double t, bool sp) const;
 };

@@ -466,8 +466,4 @@ TEST_CASE("planner: the Llama's 16-bit bytes beyond the activations at 2 bytes, 
   CHECK(first->weight_casts == casts * 2 * 2);
   CHECK(first->messages == 2 * (2 + 2) * C * (n / 2));
   CHECK(first->head_grad == 0);
-  // Not priced yet: cp (its ring runs in float32).
-  plan::MeshShape cp = mesh;
-  cp.cp = 2;
-  CHECK_FALSE(llama.precision_extra_bytes(cp, 0, 1, false, plan::Precision::BF16Mixed).has_value());
 }
