@@ -53,7 +53,8 @@ struct TrainerMoments {
 // sums: they travel as float32). Empty where not priced so yet: the 16-bit precisions under
 // FSDP's MixedPrecisionPolicy, FSDP with recompute (its
 // peak moves late into backward, where an in-flight reduce-scatter's copy makes it vary by a
-// unit from run to run), and models other than the GPT in 16 bits.
+// unit from run to run), and in 16 bits a model whose precision_extra_bytes does not price
+// them (the GPT's and the Llama's do).
 std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                               const ModelSplit& split, int stage, int64_t batch, int64_t T,
                                               Precision precision, bool fsdp_mp_policy, bool gloo);
