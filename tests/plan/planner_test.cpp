@@ -406,7 +406,7 @@ TEST_CASE("planner: what ZeRO-2's moment with the flat gradients no longer holds
 // The Llama at train_gpt --model llama's shape (4 layers, C 128, 4 heads of d 32, 2 kv
 // heads, I 352, a vocabulary of 34; 12 rows of 64 tokens): what the 16-bit precisions hold
 // beyond activation_peak_floats at 2 bytes, term by term (llama_formulas.h).
-TEST_CASE("planner: the Llama's 16-bit bytes beyond the activations at 2 bytes, term by term") {
+TEST_CASE("planner: the Llama's 16-bit bytes beyond the activations at 2 bytes term by term") {
   models::LlamaConfig c;
   c.num_hidden_layers = 4;
   c.hidden_size = 128;
