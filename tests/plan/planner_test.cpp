@@ -466,4 +466,20 @@ TEST_CASE("planner: the Llama's 16-bit bytes beyond the activations at 2 bytes t
   CHECK(first->weight_casts == casts * 2 * 2);
   CHECK(first->messages == 2 * (2 + 2) * C * (n / 2));
   CHECK(first->head_grad == 0);
+  // cp 2: ring attention's backward is the peak; the ring is float32 (its saved q k v and
+  // output, 4C a layer, and working set 23C, 2 bytes a float more), 3 layers whole and the
+  // one going back with its norm's input and rstd, q's k's v's casts and weight casts, the
+  // float32 gradient into the stream and the weight gradients made as float32 .grad.
+  plan::MeshShape cp = mesh;
+  cp.cp = 2;
+  const double h = 12 * 32;  // a cp rank's tokens
+  const auto ring_true = llama.precision_extra_bytes(cp, 0, 0, false, plan::Precision::BF16True);
+  CHECK(ring_true->float32_saved == ((4 + 2 * a) * 3 + 2 + 2 * a) * h);
+  CHECK(ring_true->backward == 2 * (4 * C * 4 + 23 * C) * h);
+  CHECK(ring_true->weight_casts == 0);
+  const auto ring_mixed = llama.precision_extra_bytes(cp, 0, 0, false, plan::Precision::BF16Mixed);
+  CHECK(ring_mixed->float32_saved == ((10 * C + 4 + 2 * a) * 3 + 2 * C + 4 * C + 2 + 2 * a) * h);
+  CHECK(ring_mixed->weight_casts == casts * 3 + 2 * (C * C + 2 * C * kd));
+  CHECK(ring_mixed->backward == 2 * (4 * C * 4 + 23 * C) * h + 2 * C * h + 2 * (3 * C * I + C * C + C));
+  CHECK(ring_mixed->head_grad == 2 * (V * C + C));
 }
