@@ -71,6 +71,10 @@ double LlamaArithmetic::layer_floats(double t, bool sp) const {
 }
 
 double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const {
+  return activation_moments(mesh, stage, recompute).peak();
+}
+
+ActivationMoments LlamaArithmetic::activation_moments(const MeshShape& mesh, int stage, bool recompute) const {
   check_tp(mesh.tp);
   const double t = mesh.tp, d = static_cast<double>(config_.head_dim());
   const double m = micro_batches_of(mesh);
@@ -139,11 +143,11 @@ double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage,
     const double ring = (Ls * in_flight - 1) * layer + attention_kept + 23 * C_ / t;
     const double gradients = made * (3 * C_ * I_ / t + C_ * C_ / t + C_ + (last ? V_ * C_ / t + C_ : 0));
     const double messages = sent + (last ? m : received);
-    floats = std::max(floats, ring * mb + Ls * in_flight * rope + gradients + messages);
-  } else if (mesh.cp > 1) {  // recompute: k, v arriving and dk, dv travelling (the a heads' width), on top
-    floats += N * 4 * C_ / t;
+    return {floats, ring * mb + Ls * in_flight * rope + gradients + messages};
   }
-  return floats;
+  if (mesh.cp > 1)  // recompute: k, v arriving and dk, dv travelling (the a heads' width), on top
+    floats += N * 4 * C_ / t;
+  return {floats, 0};
 }
 
 std::map<std::string, CollectiveBytes> LlamaArithmetic::collective_bytes(const MeshShape& mesh, int stage,
@@ -194,6 +198,83 @@ std::map<std::string, CollectiveBytes> LlamaArithmetic::collective_bytes(const M
     f["pp"].broadcast = 8 + 4;
   }
   return f;
+}
+
+std::optional<PrecisionExtraBytes> LlamaArithmetic::precision_extra_bytes(const MeshShape& mesh, int stage, int zero,
+                                                                          bool recompute, Precision precision) const {
+  check_tp(mesh.tp);
+  if (precision == Precision::True32) return PrecisionExtraBytes{};
+  const bool autocast = precision != Precision::BF16True;
+  const double t = mesh.tp, sp = mesh.sequence_parallel ? t : 1;  // SP shards the RMSNorms' tokens
+  const double a = static_cast<double>(config_.num_attention_heads);
+  const bool last = stage == mesh.pp - 1;
+  const PipelinePeak peak = pipeline_peak(mesh, stage);
+  const double n = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T / mesh.cp) / micro_batches_of(mesh);
+  const double blocks = static_cast<double>(stage_blocks(mesh.pp, stage));
+  const AliveBlocks alive = alive_blocks(stage_blocks(mesh.pp, stage), mesh, stage, recompute);
+  const bool first_backward = std::none_of(peak.gone_back.begin(), peak.gone_back.end(), [](bool b) { return b; });
+  PrecisionExtraBytes e;
+  // The pipeline's messages: the float32 residual stream under autocast (2 bytes a float
+  // over activation_peak_floats's), what it holds sent and posted at the peak.
+  if (autocast && mesh.pp > 1) {
+    const double handed = C_ / sp;
+    const bool receives = !last || mesh.model_chunks > 1;
+    e.messages = 2 * (static_cast<double>(peak.forwards_sent + peak.gradients_sent) * handed * n +
+                      (receives ? std::min(peak.in_flight, 2.0) * handed * n : 0));
+  }
+  // The head's weight gradients made in the step's first backward (lm_head's V C/t, the
+  // norm's C): float32 .grad under autocast (2 bytes a float over activation_peak_floats's);
+  // bfloat16 in bf16-true, as priced.
+  e.head_grad = autocast && last && first_backward ? 2 * (V_ * C_ / t + C_) : 0;
+  const double kd = kd_;
+  const ActivationMoments moments = activation_moments(mesh, stage, recompute);
+  if (moments.ring > 0 && moments.ring >= moments.backward) {
+    // Ring attention's backward is the peak (cp): the ring runs in float32 whatever the
+    // 16-bit dtype (ring_attention.cpp, as the GPT's), so its saved q, k and v (repeated to
+    // the a heads) and output, 4C/t a token a layer, and its working set with the gradients
+    // flowing in, 23C/t, hold 2 bytes a float more. The whole layers save as below; the
+    // layer going back what its attention saved: input_layernorm's float32 rstd (2/sp) and
+    // the log-sum-exps (2a/t), under autocast also the norm's float32 input (2C/sp) and, in
+    // place of its output, q's, k's and v's own casts (3 x 2C - 2C; with SP priced already),
+    // the float32 gradient flowing into the residual stream (2C/sp), q's, k's and v's weight
+    // casts (2 (C^2 + 2Ckd)/t) and the weight gradients made so far as float32 .grad (the
+    // layer's MLP's, o_proj's and post_attention_layernorm's: 2 (3CI/t + C^2/t + C) bytes).
+    const double whole = blocks * peak.in_flight - 1;
+    const double whole_saved = (autocast ? 4 * C_ / sp + (mesh.sequence_parallel ? 0 : 6 * C_) : 0) + 4 / sp + 2 * a / t;
+    const double going_back = (autocast ? 2 * C_ / sp + (mesh.sequence_parallel ? 0 : 4 * C_) : 0) + 2 / sp + 2 * a / t;
+    e.float32_saved = (whole_saved * whole + going_back) * n;
+    const double ring_float32 = 2 * (4 * C_ / t * (whole + 1) + 23 * C_ / t) * n;
+    e.backward = ring_float32;
+    if (autocast) {
+      e.weight_casts = 2 * (block_param_elements(mesh.tp) - 2 * C_) * (mesh.pp > 1 ? whole : blocks - 1) +
+                       2 * (C_ * C_ + 2 * C_ * kd) / t;
+      e.backward += 2 * C_ / sp * n + (first_backward ? 2 * (3 * C_ * I_ / t + C_ * C_ / t + C_) : 0);
+    }
+    return e;
+  }
+  // Saved in float32 where activation_peak_floats prices 2 bytes, a token a whole layer: the
+  // two RMSNorms' rstd (rms_norm keeps it in float32 whatever x's dtype: 2 x 2 bytes) and
+  // attention's log-sum-exps (2a/t); under autocast also the RMSNorms' inputs, the float32
+  // residual stream (2 x 2C), and in place of the norms' two outputs (float32, freed once
+  // cast) each column layer's own 16-bit cast of its input, q k v of input_layernorm's,
+  // gate and up of post_attention_layernorm's: 5 x 2C - 2 x 2C (with SP already five
+  // gathered copies in activation_peak_floats: none). A kept input (recompute) is the
+  // float32 residual stream too: 2C/sp.
+  const double saved = (autocast ? 4 * C_ / sp + (mesh.sequence_parallel ? 0 : 6 * C_) : 0) + 4 / sp + 2 * a / t;
+  e.float32_saved = (saved * alive.whole + (autocast ? 2 * C_ / sp * alive.kept_inputs : 0)) * n;
+  // Under autocast each whole layer saved its weights' 16-bit casts (q o k v gate up down:
+  // 2 (2C^2 + 2Ckd + 3CI)/t bytes); the pipeline runs its micro-batches without the cast
+  // cache (each one's casts its own), the plain model's forward with it (once).
+  if (autocast)
+    e.weight_casts = 2 * (block_param_elements(mesh.tp) - 2 * C_) * (mesh.pp > 1 ? alive.whole : std::min(alive.whole, blocks));
+  // The peak moves from SwiGLU's product's backward to down_proj's backward GEMMs, which on
+  // the CPU compute in float32: their float32 operands and result (the gradient flowing in
+  // C n, the weight's shard C I/t, the input gradient's I n/t) while the product's backward's
+  // second I/t a token is not made yet (2 I n/t fewer); under autocast the gradient flowing
+  // in is float32 (+2C n/sp) and down_proj casts it to 16 bits (+2C n/sp).
+  e.backward = 4 * (C_ * n + C_ * I_ / t + I_ * n / t) - 2 * I_ * n / t + (autocast ? 4 * C_ / sp * n : 0);
+  (void)zero;
+  return e;
 }
 
 }  // namespace mg::plan

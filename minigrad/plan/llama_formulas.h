@@ -23,12 +23,41 @@
 //   collectives            the GPT's, but 7 sums a layer over tp (q, k, v, gate and up each
 //                          take the stream) where the GPT's fused c_attn makes 4, k v hops of
 //                          2 b (T/cp) C/t (repeated to the a heads) and no tied group
+//   16 bits               precision_extra_bytes: beyond the activations at 2 bytes a float,
+//                          read off train_gpt --model llama --precision P --memory-blocks, n a
+//                          micro-batch's tokens, sp = t under SP (else 1), each a token a whole
+//                          layer unless said:
+//     float32 saved        the RMSNorms' rstd (float32 whatever x's dtype) 4/sp and the
+//                          log-sum-exps 2a/t; autocast (bf16-mixed, 16-mixed): the norms'
+//                          float32 inputs 4C/sp and, for their two float32 outputs (freed once
+//                          cast), the five column layers' own 16-bit casts of their inputs,
+//                          5 x 2C - 2 x 2C (0 with SP: the gathered copies priced already);
+//                          a recomputed layer's kept input 2C/sp (the float32 stream)
+//     weight casts         autocast: 2 (2C² + 2Ckd + 3CI)/t a whole layer (once with the cast
+//                          cache; under pp each micro-batch in flight its own)
+//     backward             down_proj's backward GEMMs on the CPU in float32: 4 (C n + CI/t +
+//                          I n/t) - 2 I n/t (the product's backward's second I/t, not made
+//                          yet); autocast: the float32 gradient from the norm and its cast 4C n/sp
+//     messages             autocast, pp: the float32 stream, 2 bytes a float of the held sends
+//                          and posted receives (pipeline_peak)
+//     head gradient        autocast: lm_head's and the norm's float32 .grad, 2 (V C/t + C), in
+//                          the stage's first backward
+//     cp                   at ring attention's backward (activation_moments): the float32 ring's
+//                          saved q k v and output 2 x 4C/t a layer and working set 2 x 23C/t; the
+//                          layer going back its rstd, log-sum-exps and, under autocast, its
+//                          norm's input, q's k's v's casts (activation and weight), the float32
+//                          gradient into the stream 2C/sp, the weight gradients made as float32
+//                          .grad 2 (3CI/t + C²/t + C)
+//                          ZeRO's stages change none (ZeRO-2's later moment is the GPT's alone).
+//                          Priced at the MLP backward's moment: where the head's is the peak
+//                          (V well above C) the figure is not held.
 //
 // Held: every collective byte exact against gpt-parallel-bench --model llama's counts (its
 // ctests: tp 2 with SP, cp 2, pp 2 with 4 micro-batches, dp 2 x cp 2 with ZeRO-3); each
 // rank's peak within 5 % of these terms at train_gpt's moments (samples/trainer_moments.h),
-// 0.977 to 1.025 on 23 splits, in 32-true (the ctest `train_gpt --model llama: each rank's
-// peak within 5 % ...`; bench/RESULTS.md has the table).
+// 0.977 to 1.025 on 23 splits, in 32-true, and 0.979 to 1.020 on 26 splits in bf16-mixed,
+// 16-mixed and bf16-true (the ctest `train_gpt --model llama: each rank's peak within 5 %
+// ...`, a dozen of them; bench/RESULTS.md has the tables).
 #pragma once
 
 #include <minigrad/models/llama.h>
@@ -53,10 +82,16 @@ class LlamaArithmetic final : public ModelArithmetic {
   double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const override;
   std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
                                                           double grad_bytes, double stream_bytes) const override;
+  // The 16-bit precisions' terms (this header's top).
+  std::optional<PrecisionExtraBytes> precision_extra_bytes(const MeshShape& mesh, int stage, int zero, bool recompute,
+                                                           Precision precision) const override;
 
  private:
   models::LlamaConfig config_;
   double C_, I_, V_, kd_;  // hidden, intermediate, vocabulary, k d (the k and v widths)
+  // activation_peak_floats's two moments: the backward's and, under cp without recompute,
+  // ring attention's backward (0 otherwise); the peak is the larger.
+  ActivationMoments activation_moments(const MeshShape& mesh, int stage, bool recompute) const;
   // A layer's saved floats a token (activation_peak_floats has each term).
   double layer_floats(double t, bool sp) const;
 };

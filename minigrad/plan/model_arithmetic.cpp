@@ -69,4 +69,22 @@ std::map<std::string, CollectiveBytes> GPTArithmetic::collective_bytes(const Mes
   return gpt_collective_bytes(config_, mesh, stage, act_bytes, grad_bytes, stream_bytes);
 }
 
+std::optional<PrecisionExtraBytes> ModelArithmetic::precision_extra_bytes(const MeshShape& /*mesh*/, int /*stage*/,
+                                                                          int /*zero*/, bool /*recompute*/,
+                                                                          Precision precision) const {
+  if (precision == Precision::True32) return PrecisionExtraBytes{};
+  return std::nullopt;
+}
+
+std::optional<PrecisionExtraBytes> GPTArithmetic::precision_extra_bytes(const MeshShape& mesh, int stage, int zero,
+                                                                        bool recompute, Precision precision) const {
+  switch (precision) {
+    case Precision::True32: return PrecisionExtraBytes{};
+    case Precision::BF16Mixed:
+    case Precision::F16Mixed: return gpt_bf16_mixed_extra_bytes(config_, mesh, zero, stage, recompute);
+    case Precision::BF16True: return gpt_bf16_true_extra_bytes(config_, mesh, zero, stage, recompute);
+  }
+  return std::nullopt;
+}
+
 }  // namespace mg::plan

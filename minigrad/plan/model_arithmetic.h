@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include <minigrad/models/gpt.h>
+#include <minigrad/plan/devices.h>
 #include <minigrad/plan/gpt_formulas.h>
 
 namespace mg::plan {
@@ -35,6 +37,12 @@ class ModelArithmetic {
   // residual stream's (gpt_collective_bytes).
   virtual std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
                                                                   double grad_bytes, double stream_bytes) const = 0;
+  // What `precision` holds at the backward's peak beyond activation_peak_floats at its
+  // activations' bytes (2 a float in the 16-bit precisions; gpt_formulas.h's
+  // PrecisionExtraBytes), over dp with ZeRO `zero` (0 to 3), tp, pp and cp, ± recompute:
+  // zero in 32-true; std::nullopt where the model does not price it (the default in 16 bits).
+  virtual std::optional<PrecisionExtraBytes> precision_extra_bytes(const MeshShape& mesh, int stage, int zero,
+                                                                   bool recompute, Precision precision) const;
   // The dp rank's real micro-batches and layers of a stage (parallel::even_balance).
   int64_t stage_blocks(int pp, int stage) const;
 };
@@ -57,6 +65,9 @@ class GPTArithmetic final : public ModelArithmetic {
   double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const override;
   std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
                                                           double grad_bytes, double stream_bytes) const override;
+  // gpt_bf16_mixed_extra_bytes (bf16-mixed, 16-mixed) and gpt_bf16_true_extra_bytes.
+  std::optional<PrecisionExtraBytes> precision_extra_bytes(const MeshShape& mesh, int stage, int zero, bool recompute,
+                                                           Precision precision) const override;
 
  private:
   models::GPTConfig config_;

@@ -154,10 +154,7 @@ std::string TrainerMoments::describe_range() const {
 std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                               const ModelSplit& split, int stage, int64_t batch, int64_t T,
                                               Precision precision, bool fsdp_mp_policy, bool gloo) {
-  const auto* gpt = dynamic_cast<const plan::GPTArithmetic*>(&model);
-  const bool priced_16bit = gpt != nullptr && !fsdp_mp_policy;
-  if (precision != Precision::True32 && !priced_16bit) return std::nullopt;
-  if (split.zero == 3 && split.recompute) {
+  if (split.zero == 3 && split.recompute) {  // a range of its own (fsdp_recompute_moments)
     if (precision != Precision::True32 || !gloo || split.tp > 1 || split.cp > 1 || split.pp > 1) return std::nullopt;
     return fsdp_recompute_moments(r, model, split, batch, T);
   }
@@ -165,19 +162,25 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
   const bool bf16_true = precision == Precision::BF16True;
   const double pb = bf16_true ? 2 : 4;  // a parameter's bytes
 
-  // What the 16-bit precisions keep beside the activations at 2 bytes a float
-  // (plan::gpt_bf16_mixed_extra_bytes, gpt_bf16_true_extra_bytes), and what ZeRO-2's later
-  // moment no longer holds (gpt_zero2_released_bytes).
+  // What the 16-bit precisions keep beside the activations at 2 bytes a float (the model's
+  // precision_extra_bytes: plan::gpt_bf16_mixed_extra_bytes, gpt_bf16_true_extra_bytes,
+  // the Llama's), and what ZeRO-2's later moment no longer holds (gpt_zero2_released_bytes,
+  // the GPT's alone).
+  if (precision != Precision::True32 && fsdp_mp_policy) return std::nullopt;
   const plan::Split planned = plan_split(split);
   const plan::MeshShape shape = plan::mesh_shape(planned, plan::Workload{batch, T});
-  plan::PrecisionExtraBytes extra;
+  const plan::Precision planned_precision = mixed       ? (precision == Precision::F16Mixed ? plan::Precision::F16Mixed
+                                                                                              : plan::Precision::BF16Mixed)
+                                            : bf16_true ? plan::Precision::BF16True
+                                                        : plan::Precision::True32;
+  const std::optional<plan::PrecisionExtraBytes> priced =
+      model.precision_extra_bytes(shape, stage, split.zero, split.recompute, planned_precision);
+  if (!priced) return std::nullopt;
+  const plan::PrecisionExtraBytes extra = *priced;
   double zero2_released = 0;
-  if (priced_16bit) {
-    if (mixed) extra = plan::gpt_bf16_mixed_extra_bytes(gpt->config(), shape, split.zero, stage, split.recompute);
-    if (bf16_true) extra = plan::gpt_bf16_true_extra_bytes(gpt->config(), shape, split.zero, stage, split.recompute);
+  if (const auto* gpt = dynamic_cast<const plan::GPTArithmetic*>(&model); gpt != nullptr && !fsdp_mp_policy)
     if (split.zero == 2 && split.tp == 1)  // the activations' bytes: 2 in both 16-bit precisions
       zero2_released = plan::gpt_zero2_released_bytes(gpt->config(), shape, precision == Precision::True32 ? 4 : 2, mixed);
-  }
   const std::string kind = mixed ? "autocast's" : "bf16-true's";
   const std::vector<MemoryTerm> extras = {{kind + " float32 saved tensors", extra.float32_saved},
                                           {"16-bit weight casts", extra.weight_casts},

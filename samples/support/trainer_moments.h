@@ -81,7 +81,8 @@ struct TrainerMoments {
 // `r`: the planner's bytes for this rank's stage; `gloo`: the dp and cp groups are Gloo's (no 16-bit
 // sums: they travel as float32). Empty where not priced so yet: the 16-bit precisions under
 // FSDP's MixedPrecisionPolicy, FSDP with recompute in the 16-bit precisions, over tp or cp or
-// over NCCL, and models other than the GPT in 16 bits.
+// over NCCL, and in 16 bits a model whose precision_extra_bytes does not price them (the
+// GPT's and the Llama's do).
 std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                               const ModelSplit& split, int stage, int64_t batch, int64_t T,
                                               Precision precision, bool fsdp_mp_policy, bool gloo);

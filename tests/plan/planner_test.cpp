@@ -427,3 +427,84 @@ TEST_CASE("planner: what ZeRO-2's moment with the flat gradients no longer holds
   CHECK(plan::gpt_zero2_released_bytes(config, mesh, 4, false) == 4 * (7 * C - 3 * C));
   CHECK_THROWS_WITH(plan::gpt_zero2_released_bytes(config, mesh, 3, false), MG_CONTAINS("act_bytes 3 must be 2 or 4"));
 }
+
+// The Llama at train_gpt --model llama's shape (4 layers, C 128, 4 heads of d 32, 2 kv
+// heads, I 352, a vocabulary of 34; 12 rows of 64 tokens): what the 16-bit precisions hold
+// beyond activation_peak_floats at 2 bytes, term by term (llama_formulas.h).
+TEST_CASE("planner: the Llama's 16-bit bytes beyond the activations at 2 bytes term by term") {
+  models::LlamaConfig c;
+  c.num_hidden_layers = 4;
+  c.hidden_size = 128;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.intermediate_size = 352;
+  c.vocab_size = 34;
+  c.max_position_embeddings = 64;
+  const plan::LlamaArithmetic llama(c);
+  const double C = 128, I = 352, V = 34, a = 4, kd = 64, n = 12 * 64;
+  const double casts = 2 * (2 * C * C + 2 * C * kd + 3 * C * I);  // q o, k v, gate up down in 16 bits
+  plan::MeshShape mesh;
+  mesh.batch = 12;
+  mesh.T = 64;
+  CHECK(llama.precision_extra_bytes(mesh, 0, 0, false, plan::Precision::True32)->total() == 0);
+  // bf16-mixed on one device: the RMSNorms' float32 inputs (2 x 2C), the five column layers'
+  // own casts for the norms' two outputs (5 x 2C - 2 x 2C), the float32 rstd (2 x 2) and
+  // log-sum-exps (2a), each of the 4 layers; every weight cast once (the cast cache).
+  const auto mixed = llama.precision_extra_bytes(mesh, 0, 0, false, plan::Precision::BF16Mixed);
+  REQUIRE(mixed);
+  CHECK(mixed->float32_saved == (4 * C + 6 * C + 4 + 2 * a) * 4 * n);
+  CHECK(mixed->weight_casts == casts * 4);
+  // down_proj's float32 GEMM operands and result less the product's backward's second I, the
+  // float32 gradient from the norm and its 16-bit cast.
+  CHECK(mixed->backward == 4 * (C * n + C * I + I * n) - 2 * I * n + 4 * C * n);
+  CHECK(mixed->messages == 0);
+  CHECK(mixed->head_grad == 2 * (V * C + C));  // lm_head's and the norm's float32 .grad
+  const auto f16 = llama.precision_extra_bytes(mesh, 0, 0, false, plan::Precision::F16Mixed);
+  CHECK(f16->total() == mixed->total());
+  // bf16-true: only what is float32 whatever the dtype (rstd, log-sum-exps) and the GEMM's scratch.
+  const auto bf16 = llama.precision_extra_bytes(mesh, 0, 0, false, plan::Precision::BF16True);
+  REQUIRE(bf16);
+  CHECK(bf16->float32_saved == (4 + 2 * a) * 4 * n);
+  CHECK(bf16->weight_casts == 0);
+  CHECK(bf16->backward == 4 * (C * n + C * I + I * n) - 2 * I * n);
+  CHECK(bf16->head_grad == 0);
+  // Recomputed on one device: one layer whole, every layer's float32 input kept (2C over 16 bits).
+  const auto redone = llama.precision_extra_bytes(mesh, 0, 0, true, plan::Precision::BF16Mixed);
+  CHECK(redone->float32_saved == (4 * C + 6 * C + 4 + 2 * a + 4 * 2 * C) * n);
+  CHECK(redone->weight_casts == casts);
+  // tp 2 with SP: the norms' tokens sharded, the column layers' gathered casts already priced.
+  plan::MeshShape tp = mesh;
+  tp.tp = 2;
+  tp.sequence_parallel = true;
+  const auto sp = llama.precision_extra_bytes(tp, 0, 1, false, plan::Precision::BF16Mixed);
+  CHECK(sp->float32_saved == (4 * C / 2 + 4 / 2.0 + 2 * a / 2) * 4 * n);
+  CHECK(sp->weight_casts == casts / 2 * 4);
+  CHECK(sp->backward == 4 * (C * n + C * I / 2 + I * n / 2) - 2 * I * n / 2 + 4 * C / 2 * n);
+  CHECK(sp->head_grad == 2 * (V * C / 2 + C));
+  // Stage 0 of pp 2 over 2 micro-batches (1F1B): both forwards alive, each casting anew, both
+  // handed on and 2 receives posted, the float32 residual stream 2 bytes over 16 bits.
+  plan::MeshShape pp = mesh;
+  pp.pp = 2;
+  pp.micro_batches = 2;
+  const auto first = llama.precision_extra_bytes(pp, 0, 1, false, plan::Precision::BF16Mixed);
+  CHECK(first->float32_saved == (4 * C + 6 * C + 4 + 2 * a) * 2 * 2 * (n / 2));
+  CHECK(first->weight_casts == casts * 2 * 2);
+  CHECK(first->messages == 2 * (2 + 2) * C * (n / 2));
+  CHECK(first->head_grad == 0);
+  // cp 2: ring attention's backward is the peak; the ring is float32 (its saved q k v and
+  // output, 4C a layer, and working set 23C, 2 bytes a float more), 3 layers whole and the
+  // one going back with its norm's input and rstd, q's k's v's casts and weight casts, the
+  // float32 gradient into the stream and the weight gradients made as float32 .grad.
+  plan::MeshShape cp = mesh;
+  cp.cp = 2;
+  const double h = 12 * 32;  // a cp rank's tokens
+  const auto ring_true = llama.precision_extra_bytes(cp, 0, 0, false, plan::Precision::BF16True);
+  CHECK(ring_true->float32_saved == ((4 + 2 * a) * 3 + 2 + 2 * a) * h);
+  CHECK(ring_true->backward == 2 * (4 * C * 4 + 23 * C) * h);
+  CHECK(ring_true->weight_casts == 0);
+  const auto ring_mixed = llama.precision_extra_bytes(cp, 0, 0, false, plan::Precision::BF16Mixed);
+  CHECK(ring_mixed->float32_saved == ((10 * C + 4 + 2 * a) * 3 + 2 * C + 4 * C + 2 + 2 * a) * h);
+  CHECK(ring_mixed->weight_casts == casts * 3 + 2 * (C * C + 2 * C * kd));
+  CHECK(ring_mixed->backward == 2 * (4 * C * 4 + 23 * C) * h + 2 * C * h + 2 * (3 * C * I + C * C + C));
+  CHECK(ring_mixed->head_grad == 2 * (V * C + C));
+}

@@ -227,8 +227,12 @@ TEST_CASE("train_gpt: each rank's peak within 5 % of the planner's bytes at the 
 }
 
 // The Llama (llama_formulas.h) at train_gpt's default shape, 32-true, through the splits
-// train_gpt runs it on: 0.977 to 1.025 on every rank (bench/RESULTS.md). Left out: the
-// 16-bit precisions, not priced for the Llama yet (trainer_moments).
+// train_gpt runs it on: 0.977 to 1.025 on every rank (bench/RESULTS.md); and in the 16-bit
+// precisions (LlamaArithmetic::precision_extra_bytes on top) a dozen of the 2026-12-07
+// splits, 0.979 to 1.020 on every rank over 31 splits and three precisions there. Left out:
+// bf16-true under ZeRO-3 (0.979 to 1.001 a rank over runs: whether the peak holds the unit
+// gathered ahead, widened to float32 for Gloo, is a race with the communication thread, as
+// the GPT's), and the other measured splits for the run time alone.
 TEST_CASE("train_gpt --model llama: each rank's peak within 5 % of the planner's bytes at the trainer's moments") {
   mg::testing::TempDir dir;
   const std::string flags = " --devices cpu --model llama --iters 4 --eval-iters 2 --eval-interval 4 --sample-chars 0 "
@@ -244,7 +248,14 @@ TEST_CASE("train_gpt --model llama: each rank's peak within 5 % of the planner's
         two + " --pp 2 --schedule interleaved --model-chunks 2 --micro-batches 2",
         two + " --pp 2 --schedule interleaved --model-chunks 2 --micro-batches 4", four + " --dp 2 --pp 2",
         four + " --dp 2 --pp 2 --recompute", four + " --tp 2 --pp 2", four + " --tp 2 --pp 2 --sequence-parallel",
-        four + " --cp 2 --pp 2", four + " --dp 2 --cp 2", four + " --tp 2 --cp 2 --sequence-parallel"}) {
+        four + " --cp 2 --pp 2", four + " --dp 2 --cp 2", four + " --tp 2 --cp 2 --sequence-parallel",
+        alone + " --precision bf16-mixed", alone + " --precision bf16-true",
+        alone + " --recompute --precision bf16-mixed", two + " --dp 2 --zero 1 --precision bf16-true",
+        two + " --dp 2 --zero 2 --precision 16-mixed", two + " --dp 2 --zero 3 --weight-decay 0 --precision bf16-mixed",
+        two + " --tp 2 --sequence-parallel --precision bf16-true", two + " --pp 2 --micro-batches 4 --precision bf16-mixed",
+        two + " --pp 2 --schedule interleaved --model-chunks 2 --micro-batches 4 --precision bf16-true",
+        two + " --cp 2 --precision bf16-mixed", four + " --tp 2 --pp 2 --recompute --precision bf16-true",
+        four + " --dp 2 --cp 2 --precision 16-mixed"}) {
     const auto run = mg::testing::run_program(command);
     INFO(command << "\n" << run.output);
     REQUIRE(run.exit_code == 0);
