@@ -19,9 +19,9 @@
 //   FSDP with  backward through block k (each k): block k recomputed, its unit, the one
 //   recompute  gathered ahead and the root's, the flat gradients of k, of k + 1 (its
 //              reduce-scatter in flight) and the root's, the gradient shards reduced
-//   FSDP's    (--fsdp-mp-policy: float32 shards, 16-bit units and compute, float32 flat
-//   mixed     gradients) the last block's c_proj backward, and its c_fc backward with the
-//   precision block's float32 flat gradient made and c_fc's and GELU's outputs gone
+//   FSDP's     (--fsdp-mp-policy: float32 shards, 16-bit units and compute, float32 flat
+//   mixed      gradients) the last block's c_proj backward, and its c_fc backward with
+//   precision  the block's float32 flat gradient made and c_fc's and GELU's outputs gone
 //   policy
 // and two racing terms, which make the peak a range: FSDP with recompute's Gloo scratch for
 // block k + 1's reduce-scatter, and under bf16-true ZeRO-3 and FSDP's MixedPrecisionPolicy
