@@ -9,7 +9,8 @@
 // (trainer_moments.h: what it always holds and the largest of the backward's, the gradient
 // sum's and the step's), in 32-true and in the 16-bit precisions over dp, tp, pp and cp
 // (± recompute); elsewhere the line says it is not priced so yet. FSDP with recompute (32-true
-// over Gloo) races with the communication thread, so its figure is a range, "at the
+// over Gloo), bf16-true ZeRO-3 and FSDP's MixedPrecisionPolicy (over Gloo on dp) race with
+// the communication thread, so their figure is a range, "at the
 // trainer's moments: 13.25 to 14.01 MiB (...; the low: ...; the high adds: ...), measured
 // within that range (measured / low 1.040, measured / high 0.984)": within is 0.95 low to
 // 1.05 high.
@@ -57,7 +58,8 @@ plan::Split plan_split(const ModelSplit& split);
 // planner's bytes of its pipeline stage for rows of `batch` x `T` tokens a micro-batch step.
 // The planner's refusal (a split it cannot price) is said in the line, not thrown.
 // `fsdp_mp_policy`: the 16-bit casts are FSDP's MixedPrecisionPolicy's (train_gpt
-// --fsdp-mp-policy), not autocast's, whose terms the second figure adds: not priced so yet.
+// --fsdp-mp-policy), not autocast's: the second figure is a range (the gather ahead races
+// with Gloo's thread), priced for the GPT's ZeRO-3 over Gloo on dp alone without recompute.
 std::string memory_report(std::size_t peak_bytes, int rank, const parallel::DeviceMesh* mesh,
                           const plan::ModelArithmetic& model, const ModelSplit& split, int64_t batch, int64_t T,
                           Precision precision, bool fsdp_mp_policy = false);

@@ -19,9 +19,14 @@
 //   FSDP with  backward through block k (each k): block k recomputed, its unit, the one
 //   recompute  gathered ahead and the root's, the flat gradients of k, of k + 1 (its
 //              reduce-scatter in flight) and the root's, the gradient shards reduced
+//   FSDP's     (--fsdp-mp-policy: float32 shards, 16-bit units and compute, float32 flat
+//   mixed      gradients) the last block's c_proj backward, and its c_fc backward with
+//   precision  the block's float32 flat gradient made and c_fc's and GELU's outputs gone
+//   policy
 // and two racing terms, which make the peak a range: FSDP with recompute's Gloo scratch for
-// block k + 1's reduce-scatter, and under bf16-true ZeRO-3 over Gloo the backward's unit
-// gathered ahead, widened to float32 on the communication thread.
+// block k + 1's reduce-scatter, and under bf16-true ZeRO-3 and FSDP's MixedPrecisionPolicy
+// over Gloo the backward's unit gathered ahead, widened to float32 on the communication
+// thread (under the policy with its input, this rank's float32 shard rounded to 16 bits).
 #pragma once
 
 #include <optional>
@@ -79,10 +84,11 @@ struct TrainerMoments {
 // is the largest moment without it, the high the largest with it.
 //
 // `r`: the planner's bytes for this rank's stage; `gloo`: the dp and cp groups are Gloo's (no 16-bit
-// sums: they travel as float32). Empty where not priced so yet: the 16-bit precisions under
-// FSDP's MixedPrecisionPolicy, FSDP with recompute in the 16-bit precisions, over tp or cp or
-// over NCCL, and in 16 bits a model whose precision_extra_bytes does not price them (the
-// GPT's and the Llama's do).
+// sums: they travel as float32). FSDP's MixedPrecisionPolicy (`fsdp_mp_policy`, bf16-mixed
+// or 16-mixed) is a range likewise, the GPT's ZeRO-3 over Gloo on dp alone. Empty where not
+// priced so yet: FSDP's MixedPrecisionPolicy with recompute, over tp, cp or pp or over NCCL,
+// FSDP with recompute in the 16-bit precisions, over tp or cp or over NCCL, and in 16 bits a
+// model whose precision_extra_bytes does not price them (the GPT's and the Llama's do).
 std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                               const ModelSplit& split, int stage, int64_t batch, int64_t T,
                                               Precision precision, bool fsdp_mp_policy, bool gloo);

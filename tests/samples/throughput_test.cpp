@@ -99,8 +99,8 @@ TEST_CASE("memory_report: the allocator's peak beside the planner's bytes, or wh
   CHECK_THAT(line, MG_CONTAINS("memory: peak 1.00 MiB on rank 0; the planner: " +
                                fmt::format("{:.2f} MiB (params ", p.stages[0].total() / 1048576)));
   CHECK_THAT(line, MG_CONTAINS(fmt::format("measured / planned {:.3f}", 1048576 / p.stages[0].total())));
-  // The 16-bit precisions are priced at the trainer's moments over dp with autocast's casts,
-  // not with FSDP's MixedPrecisionPolicy's.
+  // The 16-bit precisions are priced at the trainer's moments over dp with autocast's casts;
+  // FSDP's MixedPrecisionPolicy's over Gloo alone (one process here: no Gloo).
   samples::ModelSplit fsdp;
   fsdp.dp = 2;
   fsdp.zero = 3;
@@ -275,7 +275,9 @@ TEST_CASE("train_gpt --model llama: each rank's peak within 5 % of the planner's
 // buffers alive at it. With recompute: whether it still holds block k + 1's reduce-scatter
 // scratch at block k's backward (13.03, 13.22, 13.60 or 13.79 MiB on rank 0 of the same
 // command); in bf16-true: whether the unit gathered ahead is in flight, widened to float32,
-// at the last block's c_proj backward (14.99 to 15.92). The range is no wider than the named
+// at the last block's c_proj backward (14.99 to 15.92); under FSDP's MixedPrecisionPolicy
+// (bf16-mixed and 16-mixed) the same gather with its 16-bit input shard, at the last block's
+// c_fc backward (14.62 to 15.47 against 13.75 to 15.46). The range is no wider than the named
 // buffers, and each bound is a moment's own terms: a wrong formula still fails.
 TEST_CASE("train_gpt: FSDP's races with Gloo's thread are priced as ranges and each run falls within them") {
   // The bounds at train_gpt's default shape, exactly: the high is the low's moment with the
@@ -298,21 +300,32 @@ TEST_CASE("train_gpt: FSDP's races with Gloo's thread are priced as ranges and e
     samples::Precision precision;
     double racing;  // bytes
     std::string name, flags;
+    bool fsdp_mp_policy = false;
   };
   // With recompute: the reduce-scatter's float32 scratch, a unit. In bf16-true: the gathered
   // unit's float32 output (4 bytes an element), this rank's float32 shard (4 / 2) and the
   // unit rounded back to bfloat16 (2).
+  // Under FSDP's MixedPrecisionPolicy the same gather, and its input: this rank's float32
+  // shard rounded to 16 bits (2 / 2), freed with the rest when the gather ends; 16-mixed
+  // holds the same blocks as bf16-mixed.
   const std::vector<Case> cases = {
       {recomputed, samples::Precision::True32, 4 * elements, "the reduce-scatter's scratch (block ", " --recompute"},
       {fsdp, samples::Precision::BF16True, (4 + 2 + 2) * elements, "the unit gathered ahead, widened for Gloo",
-       " --precision bf16-true"}};
+       " --precision bf16-true"},
+      {fsdp, samples::Precision::BF16Mixed, (1 + 4 + 2 + 2) * elements,
+       "the unit gathered ahead, widened for Gloo: this rank's shard rounded to 16 bits",
+       " --precision bf16-mixed --fsdp-mp-policy", true},
+      {fsdp, samples::Precision::F16Mixed, (1 + 4 + 2 + 2) * elements,
+       "the unit gathered ahead, widened for Gloo: this rank's shard rounded to 16 bits",
+       " --precision 16-mixed --fsdp-mp-policy", true}};
   mg::testing::TempDir dir;
   const std::string fortunes = mg::testing::make_fortunes(dir);
   for (const Case& k : cases) {
     const plan::Plan p =
         plan::plan_model(model, samples::plan_split(k.split),
                          plan::Workload{12, 64, samples::plan_precision(k.precision)}, plan::device_table().front());
-    const auto moments = samples::trainer_moments(p.stages[0], model, k.split, 0, 12, 64, k.precision, false, true);
+    const auto moments =
+        samples::trainer_moments(p.stages[0], model, k.split, 0, 12, 64, k.precision, k.fsdp_mp_policy, true);
     INFO(k.flags);
     REQUIRE(moments.has_value());
     REQUIRE(moments->is_range());
@@ -321,9 +334,10 @@ TEST_CASE("train_gpt: FSDP's races with Gloo's thread are priced as ranges and e
     REQUIRE(moments->high_moment().racing.size() == 1);
     CHECK(moments->high_moment().racing[0].bytes == Approx(k.racing).epsilon(1e-12));
     CHECK_THAT(moments->high_moment().racing[0].name, MG_CONTAINS(k.name));
-    // Over NCCL (no such thread's buffers) the range is gone: recompute is not priced, and
-    // bf16-true's gather is not widened.
-    const auto nccl = samples::trainer_moments(p.stages[0], model, k.split, 0, 12, 64, k.precision, false, false);
+    // Over NCCL (no such thread's buffers) the range is gone: recompute and the policy are
+    // not priced, and bf16-true's gather is not widened.
+    const auto nccl =
+        samples::trainer_moments(p.stages[0], model, k.split, 0, 12, 64, k.precision, k.fsdp_mp_policy, false);
     CHECK((!nccl || !nccl->is_range()));
 
     const std::string command = mg::testing::program_path("minigrad-run") + " --nproc-per-node 2 " +
