@@ -32,6 +32,7 @@ struct MLPRun {
   int64_t rank_rows = 0;    // a step's rows on this rank
   int64_t train_images = 0, test_images = 0;
   plan::MLPOptimizer optimizer = plan::MLPOptimizer::SGDMomentum;
+  bool pipe_1f1b = false;   // --schedule 1f1b (else gpipe), with --pipeline
   bool gloo = false;        // the process group is Gloo's (ZeRO-3's range: its thread's scratch)
 };
 
