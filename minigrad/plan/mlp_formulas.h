@@ -25,6 +25,9 @@
 //   ZeRO-3's       the first Linear's reduce-scatter launched: its unit gathered, its flat
 //   launch         gradient, its weight's gradient, every gradient shard; a range, Gloo's
 //                  scratch for it racing the caller (mlp_zero3_memory)
+//   the pipeline's  in one process: stage 0's thread making the first Linear's weight
+//   backward        gradient in micro-batch m-2's backward, beside the stashed inputs, the
+//                   recompute and stage 1's queued gradients (mlp_pipe_memory)
 #pragma once
 
 #include <cstdint>
