@@ -453,6 +453,7 @@ samples::MLPRun mlp_run(const Run& run, const data::Dataset& train_set, const da
   m.split.pp = std::max(o.pipeline, 1);
   m.split.zero = o.zero;
   m.split.micro_batches = o.pipeline > 0 ? o.chunks : 0;
+  m.pipe_1f1b = o.pipeline > 0 && o.schedule == "1f1b";
   m.devices_in_one_process = run.dist.active() || o.pipeline > 0 ? 1 : static_cast<int>(o.device_list.size());
   m.float32 = o.precision == "32-true";
   m.cpu = run.device.is_cpu();

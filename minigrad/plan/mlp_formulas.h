@@ -25,6 +25,9 @@
 //   ZeRO-3's       the first Linear's reduce-scatter launched: its unit gathered, its flat
 //   launch         gradient, its weight's gradient, every gradient shard; a range, Gloo's
 //                  scratch for it racing the caller (mlp_zero3_memory)
+//   the pipeline's  in one process: stage 0's thread making the first Linear's weight
+//   backward        gradient in micro-batch m-2's backward, beside the stashed inputs, the
+//                   recompute and stage 1's queued gradients (mlp_pipe_memory)
 #pragma once
 
 #include <cstdint>
@@ -77,7 +80,7 @@ double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tenso
 // params also hold the whole model the shards were cut from, which the trainer keeps.
 // `replicas` > 1: DataParallel's in one process (the process's bytes: the original's
 // parameters, gradients and state, the replicas' copies and the reduce_add's buffers).
-// Empty for the splits not priced yet: pp, ZeRO-3 (a range: mlp_zero3_memory), ZeRO with tp, and tp in one process (`replicas` > 1 with tp: its
+// Empty for the splits not priced yet: pp (in one process: mlp_pipe_memory), ZeRO-3 (a range: mlp_zero3_memory), ZeRO with tp, and tp in one process (`replicas` > 1 with tp: its
 // ranks' threads add their moments on one allocator as they happen to meet).
 std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
                                           MLPOptimizer optimizer, int replicas = 1);
@@ -101,6 +104,33 @@ struct MLPZero3Memory {
 };
 std::optional<MLPZero3Memory> mlp_zero3_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
                                                MLPOptimizer optimizer);
+
+// The pipeline in one process (parallel::Pipe, --pipeline 2 --devices cpu,cpu): a thread a
+// stage on one allocator, torchgpipe's checkpoint=except_last, `rows` a step cut into
+// `chunks` micro-batches as torch.chunk cuts them. Priced for the cut the trainer makes of
+// two hidden layers over 2 stages (even_balance [3, 2]: stage 0 Linear0, ReLU, Linear1;
+// stage 1 ReLU, Linear2 and the loss), at least 2 micro-batches; empty otherwise. The peak
+// is stage 0's thread computing the first Linear's weight gradient in a step after the
+// first (the largest tensor made in backward), in the backward of
+//   GPipe  micro-batch m-2 (the first after m-1's made .grad): the checkpointed inputs of
+//          micro-batches 0..m-2, m-2's recomputed Linear1 output (the root), its gradient
+//          received from stage 1, ReLU's input gradient; the first Linear's weight and
+//          bias gradients pending beside .grad; stage 1's input gradients of micro-batches
+//          0..m-3, handed back and queued for stage 0;
+//   1F1B   micro-batch m-2 (m >= 3, after micro-batch 0's made .grad), with m-1's graph
+//          still alive: its input, ReLU's output and its root, and with it the second
+//          Linear's gradient accumulators (made at m-1's forward, before the recompute's
+//          nodes, so run after the first Linear's node: the engine runs the latest made
+//          first), so Linear1's weight and bias gradients are pending too; stage 1's input
+//          gradient of m-1 queued. (m = 2: the larger of that moment, micro-batch 0's,
+//          before any .grad, and micro-batch 1's, .grad made, one input, no recompute.)
+// Beside either: every parameter, its .grad and the optimizer's state, every micro-batch's
+// logits (the gathered output's pieces) and weighted loss, the running loss. Both assume
+// stage 1's thread, whose backward is a ReLU and a 10-wide Linear, has finished what it
+// can run before stage 0's thread reaches the moment (every run read: 6 of 6 a shape).
+// buffers: the pending weight gradients; activations: the rest of the micro-batches'.
+std::optional<RankMemory> mlp_pipe_memory(const MLPConfig& config, int64_t rows, int64_t chunks, bool one_f_one_b,
+                                          MLPOptimizer optimizer);
 
 // What the trainer holds beside the step: the training and test sets (float32 images,
 // int64 labels) and the rank's batch of `rank_rows`.

@@ -10,8 +10,10 @@
 // rank's batch. ZeRO-3 over Gloo is a range (plan::mlp_zero3_memory: a race with the
 // communication thread): "the planner: 4.03 to 4.80 MiB (the low: ...; the high adds: the
 // reduce-scatter's scratch ...), measured within that range (measured / low 1.000, measured
-// / high 0.840)". Splits, precisions and devices the formulas do not price yet are said in the
-// line (a GPU: its allocator holds the batch but not the data sets; not measured yet).
+// / high 0.840)". The pipeline in one process (--pipeline 2, two hidden layers) is its stages
+// together (plan::mlp_pipe_memory), the buffers the weight gradients pending at stage 0's
+// moment. Splits (TensorParallel in one process, other pipelines), precisions and devices
+// the formulas do not price yet are said in the line (a GPU: its allocator holds the batch but not the data sets; not measured yet).
 #pragma once
 
 #include <cstddef>
@@ -32,6 +34,7 @@ struct MLPRun {
   int64_t rank_rows = 0;    // a step's rows on this rank
   int64_t train_images = 0, test_images = 0;
   plan::MLPOptimizer optimizer = plan::MLPOptimizer::SGDMomentum;
+  bool pipe_1f1b = false;   // --schedule 1f1b (else gpipe), with --pipeline
   bool gloo = false;        // the process group is Gloo's (ZeRO-3's range: its thread's scratch)
 };
 

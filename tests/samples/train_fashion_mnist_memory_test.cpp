@@ -63,13 +63,38 @@ TEST_CASE("train_fashion_mnist: the memory line prices one device and DataParall
   require_priced(tiny_run(dir.path()) + " --devices cpu,cpu,cpu --optimizer adamw", 1);
 }
 
+// The pipeline in one process (a thread a stage, one allocator): stage 0 at its first
+// Linear's weight gradient in the backward of micro-batch m-2 (plan::mlp_pipe_memory),
+// GPipe and 1F1B, 2 and 4 micro-batches, SGD and AdamW, each run twice.
+TEST_CASE("train_fashion_mnist --pipeline 2: the memory line prices the stages together within 5 %, GPipe and 1F1B") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 100, 20, false);
+  for (const char* schedule : {"gpipe", "1f1b"})
+    for (const char* chunks : {"2", "4"})
+      for (const char* optimizer : {"", " --optimizer adamw"})
+        require_priced(tiny_run(dir.path()) + " --pipeline 2 --devices cpu,cpu --chunks " + chunks + " --schedule " +
+                           schedule + optimizer,
+                       1);
+  // The terms: GPipe's moment at 4 micro-batches of 5 rows, --hidden 64,32.
+  mg::plan::MLPConfig config;
+  config.hidden = {64, 32};
+  const auto p = mg::plan::mlp_pipe_memory(config, 20, 4, false, mg::plan::MLPOptimizer::SGDMomentum);
+  REQUIRE(p.has_value());
+  const double psi = 784 * 64 + 64 + 64 * 32 + 32 + 32 * 10 + 10;
+  CHECK(p->params == 4 * psi);
+  CHECK(p->grads == 4 * psi);
+  CHECK(p->buffers == 4.0 * (784 * 64 + 64));  // the first Linear's gradients pending
+  // inputs of micro-batches 0..2, micro-batch 2's root, its gradient, ReLU's input gradient,
+  // stage 1's input gradients of 0 and 1 queued, the 4 logits, 4 losses and the running one
+  CHECK(p->activations == 4.0 * (3 * 5 * 784 + 5 * (2 * 32 + 64) + 2 * 5 * 32 + 4 * 5 * 10) + 4.0 * 5);
+  CHECK_FALSE(mg::plan::mlp_pipe_memory(config, 20, 1, false, mg::plan::MLPOptimizer::SGD).has_value());
+}
+
 // Not priced yet, and the line says so: TensorParallel in one process (its ranks' threads
 // share one allocator and leave each all-reduce at times of their own, so its peak is what
 // their moments happen to add to: 7 of the 8 activations the two ranks' bias-adds hold in
-// the runs read), the pipeline (its peak falls in stage 0's backward of a recomputed
-// micro-batch, beside every micro-batch's input copy, output and loss; what stage 1 holds
-// then, its gradients handed back and queued for stage 0, depends on how far its own thread
-// has run ahead: not derived yet), and the 16-bit precisions. (ZeRO-3, a race with the
+// the runs read), a pipeline of other than two hidden layers over 2 stages (another cut of
+// the layers: not derived), and the 16-bit precisions. (ZeRO-3, a race with the
 // communication thread, is priced as a range: below.)
 TEST_CASE("train_fashion_mnist: the memory line says which splits it does not price") {
   TempDir dir;
@@ -78,10 +103,11 @@ TEST_CASE("train_fashion_mnist: the memory line says which splits it does not pr
   INFO(tp.output);
   REQUIRE(tp.exit_code == 0);
   REQUIRE_THAT(tp.output, MG_CONTAINS("the planner does not price tensor parallelism in one process yet"));
-  const auto pipeline = run_program(tiny_run(dir.path()) + " --pipeline 2 --chunks 2 --devices cpu,cpu");
+  const auto pipeline = run_program(kProgram + " --data-dir " + dir.path() +
+                                    " --hidden 64,32,16 --batch-size 20 --epochs 1 --pipeline 2 --chunks 2 --devices cpu,cpu");
   INFO(pipeline.output);
   REQUIRE(pipeline.exit_code == 0);
-  REQUIRE_THAT(pipeline.output, MG_CONTAINS("the planner does not price the pipeline yet"));
+  REQUIRE_THAT(pipeline.output, MG_CONTAINS("the planner does not price this pipeline"));
   const auto bf16 = run_program(tiny_run(dir.path()) + " --precision bf16-mixed");
   INFO(bf16.output);
   REQUIRE(bf16.exit_code == 0);
