@@ -9,6 +9,7 @@
 #include <minigrad/plan/model_arithmetic.h>
 #include <minigrad/plan/planner.h>
 
+#include "samples/memory_range_line.h"
 #include "samples/run_program.h"
 #include "../../samples/support/memory_report.h"
 #include "../../samples/support/throughput.h"
@@ -353,20 +354,7 @@ TEST_CASE("train_gpt: FSDP's races with Gloo's thread are priced as ranges and e
       for (size_t at = run.output.find("memory: peak "); at != std::string::npos;
            at = run.output.find("memory: peak ", at + 1)) {
         const std::string line = run.output.substr(at, run.output.find('\n', at) - at);
-        const double measured = std::stod(line.substr(13));
-        const std::string key = "at the trainer's moments: ";
-        const size_t range = line.find(key);
-        REQUIRE(range != std::string::npos);
-        const double low = std::stod(line.substr(range + key.size()));
-        const double high = std::stod(line.substr(line.find(" to ", range) + 4));
-        const size_t adds = line.find("the high adds: " + k.name);
-        REQUIRE(adds != std::string::npos);
-        const double racing = std::stod(line.substr(line.find(") ", adds) + 2));
-        CHECK(racing == Approx(k.racing / 1048576).margin(0.005));
-        CHECK(high - low == Approx(racing).margin(0.011));  // each printed to 0.01 MiB
-        CHECK(measured >= 0.95 * low);
-        CHECK(measured <= 1.05 * high);
-        CHECK_THAT(line, MG_CONTAINS("measured within that range"));
+        mg::testing::check_range_line(line, "at the trainer's moments: ", k.name, k.racing);
         ++lines;
       }
       CHECK(lines == 2);
