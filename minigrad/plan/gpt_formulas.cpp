@@ -95,6 +95,11 @@ PipelinePeak pipeline_peak(const MeshShape& mesh, int stage) {
   return peak;
 }
 
+HeldMessages held_messages(const PipelinePeak& peak, double handed, double mb_tokens) {
+  return {static_cast<double>(peak.forwards_sent + peak.gradients_sent) * handed * mb_tokens,
+          static_cast<double>(peak.forwards_sent) * 24, std::min(peak.in_flight, 2.0) * handed * mb_tokens};
+}
+
 AliveBlocks alive_blocks(int64_t stage_blocks, const MeshShape& mesh, int stage, bool recompute) {
   const double Ls = static_cast<double>(stage_blocks);
   const double in_flight = pipeline_peak(mesh, stage).in_flight;
@@ -119,16 +124,11 @@ ActivationMoments gpt_activation_moments(const models::GPTConfig& config, const 
   const double per_block = gpt_block_activation_floats(C, a, t, sp);
   const AliveBlocks alive = alive_blocks(gpt_stage_blocks(config, mesh.pp, stage), mesh, stage, recompute);
   double floats = (alive.kept_inputs * (sp ? C / t : C) + alive.whole * per_block) * mb_tokens;
-  // What a pipeline stage holds beside the blocks' saved tensors (pipeline_stage.cpp):
-  // every send's tensor stays alive until the waits at the end of train_step, so at the
-  // peak (pipeline_peak: under 1F1B the first backward after the last forward) it holds
-  // every activation it handed on so far (C a token; C/t with SP) with its 12-int64 header
-  // (24 floats' bytes), and every input gradient it sent back before. The receives for the
-  // current backward's gradient and the next one are posted.
+  // What a pipeline stage holds beside the blocks' saved tensors at the peak (pipeline_peak:
+  // under 1F1B the first backward after the last forward): its messages (held_messages).
   const double handed = sp ? C / t : C;
-  const double sent = static_cast<double>(peak.forwards_sent) * (handed * mb_tokens + 24) +
-                      static_cast<double>(peak.gradients_sent) * handed * mb_tokens;
-  const double received = std::min(in_flight, 2.0) * handed * mb_tokens;
+  const HeldMessages held = held_messages(peak, handed, mb_tokens);
+  const double sent = held.sent + held.headers, received = held.received;
   if (stage == 0)  // wpe's int64 positions (T/cp of them, 2 floats' bytes each) per micro-batch in flight
     floats += in_flight * 2 * static_cast<double>(mesh.T / mesh.cp);
   // c_proj's backward, where a block's backward peaks: its input gradient (4C/t a token)
@@ -199,10 +199,9 @@ StagePeak stage_peak(const models::GPTConfig& config, const MeshShape& mesh, int
   const PipelinePeak peak = pipeline_peak(mesh, stage);
   const double mb_tokens = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T / mesh.cp) / micro_batches_of(mesh);
   const double C = static_cast<double>(config.n_embd);
-  const double handed = mesh.sequence_parallel ? C / mesh.tp : C;
+  const HeldMessages held = held_messages(peak, mesh.sequence_parallel ? C / mesh.tp : C, mb_tokens);
   const bool receives = stage != mesh.pp - 1 || mesh.model_chunks > 1;
-  const double messages = static_cast<double>(peak.forwards_sent + peak.gradients_sent) * handed * mb_tokens +
-                          (receives && mesh.pp > 1 ? std::min(peak.in_flight, 2.0) * handed * mb_tokens : 0);
+  const double messages = held.sent + (receives && mesh.pp > 1 ? held.received : 0);
   return {static_cast<double>(gpt_stage_blocks(config, mesh.pp, stage)), peak.in_flight, mb_tokens, messages};
 }
 

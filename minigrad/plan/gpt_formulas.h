@@ -87,6 +87,17 @@ struct PipelinePeak {
 };
 PipelinePeak pipeline_peak(const MeshShape& mesh, int stage);
 
+// The pipeline's messages a stage holds at that peak, in floats, for `handed` floats a token
+// (C; C/t with SP) and `mb_tokens` a micro-batch (pipeline_stage.cpp): every send's tensor
+// stays alive until train_step's waits, so every activation handed on so far (`sent`, each
+// behind a 12-int64 header: `headers`, 24 floats' bytes) and every input gradient sent back
+// before (in `sent` too); and the receives posted for the current backward's gradient and
+// the next one's (`received`). Any model's (the GPT's and the Llama's).
+struct HeldMessages {
+  double sent = 0, headers = 0, received = 0;
+};
+HeldMessages held_messages(const PipelinePeak& peak, double handed, double mb_tokens);
+
 // The blocks (of the stage's `stage_blocks`) whose activations are alive at a stage's peak,
 // counted once a micro-batch (any model's: the Llama's too):
 // `whole` ones keep every saved tensor, `kept_inputs` their input alone. Without recompute:

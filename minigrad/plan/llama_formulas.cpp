@@ -95,13 +95,10 @@ ActivationMoments LlamaArithmetic::activation_moments(const MeshShape& mesh, int
   const AliveBlocks alive = alive_blocks(stage_blocks(mesh.pp, stage), mesh, stage, recompute);
   double floats = (alive.kept_inputs * (sp ? C_ / t : C_) + alive.whole * layer) * mb + alive.whole * rope;
   const double saved = floats;
-  // A pipeline stage's messages, as the GPT's (gpt_activation_peak_floats): every send's
-  // tensor held to the step's end (C a token, C/t with SP; a forward behind its 12-int64
-  // header), the gradient received and the next one posted.
+  // A pipeline stage's messages, as the GPT's (held_messages).
   const double handed = sp ? C_ / t : C_;
-  const double sent = static_cast<double>(peak.forwards_sent) * (handed * mb + 24) +
-                      static_cast<double>(peak.gradients_sent) * handed * mb;
-  const double received = std::min(in_flight, 2.0) * handed * mb;
+  const HeldMessages held = held_messages(peak, handed, mb);
+  const double sent = held.sent + held.headers, received = held.received;
   // The weight gradients made so far in the backward: in the step's first backward of the
   // stage each becomes .grad (AccumulateGrad keeps the buffer) and is held from then on;
   // in a later one (the pipeline's, once a backward has gone before: trainer_moments
@@ -217,10 +214,9 @@ std::optional<PrecisionExtraBytes> LlamaArithmetic::precision_extra_bytes(const 
   // The pipeline's messages: the float32 residual stream under autocast (2 bytes a float
   // over activation_peak_floats's), what it holds sent and posted at the peak.
   if (autocast && mesh.pp > 1) {
-    const double handed = C_ / sp;
+    const HeldMessages held = held_messages(peak, C_ / sp, n);
     const bool receives = !last || mesh.model_chunks > 1;
-    e.messages = 2 * (static_cast<double>(peak.forwards_sent + peak.gradients_sent) * handed * n +
-                      (receives ? std::min(peak.in_flight, 2.0) * handed * n : 0));
+    e.messages = 2 * (held.sent + (receives ? held.received : 0));
   }
   // The head's weight gradients made in the step's first backward (lm_head's V C/t, the
   // norm's C): float32 .grad under autocast (2 bytes a float over activation_peak_floats's);

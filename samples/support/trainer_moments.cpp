@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "memory_report.h"  // plan_split
+#include "throughput.h"     // plan_precision
 
 namespace mg::samples {
 
@@ -233,16 +234,12 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
   // the GPT's alone).
   const plan::Split planned = plan_split(split);
   const plan::MeshShape shape = plan::mesh_shape(planned, plan::Workload{batch, T});
-  const plan::Precision planned_precision = mixed       ? (precision == Precision::F16Mixed ? plan::Precision::F16Mixed
-                                                                                              : plan::Precision::BF16Mixed)
-                                            : bf16_true ? plan::Precision::BF16True
-                                                        : plan::Precision::True32;
   const std::optional<plan::PrecisionExtraBytes> priced =
-      model.precision_extra_bytes(shape, stage, split.zero, split.recompute, planned_precision);
+      model.precision_extra_bytes(shape, stage, split.zero, split.recompute, plan_precision(precision));
   if (!priced) return std::nullopt;
   const plan::PrecisionExtraBytes extra = *priced;
   double zero2_released = 0;
-  if (const auto* gpt = dynamic_cast<const plan::GPTArithmetic*>(&model); gpt != nullptr && !fsdp_mp_policy)
+  if (const auto* gpt = dynamic_cast<const plan::GPTArithmetic*>(&model); gpt != nullptr)
     if (split.zero == 2 && split.tp == 1)  // the activations' bytes: 2 in both 16-bit precisions
       zero2_released = plan::gpt_zero2_released_bytes(gpt->config(), shape, precision == Precision::True32 ? 4 : 2, mixed);
   const std::string kind = mixed ? "autocast's" : "bf16-true's";
@@ -259,6 +256,10 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
   const double flat = split.zero == 2 ? r.buffers / 2 : 0;  // ZeRO-2's buckets' flat gradients
   const double masters = r.master / 2;  // bf16-true's float32 masters; their gradients as much again
   const double unit = pb * model.block_param_elements(split.tp);
+  // The residual stream of the rank's tokens (float32 under autocast), in bytes: what a
+  // recomputed block or stage keeps of each micro-batch, and what a pipeline message carries.
+  const double stream = static_cast<double>(model.hidden_size()) / (split.sequence_parallel ? split.tp : 1) *
+                        static_cast<double>(batch / split.dp) * static_cast<double>(T / split.cp) * (mixed ? 4 : pb);
 
   TrainerMoments m;
   m.always = moment("always", {{"params", r.params},
@@ -293,11 +294,8 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
   // inputs and the most gradients, a moment that can be larger than the last block's.
   if (split.recompute && split.pp == 1 && model.stage_blocks(1, 0) > 1) {
     const double later_blocks = static_cast<double>(model.stage_blocks(1, 0) - 1);
-    const double hidden = static_cast<double>(model.hidden_size()) / (split.sequence_parallel ? split.tp : 1);
-    const double tokens = static_cast<double>(batch / split.dp) * static_cast<double>(T / split.cp);
-    const double kept = mixed ? 4 : pb;  // the residual stream is float32 under autocast
     std::vector<MemoryTerm> first = backward;
-    first.push_back({"the later blocks' inputs, freed", -later_blocks * hidden * tokens * kept});
+    first.push_back({"the later blocks' inputs, freed", -later_blocks * stream});
     first.push_back({"their gradients", later_blocks * pb * model.block_param_elements(split.tp)});
     m.moments.push_back(moment("backward through the first block", first));
   }
@@ -309,9 +307,7 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
       gone_back_share(model, planned, shape, stage) < 1) {
     const plan::PipelinePeak peak = plan::pipeline_peak(shape, stage);
     const double m_count = plan::micro_batches_of(shape);
-    const double message = static_cast<double>(model.hidden_size()) / (split.sequence_parallel ? split.tp : 1) *
-                           static_cast<double>(batch / split.dp) * static_cast<double>(T / split.cp) / m_count *
-                           (mixed ? 4 : pb);
+    const double message = stream / m_count;
     const plan::AliveBlocks alive = plan::alive_blocks(model.stage_blocks(split.pp, stage), shape, stage, true);
     const bool receives = stage != split.pp - 1;
     std::vector<MemoryTerm> last = before_gradients;
