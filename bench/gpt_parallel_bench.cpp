@@ -93,7 +93,6 @@
 #include <minigrad/minigrad.h>
 #include <minigrad/models/gpt.h>
 #include <minigrad/models/gpt_plan.h>
-#include <minigrad/models/llama.h>
 #include <minigrad/parallel/clip_grad.h>
 #include <minigrad/parallel/loss_parallel.h>
 #include <minigrad/parallel/pipeline/mesh_pipeline.h>
@@ -102,11 +101,11 @@
 #include <minigrad/parallel/c10d/device_mesh.h>
 #include <minigrad/parallel/c10d/rendezvous.h>
 #include <minigrad/models/split_spec.h>
-#include <minigrad/plan/llama_formulas.h>
 #include <minigrad/plan/gpt_formulas.h>
 #include <minigrad/plan/planner.h>
 
 #include "samples/support/command_line.h"
+#include "samples/support/language_model.h"
 #include "samples/support/precision.h"
 #include "samples/support/split_model.h"
 
@@ -262,19 +261,18 @@ int main(int argc, char** argv) {
     if (micro_batches == 0) micro_batches = pp;
     const int rank = world->rank();
     const bool llama_model = model_kind == "llama";
-    // The Llama of these flags, as samples/support/language_model.cpp makes train_gpt's.
-    models::LlamaConfig llama_config;
-    llama_config.num_hidden_layers = config.n_layer;
-    llama_config.num_attention_heads = config.n_head;
-    llama_config.num_key_value_heads =
-        n_kv_head > 0 ? n_kv_head : (config.n_head % 2 == 0 ? config.n_head / 2 : config.n_head);
-    llama_config.hidden_size = config.n_embd;
-    llama_config.intermediate_size = intermediate_size > 0 ? intermediate_size : (8 * config.n_embd / 3 + 31) / 32 * 32;
-    llama_config.vocab_size = config.vocab_size;
-    llama_config.max_position_embeddings = config.block_size;
+    // The Llama of these flags, as train_gpt makes it (samples/support/language_model.h).
+    samples::ModelFlags llama_flags;
+    llama_flags.model = "llama";
+    llama_flags.n_layer = config.n_layer;
+    llama_flags.n_head = config.n_head;
+    llama_flags.n_embd = config.n_embd;
+    llama_flags.block_size = config.block_size;
+    llama_flags.n_kv_head = n_kv_head;
+    llama_flags.intermediate_size = intermediate_size;
     manual_seed(1337);
     auto gpt = std::make_shared<models::GPT>(config);
-    auto llama = llama_model ? std::make_shared<models::Llama>(llama_config) : nullptr;
+    const auto llama = llama_model ? std::make_unique<samples::LanguageModel>(llama_flags, config.vocab_size) : nullptr;
     manual_seed(7);
     const Tensor x = randint(0, config.vocab_size, Shape{batch, T});
     const Tensor y = randint(0, config.vocab_size, Shape{batch, T});
@@ -330,7 +328,7 @@ int main(int argc, char** argv) {
       dist.group = world;
       dist.rank = rank;
       dist.world_size = world->size();
-      split = std::make_unique<samples::SplitModel>(llama_model ? models::llama_split_spec(llama)
+      split = std::make_unique<samples::SplitModel>(llama_model ? llama->split_spec()
                                                                 : models::gpt_split_spec(gpt),
                                                     ms, dist, 1337);
       if (zero == 0)
@@ -428,8 +426,7 @@ int main(int argc, char** argv) {
     // ---- the arithmetic: the planner's formulas (minigrad/plan/gpt_formulas.h) ----
     const int stage = mesh.rank("pp");
     const std::unique_ptr<plan::ModelArithmetic> arithmetic =
-        llama_model ? std::unique_ptr<plan::ModelArithmetic>(std::make_unique<plan::LlamaArithmetic>(llama_config))
-                    : std::make_unique<plan::GPTArithmetic>(config);
+        llama_model ? llama->arithmetic() : std::make_unique<plan::GPTArithmetic>(config);
     const double Ls = static_cast<double>(arithmetic->stage_blocks(pp, stage));
     const double stage_params = plan::gpt_stage_param_elements(config, tp, pp, stage);
     const double S = 4;  // float32
