@@ -13,11 +13,15 @@
 
 namespace mg::samples {
 
-namespace {
-
 std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
 
-}  // namespace
+std::string range_verdict(double measured, double low, double high) {
+  const char* where = measured < 0.95 * low    ? "below that range"
+                      : measured > 1.05 * high ? "above that range"
+                                               : "within that range";
+  return fmt::format("measured {} (measured / low {:.3f}, measured / high {:.3f})", where, measured / low,
+                     measured / high);
+}
 
 std::size_t max_memory_allocated(Device device) {
   return device.is_cuda() ? cuda::max_memory_allocated(device.index()) : cpu_max_memory_allocated();
@@ -90,17 +94,10 @@ std::string memory_report(std::size_t peak_bytes, int rank, const parallel::Devi
                        "over Gloo without recompute, FSDP with recompute but in 32-true over Gloo on dp alone, a "
                        "model whose formulas do not price the 16-bit precisions)";
     const double measured_bytes = static_cast<double>(peak_bytes);
-    if (moments->is_range()) {
-      // A race with the communication thread: the peak is any figure from the low to the
-      // high (trainer_moments.h); within 5 % of that range is "within".
+    if (moments->is_range()) {  // a race with the communication thread (trainer_moments.h)
       const double low = moments->low(), high = moments->high();
-      const char* where = measured_bytes < 0.95 * low ? "below that range"
-                          : measured_bytes > 1.05 * high ? "above that range"
-                                                         : "within that range";
-      return fmt::format("{}; at the trainer's moments: {:.2f} to {} ({}), measured {} (measured / low {:.3f}, "
-                         "measured / high {:.3f})",
-                         planned, low / (1024.0 * 1024.0), mib(high), moments->describe_range(), where,
-                         measured_bytes / low, measured_bytes / high);
+      return fmt::format("{}; at the trainer's moments: {:.2f} to {} ({}), {}", planned, low / (1024.0 * 1024.0),
+                         mib(high), moments->describe_range(), range_verdict(measured_bytes, low, high));
     }
     return fmt::format("{}; at the trainer's moments: {} ({}), measured / that {:.3f}", planned,
                        mib(moments->peak()), moments->describe(), measured_bytes / moments->peak());

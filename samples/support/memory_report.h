@@ -39,6 +39,15 @@
 
 namespace mg::samples {
 
+// "1.23 MiB": bytes as every memory line prints them.
+std::string mib(double bytes);
+
+// How a measured peak stands against a range the trainer's moments priced (a race with the
+// communication thread: trainer_moments.h, mlp_formulas.h): "measured within that range
+// (measured / low 1.040, measured / high 0.984)", within meaning 0.95 of the low to 1.05 of
+// the high; below or above it otherwise.
+std::string range_verdict(double measured, double low, double high);
+
 // --memory-blocks: the blocks live at `rank`'s peak (cpu_live_blocks_at_peak), a line a size,
 // the largest total first, with each size in float32 elements (to match against formulas):
 //   memory blocks live at rank 0's peak, largest total first (14.46 MB in all):

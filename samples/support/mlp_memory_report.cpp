@@ -5,13 +5,9 @@
 
 #include <fmt/format.h>
 
+#include "memory_report.h"  // mib, range_verdict
+
 namespace mg::samples {
-
-namespace {
-
-std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
-
-}  // namespace
 
 std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& run) {
   const std::string measured = fmt::format("memory: peak {} on rank {}", mib(static_cast<double>(peak_bytes)), rank);
@@ -24,18 +20,14 @@ std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& ru
   const double data = plan::mlp_data_bytes(run.config, run.train_images, run.test_images, run.rank_rows);
   if (!r && run.split.zero == 3 && run.split.pp == 1 && run.gloo) {
     if (const auto z = plan::mlp_zero3_memory(run.config, run.split, run.rank_rows, run.optimizer)) {
-      // A race with Gloo's communication thread (mlp_formulas.h): a range, within it from
-      // 0.95 of the low to 1.05 of the high.
+      // A race with Gloo's communication thread (mlp_formulas.h): a range.
       const double low = z->low.total() + data, high = z->high() + data;
-      const double peak = static_cast<double>(peak_bytes);
-      const char* where = peak < 0.95 * low ? "below that range" : peak > 1.05 * high ? "above that range" : "within that range";
       return fmt::format("{}; the planner: {:.2f} to {} (the low: params {}, grads {}, optimizer {}, buffers {}, "
                          "activations {}, data {}; the high adds: the reduce-scatter's scratch (the first Linear's, on "
-                         "Gloo's thread) {} (a race with Gloo's communication thread)), measured {} (measured / low "
-                         "{:.3f}, measured / high {:.3f})",
+                         "Gloo's thread) {} (a race with Gloo's communication thread)), {}",
                          measured, low / (1024.0 * 1024.0), mib(high), mib(z->low.params), mib(z->low.grads),
                          mib(z->low.optimizer), mib(z->low.buffers), mib(z->low.activations), mib(data),
-                         mib(z->scratch), where, peak / low, peak / high);
+                         mib(z->scratch), range_verdict(static_cast<double>(peak_bytes), low, high));
     }
   }
   if (!r && run.split.pp == 2 && run.split.dp == 1 && run.split.tp == 1 && run.split.zero == 0) {

@@ -5,14 +5,12 @@
 
 #include <fmt/format.h>
 
-#include "memory_report.h"  // plan_split
+#include "memory_report.h"  // plan_split, mib
 #include "throughput.h"     // plan_precision
 
 namespace mg::samples {
 
 namespace {
-
-std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
 
 MemoryMoment moment(std::string name, std::vector<MemoryTerm> terms) {
   terms.erase(std::remove_if(terms.begin(), terms.end(), [](const MemoryTerm& t) { return t.bytes == 0; }),
