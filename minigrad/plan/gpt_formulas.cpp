@@ -354,14 +354,19 @@ std::map<std::string, CollectiveBytes> gpt_collective_bytes(const models::GPTCon
   return f;
 }
 
+double shard_elements(const std::vector<int64_t>& group_numels, int ranks) {
+  double shards = 0;
+  for (const int64_t g : group_numels) shards += std::ceil(static_cast<double>(g) / ranks);
+  return shards;
+}
+
 ShardedState zero_state_bytes(int stage, double psi, double tensors, const std::vector<int64_t>& group_numels,
                               int ranks) {
   MG_CHECK(stage >= 0 && stage <= 3, "zero_state_bytes: stage {} must be 0, 1, 2 or 3", stage);
   MG_CHECK(ranks >= 1, "zero_state_bytes: ranks {} must be >= 1", ranks);
   MG_CHECK(stage == 0 || !group_numels.empty(), "zero_state_bytes: ZeRO-{} needs its flat groups", stage);
   const double N = ranks;
-  double shards = 0;  // Σ_g ceil(Ψ_g / N)
-  for (const int64_t g : group_numels) shards += std::ceil(static_cast<double>(g) / N);
+  const double shards = shard_elements(group_numels, ranks);
   const double groups = static_cast<double>(group_numels.size());
   ShardedState s;
   if (stage <= 1) s.buffers = 4.0 * psi;  // DDP's buckets: every gradient once

@@ -279,4 +279,7 @@ struct ShardedState {
 ShardedState zero_state_bytes(int stage, double psi, double tensors, const std::vector<int64_t>& group_numels,
                               int ranks);
 
+// Σ_g ceil(Ψ_g / N): a rank's shard of every flat group, padding included (flat_parameter.h).
+double shard_elements(const std::vector<int64_t>& group_numels, int ranks);
+
 }  // namespace mg::plan

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include <minigrad/core/error.h>
+#include <minigrad/plan/gpt_formulas.h>  // shard_elements
 
 namespace mg::plan {
 
@@ -13,13 +14,6 @@ namespace {
 constexpr double kFloat = 4;
 
 double sum(const std::vector<int64_t>& v) { return static_cast<double>(std::accumulate(v.begin(), v.end(), int64_t{0})); }
-
-// Σ_g ceil(Ψ_g / N): a rank's shard of every bucket, padding included (flat_parameter.h).
-double shard_elements(const std::vector<int64_t>& buckets, int ranks) {
-  double shards = 0;
-  for (const int64_t g : buckets) shards += std::ceil(static_cast<double>(g) / ranks);
-  return shards;
-}
 
 }  // namespace
 

@@ -163,8 +163,7 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
       }
     }
     const ShardedState st = zero_state_bytes(s.zero, P, tensors, groups, s.dp);
-    double shards = 0;
-    for (const int64_t g : groups) shards += std::ceil(static_cast<double>(g) / s.dp);
+    const double shards = shard_elements(groups, s.dp);
     r.params = st.params * Pb / 4;
     r.grads = st.grads * Pb / 4;
     r.optimizer = st.optimizer;  // AdamW's state in float32 in every precision
