@@ -76,16 +76,12 @@ struct TrainerMoments {
   std::string describe_range() const;
 };
 
-// FSDP with recompute (ZeRO-3, one stage, 32-true over Gloo) is a range: its peak is a
-// "backward through block k" (the recomputed block k going back, block k - 1 gathered ahead,
-// block k + 1's reduce-scatter in flight: its flat gradient and its output shard, and the
-// shards of the blocks reduced before), and whether Gloo's communication thread still holds
-// that reduce-scatter's scratch (`slices`, a flat gradient's size) at it is a race: the low
-// is the largest moment without it, the high the largest with it.
-//
+// A moment of these terms, those at zero left out.
+MemoryMoment memory_moment(std::string name, std::vector<MemoryTerm> terms);
+
 // `r`: the planner's bytes for this rank's stage; `gloo`: the dp and cp groups are Gloo's (no 16-bit
-// sums: they travel as float32). FSDP's MixedPrecisionPolicy (`fsdp_mp_policy`, bf16-mixed
-// or 16-mixed) is a range likewise, the GPT's ZeRO-3 over Gloo on dp alone. Empty where not
+// sums: they travel as float32). FSDP with recompute and FSDP's MixedPrecisionPolicy
+// (`fsdp_mp_policy`) are ranges of their own (fsdp_moments.h). Empty where not
 // priced so yet: FSDP's MixedPrecisionPolicy with recompute, over tp, cp or pp or over NCCL,
 // FSDP with recompute in the 16-bit precisions, over tp or cp or over NCCL, and in 16 bits a
 // model whose precision_extra_bytes does not price them (the GPT's and the Llama's do).

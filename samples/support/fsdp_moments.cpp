@@ -1,0 +1,129 @@
+#include "fsdp_moments.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "memory_report.h"  // plan_split
+
+namespace mg::samples {
+
+// FSDP with recompute, 32-true over Gloo (fully_shard.cpp, sharded_grad_reducer.cpp,
+// process_group_gloo.cpp; docs/planning.md, "Planner against the trainer"). models::GPT
+// checkpoints each block, so the recomputed block k (0 the first, the last to go back) is
+// the one whose activations are whole, with the inputs of blocks 0..k kept and the later
+// blocks' freed. Its recompute's forward pre-hook gathers unit k and starts gathering unit
+// k - 1 (backward prefetch; for block 0 the root's unit, gathered since forward). Its
+// weights' gradients go, at their post-accumulate hooks, into the unit's flat gradient
+// (ShardedGradReducer's filling); block k + 1's flat gradient is still held by its
+// reduce-scatter in flight (kMaxInFlight 1: waited at block k's launch), as is that
+// reduce-scatter's output shard; the blocks reduced before have their gradient shards in
+// .grad. The root's unit stays gathered and its flat gradient is made at ln_f's hook, at
+// the start of backward. Gloo's communication thread runs block k + 1's reduce-scatter
+// while compute runs block k's backward: its `slices` scratch (the size of the flat
+// gradient) is alive at block k's moment if the peer rank lags, gone if the exchange is
+// over: the race. Nothing else of the thread's allocates in 32-true (the prefetch's gather
+// writes into the unit's flat buffer, allocated by the caller).
+TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
+                                      const ModelSplit& split, int64_t batch, int64_t T) {
+  const double dp = split.dp;
+  const int64_t blocks = model.stage_blocks(1, 0);
+  const double block_shard = std::ceil(model.block_param_elements(1) / dp);  // ceil(Psi_unit / N), padding in
+  const double unit = 4 * block_shard * dp;  // a block's flat buffer: gathered, or its flat gradient
+  const double shard = 4 * block_shard;
+  const double root_elements = model.stage_param_elements(1, 1, 0) - static_cast<double>(blocks) * model.block_param_elements(1);
+  const double root_unit = 4 * std::ceil(root_elements / dp) * dp;
+  const double input = 4 * static_cast<double>(model.hidden_size()) * static_cast<double>(batch / split.dp) *
+                       static_cast<double>(T);  // a block's kept input
+
+  TrainerMoments m;
+  m.always = memory_moment("always", {{"params", r.params}, {"optimizer", r.optimizer}});
+  std::vector<MemoryMoment> all;
+  for (int64_t k = blocks - 1; k >= 0; --k) {
+    const double later = static_cast<double>(blocks - 1 - k);  // blocks gone back before it
+    const bool in_flight = later > 0;                            // block k + 1's reduce-scatter
+    MemoryMoment at = memory_moment(fmt::format("backward through block {}", k),
+                             {{"activations", r.activations},
+                              {"the later blocks' inputs, freed", -later * input},
+                              {"the root's unit gathered", root_unit},
+                              {fmt::format("block {}'s unit gathered", k), unit},
+                              {fmt::format("block {}'s unit gathered ahead", k - 1), k > 0 ? unit : 0},
+                              {"the root's flat gradient", root_unit},
+                              {fmt::format("block {}'s flat gradient", k), unit},
+                              {fmt::format("block {}'s flat gradient, its reduce-scatter in flight", k + 1),
+                               in_flight ? unit : 0},
+                              {"gradient shards of the blocks after it (one the reduce-scatter's output)",
+                               later * shard}});
+    if (in_flight)
+      at.racing.push_back({fmt::format("the reduce-scatter's scratch (block {}'s, on Gloo's thread)", k + 1), unit});
+    all.push_back(std::move(at));
+  }
+  // Only the moments that can be the peak of either bound: a moment whose most is below
+  // another's least never is.
+  double low = 0;
+  for (const MemoryMoment& at : all) low = std::max(low, at.bytes());
+  for (MemoryMoment& at : all)
+    if (at.bytes() + at.racing_bytes() >= low) m.moments.push_back(std::move(at));
+  return m;
+}
+
+// FSDP's MixedPrecisionPolicy (train_gpt --fsdp-mp-policy: torchtitan's), bf16-mixed or
+// 16-mixed, on dp over Gloo (fully_shard.cpp, flat_parameter.cpp, sharded_grad_reducer.cpp,
+// process_group_gloo.cpp; docs/planning.md, "Planner against the trainer"). The shards and
+// AdamW's state are float32 (the planner's params and optimizer at 4 bytes); each unit is
+// gathered in the 16-bit param_dtype and forward and backward run on it without autocast:
+// a 16-bit model's compute, as bf16-true's (its LayerNorm statistics and log-sum-exps in
+// float32, the CPU's 16-bit GEMM's float32 working set: gpt_bf16_true_extra_bytes), the
+// activations at 2 bytes. What differs from bf16-true's ZeRO-3: the gathered units are the
+// planner's at 2 bytes (its bf16-mixed units are float32), the flat gradients are float32
+// (reduce_dtype: sharded_grad_reducer.cpp copies each 16-bit gradient into it), no masters,
+// and the gather's input is this rank's float32 shard rounded to 16 bits (flat_parameter.cpp).
+// Two moments of the last block's backward: c_proj's (the GEMM's working set; the block's
+// flat gradient not made yet), and c_fc's, once c_proj's gradients went into the block's
+// float32 flat gradient at their post-accumulate hooks (c_fc's and GELU's 16-bit outputs
+// gone: gpt_zero2_released_bytes's c_fc moment at 2 bytes, no autocast): 4 bytes an element
+// of the unit made against 2 a float of activations gone, so c_fc's is the larger. The race
+// is bf16-true's: the unit gathered ahead (block L - 2, prefetched at block L - 1's
+// pre-backward hook) travels widened on Gloo's thread, which frees each of its buffers (the
+// rounded shard too: the work's closure holds it) when the gather ends.
+TrainerMoments fsdp_mp_policy_moments(const plan::RankMemory& r, const plan::GPTArithmetic& model,
+                                      const ModelSplit& split, int64_t batch, int64_t T) {
+  const models::GPTConfig& config = model.config();
+  const plan::MeshShape shape = plan::mesh_shape(plan_split(split), plan::Workload{batch, T});
+  const plan::PrecisionExtraBytes compute = plan::gpt_bf16_true_extra_bytes(config, shape, 3, 0, false);
+  const double dp = split.dp;
+  const double block_shard = std::ceil(model.block_param_elements(1) / dp);  // ceil(Psi_unit / N), padding in
+  const double block = block_shard * dp;                                        // a block's flat buffer, padded
+  const double root_elements = static_cast<double>(plan::gpt_fsdp_unit_numels(config).front());
+  const double root = std::ceil(root_elements / dp) * dp;
+  // bf16-true's head gradient is the tied wte's 16-bit one and the root's 16-bit flat gradient.
+  const double wte_grad = compute.head_grad - 2 * root_elements;
+
+  TrainerMoments m;
+  m.always = memory_moment("always", {{"params", r.params}, {"optimizer", r.optimizer}});
+  const std::vector<MemoryTerm> c_proj = {
+      {"activations", r.activations},
+      {"bf16-true's float32 saved tensors", compute.float32_saved},
+      {"float32 backward working set", compute.backward},
+      {"the tied wte's 16-bit gradient", wte_grad},
+      {"the root's flat gradient, float32", 4 * root},
+      {"ZeRO-3's gathered units in 16 bits (the root's, the last block's, the one gathered ahead)",
+       2 * (root + 2 * block)}};
+  std::vector<MemoryTerm> c_fc = c_proj;
+  c_fc.push_back({"gone after c_proj's backward", -plan::gpt_zero2_released_bytes(config, shape, 2, false)});
+  c_fc.push_back({"the last block's flat gradient, float32", 4 * block});
+  const MemoryTerm gather = {"the unit gathered ahead, widened for Gloo: this rank's shard rounded to 16 bits, it "
+                             "widened to float32, the float32 output and it rounded back (on Gloo's thread)",
+                             2 * block_shard + 4 * block_shard + 4 * block + 2 * block};
+  MemoryMoment at_c_proj = memory_moment("backward (the last block's c_proj)", c_proj);
+  MemoryMoment at_c_fc = memory_moment("backward (the last block's c_fc, its flat gradient made)", c_fc);
+  at_c_proj.racing.push_back(gather);
+  at_c_fc.racing.push_back(gather);
+  m.moments.push_back(std::move(at_c_proj));
+  m.moments.push_back(std::move(at_c_fc));
+  m.moments.push_back(memory_moment("gradients", {{"gradients", r.grads}}));
+  return m;
+}
+
+}  // namespace mg::samples

@@ -1,0 +1,28 @@
+// FSDP's moments that are ranges (trainer_moments.h): a race with Gloo's communication thread
+// makes their peak a low and a high.
+#pragma once
+
+#include <minigrad/plan/model_arithmetic.h>
+#include <minigrad/plan/planner.h>
+
+#include "split_model.h"
+#include "trainer_moments.h"
+
+namespace mg::samples {
+
+// FSDP with recompute (ZeRO-3, one stage, 32-true over Gloo) is a range: its peak is a
+// "backward through block k" (the recomputed block k going back, block k - 1 gathered ahead,
+// block k + 1's reduce-scatter in flight: its flat gradient and its output shard, and the
+// shards of the blocks reduced before), and whether Gloo's communication thread still holds
+// that reduce-scatter's scratch (`slices`, a flat gradient's size) at it is a race: the low
+// is the largest moment without it, the high the largest with it.
+TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
+                                      const ModelSplit& split, int64_t batch, int64_t T);
+
+// FSDP's MixedPrecisionPolicy (train_gpt --fsdp-mp-policy), bf16-mixed or 16-mixed, the GPT's
+// ZeRO-3 over Gloo on dp alone: its 16-bit units and compute, float32 shards and flat
+// gradients; the race is the unit gathered ahead, widened to float32 on Gloo's thread.
+TrainerMoments fsdp_mp_policy_moments(const plan::RankMemory& r, const plan::GPTArithmetic& model,
+                                      const ModelSplit& split, int64_t batch, int64_t T);
+
+}  // namespace mg::samples
