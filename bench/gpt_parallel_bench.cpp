@@ -33,8 +33,10 @@
 // other runs compare with the same planner figures, which are the formulas' under DDP.
 // --model-chunks v (v > 1, with --pp): the interleaved schedule, v chunks a rank, stepped
 // through train_gpt's split as --zero runs are: its pp messages against the planner's.
-// --precision bf16-mixed: the step under autocast as train_gpt runs it (through its split),
-// every group's bytes against the planner's for bf16-mixed.
+// --precision bf16-mixed, 16-mixed or bf16-true: the step as train_gpt runs it (through its
+// split): under autocast, 16-mixed with its loss scale and GradScaler (whose inf check is an
+// all-reduce over every rank), bf16-true with bfloat16 weights and float32 master weights
+// (optim::MasterWeights, ZeRO's shards); every group's bytes against the planner's for it.
 // --grad-clip X: the gradient norm clipped each step as train_gpt clips it
 // (parallel::clip_grad_norm_ over the mesh's world, after the gradients' reduction), and the
 // world group counted beside the others against the planner's clip term.
@@ -90,6 +92,7 @@
 #include <fmt/format.h>
 
 #include <minigrad/core/allocator.h>
+#include <minigrad/core/ops.h>
 #include <minigrad/minigrad.h>
 #include <minigrad/models/gpt.h>
 #include <minigrad/models/gpt_plan.h>
@@ -239,8 +242,9 @@ int main(int argc, char** argv) {
   app.add_option("--T", T, "tokens per row")->check(integer_in(1, 1 << 16));
   app.add_option("--micro-batches", micro_batches, "pipeline micro-batches (0: pp)")->check(integer_in(0, 1024));
   app.add_option("--steps", steps, "measured steps after one warm-up")->check(integer_in(1, 1000));
-  app.add_option("--precision", precision, "32-true, or bf16-mixed: the step under bfloat16 autocast as train_gpt's")
-      ->check(CLI::IsMember({"32-true", "bf16-mixed"}));
+  app.add_option("--precision", precision, "32-true, bf16-mixed, 16-mixed or bf16-true: the step as train_gpt "
+                 "takes it in that precision")
+      ->check(CLI::IsMember(samples::precision_names()));
   app.add_option("--model-chunks", model_chunks, "with --pp: the interleaved schedule with this many chunks a rank "
                  "(1: 1F1B)")->check(integer_in(1, 64));
   app.add_option("--grad-clip", grad_clip, "clip the gradient norm to this each step, as train_gpt (0: no clip)")
@@ -273,6 +277,12 @@ int main(int argc, char** argv) {
     manual_seed(1337);
     auto gpt = std::make_shared<models::GPT>(config);
     const auto llama = llama_model ? std::make_unique<samples::LanguageModel>(llama_flags, config.vocab_size) : nullptr;
+    const samples::Precision precision_kind = samples::parse_precision(precision);
+    const bool bf16_true = precision_kind == samples::Precision::BF16True;
+    if (bf16_true) {  // train_gpt's: the weights themselves in bfloat16, before the split
+      if (llama) llama->module()->to(DType::BFloat16);
+      else gpt->to(DType::BFloat16);
+    }
     manual_seed(7);
     const Tensor x = randint(0, config.vocab_size, Shape{batch, T});
     const Tensor y = randint(0, config.vocab_size, Shape{batch, T});
@@ -302,7 +312,8 @@ int main(int argc, char** argv) {
     std::unique_ptr<samples::SplitModel> split;
     std::vector<std::unique_ptr<optim::Optimizer>> zero_optimizers;
     const bool interleaved = model_chunks > 1;
-    const samples::MixedPrecision amp(samples::parse_precision(precision), Device::cpu());
+    // 16-mixed's scaler agrees on an inf over every rank, as train_gpt's (reduce_found_inf).
+    std::unique_ptr<samples::MixedPrecision> amp;
     if (zero == 0 && !llama_model && !interleaved && precision == "32-true") {
       own_mesh = std::make_unique<parallel::DeviceMesh>(
           world, std::vector<parallel::MeshDim>{{"dp", dp}, {"pp", pp}, {"cp", cp}, {"tp", tp}});
@@ -331,14 +342,22 @@ int main(int argc, char** argv) {
       split = std::make_unique<samples::SplitModel>(llama_model ? llama->split_spec()
                                                                 : models::gpt_split_spec(gpt),
                                                     ms, dist, 1337);
-      if (zero == 0)
-        zero_optimizers.push_back(std::make_unique<optim::AdamW>(split->parameters(), optim::AdamWOptions(1e-3)));
-      else if (zero < 3)
-        zero_optimizers = split->make_zero_optimizers(optim::AdamWOptions(1e-3));
-      else
-        zero_optimizers.push_back(
-            std::make_unique<optim::AdamW>(split->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.0)));
+      amp = std::make_unique<samples::MixedPrecision>(
+          precision_kind, Device::cpu(), [s = split.get()](Tensor& found_inf) { s->reduce_found_inf(found_inf); });
+      // train_gpt's optimizers: AdamW (MasterWeights' under bf16-true), ZeRO-1/2's own.
+      const auto make_adamw = [zero](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
+        optim::AdamWOptions options(1e-3);
+        if (zero == 3) options.weight_decay(0.0);  // FSDP's flat shards mix weights with biases
+        return std::make_unique<optim::AdamW>(std::move(params), options);
+      };
+      if (zero == 1 || zero == 2) {
+        zero_optimizers = split->make_zero_optimizers(optim::AdamWOptions(1e-3), bf16_true);
+      } else {
+        zero_optimizers.push_back(amp->wrap_optimizer(split->parameters(), make_adamw));
+        if (bf16_true) split->place_masters(dynamic_cast<const optim::MasterWeights&>(*zero_optimizers.back()));
+      }
     }
+    if (!amp) amp = std::make_unique<samples::MixedPrecision>(precision_kind, Device::cpu());
     const parallel::DeviceMesh& mesh = split ? split->mesh() : *own_mesh;
     const Tensor xl = model ? model->local_batch(x) : x, yl = model ? model->local_batch(y) : y;
     // A micro-batch's share of the batch's loss: its tokens' sum over the batch's B T.
@@ -374,16 +393,17 @@ int main(int argc, char** argv) {
       } else {  // train_gpt's step, one micro-batch of accumulation
         Tensor step_loss;
         if (split->pipelined()) {
-          const auto region = amp.autocast(false);  // train_gpt's: no cast cache over the micro-batches
-          step_loss = split->pipeline_step(x, y, tokens);
+          const auto region = amp->autocast(false);  // train_gpt's: no cast cache over the micro-batches
+          // train_gpt's reduce_gradients takes the loss in float32 (bf16-true's is bfloat16)
+          step_loss = ops::to_dtype(split->pipeline_step(x, y, tokens, amp->loss_scale()), DType::Float32);
         } else {
           Tensor loss;
           {
-            const auto region = amp.autocast();
+            const auto region = amp->autocast();
             loss = split->loss_share(x, y);
           }
-          mul(loss, split->backward_scale()).backward();  // ZeRO-2/3 average over dp
-          step_loss = loss.detach();
+          amp->scale(mul(loss, split->backward_scale())).backward();  // ZeRO-2/3 average over dp
+          step_loss = ops::to_dtype(loss.detach(), DType::Float32);   // bf16-true's is bfloat16
         }
         split->reduce_gradients(step_loss);
       }
@@ -391,14 +411,18 @@ int main(int argc, char** argv) {
       // strided parameters) are not activations, and on a stage with few activations they
       // would be the peak.
       const size_t step_peak = cpu_max_memory_allocated();
+      // train_gpt's order: the gradients made current (masters, ZeRO-1's shards) and under
+      // 16-mixed unscaled, an inf looked for on every rank; the clip; the step.
+      std::vector<optim::Optimizer*> optimizers;
+      for (auto& o : zero_optimizers) optimizers.push_back(o.get());
+      amp->unscale_(optimizers);
       if (grad_clip > 0) {  // train_gpt's: over what the optimizers step
         std::vector<Tensor> clipped = model ? model->parameters() : std::vector<Tensor>{};
         for (auto& o : zero_optimizers) clipped.insert(clipped.end(), o->parameters().begin(), o->parameters().end());
         parallel::clip_grad_norm_(clipped, mesh, grad_clip);
       }
       if (adamw) adamw->step();
-      for (auto& o : zero_optimizers) o->prepare_gradients();  // train_gpt's unscale_
-      for (auto& o : zero_optimizers) o->step();
+      amp->step(optimizers);
       const double t = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (s == 0) continue;  // the warm-up creates the gradients and AdamW's state
       ms.push_back(t);

@@ -318,26 +318,29 @@ std::map<std::string, CollectiveBytes> gpt_collective_bytes(const models::GPTCon
   if (tp > 1) {
     CollectiveBytes& c = f["tp"];
     if (!sp) {
-      c.all_reduce = NC + (last ? 2 * N * 4 : 0);
+      c.all_reduce = NC + (last ? 2 * N * R : 0);
     } else {
-      c.all_gather = NC / tp + (last ? N * 4 : 0);
+      c.all_gather = NC / tp + (last ? N * R : 0);
       c.reduce_scatter = NC;
       const double replicated = Ls * 6 * C + (first ? static_cast<double>(config.block_size) * C : 0) +
                                 (last ? 2 * C : 0);
-      c.all_reduce = (last ? 2 * N * 4 : 0) + replicated * G;
+      c.all_reduce = (last ? 2 * N * R : 0) + replicated * G;
     }
   }
-  // The loss's row maxima (float32, vocab_parallel_cross_entropy): none on a tp group of one.
-  if (!sp && tp > 1) f["tp"].all_gather = last ? N * 4 : 0;
+  // The loss's row maxima (vocab_parallel_cross_entropy), and above its two sums a token, in
+  // the logits' dtype, the stream's: float32 under autocast (its cross-entropy runs in
+  // float32), bfloat16 in bf16-true. None on a tp group of one.
+  if (!sp && tp > 1) f["tp"].all_gather = last ? N * R : 0;
   if (cp > 1) {
     CollectiveBytes& c = f["cp"];
     const double hop = 2 * b * Tl * C * 4 / tp;  // k and v of this rank's heads, float32
     c.send = c.recv = Ls * (3 * cp - 2) * hop;
-    // + each micro-batch's loss (float32, the last stage: summed over cp).
-    c.all_reduce = stage_params * G + (last ? m * 4 : 0);
+    // + each micro-batch's loss (the last stage: summed over cp), in the logits' dtype.
+    c.all_reduce = stage_params * G + (last ? m * R : 0);
   }
-  // + the step's loss (float32, every rank).
-  if (mesh.dp > 1) f["dp"].all_reduce = stage_params * G + 4;
+  // + the step's loss: train_gpt's in float32; the pipeline's summed by MeshPipeline in the
+  // logits' dtype.
+  if (mesh.dp > 1) f["dp"].all_reduce = stage_params * G + (pp > 1 ? R : 4);
   if (pp > 1) {
     // Forward: each micro-batch's activation behind a header of 12 int64 (pipeline_stage.cpp:
     // 4 + 8 dimensions); backward: its gradient alone.
@@ -347,8 +350,9 @@ std::map<std::string, CollectiveBytes> gpt_collective_bytes(const models::GPTCon
     const double v = mesh.model_chunks, forwards = v - (last ? 1 : 0), backs = v - (first ? 1 : 0);
     f["pp"].send = forwards * (act + header) + backs * act;
     f["pp"].recv = backs * (act + header) + forwards * act;
-    // The loss from the last stage, behind its dtype (one int64: loss_on_every_rank).
-    f["pp"].broadcast = 8 + 4;
+    // The loss from the last stage, behind its dtype (one int64: loss_on_every_rank), in the
+    // logits' dtype.
+    f["pp"].broadcast = 8 + R;
     f["emb"].all_reduce = V * C / tp * G;
   }
   return f;

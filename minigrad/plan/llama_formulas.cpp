@@ -169,22 +169,24 @@ std::map<std::string, CollectiveBytes> LlamaArithmetic::collective_bytes(const M
     // column layers' inputs, the RMSNorms' outputs, the embedding's and the head's the
     // stream's (R).
     const double NC = N * C_ * (2 * Ls * S + (5 * Ls + first + last) * R);
+    // The loss's row maxima and two sums a token (vocab_parallel_cross_entropy) are in the
+    // logits' dtype, the stream's (float32 under autocast, bfloat16 in bf16-true).
     if (!sp) {
-      c.all_reduce = NC + (last ? 2 * N * 4 : 0);
-      c.all_gather = last ? N * 4 : 0;
+      c.all_reduce = NC + (last ? 2 * N * R : 0);
+      c.all_gather = last ? N * R : 0;
     } else {
-      c.all_gather = NC / tp + (last ? N * 4 : 0);
+      c.all_gather = NC / tp + (last ? N * R : 0);
       c.reduce_scatter = NC;
-      c.all_reduce = (last ? 2 * N * 4 : 0) + (Ls * 2 * C_ + (last ? C_ : 0)) * G;  // the RMSNorms' weights
+      c.all_reduce = (last ? 2 * N * R : 0) + (Ls * 2 * C_ + (last ? C_ : 0)) * G;  // the RMSNorms' weights
     }
   }
   if (cp > 1) {
     CollectiveBytes& c = f["cp"];
     // k and v travel repeated to the a heads (ring attention takes them after repeat_kv).
     c.send = c.recv = Ls * (3 * cp - 2) * 2 * b * Tl * C_ * 4 / tp;  // float32 (ring_attention.cpp)
-    c.all_reduce = P * G + (last ? m * 4 : 0);
+    c.all_reduce = P * G + (last ? m * R : 0);
   }
-  if (mesh.dp > 1) f["dp"].all_reduce = P * G + 4;
+  if (mesh.dp > 1) f["dp"].all_reduce = P * G + (pp > 1 ? R : 4);  // the loss: as the GPT's
   if (pp > 1) {
     const double act = N * C_ * R / (sp ? tp : 1), header = m * 12 * 8;  // the residual stream
     // Each of the rank's v chunks (1 under 1F1B) hands on but the last rank's last, and
@@ -192,7 +194,7 @@ std::map<std::string, CollectiveBytes> LlamaArithmetic::collective_bytes(const M
     const double v = mesh.model_chunks, forwards = v - (last ? 1 : 0), backs = v - (first ? 1 : 0);
     f["pp"].send = forwards * (act + header) + backs * act;
     f["pp"].recv = backs * (act + header) + forwards * act;
-    f["pp"].broadcast = 8 + 4;
+    f["pp"].broadcast = 8 + R;
   }
   return f;
 }

@@ -220,6 +220,9 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
     // sum.)
     if (s.cp > 1 && s.pp == 1) comm["cp"].all_reduce += 8;
     if (s.clip_grad_norm && s.world() > 1) comm["world"].all_reduce += 4;
+    // 16-mixed's GradScaler: whether any rank found an inf or NaN, a float32 summed over the
+    // world per optimizer it unscales (ZeRO-1/2's two, nanoGPT's decayed and not).
+    if (prec == Precision::F16Mixed && s.world() > 1) comm["world"].all_reduce += 4 * (s.zero == 1 || s.zero == 2 ? 2 : 1);
     plan.stage_comm.push_back(comm);
     std::map<std::string, double> comm_s;
     const std::map<std::string, int> size{{"tp", s.tp}, {"cp", s.cp}, {"dp", s.dp}, {"pp", 2}, {"emb", 2}, {"world", s.world()}};
@@ -269,6 +272,9 @@ Plan plan_model(const ModelArithmetic& model, const Split& split_in, const Workl
   if (s.clip_grad_norm && s.world() > 1)
     a.push_back("the gradient norm clipped each step (nanoGPT's, train_gpt's --grad-clip): one float32 "
                 "all-reduce of the ranks' partial norms over the world");
+  if (prec == Precision::F16Mixed && s.world() > 1)
+    a.push_back("16-mixed's GradScaler checks for an inf or NaN on every rank: a float32 all-reduce over the "
+                "world per optimizer it unscales");
   if (!device.measured)
     a.push_back("usable memory: the datasheet's GB less 1 GiB for the CUDA context and the allocator");
   if (s.zero > 0) {

@@ -192,7 +192,11 @@ TEST_CASE("planner: 16-mixed holds bf16-mixed's bytes and runs at the bfloat16 r
   CHECK(f16.peak.total() == bf16.peak.total());
   CHECK(f16.peak.activations == bf16.peak.activations);
   CHECK(f16.comm.at("tp").all_reduce == bf16.comm.at("tp").all_reduce);
-  CHECK(f16.time.step_s == bf16.time.step_s);
+  // and its GradScaler's inf check: a float32 summed over the world's 4 ranks (the clip's
+  // beside it), a ring all-reduce of 2 (k - 1) / k of its bytes over the link
+  CHECK(f16.comm.at("world").all_reduce == bf16.comm.at("world").all_reduce + 4);
+  CHECK(f16.comm_s.at("world") - bf16.comm_s.at("world") == Approx(4 * 2 * 3.0 / 4 / h100.link_bandwidth));
+  CHECK(f16.time.step_s > bf16.time.step_s);
   CHECK(plan::to_string(plan::precision_from_string("16-mixed")) == "16-mixed");
 }
 
