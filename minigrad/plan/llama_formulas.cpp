@@ -74,6 +74,22 @@ double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage,
   return activation_moments(mesh, stage, recompute).peak();
 }
 
+double LlamaArithmetic::ring_weight_gradient_floats(const MeshShape& mesh, int stage) const {
+  if (mesh.cp == 1) return 0;
+  const PipelinePeak peak = pipeline_peak(mesh, stage);
+  // Held as .grad only in the stage's first backward (activation_moments' `made`).
+  if (std::any_of(peak.gone_back.begin(), peak.gone_back.end(), [](bool b) { return b; })) return 0;
+  const double t = mesh.tp;
+  return 3 * C_ * I_ / t + C_ * C_ / t + C_ + (stage == mesh.pp - 1 ? V_ * C_ / t + C_ : 0);
+}
+
+double LlamaArithmetic::block_activation_floats(const MeshShape& mesh) const {
+  const double Tl = static_cast<double>(mesh.T / mesh.cp);
+  const double mb = static_cast<double>(mesh.batch / mesh.dp) * Tl / micro_batches_of(mesh);
+  // and RoPE's cos and sin tables, saved once a layer's forward ([T/cp, d/2] each)
+  return layer_floats(mesh.tp, mesh.sequence_parallel) * mb + Tl * static_cast<double>(config_.head_dim());
+}
+
 ActivationMoments LlamaArithmetic::activation_moments(const MeshShape& mesh, int stage, bool recompute) const {
   check_tp(mesh.tp);
   const double t = mesh.tp, d = static_cast<double>(config_.head_dim());
@@ -138,7 +154,7 @@ ActivationMoments LlamaArithmetic::activation_moments(const MeshShape& mesh, int
     const double a = static_cast<double>(config_.num_attention_heads);
     const double attention_kept = (sp ? C_ / t + 3 * C_ + 1 / t : 2 * C_ + 1) + 4 * C_ / t + a / t;
     const double ring = (Ls * in_flight - 1) * layer + attention_kept + 23 * C_ / t;
-    const double gradients = made * (3 * C_ * I_ / t + C_ * C_ / t + C_ + (last ? V_ * C_ / t + C_ : 0));
+    const double gradients = ring_weight_gradient_floats(mesh, stage);
     const double messages = sent + (last ? m : received);
     return {floats, ring * mb + Ls * in_flight * rope + gradients + messages};
   }

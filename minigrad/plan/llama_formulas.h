@@ -80,6 +80,8 @@ class LlamaArithmetic final : public ModelArithmetic {
   double stage_tensors(int pp, int stage) const override;
   double stage_vector_elements(int tp, int pp, int stage) const override;
   double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const override;
+  double block_activation_floats(const MeshShape& mesh) const override;
+  double ring_weight_gradient_floats(const MeshShape& mesh, int stage) const override;
   std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
                                                           double grad_bytes, double stream_bytes) const override;
   // The 16-bit precisions' terms (this header's top).

@@ -63,6 +63,13 @@ double GPTArithmetic::activation_peak_floats(const MeshShape& mesh, int stage, b
   return gpt_activation_peak_floats(config_, mesh, stage, recompute);
 }
 
+double GPTArithmetic::block_activation_floats(const MeshShape& mesh) const {
+  const double tokens = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T / mesh.cp);
+  return gpt_block_activation_floats(static_cast<double>(config_.n_embd), static_cast<double>(config_.n_head), mesh.tp,
+                                     mesh.sequence_parallel) *
+         tokens / micro_batches_of(mesh);
+}
+
 std::map<std::string, CollectiveBytes> GPTArithmetic::collective_bytes(const MeshShape& mesh, int stage,
                                                                        double act_bytes, double grad_bytes,
                                                                        double stream_bytes) const {

@@ -33,6 +33,13 @@ class ModelArithmetic {
   // which train_gpt's ZeRO-1/2 lays in flat buffers of its own (split_model.h).
   virtual double stage_vector_elements(int tp, int pp, int stage) const = 0;
   virtual double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const = 0;
+  // One block's saved activations for a micro-batch of the rank's tokens, in floats: what a
+  // block that has gone back no longer holds (FSDP's moments over cp, trainer_moments).
+  virtual double block_activation_floats(const MeshShape& mesh) const = 0;
+  // The weight gradients activation_peak_floats's ring moment (cp) counts as made in the
+  // backward before it (the Llama's: its last layer's MLP's, o_proj's, and the head's); under
+  // FSDP each is in its unit's flat gradient instead. None for the GPT.
+  virtual double ring_weight_gradient_floats(const MeshShape& /*mesh*/, int /*stage*/) const { return 0; }
   // Bytes an element: act_bytes a GEMM's output, grad_bytes a gradient, stream_bytes the
   // residual stream's (gpt_collective_bytes).
   virtual std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
@@ -63,6 +70,7 @@ class GPTArithmetic final : public ModelArithmetic {
   double stage_tensors(int pp, int stage) const override;
   double stage_vector_elements(int tp, int pp, int stage) const override;
   double activation_peak_floats(const MeshShape& mesh, int stage, bool recompute) const override;
+  double block_activation_floats(const MeshShape& mesh) const override;
   std::map<std::string, CollectiveBytes> collective_bytes(const MeshShape& mesh, int stage, double act_bytes,
                                                           double grad_bytes, double stream_bytes) const override;
   // gpt_bf16_mixed_extra_bytes (bf16-mixed, 16-mixed) and gpt_bf16_true_extra_bytes.

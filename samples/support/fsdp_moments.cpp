@@ -68,6 +68,58 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
   return m;
 }
 
+// FSDP over dp x cp, 32-true over Gloo, no recompute (fully_shard.cpp, ring_attention.cpp,
+// sharded_grad_reducer.cpp): the peak is ring attention's backward in some block k (the
+// planner's activations are that moment's for the last block, k = L - 1). A block's
+// attention goes back after its MLP and c_proj, so its flat gradient is made by then, and
+// each block gone back before frees its activations whole. Otherwise the buffers are
+// fsdp_recompute_moments': unit k gathered and k - 1 ahead, the root's unit and flat
+// gradient, block k + 1's flat gradient held by its reduce-scatter in flight, the shards of
+// the blocks after; the race, that reduce-scatter's scratch on Gloo's thread. At the default
+// shape the last block's moment is the low and block L - 2's with the scratch the high.
+TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
+                                 const ModelSplit& split, int64_t batch, int64_t T) {
+  const double dp = split.dp;
+  const int64_t blocks = model.stage_blocks(1, 0);
+  const double block_shard = std::ceil(model.block_param_elements(1) / dp);  // ceil(Psi_unit / N), padding in
+  const double unit = 4 * block_shard * dp;
+  const double shard = 4 * block_shard;
+  const double root_elements = model.stage_param_elements(1, 1, 0) - static_cast<double>(blocks) * model.block_param_elements(1);
+  const double root_unit = 4 * std::ceil(root_elements / dp) * dp;
+  const plan::MeshShape shape = plan::mesh_shape(plan_split(split), plan::Workload{batch, T});
+  const double block_activations = 4 * model.block_activation_floats(shape);
+
+  TrainerMoments m;
+  m.always = memory_moment("always", {{"params", r.params}, {"optimizer", r.optimizer}});
+  std::vector<MemoryMoment> all;
+  for (int64_t k = blocks - 1; k >= 0; --k) {
+    const double later = static_cast<double>(blocks - 1 - k);  // blocks gone back before it
+    const bool in_flight = later > 0;                            // block k + 1's reduce-scatter
+    MemoryMoment at = memory_moment(
+        fmt::format("ring attention's backward in block {}", k),
+        {{"activations", r.activations},
+         {"the later blocks' activations, freed", -later * block_activations},
+         {"the weight gradients made, in the flat gradients instead", -4 * model.ring_weight_gradient_floats(shape, 0)},
+         {"the root's unit gathered", root_unit},
+         {fmt::format("block {}'s unit gathered", k), unit},
+         {fmt::format("block {}'s unit gathered ahead", k - 1), k > 0 ? unit : 0},
+         {"the root's flat gradient", root_unit},
+         {fmt::format("block {}'s flat gradient", k), unit},
+         {fmt::format("block {}'s flat gradient, its reduce-scatter in flight", k + 1), in_flight ? unit : 0},
+         {"gradient shards of the blocks after it (one the reduce-scatter's output)", later * shard}});
+    if (in_flight)
+      at.racing.push_back({fmt::format("the reduce-scatter's scratch (block {}'s, on Gloo's thread)", k + 1), unit});
+    all.push_back(std::move(at));
+  }
+  // After backward the shards' gradients are summed over cp: a flat copy and the all-reduce's.
+  all.push_back(memory_moment("sum over cp", {{"gradients", r.grads}, {"their flat copy and the all-reduce's", 2 * r.grads}}));
+  double low = 0;
+  for (const MemoryMoment& at : all) low = std::max(low, at.bytes());
+  for (MemoryMoment& at : all)
+    if (at.bytes() + at.racing_bytes() >= low) m.moments.push_back(std::move(at));
+  return m;
+}
+
 // FSDP's MixedPrecisionPolicy (train_gpt --fsdp-mp-policy: torchtitan's), bf16-mixed or
 // 16-mixed, on dp over Gloo (fully_shard.cpp, flat_parameter.cpp, sharded_grad_reducer.cpp,
 // process_group_gloo.cpp; docs/planning.md, "Planner against the trainer"). The shards and

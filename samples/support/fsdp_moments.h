@@ -19,6 +19,11 @@ namespace mg::samples {
 TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                       const ModelSplit& split, int64_t batch, int64_t T);
 
+// FSDP over dp x cp (32-true over Gloo, no recompute) is a range likewise: its peak is ring
+// attention's backward in some block k, with the buffers of fsdp_recompute_moments' block k.
+TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
+                                 const ModelSplit& split, int64_t batch, int64_t T);
+
 // FSDP's MixedPrecisionPolicy (train_gpt --fsdp-mp-policy), bf16-mixed or 16-mixed, the GPT's
 // ZeRO-3 over Gloo on dp alone: its 16-bit units and compute, float32 shards and flat
 // gradients; the race is the unit gathered ahead, widened to float32 on Gloo's thread.

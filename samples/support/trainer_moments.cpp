@@ -102,6 +102,12 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
       return std::nullopt;
     return fsdp_mp_policy_moments(r, *gpt, split, batch, T);
   }
+  if (split.zero == 3 && split.cp > 1 && !split.recompute) {  // ring attention's moments (fsdp_ring_moments)
+    // In 16 bits each block gone back also frees its own float32 and cast tensors, not priced
+    // block by block yet.
+    if (precision != Precision::True32 || !gloo || split.tp > 1) return std::nullopt;
+    return fsdp_ring_moments(r, model, split, batch, T);
+  }
   if (split.zero == 3 && split.recompute) {  // a range of its own (fsdp_recompute_moments)
     if (precision != Precision::True32 || !gloo || split.tp > 1 || split.cp > 1 || split.pp > 1) return std::nullopt;
     return fsdp_recompute_moments(r, model, split, batch, T);
