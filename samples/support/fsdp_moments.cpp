@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "memory_report.h"  // plan_split
+#include "throughput.h"     // plan_precision
 
 namespace mg::samples {
 
@@ -26,31 +27,50 @@ namespace mg::samples {
 // over: the race. Nothing else of the thread's allocates in 32-true (the prefetch's gather
 // writes into the unit's flat buffer, allocated by the caller).
 TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
-                                      const ModelSplit& split, int64_t batch, int64_t T) {
+                                      const ModelSplit& split, int64_t batch, int64_t T, Precision precision) {
+  const bool mixed = precision == Precision::BF16Mixed || precision == Precision::F16Mixed;
+  const bool sixteen = precision != Precision::True32;
+  const double pb = precision == Precision::BF16True ? 2 : 4;  // a parameter's bytes: its units, flat gradients
   const double dp = split.dp;
   const int64_t blocks = model.stage_blocks(1, 0);
   const double block_shard = std::ceil(model.block_param_elements(1) / dp);  // ceil(Psi_unit / N), padding in
-  const double unit = 4 * block_shard * dp;  // a block's flat buffer: gathered, or its flat gradient
-  const double shard = 4 * block_shard;
+  const double unit = pb * block_shard * dp;  // a block's flat buffer: gathered, or its flat gradient
+  const double shard = pb * block_shard;
   const double root_elements = model.stage_param_elements(1, 1, 0) - static_cast<double>(blocks) * model.block_param_elements(1);
-  const double root_unit = 4 * std::ceil(root_elements / dp) * dp;
-  const double input = 4 * static_cast<double>(model.hidden_size()) * static_cast<double>(batch / split.dp) *
-                       static_cast<double>(T);  // a block's kept input
+  const double root_unit = pb * std::ceil(root_elements / dp) * dp;
+  // A block's kept input: the residual stream, float32 under autocast.
+  const double input = (mixed ? 4 : pb) * static_cast<double>(model.hidden_size()) *
+                       static_cast<double>(batch / split.dp) * static_cast<double>(T);
+  // The 16-bit precisions' terms beside the activations (precision_extra_bytes, the
+  // recomputed block's: trainer_moments.cpp's), the root's flat gradient out of the head's:
+  // it is a term here.
+  plan::PrecisionExtraBytes extra;
+  if (sixteen) {
+    const plan::MeshShape shape = plan::mesh_shape(plan_split(split), plan::Workload{batch, T});
+    extra = *model.precision_extra_bytes(shape, 0, 3, true, plan_precision(precision));
+    extra.head_grad -= root_unit;
+  }
+  const std::string kind = mixed ? "autocast's" : "bf16-true's";
 
   TrainerMoments m;
-  m.always = memory_moment("always", {{"params", r.params}, {"optimizer", r.optimizer}});
+  m.always = memory_moment("always", {{"params", r.params}, {"masters", r.master / 2}, {"optimizer", r.optimizer}});
   std::vector<MemoryMoment> all;
   for (int64_t k = blocks - 1; k >= 0; --k) {
     const double later = static_cast<double>(blocks - 1 - k);  // blocks gone back before it
     const bool in_flight = later > 0;                            // block k + 1's reduce-scatter
     MemoryMoment at = memory_moment(fmt::format("backward through block {}", k),
                              {{"activations", r.activations},
+                              {kind + " float32 saved tensors", extra.float32_saved},
+                              {"16-bit weight casts", extra.weight_casts},
+                              {"float32 backward working set", extra.backward},
+                              {"head gradient", extra.head_grad},
                               {"the later blocks' inputs, freed", -later * input},
                               {"the root's unit gathered", root_unit},
                               {fmt::format("block {}'s unit gathered", k), unit},
                               {fmt::format("block {}'s unit gathered ahead", k - 1), k > 0 ? unit : 0},
                               {"the root's flat gradient", root_unit},
-                              {fmt::format("block {}'s flat gradient", k), unit},
+                              // in 16 bits the peak is c_proj's backward GEMM, before its hook makes it
+                              {fmt::format("block {}'s flat gradient", k), sixteen ? 0 : unit},
                               {fmt::format("block {}'s flat gradient, its reduce-scatter in flight", k + 1),
                                in_flight ? unit : 0},
                               {"gradient shards of the blocks after it (one the reduce-scatter's output)",
