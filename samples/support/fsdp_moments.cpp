@@ -40,7 +40,7 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
   const double root_unit = pb * std::ceil(root_elements / dp) * dp;
   // A block's kept input: the residual stream, float32 under autocast.
   const double input = (mixed ? 4 : pb) * static_cast<double>(model.hidden_size()) *
-                       static_cast<double>(batch / split.dp) * static_cast<double>(T);
+                       static_cast<double>(batch / split.dp) * static_cast<double>(T / split.cp);
   // The 16-bit precisions' terms beside the activations (precision_extra_bytes, the
   // recomputed block's: trainer_moments.cpp's), the root's flat gradient out of the head's:
   // it is a term here.
@@ -51,6 +51,15 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
     extra.head_grad -= root_unit;
   }
   const std::string kind = mixed ? "autocast's" : "bf16-true's";
+  // What Gloo's thread allocates for a collective of a block (process_group_gloo.cpp): the
+  // reduce-scatter's `slices` (the flat gradient's elements in float32); a 16-bit one (Gloo
+  // has no 16-bit sum) also its float32 copy `wire`, the float32 shard it sums into and that
+  // rounded back; a 16-bit gather its float32 output and input and the output rounded back.
+  const bool widened = pb == 2;
+  const double elements = block_shard * dp, shard_elements = block_shard;
+  const double reduce_scatter = widened ? 4 * elements + 4 * elements + 4 * shard_elements + pb * shard_elements
+                                        : 4 * elements;
+  const double gather = 4 * elements + 4 * shard_elements + pb * elements;
 
   TrainerMoments m;
   m.always = memory_moment("always", {{"params", r.params}, {"masters", r.master / 2}, {"optimizer", r.optimizer}});
@@ -75,8 +84,20 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
                                in_flight ? unit : 0},
                               {"gradient shards of the blocks after it (one the reduce-scatter's output)",
                                later * shard}});
+    // Gloo's thread runs one collective at a time: block k + 1's reduce-scatter, then block
+    // k - 1's gather ahead; in 16 bits each travels widened, the reduce-scatter's the larger.
     if (in_flight)
-      at.racing.push_back({fmt::format("the reduce-scatter's scratch (block {}'s, on Gloo's thread)", k + 1), unit});
+      at.racing.push_back(
+          {fmt::format(widened ? "the reduce-scatter's widened copy, scratch, float32 shard and it rounded back "
+                                 "(block {}'s, on Gloo's thread)"
+                               : "the reduce-scatter's scratch (block {}'s, on Gloo's thread)",
+                       k + 1),
+           reduce_scatter});
+    else if (widened && k > 0)
+      at.racing.push_back({fmt::format("the gather ahead's float32 output, this rank's float32 shard and it rounded "
+                                       "back (block {}'s, on Gloo's thread)",
+                                       k - 1),
+                           gather});
     all.push_back(std::move(at));
   }
   // Only the moments that can be the peak of either bound: a moment whose most is below

@@ -103,7 +103,7 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
     return fsdp_mp_policy_moments(r, *gpt, split, batch, T);
   }
   if (split.zero == 3 && split.recompute) {  // a range of its own (fsdp_recompute_moments)
-    if (!gloo || split.tp > 1 || split.cp > 1 || split.pp > 1) return std::nullopt;
+    if (!gloo || split.tp > 1 || split.pp > 1) return std::nullopt;
     if (precision != Precision::True32 &&
         !model.precision_extra_bytes(plan::mesh_shape(plan_split(split), plan::Workload{batch, T}), 0, 3, true,
                                      plan_precision(precision)))
