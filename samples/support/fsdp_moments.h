@@ -17,7 +17,8 @@ namespace mg::samples {
 // that reduce-scatter's scratch (`slices`, a flat gradient's size) at it is a race: the low
 // is the largest moment without it, the high the largest with it.
 TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
-                                      const ModelSplit& split, int64_t batch, int64_t T, Precision precision);
+                                      const ModelSplit& split, int64_t batch, int64_t T, Precision precision,
+                                      bool fsdp_mp_policy);
 
 // FSDP's MixedPrecisionPolicy (train_gpt --fsdp-mp-policy), bf16-mixed or 16-mixed, the GPT's
 // ZeRO-3 over Gloo on dp alone: its 16-bit units and compute, float32 shards and flat
