@@ -97,7 +97,10 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
                                               Precision precision, bool fsdp_mp_policy, bool gloo) {
   if (split.zero == 3 && split.recompute) {  // a range of its own, under the policy too (fsdp_recompute_moments)
     const Precision compute = fsdp_mp_policy ? Precision::BF16True : precision;
-    if (!gloo || split.tp > 1 || split.pp > 1) return std::nullopt;
+    // Under cp in 16 bits the recomputed block peaks in ring attention's float32 backward,
+    // which the planner prices under recompute as c_proj's moment with a ring term on top
+    // (gpt_activation_moments): its 16-bit terms are c_proj's, not the ring's.
+    if (!gloo || split.tp > 1 || split.pp > 1 || (split.cp > 1 && compute != Precision::True32)) return std::nullopt;
     if (compute != Precision::True32 &&
         !model.precision_extra_bytes(plan::mesh_shape(plan_split(split), plan::Workload{batch, T}), 0, 3, true,
                                      plan_precision(compute)))
