@@ -10,7 +10,7 @@
 
 namespace mg::samples {
 
-// FSDP with recompute, 32-true over Gloo (fully_shard.cpp, sharded_grad_reducer.cpp,
+// FSDP with recompute over Gloo (fully_shard.cpp, sharded_grad_reducer.cpp,
 // process_group_gloo.cpp; docs/planning.md, "Planner against the trainer"). models::GPT
 // checkpoints each block, so the recomputed block k (0 the first, the last to go back) is
 // the one whose activations are whole, with the inputs of blocks 0..k kept and the later
@@ -26,6 +26,19 @@ namespace mg::samples {
 // gradient) is alive at block k's moment if the peer rank lags, gone if the exchange is
 // over: the race. Nothing else of the thread's allocates in 32-true (the prefetch's gather
 // writes into the unit's flat buffer, allocated by the caller).
+// In 16 bits (dp alone) the recomputed block's terms are the model's precision_extra_bytes
+// (as trainer_moments' first block going back), and its peak is c_proj's backward GEMM, in
+// float32, before c_proj's hooks make block k's flat gradient. bf16-true's units, flat
+// gradients and shards are bfloat16, and Gloo's thread widens what it moves: block k + 1's
+// reduce-scatter holds a float32 copy of the flat gradient, the scratch, a float32 shard
+// and that rounded back, block k - 1's gather ahead its float32 output and input and the
+// output rounded back; one collective at a time, so the race is the larger of those queued.
+// Under the policy (--fsdp-mp-policy) the units and compute are 16-bit (bf16-true's terms),
+// the flat gradients and shards float32, and the gather ahead, with its input (this rank's
+// shard rounded to 16 bits, made at its launch) is the race; its c_fc moment, block k's
+// float32 flat gradient made for 16-bit activations gone, is the larger (the GPT's,
+// gpt_zero2_released_bytes). Over dp x cp (32-true) the shards are over dp and the moment
+// ring attention's backward, after block k's MLP went back: its flat gradient made.
 TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                       const ModelSplit& split, int64_t batch, int64_t T, Precision precision,
                                       bool fsdp_mp_policy) {
