@@ -6,10 +6,11 @@
 #include <fmt/format.h>
 
 #include "memory_report.h"  // plan_split
+#include "throughput.h"     // plan_precision
 
 namespace mg::samples {
 
-// FSDP with recompute, 32-true over Gloo (fully_shard.cpp, sharded_grad_reducer.cpp,
+// FSDP with recompute over Gloo (fully_shard.cpp, sharded_grad_reducer.cpp,
 // process_group_gloo.cpp; docs/planning.md, "Planner against the trainer"). models::GPT
 // checkpoints each block, so the recomputed block k (0 the first, the last to go back) is
 // the one whose activations are whole, with the inputs of blocks 0..k kept and the later
@@ -25,38 +26,123 @@ namespace mg::samples {
 // gradient) is alive at block k's moment if the peer rank lags, gone if the exchange is
 // over: the race. Nothing else of the thread's allocates in 32-true (the prefetch's gather
 // writes into the unit's flat buffer, allocated by the caller).
+// In 16 bits (dp alone) the recomputed block's terms are the model's precision_extra_bytes
+// (as trainer_moments' first block going back), and its peak is c_proj's backward GEMM, in
+// float32, before c_proj's hooks make block k's flat gradient. bf16-true's units, flat
+// gradients and shards are bfloat16, and Gloo's thread widens what it moves: block k + 1's
+// reduce-scatter holds a float32 copy of the flat gradient, the scratch, a float32 shard
+// and that rounded back, block k - 1's gather ahead its float32 output and input and the
+// output rounded back; one collective at a time, so the race is the larger of those queued.
+// Under the policy (--fsdp-mp-policy) the units and compute are 16-bit (bf16-true's terms),
+// the flat gradients and shards float32, and the gather ahead, with its input (this rank's
+// shard rounded to 16 bits, made at its launch) is the race; its c_fc moment, block k's
+// float32 flat gradient made for 16-bit activations gone, is the larger (the GPT's,
+// gpt_zero2_released_bytes). Over dp x cp (32-true) the shards are over dp and the moment
+// ring attention's backward, after block k's MLP went back: its flat gradient made.
 TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
-                                      const ModelSplit& split, int64_t batch, int64_t T) {
+                                      const ModelSplit& split, int64_t batch, int64_t T, Precision precision,
+                                      bool fsdp_mp_policy) {
+  // The policy's compute is a 16-bit model's (bf16-true's terms), its flat gradients and
+  // shards float32; autocast's compute keeps the residual stream float32.
+  const bool autocast = !fsdp_mp_policy && (precision == Precision::BF16Mixed || precision == Precision::F16Mixed);
+  const Precision compute = fsdp_mp_policy ? Precision::BF16True : precision;
+  const bool sixteen = precision != Precision::True32;
+  const double pb = compute == Precision::BF16True ? 2 : 4;  // a gathered unit's bytes an element
+  const double gb = precision == Precision::BF16True ? 2 : 4;  // a flat gradient's and a gradient shard's
   const double dp = split.dp;
   const int64_t blocks = model.stage_blocks(1, 0);
   const double block_shard = std::ceil(model.block_param_elements(1) / dp);  // ceil(Psi_unit / N), padding in
-  const double unit = 4 * block_shard * dp;  // a block's flat buffer: gathered, or its flat gradient
-  const double shard = 4 * block_shard;
+  const double elements = block_shard * dp, shard_elements = block_shard;
+  const double unit = pb * elements;  // a block's gathered flat buffer
+  const double flat_grad = gb * elements;
+  const double shard = gb * shard_elements;
   const double root_elements = model.stage_param_elements(1, 1, 0) - static_cast<double>(blocks) * model.block_param_elements(1);
-  const double root_unit = 4 * std::ceil(root_elements / dp) * dp;
-  const double input = 4 * static_cast<double>(model.hidden_size()) * static_cast<double>(batch / split.dp) *
-                       static_cast<double>(T);  // a block's kept input
+  const double root_padded = std::ceil(root_elements / dp) * dp;
+  // A block's kept input: the residual stream, float32 under autocast.
+  const double input = (autocast ? 4 : pb) * static_cast<double>(model.hidden_size()) *
+                       static_cast<double>(batch / split.dp) * static_cast<double>(T / split.cp);
+  // The 16-bit precisions' terms beside the activations (precision_extra_bytes, the
+  // recomputed block's: trainer_moments.cpp's), the root's flat gradient out of the head's:
+  // it is a term here.
+  plan::PrecisionExtraBytes extra;
+  if (sixteen) {
+    const plan::MeshShape shape = plan::mesh_shape(plan_split(split), plan::Workload{batch, T});
+    extra = *model.precision_extra_bytes(shape, 0, 3, true, plan_precision(compute));
+    extra.head_grad -= pb * root_padded;
+  }
+  const std::string kind = autocast ? "autocast's" : "bf16-true's";
+  // What Gloo's thread allocates for a collective of a block (process_group_gloo.cpp): the
+  // reduce-scatter's `slices` (the flat gradient's elements in float32); a 16-bit one (Gloo
+  // has no 16-bit sum) also its float32 copy `wire`, the float32 shard it sums into and that
+  // rounded back; a 16-bit gather its float32 output and input and the output rounded back.
+  // Under the policy the gather's input is this rank's float32 shard rounded to 16 bits,
+  // made at its launch and held by the work until it ends (flat_parameter.cpp).
+  const bool widened = gb == 2;
+  const double reduce_scatter = widened ? 4 * elements + 4 * elements + 4 * shard_elements + gb * shard_elements
+                                        : 4 * elements;
+  // A float32 gather writes into the unit, allocated by the caller: nothing on the thread.
+  const double gather =
+      pb == 2 ? (fsdp_mp_policy ? 2 * shard_elements : 0) + 4 * elements + 4 * shard_elements + pb * elements : 0;
 
   TrainerMoments m;
-  m.always = memory_moment("always", {{"params", r.params}, {"optimizer", r.optimizer}});
+  m.always = memory_moment("always", {{"params", r.params}, {"masters", r.master / 2}, {"optimizer", r.optimizer}});
+  double c_fc_released = 0;  // the GPT's own (gpt_zero2_released_bytes), over dp alone
+  if (const auto* gpt = dynamic_cast<const plan::GPTArithmetic*>(&model); gpt != nullptr && sixteen && split.cp == 1)
+    c_fc_released = plan::gpt_zero2_released_bytes(
+        gpt->config(), plan::mesh_shape(plan_split(split), plan::Workload{batch, T}), 2, autocast);
   std::vector<MemoryMoment> all;
   for (int64_t k = blocks - 1; k >= 0; --k) {
     const double later = static_cast<double>(blocks - 1 - k);  // blocks gone back before it
     const bool in_flight = later > 0;                            // block k + 1's reduce-scatter
     MemoryMoment at = memory_moment(fmt::format("backward through block {}", k),
                              {{"activations", r.activations},
+                              {kind + " float32 saved tensors", extra.float32_saved},
+                              {"16-bit weight casts", extra.weight_casts},
+                              {"float32 backward working set", extra.backward},
+                              {"head gradient", extra.head_grad},
                               {"the later blocks' inputs, freed", -later * input},
-                              {"the root's unit gathered", root_unit},
+                              {"the root's unit gathered", pb * root_padded},
                               {fmt::format("block {}'s unit gathered", k), unit},
                               {fmt::format("block {}'s unit gathered ahead", k - 1), k > 0 ? unit : 0},
-                              {"the root's flat gradient", root_unit},
-                              {fmt::format("block {}'s flat gradient", k), unit},
+                              {"the root's flat gradient", gb * root_padded},
+                              // in 16 bits the peak is c_proj's backward GEMM, before its hook makes it
+                              {fmt::format("block {}'s flat gradient", k), sixteen ? 0 : flat_grad},
                               {fmt::format("block {}'s flat gradient, its reduce-scatter in flight", k + 1),
-                               in_flight ? unit : 0},
+                               in_flight ? flat_grad : 0},
                               {"gradient shards of the blocks after it (one the reduce-scatter's output)",
                                later * shard}});
+    // Gloo's thread runs one collective at a time, block k + 1's reduce-scatter and then
+    // block k - 1's gather ahead: the race is the larger of those queued.
+    std::vector<MemoryTerm> queued;
     if (in_flight)
-      at.racing.push_back({fmt::format("the reduce-scatter's scratch (block {}'s, on Gloo's thread)", k + 1), unit});
+      queued.push_back({fmt::format(widened ? "the reduce-scatter's widened copy, scratch, float32 shard and it "
+                                              "rounded back (block {}'s, on Gloo's thread)"
+                                            : "the reduce-scatter's scratch (block {}'s, on Gloo's thread)",
+                                    k + 1),
+                        reduce_scatter});
+    if (k > 0 && gather > 0)
+      queued.push_back({fmt::format(fsdp_mp_policy ? "the gather ahead's input, this rank's shard rounded to 16 bits, "
+                                                     "its float32 output and input and it rounded back (block {}'s, "
+                                                     "on Gloo's thread)"
+                                                   : "the gather ahead's float32 output, this rank's float32 shard "
+                                                     "and it rounded back (block {}'s, on Gloo's thread)",
+                                    k - 1),
+                        gather});
+    if (!queued.empty())
+      at.racing.push_back(*std::max_element(queued.begin(), queued.end(), [](const MemoryTerm& x, const MemoryTerm& y) {
+        return x.bytes < y.bytes;
+      }));
+    // The GPT's c_fc backward, later in block k (fsdp_mp_policy_moments' second moment): c_proj's
+    // gradients went into block k's flat gradient at their hooks, c_fc's and GELU's outputs
+    // and the GEMM's float32 working set are gone; larger where that flat gradient is float32
+    // and the activations 16-bit without autocast's casts (the policy).
+    if (c_fc_released > 0) {
+      MemoryMoment later_in_block = at;
+      later_in_block.name = fmt::format("backward through block {}'s c_fc, its flat gradient made", k);
+      later_in_block.terms.push_back({"gone after c_proj's backward", -c_fc_released});
+      later_in_block.terms.push_back({fmt::format("block {}'s flat gradient", k), flat_grad});
+      all.push_back(std::move(later_in_block));
+    }
     all.push_back(std::move(at));
   }
   // Only the moments that can be the peak of either bound: a moment whose most is below

@@ -10,14 +10,18 @@
 
 namespace mg::samples {
 
-// FSDP with recompute (ZeRO-3, one stage, 32-true over Gloo) is a range: its peak is a
-// "backward through block k" (the recomputed block k going back, block k - 1 gathered ahead,
-// block k + 1's reduce-scatter in flight: its flat gradient and its output shard, and the
-// shards of the blocks reduced before), and whether Gloo's communication thread still holds
-// that reduce-scatter's scratch (`slices`, a flat gradient's size) at it is a race: the low
-// is the largest moment without it, the high the largest with it.
+// FSDP with recompute (ZeRO-3, one stage, over Gloo: dp in every precision and under
+// `fsdp_mp_policy`, dp x cp in 32-true) is a range: its peak is a "backward through block
+// k" (the recomputed block k going back, block k - 1 gathered ahead, block k + 1's
+// reduce-scatter in flight: its flat gradient and its output shard, and the shards of the
+// blocks reduced before), and whether Gloo's communication thread still holds a collective's
+// buffers at it is a race: the reduce-scatter's scratch (`slices`, a flat gradient's size),
+// in bf16-true widened (its float32 copy, scratch, shard and that rounded back), under the
+// policy the gather ahead, widened; the low is the largest moment without them, the high the
+// largest with them.
 TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
-                                      const ModelSplit& split, int64_t batch, int64_t T);
+                                      const ModelSplit& split, int64_t batch, int64_t T, Precision precision,
+                                      bool fsdp_mp_policy);
 
 // FSDP over dp x cp (32-true over Gloo, no recompute) is a range likewise: its peak is ring
 // attention's backward in some block k, with the buffers of fsdp_recompute_moments' block k.

@@ -95,6 +95,18 @@ std::string TrainerMoments::describe_range() const {
 std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                               const ModelSplit& split, int stage, int64_t batch, int64_t T,
                                               Precision precision, bool fsdp_mp_policy, bool gloo) {
+  if (split.zero == 3 && split.recompute) {  // a range of its own, under the policy too (fsdp_recompute_moments)
+    const Precision compute = fsdp_mp_policy ? Precision::BF16True : precision;
+    // Under cp in 16 bits the recomputed block peaks in ring attention's float32 backward,
+    // which the planner prices under recompute as c_proj's moment with a ring term on top
+    // (gpt_activation_moments): its 16-bit terms are c_proj's, not the ring's.
+    if (!gloo || split.tp > 1 || split.pp > 1 || (split.cp > 1 && compute != Precision::True32)) return std::nullopt;
+    if (compute != Precision::True32 &&
+        !model.precision_extra_bytes(plan::mesh_shape(plan_split(split), plan::Workload{batch, T}), 0, 3, true,
+                                     plan_precision(compute)))
+      return std::nullopt;
+    return fsdp_recompute_moments(r, model, split, batch, T, precision, fsdp_mp_policy);
+  }
   if (fsdp_mp_policy) {  // FSDP's MixedPrecisionPolicy: ZeRO-3 over Gloo on dp alone, no recompute
     const auto* gpt = dynamic_cast<const plan::GPTArithmetic*>(&model);
     if (gpt == nullptr || (precision != Precision::BF16Mixed && precision != Precision::F16Mixed) ||
@@ -102,15 +114,11 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
       return std::nullopt;
     return fsdp_mp_policy_moments(r, *gpt, split, batch, T);
   }
-  if (split.zero == 3 && split.cp > 1 && !split.recompute) {  // ring attention's moments (fsdp_ring_moments)
+  if (split.zero == 3 && split.cp > 1) {  // ring attention's moments (fsdp_ring_moments)
     // In 16 bits each block gone back also frees its own float32 and cast tensors, not priced
     // block by block yet.
     if (precision != Precision::True32 || !gloo || split.tp > 1) return std::nullopt;
     return fsdp_ring_moments(r, model, split, batch, T);
-  }
-  if (split.zero == 3 && split.recompute) {  // a range of its own (fsdp_recompute_moments)
-    if (precision != Precision::True32 || !gloo || split.tp > 1 || split.cp > 1 || split.pp > 1) return std::nullopt;
-    return fsdp_recompute_moments(r, model, split, batch, T);
   }
   const bool mixed = precision == Precision::BF16Mixed || precision == Precision::F16Mixed;
   const bool bf16_true = precision == Precision::BF16True;

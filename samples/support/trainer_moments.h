@@ -17,16 +17,19 @@
 //              ZeRO-2's reduce-scatter's), after backward, when the activations are gone
 //   step       bf16-true: the masters' float32 gradients beside the bfloat16 ones
 //   FSDP with  backward through block k (each k): block k recomputed, its unit, the one
-//   recompute  gathered ahead and the root's, the flat gradients of k, of k + 1 (its
-//              reduce-scatter in flight) and the root's, the gradient shards reduced
+//   recompute  gathered ahead and the root's, the flat gradients of k (in 16 bits not yet:
+//              the peak is c_proj's GEMM), of k + 1 (its reduce-scatter in flight) and the
+//              root's, the gradient shards reduced; under the policy also block k's c_fc
+//              backward, its float32 flat gradient made
 //   FSDP's     (--fsdp-mp-policy: float32 shards, 16-bit units and compute, float32 flat
 //   mixed      gradients) the last block's c_proj backward, and its c_fc backward with
 //   precision  the block's float32 flat gradient made and c_fc's and GELU's outputs gone
 //   policy
 // and two racing terms, which make the peak a range: FSDP with recompute's Gloo scratch for
-// block k + 1's reduce-scatter, and under bf16-true ZeRO-3 and FSDP's MixedPrecisionPolicy
-// over Gloo the backward's unit gathered ahead, widened to float32 on the communication
-// thread (under the policy with its input, this rank's float32 shard rounded to 16 bits).
+// block k + 1's reduce-scatter (in bf16-true widened), and under bf16-true ZeRO-3 and FSDP's
+// MixedPrecisionPolicy over Gloo the backward's unit gathered ahead, widened to float32 on
+// the communication thread (under the policy with its input, this rank's float32 shard
+// rounded to 16 bits; with recompute too, where it is the larger).
 #pragma once
 
 #include <optional>
@@ -82,9 +85,10 @@ MemoryMoment memory_moment(std::string name, std::vector<MemoryTerm> terms);
 // `r`: the planner's bytes for this rank's stage; `gloo`: the dp and cp groups are Gloo's (no 16-bit
 // sums: they travel as float32). FSDP with recompute and FSDP's MixedPrecisionPolicy
 // (`fsdp_mp_policy`) and FSDP over dp x cp are ranges of their own (fsdp_moments.h). Empty where not
-// priced so yet: FSDP's MixedPrecisionPolicy with recompute, over tp, cp or pp or over NCCL,
-// FSDP with recompute in the 16-bit precisions, over tp or cp or over NCCL, FSDP over cp in
-// the 16-bit precisions or over NCCL, and in 16 bits a
+// priced so yet: FSDP's MixedPrecisionPolicy over tp, cp or pp or over NCCL, FSDP with
+// recompute over NCCL or tp, and over cp in the 16-bit precisions (the planner prices a
+// recomputed block under cp at c_proj's moment, not ring attention's), FSDP over cp in the
+// 16-bit precisions or over NCCL, and in 16 bits a
 // model whose precision_extra_bytes does not price them (the GPT's and the Llama's do).
 std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                               const ModelSplit& split, int stage, int64_t batch, int64_t T,
