@@ -10,6 +10,21 @@
 
 namespace mg::samples {
 
+namespace {
+
+// Only the moments that can be the peak of either bound: a moment whose most is below
+// another's least never is.
+std::vector<MemoryMoment> possible_peaks(std::vector<MemoryMoment> all) {
+  double low = 0;
+  for (const MemoryMoment& at : all) low = std::max(low, at.bytes());
+  std::vector<MemoryMoment> kept;
+  for (MemoryMoment& at : all)
+    if (at.bytes() + at.racing_bytes() >= low) kept.push_back(std::move(at));
+  return kept;
+}
+
+}  // namespace
+
 // FSDP with recompute over Gloo (fully_shard.cpp, sharded_grad_reducer.cpp,
 // process_group_gloo.cpp; docs/planning.md, "Planner against the trainer"). models::GPT
 // checkpoints each block, so the recomputed block k (0 the first, the last to go back) is
@@ -145,12 +160,7 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
     }
     all.push_back(std::move(at));
   }
-  // Only the moments that can be the peak of either bound: a moment whose most is below
-  // another's least never is.
-  double low = 0;
-  for (const MemoryMoment& at : all) low = std::max(low, at.bytes());
-  for (MemoryMoment& at : all)
-    if (at.bytes() + at.racing_bytes() >= low) m.moments.push_back(std::move(at));
+  m.moments = possible_peaks(std::move(all));
   return m;
 }
 
@@ -199,10 +209,7 @@ TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelAri
   }
   // After backward the shards' gradients are summed over cp: a flat copy and the all-reduce's.
   all.push_back(memory_moment("sum over cp", {{"gradients", r.grads}, {"their flat copy and the all-reduce's", 2 * r.grads}}));
-  double low = 0;
-  for (const MemoryMoment& at : all) low = std::max(low, at.bytes());
-  for (MemoryMoment& at : all)
-    if (at.bytes() + at.racing_bytes() >= low) m.moments.push_back(std::move(at));
+  m.moments = possible_peaks(std::move(all));
   return m;
 }
 
