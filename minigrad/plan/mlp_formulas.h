@@ -25,6 +25,8 @@
 //   ZeRO-3's       the first Linear's reduce-scatter launched: its unit gathered, its flat
 //   launch         gradient, its weight's gradient, every gradient shard; a range, Gloo's
 //                  scratch for it racing the caller (mlp_zero3_memory)
+//   tp in one      the ranks' threads on one allocator, meeting at the all-reduces: a range,
+//   process        a row layer's bias add or the first Linear's backward (mlp_tp_in_process_memory)
 //   the pipeline's  in one process: stage 0's thread making the first Linear's weight
 //   backward        gradient in micro-batch m-2's backward, beside the stashed inputs, the
 //                   recompute and stage 1's queued gradients (mlp_pipe_memory)
@@ -80,8 +82,9 @@ double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tenso
 // params also hold the whole model the shards were cut from, which the trainer keeps.
 // `replicas` > 1: DataParallel's in one process (the process's bytes: the original's
 // parameters, gradients and state, the replicas' copies and the reduce_add's buffers).
-// Empty for the splits not priced yet: pp (in one process: mlp_pipe_memory), ZeRO-3 (a range: mlp_zero3_memory), ZeRO with tp, and tp in one process (`replicas` > 1 with tp: its
-// ranks' threads add their moments on one allocator as they happen to meet).
+// Empty for the splits priced elsewhere or not yet: pp (in one process: mlp_pipe_memory), ZeRO-3
+// (a range: mlp_zero3_memory), tp in one process (`replicas` > 1 with tp, a range:
+// mlp_tp_in_process_memory), and ZeRO with tp (the trainer refuses it).
 std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
                                           MLPOptimizer optimizer, int replicas = 1);
 
@@ -104,6 +107,38 @@ struct MLPZero3Memory {
 };
 std::optional<MLPZero3Memory> mlp_zero3_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
                                                MLPOptimizer optimizer);
+
+// TensorParallel in one process (--tensor-parallel N --devices cpu,cpu: no --distributed):
+// the ranks are threads on one allocator, so the process's peak is what their moments add
+// to as they meet. They meet at barriers: the forward and the backward each run on the
+// ranks' threads from the region's start to its join (tensor_parallel.cpp), and every
+// all-reduce is one (in_process_group.cpp: the last rank to arrive sums the inputs and
+// copies the sum for every other rank): a row layer's in forward, a column layer's input
+// gradient (past the first) in backward. Between two barriers a rank may be anywhere in its
+// own phase while the others are anywhere in theirs, never in another. So the peak is a
+// range over the interleavings:
+//   low   when the first rank reaches a level the others are at or before it, at least at
+//         their lowest since the phase began; when the last does, at or after it, at least
+//         at their lowest from there to the phase's end: every interleaving passes both.
+//         In forward after a row layer's all-reduce: one rank adding its bias (its partial
+//         product, its sum and the output) beside the others' partial products and sums.
+//         In backward (run with retain_graph: every saved activation stays; the caller's
+//         gradient of the logits, copied for each rank): the last rank making its first
+//         Linear's weight gradient, its output's gradient alive, beside the others done;
+//   high  every rank at its phase's largest level at once: the racing terms are the others'
+//         share above that low, a bias-added output each, or a first Linear's output gradient.
+// Beside it the process holds the whole model the shards were cut from, each rank's shards
+// and optimizer state, the gradients (in forward the last step's: zero_grad follows the
+// forward; in backward this step's, made by then), each rank's copy of the batch, the
+// running loss (in backward the loss and its seed too). Empty unless tp > 1.
+struct MLPTensorParallelInProcessMemory {
+  RankMemory low;      // activations: the ranks' input copies, the running loss, the low moment
+  double racing = 0;   // what the high adds: the other ranks at their own largest moment
+  bool backward = false;  // the low's moment is the backward's (else the forward's)
+  double high() const { return low.total() + racing; }
+};
+std::optional<MLPTensorParallelInProcessMemory> mlp_tp_in_process_memory(const MLPConfig& config, int tp,
+                                                                         int64_t rows, MLPOptimizer optimizer);
 
 // The pipeline in one process (parallel::Pipe, --pipeline 2 --devices cpu,cpu): a thread a
 // stage on one allocator, torchgpipe's checkpoint=except_last, `rows` a step cut into

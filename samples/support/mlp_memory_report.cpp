@@ -13,8 +13,24 @@ std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& ru
   const std::string measured = fmt::format("memory: peak {} on rank {}", mib(static_cast<double>(peak_bytes)), rank);
   if (!run.cpu) return measured + "; the planner prices the CPU's allocator only so far";
   if (!run.float32) return measured + "; the planner prices 32-true only so far";
-  if (run.devices_in_one_process > 1 && run.split.tp > 1)
-    return measured + "; the planner does not price tensor parallelism in one process yet";
+  if (run.devices_in_one_process > 1 && run.split.tp > 1) {
+    const auto t = plan::mlp_tp_in_process_memory(run.config, run.split.tp, run.rank_rows, run.optimizer);
+    if (!t) return measured + "; the planner does not price this tensor parallelism in one process";
+    // The ranks' threads meet at the all-reduces (mlp_formulas.h): a range.
+    const double data = plan::mlp_data_bytes(run.config, run.train_images, run.test_images, run.rank_rows);
+    const double low = t->low.total() + data, high = t->high() + data;
+    return fmt::format("{}; the planner: {:.2f} to {} (the low: params {}, grads {}, optimizer {}, activations {}, "
+                       "data {}: the ranks' threads together in {}, one at its largest moment, the others as low "
+                       "as they can be between the same two barriers; the high adds: the others at their largest "
+                       "moment too ({}) {} (a race between the ranks' threads)), {}",
+                       measured, low / (1024.0 * 1024.0), mib(high), mib(t->low.params), mib(t->low.grads),
+                       mib(t->low.optimizer), mib(t->low.activations), mib(data),
+                       t->backward ? "backward" : "forward",
+                       t->backward ? "each its first Linear's output gradient, beside its weight gradient"
+                                   : "each a row layer's bias-added output",
+                       mib(t->racing),
+                       range_verdict(static_cast<double>(peak_bytes), low, high));
+  }
   const std::optional<plan::RankMemory> r =
       plan::mlp_rank_memory(run.config, run.split, run.rank_rows, run.optimizer, run.devices_in_one_process);
   const double data = plan::mlp_data_bytes(run.config, run.train_images, run.test_images, run.rank_rows);

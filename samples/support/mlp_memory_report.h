@@ -12,8 +12,12 @@
 // reduce-scatter's scratch ...), measured within that range (measured / low 1.000, measured
 // / high 0.840)". The pipeline in one process (--pipeline 2, two hidden layers) is its stages
 // together (plan::mlp_pipe_memory), the buffers the weight gradients pending at stage 0's
-// moment. Splits (TensorParallel in one process, other pipelines), precisions and devices
-// the formulas do not price yet are said in the line (a GPU: its allocator holds the batch but not the data sets; not measured yet).
+// moment. TensorParallel in one process is a range too (plan::mlp_tp_in_process_memory: its
+// ranks' threads race between the all-reduces): "the planner: 7.07 to 7.13 MiB (the low: ...
+// the ranks' threads together in forward, ...; the high adds: the others at their largest
+// moment too (each a row layer's bias-added output) 0.06 MiB ...)". Splits (other
+// pipelines), precisions and devices the formulas do not price yet are said in the line (a
+// GPU: its allocator holds the batch but not the data sets; not measured yet).
 #pragma once
 
 #include <cstddef>
