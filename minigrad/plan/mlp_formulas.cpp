@@ -334,66 +334,6 @@ std::optional<MLPTensorParallelInProcessMemory> mlp_tp_in_process_memory(const M
   return m;
 }
 
-std::optional<RankMemory> mlp_pipe_memory(const MLPConfig& config, int64_t rows, int64_t chunks, bool one_f_one_b,
-                                          MLPOptimizer optimizer) {
-  if (config.hidden.size() != 2 || rows < 1 || chunks < 1) return std::nullopt;
-  // torch.chunk's cut (comm::chunk_sizes): ceil(rows / chunks) a micro-batch, the last the rest.
-  const int64_t piece = (rows + chunks - 1) / chunks;
-  std::vector<double> r;
-  for (int64_t start = 0; start < rows; start += std::min(piece, rows - start))
-    r.push_back(static_cast<double>(std::min(piece, rows - start)));
-  const size_t m = r.size();
-  if (m < 2) return std::nullopt;
-  const std::vector<int64_t> numels = mlp_parameter_numels(config);
-  const double psi = sum(numels);
-  const double in = static_cast<double>(config.inputs);
-  const double h0 = static_cast<double>(config.hidden[0]), h1 = static_cast<double>(config.hidden[1]);
-  const double linear0 = kFloat * static_cast<double>(numels[0] + numels[1]);  // W0's and b0's gradients
-  const double linear1 = kFloat * static_cast<double>(numels[2] + numels[3]);  // W1's and b1's
-  double logits = 0;
-  for (const double rj : r) logits += rj * static_cast<double>(config.classes);
-  const double losses = kFloat * (static_cast<double>(m) + 1);  // each micro-batch's weighted loss, the running loss
-  // One moment: which gradients are in .grad, which pending, and the micro-batches' floats.
-  struct Moment {
-    double grads, pending, floats;
-  };
-  std::vector<Moment> moments;
-  const double every = kFloat * psi;
-  if (!one_f_one_b) {
-    const size_t j = m - 2;  // recomputed
-    double floats = 0;
-    for (size_t i = 0; i <= j; ++i) floats += r[i] * in;  // the checkpointed inputs 0..m-2
-    floats += r[j] * (2 * h1 + h0);                        // its root, the root's gradient, ReLU's input gradient
-    for (size_t i = 0; i < j; ++i) floats += r[i] * h1;   // stage 1's input gradients queued
-    moments.push_back({every, linear0, floats});
-    // micro-batch m-1's backward, the first: all its inputs, .grad of the first Linear not yet made
-    const size_t k = m - 1;
-    double first = 0;
-    for (size_t i = 0; i <= k; ++i) first += r[i] * in;
-    first += r[k] * (2 * h1 + h0);
-    for (size_t i = 0; i < k; ++i) first += r[i] * h1;
-    moments.push_back({every - linear0, linear0, first});
-  } else {
-    const size_t j = m - 2, k = m - 1;
-    // micro-batch m-2 recomputed beside m-1's graph: the inputs of both, m-1's ReLU output and
-    // root, m-2's root, its gradient and ReLU's input gradient, m-1's input gradient queued.
-    const double floats = (r[j] + r[k]) * in + r[k] * (h0 + h1) + r[j] * (2 * h1 + h0) + r[k] * h1;
-    moments.push_back({m >= 3 ? every : every - linear0 - linear1, linear0 + linear1, floats});
-    // micro-batch m-1's: its input, root, gradient and ReLU's input gradient; nothing queued.
-    moments.push_back({every, linear0, r[k] * (in + 2 * h1 + h0)});
-  }
-  const Moment* peak = &moments.front();
-  for (const Moment& x : moments)
-    if (x.grads + x.pending + kFloat * x.floats > peak->grads + peak->pending + kFloat * peak->floats) peak = &x;
-  RankMemory out;
-  out.params = every;
-  out.grads = peak->grads;
-  out.optimizer = mlp_optimizer_bytes(optimizer, psi, static_cast<double>(numels.size()));
-  out.buffers = peak->pending;
-  out.activations = kFloat * (peak->floats + logits) + losses;
-  return out;
-}
-
 double mlp_data_bytes(const MLPConfig& config, int64_t train_images, int64_t test_images, int64_t rank_rows) {
   const double image = kFloat * static_cast<double>(config.inputs);
   const double label = 8;  // int64

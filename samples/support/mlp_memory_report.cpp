@@ -46,23 +46,24 @@ std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& ru
                          mib(z->scratch), range_verdict(static_cast<double>(peak_bytes), low, high));
     }
   }
-  if (!r && run.split.pp == 2 && run.split.dp == 1 && run.split.tp == 1 && run.split.zero == 0) {
-    if (const auto p = plan::mlp_pipe_memory(run.config, run.rank_rows, run.split.micro_batches, run.pipe_1f1b,
-                                             run.optimizer)) {
-      const double planned = p->total() + data;
-      const std::vector<int64_t> numels = plan::mlp_parameter_numels(run.config);
-      const double first_linear = 4.0 * static_cast<double>(numels[0] + numels[1]);
-      return fmt::format("{}; the planner: {} (params {}, grads {}, optimizer {}, buffers {} (the first Linear's "
-                         "weight and bias gradients pending{}), activations {}, data {}; the pipeline's stages "
-                         "together, stage 0 at its first Linear's weight gradient), measured / planned {:.3f}",
-                         measured, mib(planned), mib(p->params), mib(p->grads), mib(p->optimizer), mib(p->buffers),
-                         p->buffers > first_linear ? ", and the second's" : "", mib(p->activations), mib(data),
-                         static_cast<double>(peak_bytes) / planned);
+  if (!r && run.split.pp > 1 && run.split.dp == 1 && run.split.tp == 1 && run.split.zero == 0) {
+    if (const auto p = plan::mlp_pipe_memory(run.config, run.split.pp, run.rank_rows, run.split.micro_batches,
+                                             run.pipe_1f1b, run.optimizer)) {
+      // The stages' threads meet only at their hand-offs (mlp_formulas.h): a range.
+      const double low = p->low.total() + data, high = p->high() + data;
+      return fmt::format("{}; the planner: {:.2f} to {} (the low: params {}, optimizer {}, activations {} (the "
+                         "stages' threads, their gradients among them, and the channels), data {}: the least the "
+                         "stages can hold together at the point every run passes that needs most; the high adds: "
+                         "the stages at the most they can hold together (a point of each, none past a hand-off not yet "
+                         "pushed) {} (a race between the stages' threads)), {}",
+                         measured, low / (1024.0 * 1024.0), mib(high), mib(p->low.params), mib(p->low.optimizer),
+                         mib(p->low.activations), mib(data), mib(p->racing),
+                         range_verdict(static_cast<double>(peak_bytes), low, high));
     }
   }
   if (!r)
     return fmt::format("{}; the planner does not price {} yet", measured,
-                       run.split.pp > 1 ? "this pipeline (2 stages of two hidden layers, 2 micro-batches or more)" : "ZeRO-3");
+                       run.split.pp > 1 ? "this pipeline" : "ZeRO-3");
   const double planned = r->total() + data;
   return fmt::format("{}; the planner: {} (params {}, grads {}, optimizer {}, buffers {}, activations {}, data {}), "
                      "measured / planned {:.3f}",

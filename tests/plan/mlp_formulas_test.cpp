@@ -153,3 +153,28 @@ TEST_CASE("mlp formulas: TensorParallel in one process is a range of its ranks' 
   CHECK(narrow->racing == 4 * 20 * 48);  // the other rank's gradient of its column layer's output
   CHECK_FALSE(plan::mlp_tp_in_process_memory(config, 1, 20, plan::MLPOptimizer::SGD).has_value());
 }
+
+// The pipeline in one process, its stages' threads replayed from the schedule: at 2 stages
+// of two hidden layers the low is the moment derived by hand from --memory-blocks (stage 0
+// making its first Linear's weight gradient in micro-batch m-2's backward, stage 1 done
+// with what it can run), and more stages only add to what can meet.
+TEST_CASE("mlp formulas: the pipeline's range holds the moment read off its blocks") {
+  plan::MLPConfig config;
+  config.hidden = {64, 32};
+  const auto p = plan::mlp_pipe_memory(config, 2, 20, 4, false, plan::MLPOptimizer::SGDMomentum);
+  REQUIRE(p.has_value());
+  const double psi = 784 * 64 + 64 + 64 * 32 + 32 + 32 * 10 + 10;
+  // every parameter, its .grad and momentum; the first Linear's gradients pending; the
+  // inputs of micro-batches 0..2, micro-batch 2's root, its gradient, ReLU's input gradient,
+  // stage 1's input gradients of 0 and 1 queued; the 4 logits, 4 weighted losses, the running one
+  const double moment = 3 * 4 * psi + 4.0 * (784 * 64 + 64) +
+                        4.0 * (3 * 5 * 784 + 5 * (2 * 32 + 64) + 2 * 5 * 32 + 4 * 5 * 10) + 4.0 * 5;
+  CHECK(p->low.total() == moment);
+  CHECK(p->racing >= 0);
+  CHECK(p->low.params == 4 * psi);
+  const auto three = plan::mlp_pipe_memory(config, 3, 20, 4, false, plan::MLPOptimizer::SGDMomentum);
+  REQUIRE(three.has_value());
+  CHECK(three->racing > 0);  // stage 1 may make its weight gradient while stage 0 makes its own
+  CHECK_FALSE(plan::mlp_pipe_memory(config, 6, 20, 4, false, plan::MLPOptimizer::SGD).has_value());  // 5 layers
+  CHECK_FALSE(plan::mlp_pipe_memory(config, 1, 20, 4, false, plan::MLPOptimizer::SGD).has_value());
+}

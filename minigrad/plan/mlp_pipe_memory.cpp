@@ -1,0 +1,289 @@
+// plan::mlp_pipe_memory: the MLP's pipeline in one process (parallel::Pipe), its stages'
+// threads on one allocator. Each stage's thread is replayed from its schedule
+// (parallel::stage_actions) as the levels its allocations pass through; the stages meet
+// only where a hand-off is received, so the peak is a range over the states the threads
+// can be in together (mlp_formulas.h).
+#include <minigrad/plan/mlp_formulas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <minigrad/core/error.h>
+#include <minigrad/parallel/comm.h>
+#include <minigrad/parallel/pipeline/balance.h>
+#include <minigrad/parallel/pipeline/schedule.h>
+
+namespace mg::plan {
+namespace {
+
+constexpr double kFloat = 4;
+
+// One op of a stage's nn::Sequential: a Linear fused with the ReLU after it in the same
+// stage, a Linear alone (its stage's last layer), or a ReLU alone (its stage's first).
+struct Op {
+  double out = 0;               // output features
+  double weight = 0, bias = 0;  // elements (none for a ReLU)
+  bool relu = false;            // its backward starts with ReluBackward (saves its output)
+  bool linear = false;
+};
+
+struct Stage {
+  std::vector<Op> ops;
+  double in = 0;  // input features
+  bool first = false, last = false;
+};
+
+std::vector<Stage> cut_stages(const MLPConfig& config, int stages) {
+  // The Sequential: Linear, ReLU per hidden width, then the classifier.
+  struct Layer {
+    bool linear;
+    double in, out;
+  };
+  std::vector<Layer> layers;
+  double width = static_cast<double>(config.inputs);
+  for (const int64_t h : config.hidden) {
+    layers.push_back({true, width, static_cast<double>(h)});
+    layers.push_back({false, static_cast<double>(h), static_cast<double>(h)});
+    width = static_cast<double>(h);
+  }
+  layers.push_back({true, width, static_cast<double>(config.classes)});
+  const std::vector<int64_t> balance = parallel::even_balance(static_cast<int64_t>(layers.size()), stages);
+  std::vector<Stage> out;
+  size_t at = 0;
+  for (size_t s = 0; s < balance.size(); ++s) {
+    Stage stage;
+    stage.in = layers[at].in;
+    stage.first = s == 0;
+    stage.last = s + 1 == balance.size();
+    const size_t end = at + static_cast<size_t>(balance[s]);
+    for (size_t i = at; i < end; ++i) {
+      const Layer& l = layers[i];
+      if (!l.linear) {
+        stage.ops.push_back({l.out, 0, 0, true, false});
+        continue;
+      }
+      const bool fused = i + 1 < end && !layers[i + 1].linear;  // nn::Sequential's fusion
+      stage.ops.push_back({l.out, l.out * l.in, l.out, fused, true});
+      if (fused) ++i;
+    }
+    out.push_back(stage);
+    at = end;
+  }
+  return out;
+}
+
+// A point of a stage's thread: what it holds then, in floats (its parameters' gradients,
+// made or pending, apart), and which hand-off it has just pushed or received.
+struct Point {
+  double grads = 0, other = 0;
+  double total() const { return grads + other; }
+};
+struct Handoff {
+  size_t point;  // the stage's point at which it is pushed (sender) or copied (receiver)
+  double floats;  // what the channel alone holds between the two (0: the sender keeps it)
+};
+
+// One stage's thread through a step: its points, and its hand-offs by micro-batch.
+struct Trajectory {
+  std::vector<Point> points{Point{}};
+  std::vector<Handoff> send_forward, receive_forward, send_backward, receive_backward;
+  Point now;
+  void mark() { points.push_back(now); }
+  void add(double floats) {
+    now.other += floats;
+    mark();
+  }
+};
+
+Trajectory replay(const Stage& stage, int s, int stages, const std::vector<double>& rows, bool one_f_one_b) {
+  const auto m = static_cast<int64_t>(rows.size());
+  Trajectory t;
+  for (auto* h : {&t.send_forward, &t.receive_forward, &t.send_backward, &t.receive_backward}) h->resize(rows.size());
+  const size_t n = stage.ops.size();
+  bool grads_made = false;        // .grad exists once the first backward accumulated (zero_grad precedes the step)
+  bool last_graph_alive = false;  // micro-batch m-1's recorded graph, which holds the accumulators
+  for (const parallel::Action& a : parallel::stage_actions(
+           one_f_one_b ? parallel::Schedule::OneFOneB : parallel::Schedule::GPipe, s, stages, m)) {
+    const auto j = static_cast<size_t>(a.micro_batch);
+    const double r = rows[j];
+    const bool checkpointed = a.micro_batch + 1 < m;  // except_last
+    const double output = r * stage.ops.back().out;
+    if (a.pass == parallel::Pass::Forward) {
+      t.add(r * stage.in);  // the batch's slice copied in, or the previous stage's output received
+      if (!stage.first) t.receive_forward[j] = {t.points.size() - 1, 0};
+      double previous = 0;  // without grad each output is freed once the next op made its own
+      for (const Op& op : stage.ops) {
+        t.add(r * op.out);  // with grad every output stays: saved by its node, or the root
+        if (checkpointed && previous > 0) t.add(-previous);
+        previous = r * op.out;
+      }
+      if (stage.last) {
+        t.add(1);  // the weighted loss (the step's loss); the logits stay the caller's output
+      } else {
+        if (checkpointed) t.add(-output);  // from here on the channel's alone
+        t.send_forward[j] = {t.points.size() - 1, checkpointed ? output : 0};
+      }
+      if (!checkpointed) last_graph_alive = true;
+      continue;
+    }
+    if (!stage.last) {  // the gradient of the output received
+      t.add(output);
+      t.receive_backward[j] = {t.points.size() - 1, 0};
+    }
+    if (checkpointed)  // the forward again, with grad (the last stage: new logits, a new weighted loss)
+      for (const Op& op : stage.ops) t.add(r * op.out);
+    // The gradient arriving at the next node. The received one stays the caller's
+    // (Pipe's run_action) until the action ends.
+    double flowing = stage.last ? 0 : output;
+    bool flowing_received = !stage.last;
+    auto let_go_flowing = [&] {
+      if (!flowing_received) t.now.other -= flowing;
+      flowing_received = false;
+    };
+    if (stage.last) {
+      t.add(2);            // the seed (kept to the end) and MulBackward's gradient of the loss
+      t.add(output);       // CrossEntropyBackward's gradient of the logits
+      t.add(-1);
+      flowing = output;
+    }
+    // Accumulators made by this graph run as soon as their Linear's node has (the engine
+    // runs the latest made first); those of micro-batch m-1's graph, still alive, after the chain.
+    const bool own_accumulators = !checkpointed || !last_graph_alive;
+    std::vector<double> pending;
+    for (size_t k = n; k-- > 0;) {
+      const Op& op = stage.ops[k];
+      const bool root = k + 1 == n;
+      if (op.relu) {  // ReluBackward: the gradient before the ReLU, then its saved output let go
+        t.add(r * op.out);
+        if (!root) t.now.other -= r * op.out;
+        let_go_flowing();
+        t.mark();
+        flowing = r * op.out;
+      }
+      if (!op.linear) continue;  // a ReLU alone, its stage's first op: its gradient is the leaf's
+      const double a_in = k == 0 ? r * stage.in : r * stage.ops[k - 1].out;
+      const double dx = stage.first && k == 0 ? 0 : a_in;  // the batch needs no gradient
+      const double made = op.weight + op.bias;
+      t.now.other += dx;
+      t.now.grads += made;
+      t.mark();
+      let_go_flowing();
+      t.mark();
+      flowing = dx;
+      if (!grads_made) continue;  // AccumulateGrad keeps the gradient itself as .grad
+      if (own_accumulators) {
+        t.now.grads -= made;  // added into .grad at once, then freed
+        t.mark();
+      } else {
+        pending.push_back(made);
+      }
+    }
+    for (auto it = pending.rbegin(); it != pending.rend(); ++it) {
+      t.now.grads -= *it;
+      t.mark();
+    }
+    grads_made = true;
+    // The stash let go: the input and the root (the last stage: the seed, and the recomputed
+    // logits; the recorded ones are the caller's output); the input's gradient is the channel's.
+    t.now.other -= r * stage.in + (stage.last ? 1 + (checkpointed ? output : 0) : output) + flowing;
+    t.mark();
+    if (!stage.first) t.send_backward[j] = {t.points.size() - 1, flowing};
+    if (!stage.last) t.add(-output);  // the received gradient, once the action ends
+    if (!checkpointed) last_graph_alive = false;
+  }
+  return t;
+}
+
+// Two neighbouring stages' points (a of stage s, b of s + 1) that can be at once: b past a
+// receipt only if a is past its push, and the other way round; `channel` what their
+// channels alone hold then.
+bool together(const Trajectory& x, const Trajectory& y, size_t a, size_t b, double& channel) {
+  channel = 0;
+  for (size_t j = 0; j < x.send_forward.size(); ++j) {
+    const Handoff& push = x.send_forward[j];
+    const Handoff& copy = y.receive_forward[j];
+    if (b >= copy.point && a < push.point) return false;
+    if (a >= push.point && b <= copy.point) channel += push.floats;
+    const Handoff& back = y.send_backward[j];
+    const Handoff& got = x.receive_backward[j];
+    if (a >= got.point && b < back.point) return false;
+    if (b >= back.point && a <= got.point) channel += back.floats;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<MLPPipeMemory> mlp_pipe_memory(const MLPConfig& config, int stages, int64_t rows, int64_t chunks,
+                                             bool one_f_one_b, MLPOptimizer optimizer) {
+  const auto layers = static_cast<int64_t>(2 * config.hidden.size() + 1);
+  if (stages < 2 || stages > layers || rows < 1 || chunks < 1) return std::nullopt;
+  std::vector<double> r;
+  for (const int64_t size : parallel::comm::chunk_sizes(rows, chunks)) r.push_back(static_cast<double>(size));
+  const std::vector<Stage> cut = cut_stages(config, stages);
+  std::vector<Trajectory> threads;
+  for (int s = 0; s < stages; ++s) threads.push_back(replay(cut[static_cast<size_t>(s)], s, stages, r, one_f_one_b));
+
+  // Over the chain of stages (each meets its neighbours only): for every point of stage s,
+  // the least and the most the stages 0..s (from the left) or s..p-1 (from the right) can
+  // hold with it. `best` picks the least or the most.
+  const auto S = static_cast<size_t>(stages);
+  const double none = std::numeric_limits<double>::quiet_NaN();
+  auto sweep = [&](bool most, bool from_left) {
+    std::vector<std::vector<double>> value(S);
+    for (size_t k = 0; k < S; ++k) {
+      const size_t s = from_left ? k : S - 1 - k;
+      const Trajectory& here = threads[s];
+      value[s].assign(here.points.size(), none);
+      for (size_t i = 0; i < here.points.size(); ++i) {
+        if (k == 0) {
+          value[s][i] = here.points[i].total();
+          continue;
+        }
+        const size_t o = from_left ? s - 1 : s + 1;
+        double pick = none;
+        for (size_t i2 = 0; i2 < threads[o].points.size(); ++i2) {
+          if (std::isnan(value[o][i2])) continue;
+          double channel = 0;
+          const bool ok = from_left ? together(threads[o], here, i2, i, channel)
+                                    : together(here, threads[o], i, i2, channel);
+          if (!ok) continue;
+          const double v = value[o][i2] + channel;
+          if (std::isnan(pick) || (most ? v > pick : v < pick)) pick = v;
+        }
+        if (!std::isnan(pick)) value[s][i] = pick + here.points[i].total();
+      }
+    }
+    return value;
+  };
+  const auto least_left = sweep(false, true), least_right = sweep(false, false);
+  const auto most_left = sweep(true, true);
+  double low = 0, high = 0;
+  for (size_t s = 0; s < S; ++s)
+    for (size_t i = 0; i < threads[s].points.size(); ++i) {
+      if (std::isnan(least_left[s][i]) || std::isnan(least_right[s][i])) continue;
+      // Every run passes stage s's point i; the least the others can hold with it.
+      low = std::max(low, least_left[s][i] + least_right[s][i] - threads[s].points[i].total());
+    }
+  for (const double v : most_left[S - 1])
+    if (!std::isnan(v)) high = std::max(high, v);
+  // After the threads: every stage at its end, the outputs gathered into one tensor.
+  double end = static_cast<double>(rows) * static_cast<double>(config.classes) + 1;  // and the losses summed
+  for (const Trajectory& t : threads) end += t.points.back().total();
+  low = std::max(low, end);
+  high = std::max(high, end);
+
+  const std::vector<int64_t> numels = mlp_parameter_numels(config);
+  double psi = 0;
+  for (const int64_t x : numels) psi += static_cast<double>(x);
+  MLPPipeMemory out;
+  out.low.params = kFloat * psi;
+  out.low.optimizer = mlp_optimizer_bytes(optimizer, psi, static_cast<double>(numels.size()));
+  // The running loss beside the stages' threads (the batch is the data's).
+  out.low.activations = kFloat * (low + 1);
+  out.racing = kFloat * (high - low);
+  return out;
+}
+
+}  // namespace mg::plan
