@@ -9,7 +9,6 @@
 #include <cmath>
 #include <limits>
 
-#include <minigrad/core/error.h>
 #include <minigrad/parallel/comm.h>
 #include <minigrad/parallel/pipeline/balance.h>
 #include <minigrad/parallel/pipeline/schedule.h>
@@ -73,12 +72,8 @@ std::vector<Stage> cut_stages(const MLPConfig& config, int stages) {
   return out;
 }
 
-// A point of a stage's thread: what it holds then, in floats (its parameters' gradients,
-// made or pending, apart), and which hand-off it has just pushed or received.
-struct Point {
-  double grads = 0, other = 0;
-  double total() const { return grads + other; }
-};
+// A hand-off between neighbouring stages, at a point of each stage's thread (a point: what
+// the thread holds then, in floats, its parameters' gradients among them).
 struct Handoff {
   size_t point;  // the stage's point at which it is pushed (sender) or copied (receiver)
   double floats;  // what the channel alone holds between the two (0: the sender keeps it)
@@ -86,12 +81,12 @@ struct Handoff {
 
 // One stage's thread through a step: its points, and its hand-offs by micro-batch.
 struct Trajectory {
-  std::vector<Point> points{Point{}};
+  std::vector<double> points{0};
   std::vector<Handoff> send_forward, receive_forward, send_backward, receive_backward;
-  Point now;
+  double now = 0;
   void mark() { points.push_back(now); }
   void add(double floats) {
-    now.other += floats;
+    now += floats;
     mark();
   }
 };
@@ -138,7 +133,7 @@ Trajectory replay(const Stage& stage, int s, int stages, const std::vector<doubl
     double flowing = stage.last ? 0 : output;
     bool flowing_received = !stage.last;
     auto let_go_flowing = [&] {
-      if (!flowing_received) t.now.other -= flowing;
+      if (!flowing_received) t.now -= flowing;
       flowing_received = false;
     };
     if (stage.last) {
@@ -156,7 +151,7 @@ Trajectory replay(const Stage& stage, int s, int stages, const std::vector<doubl
       const bool root = k + 1 == n;
       if (op.relu) {  // ReluBackward: the gradient before the ReLU, then its saved output let go
         t.add(r * op.out);
-        if (!root) t.now.other -= r * op.out;
+        if (!root) t.now -= r * op.out;
         let_go_flowing();
         t.mark();
         flowing = r * op.out;
@@ -165,28 +160,26 @@ Trajectory replay(const Stage& stage, int s, int stages, const std::vector<doubl
       const double a_in = k == 0 ? r * stage.in : r * stage.ops[k - 1].out;
       const double dx = stage.first && k == 0 ? 0 : a_in;  // the batch needs no gradient
       const double made = op.weight + op.bias;
-      t.now.other += dx;
-      t.now.grads += made;
-      t.mark();
+      t.add(dx + made);  // the input's gradient (none for the batch), the weight's and the bias's
       let_go_flowing();
       t.mark();
       flowing = dx;
       if (!grads_made) continue;  // AccumulateGrad keeps the gradient itself as .grad
       if (own_accumulators) {
-        t.now.grads -= made;  // added into .grad at once, then freed
+        t.now -= made;  // added into .grad at once, then freed
         t.mark();
       } else {
         pending.push_back(made);
       }
     }
     for (auto it = pending.rbegin(); it != pending.rend(); ++it) {
-      t.now.grads -= *it;
+      t.now -= *it;
       t.mark();
     }
     grads_made = true;
     // The stash let go: the input and the root (the last stage: the seed, and the recomputed
     // logits; the recorded ones are the caller's output); the input's gradient is the channel's.
-    t.now.other -= r * stage.in + (stage.last ? 1 + (checkpointed ? output : 0) : output) + flowing;
+    t.now -= r * stage.in + (stage.last ? 1 + (checkpointed ? output : 0) : output) + flowing;
     t.mark();
     if (!stage.first) t.send_backward[j] = {t.points.size() - 1, flowing};
     if (!stage.last) t.add(-output);  // the received gradient, once the action ends
@@ -238,7 +231,7 @@ std::optional<MLPPipeMemory> mlp_pipe_memory(const MLPConfig& config, int stages
       value[s].assign(here.points.size(), none);
       for (size_t i = 0; i < here.points.size(); ++i) {
         if (k == 0) {
-          value[s][i] = here.points[i].total();
+          value[s][i] = here.points[i];
           continue;
         }
         const size_t o = from_left ? s - 1 : s + 1;
@@ -252,7 +245,7 @@ std::optional<MLPPipeMemory> mlp_pipe_memory(const MLPConfig& config, int stages
           const double v = value[o][i2] + channel;
           if (std::isnan(pick) || (most ? v > pick : v < pick)) pick = v;
         }
-        if (!std::isnan(pick)) value[s][i] = pick + here.points[i].total();
+        if (!std::isnan(pick)) value[s][i] = pick + here.points[i];
       }
     }
     return value;
@@ -264,13 +257,13 @@ std::optional<MLPPipeMemory> mlp_pipe_memory(const MLPConfig& config, int stages
     for (size_t i = 0; i < threads[s].points.size(); ++i) {
       if (std::isnan(least_left[s][i]) || std::isnan(least_right[s][i])) continue;
       // Every run passes stage s's point i; the least the others can hold with it.
-      low = std::max(low, least_left[s][i] + least_right[s][i] - threads[s].points[i].total());
+      low = std::max(low, least_left[s][i] + least_right[s][i] - threads[s].points[i]);
     }
   for (const double v : most_left[S - 1])
     if (!std::isnan(v)) high = std::max(high, v);
   // After the threads: every stage at its end, the outputs gathered into one tensor.
   double end = static_cast<double>(rows) * static_cast<double>(config.classes) + 1;  // and the losses summed
-  for (const Trajectory& t : threads) end += t.points.back().total();
+  for (const Trajectory& t : threads) end += t.points.back();
   low = std::max(low, end);
   high = std::max(high, end);
 
