@@ -188,23 +188,52 @@ Trajectory replay(const Stage& stage, int s, int stages, const std::vector<doubl
   return t;
 }
 
-// Two neighbouring stages' points (a of stage s, b of s + 1) that can be at once: b past a
-// receipt only if a is past its push, and the other way round; `channel` what their
-// channels alone hold then.
-bool together(const Trajectory& x, const Trajectory& y, size_t a, size_t b, double& channel) {
-  channel = 0;
-  for (size_t j = 0; j < x.send_forward.size(); ++j) {
-    const Handoff& push = x.send_forward[j];
-    const Handoff& copy = y.receive_forward[j];
-    if (b >= copy.point && a < push.point) return false;
-    if (a >= push.point && b <= copy.point) channel += push.floats;
-    const Handoff& back = y.send_backward[j];
-    const Handoff& got = x.receive_backward[j];
-    if (a >= got.point && b < back.point) return false;
-    if (b >= back.point && a <= got.point) channel += back.floats;
+// One direction of a channel between neighbouring stages, hand-offs in the order both
+// make them (micro-batch order, forward; the schedule's backward order, backward): by each
+// point of the sender how many it has pushed, by each point of the receiver how many it
+// has copied (and whether it holds one it has just copied), and their floats summed in order.
+struct Link {
+  std::vector<size_t> pushed, received;
+  std::vector<bool> copying;
+  std::vector<double> floats_before{0};
+
+  Link(const std::vector<Handoff>& sends, size_t sender_points, const std::vector<Handoff>& receipts,
+       size_t receiver_points)
+      : pushed(sender_points, 0), received(receiver_points, 0), copying(receiver_points, false) {
+    std::vector<size_t> order(sends.size());
+    for (size_t j = 0; j < order.size(); ++j) order[j] = j;
+    std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return sends[x].point < sends[y].point; });
+    for (const size_t j : order) {
+      floats_before.push_back(floats_before.back() + sends[j].floats);
+      ++pushed[sends[j].point];
+      ++received[receipts[j].point];
+      copying[receipts[j].point] = true;
+    }
+    for (size_t i = 1; i < pushed.size(); ++i) pushed[i] += pushed[i - 1];
+    for (size_t i = 1; i < received.size(); ++i) received[i] += received[i - 1];
   }
-  return true;
-}
+  // The receiver cannot be past a copy of what the sender has not pushed.
+  bool allows(size_t sender, size_t receiver) const { return received[receiver] <= pushed[sender]; }
+  // What the channel alone holds: pushed, and not yet copied and let go.
+  double holding(size_t sender, size_t receiver) const {
+    const size_t from = received[receiver] - (copying[receiver] ? 1 : 0), to = pushed[sender];
+    return to > from ? floats_before[to] - floats_before[from] : 0;
+  }
+};
+
+// Stage s and s + 1's channels: activations forward, gradients back.
+struct Neighbours {
+  Link forward, backward;
+  Neighbours(const Trajectory& x, const Trajectory& y)
+      : forward(x.send_forward, x.points.size(), y.receive_forward, y.points.size()),
+        backward(y.send_backward, y.points.size(), x.receive_backward, x.points.size()) {}
+  // Whether point a of stage s and b of s + 1 can be at once, and what their channels hold then.
+  bool together(size_t a, size_t b, double& channel) const {
+    if (!forward.allows(a, b) || !backward.allows(b, a)) return false;
+    channel = forward.holding(a, b) + backward.holding(b, a);
+    return true;
+  }
+};
 
 }  // namespace
 
@@ -223,6 +252,8 @@ std::optional<MLPPipeMemory> mlp_pipe_memory(const MLPConfig& config, int stages
   // hold with it. `best` picks the least or the most.
   const auto S = static_cast<size_t>(stages);
   const double none = std::numeric_limits<double>::quiet_NaN();
+  std::vector<Neighbours> links;
+  for (size_t s = 0; s + 1 < threads.size(); ++s) links.emplace_back(threads[s], threads[s + 1]);
   auto sweep = [&](bool most, bool from_left) {
     std::vector<std::vector<double>> value(S);
     for (size_t k = 0; k < S; ++k) {
@@ -239,8 +270,7 @@ std::optional<MLPPipeMemory> mlp_pipe_memory(const MLPConfig& config, int stages
         for (size_t i2 = 0; i2 < threads[o].points.size(); ++i2) {
           if (std::isnan(value[o][i2])) continue;
           double channel = 0;
-          const bool ok = from_left ? together(threads[o], here, i2, i, channel)
-                                    : together(here, threads[o], i, i2, channel);
+          const bool ok = from_left ? links[o].together(i2, i, channel) : links[s].together(i, i2, channel);
           if (!ok) continue;
           const double v = value[o][i2] + channel;
           if (std::isnan(pick) || (most ? v > pick : v < pick)) pick = v;
