@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <minigrad/plan/planner.h>
@@ -167,6 +168,9 @@ struct MLPPipeMemory {
   RankMemory low;     // activations: the stages' threads (their gradients made among them) and channels
   double racing = 0;  // what the high adds: the stages at the most they can hold together
   double high() const { return low.total() + racing; }
+  // Each stage's place at the low's and the high's moments, by its schedule's names of the
+  // actions ("in F3", "after B2", "done"), or "gathering the outputs" after the threads.
+  std::vector<std::string> low_at, high_at;
 };
 std::optional<MLPPipeMemory> mlp_pipe_memory(const MLPConfig& config, int stages, int64_t rows, int64_t chunks,
                                              bool one_f_one_b, MLPOptimizer optimizer);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include <minigrad/parallel/comm.h>
 #include <minigrad/parallel/pipeline/balance.h>
@@ -82,9 +83,22 @@ struct Handoff {
 // One stage's thread through a step: its points, and its hand-offs by micro-batch.
 struct Trajectory {
   std::vector<double> points{0};
+  std::vector<parallel::Action> actions;
+  std::vector<int> action_of{-1};  // each point's action (an index of `actions`; -1: before the first)
   std::vector<Handoff> send_forward, receive_forward, send_backward, receive_backward;
   double now = 0;
-  void mark() { points.push_back(now); }
+  void mark() {
+    points.push_back(now);
+    action_of.push_back(static_cast<int>(actions.size()) - 1);
+  }
+  // Where a point is, by the schedule's names of its actions: "in F3", "after B2", "done".
+  std::string where(size_t point) const {
+    if (point + 1 == points.size()) return "done";
+    const int a = action_of[point];
+    if (a < 0) return "not started";
+    const bool ends = action_of[point + 1] != a;
+    return (ends ? "after " : "in ") + parallel::actions_str({actions[static_cast<size_t>(a)]});
+  }
   void add(double floats) {
     now += floats;
     mark();
@@ -100,6 +114,7 @@ Trajectory replay(const Stage& stage, int s, int stages, const std::vector<doubl
   bool last_graph_alive = false;  // micro-batch m-1's recorded graph, which holds the accumulators
   for (const parallel::Action& a : parallel::stage_actions(
            one_f_one_b ? parallel::Schedule::OneFOneB : parallel::Schedule::GPipe, s, stages, m)) {
+    t.actions.push_back(a);
     const auto j = static_cast<size_t>(a.micro_batch);
     const double r = rows[j];
     const bool checkpointed = a.micro_batch + 1 < m;  // except_last
@@ -254,48 +269,78 @@ std::optional<MLPPipeMemory> mlp_pipe_memory(const MLPConfig& config, int stages
   const double none = std::numeric_limits<double>::quiet_NaN();
   std::vector<Neighbours> links;
   for (size_t s = 0; s + 1 < threads.size(); ++s) links.emplace_back(threads[s], threads[s + 1]);
+  struct Sweep {
+    std::vector<std::vector<double>> value;
+    std::vector<std::vector<size_t>> from;  // the neighbour's point the value was reached with
+  };
   auto sweep = [&](bool most, bool from_left) {
-    std::vector<std::vector<double>> value(S);
+    Sweep w{std::vector<std::vector<double>>(S), std::vector<std::vector<size_t>>(S)};
     for (size_t k = 0; k < S; ++k) {
       const size_t s = from_left ? k : S - 1 - k;
       const Trajectory& here = threads[s];
-      value[s].assign(here.points.size(), none);
+      w.value[s].assign(here.points.size(), none);
+      w.from[s].assign(here.points.size(), 0);
       for (size_t i = 0; i < here.points.size(); ++i) {
         if (k == 0) {
-          value[s][i] = here.points[i];
+          w.value[s][i] = here.points[i];
           continue;
         }
         const size_t o = from_left ? s - 1 : s + 1;
         double pick = none;
         for (size_t i2 = 0; i2 < threads[o].points.size(); ++i2) {
-          if (std::isnan(value[o][i2])) continue;
+          if (std::isnan(w.value[o][i2])) continue;
           double channel = 0;
           const bool ok = from_left ? links[o].together(i2, i, channel) : links[s].together(i, i2, channel);
           if (!ok) continue;
-          const double v = value[o][i2] + channel;
-          if (std::isnan(pick) || (most ? v > pick : v < pick)) pick = v;
+          const double v = w.value[o][i2] + channel;
+          if (std::isnan(pick) || (most ? v > pick : v < pick)) {
+            pick = v;
+            w.from[s][i] = i2;
+          }
         }
-        if (!std::isnan(pick)) value[s][i] = pick + here.points[i];
+        if (!std::isnan(pick)) w.value[s][i] = pick + here.points[i];
       }
     }
-    return value;
+    return w;
   };
-  const auto least_left = sweep(false, true), least_right = sweep(false, false);
-  const auto most_left = sweep(true, true);
+  const Sweep least_left = sweep(false, true), least_right = sweep(false, false), most_left = sweep(true, true);
+  // Each stage's place at a moment, followed from one point along the sweeps' choices.
+  auto places = [&](size_t s, size_t i, const Sweep* left, const Sweep* right) {
+    std::vector<std::string> at(S);
+    at[s] = threads[s].where(i);
+    for (size_t k = s, p = i; left && k > 0; --k) at[k - 1] = threads[k - 1].where(p = left->from[k][p]);
+    for (size_t k = s, p = i; right && k + 1 < S; ++k) at[k + 1] = threads[k + 1].where(p = right->from[k][p]);
+    return at;
+  };
   double low = 0, high = 0;
+  std::vector<std::string> low_at, high_at;
   for (size_t s = 0; s < S; ++s)
     for (size_t i = 0; i < threads[s].points.size(); ++i) {
-      if (std::isnan(least_left[s][i]) || std::isnan(least_right[s][i])) continue;
+      if (std::isnan(least_left.value[s][i]) || std::isnan(least_right.value[s][i])) continue;
       // Every run passes stage s's point i; the least the others can hold with it.
-      low = std::max(low, least_left[s][i] + least_right[s][i] - threads[s].points[i]);
+      const double v = least_left.value[s][i] + least_right.value[s][i] - threads[s].points[i];
+      if (v > low) {
+        low = v;
+        low_at = places(s, i, &least_left, &least_right);
+      }
     }
-  for (const double v : most_left[S - 1])
-    if (!std::isnan(v)) high = std::max(high, v);
+  for (size_t i = 0; i < threads[S - 1].points.size(); ++i)
+    if (!std::isnan(most_left.value[S - 1][i]) && most_left.value[S - 1][i] > high) {
+      high = most_left.value[S - 1][i];
+      high_at = places(S - 1, i, &most_left, nullptr);
+    }
   // After the threads: every stage at its end, the outputs gathered into one tensor.
   double end = static_cast<double>(rows) * static_cast<double>(config.classes) + 1;  // and the losses summed
   for (const Trajectory& t : threads) end += t.points.back();
-  low = std::max(low, end);
-  high = std::max(high, end);
+  const std::vector<std::string> gathered(S, "gathering the outputs");
+  if (end > low) {
+    low = end;
+    low_at = gathered;
+  }
+  if (end > high) {
+    high = end;
+    high_at = gathered;
+  }
 
   const std::vector<int64_t> numels = mlp_parameter_numels(config);
   double psi = 0;
@@ -306,6 +351,8 @@ std::optional<MLPPipeMemory> mlp_pipe_memory(const MLPConfig& config, int stages
   // The running loss beside the stages' threads (the batch is the data's).
   out.low.activations = kFloat * (low + 1);
   out.racing = kFloat * (high - low);
+  out.low_at = low_at;
+  out.high_at = high_at;
   return out;
 }
 

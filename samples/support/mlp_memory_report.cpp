@@ -8,6 +8,17 @@
 #include "memory_report.h"  // mib, range_verdict
 
 namespace mg::samples {
+namespace {
+
+// "stage 0 in B2, stage 1 after B1, stage 2 done": where each stage's thread is at a moment.
+std::string stage_places(const std::vector<std::string>& at) {
+  std::string out;
+  for (size_t s = 0; s < at.size(); ++s)
+    out += fmt::format("{}stage {} {}", s == 0 ? "" : ", ", s, at[s]);
+  return out;
+}
+
+}  // namespace
 
 std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& run) {
   const std::string measured = fmt::format("memory: peak {} on rank {}", mib(static_cast<double>(peak_bytes)), rank);
@@ -53,12 +64,12 @@ std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& ru
       const double low = p->low.total() + data, high = p->high() + data;
       return fmt::format("{}; the planner: {:.2f} to {} (the low: params {}, optimizer {}, activations {} (the "
                          "stages' threads, their gradients among them, and the channels), data {}: the least the "
-                         "stages can hold together at the point every run passes that needs most; the high adds: "
-                         "the stages at the most they can hold together (a point of each, none past a hand-off not yet "
-                         "pushed) {} (a race between the stages' threads)), {}",
+                         "stages can hold together at the point every run passes that needs most, {}; the high "
+                         "adds: the stages at the most they can hold together ({}) {} (a race between the stages' "
+                         "threads)), {}",
                          measured, low / (1024.0 * 1024.0), mib(high), mib(p->low.params), mib(p->low.optimizer),
-                         mib(p->low.activations), mib(data), mib(p->racing),
-                         range_verdict(static_cast<double>(peak_bytes), low, high));
+                         mib(p->low.activations), mib(data), stage_places(p->low_at), stage_places(p->high_at),
+                         mib(p->racing), range_verdict(static_cast<double>(peak_bytes), low, high));
     }
   }
   if (!r)
