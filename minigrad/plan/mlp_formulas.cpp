@@ -179,64 +179,159 @@ std::optional<MLPZero3Memory> mlp_zero3_memory(const MLPConfig& config, const Sp
   return m;
 }
 
-std::optional<RankMemory> mlp_pipe_memory(const MLPConfig& config, int64_t rows, int64_t chunks, bool one_f_one_b,
-                                          MLPOptimizer optimizer) {
-  if (config.hidden.size() != 2 || rows < 1 || chunks < 1) return std::nullopt;
-  // torch.chunk's cut (comm::chunk_sizes): ceil(rows / chunks) a micro-batch, the last the rest.
-  const int64_t piece = (rows + chunks - 1) / chunks;
-  std::vector<double> r;
-  for (int64_t start = 0; start < rows; start += std::min(piece, rows - start))
-    r.push_back(static_cast<double>(std::min(piece, rows - start)));
-  const size_t m = r.size();
-  if (m < 2) return std::nullopt;
-  const std::vector<int64_t> numels = mlp_parameter_numels(config);
-  const double psi = sum(numels);
-  const double in = static_cast<double>(config.inputs);
-  const double h0 = static_cast<double>(config.hidden[0]), h1 = static_cast<double>(config.hidden[1]);
-  const double linear0 = kFloat * static_cast<double>(numels[0] + numels[1]);  // W0's and b0's gradients
-  const double linear1 = kFloat * static_cast<double>(numels[2] + numels[3]);  // W1's and b1's
-  double logits = 0;
-  for (const double rj : r) logits += rj * static_cast<double>(config.classes);
-  const double losses = kFloat * (static_cast<double>(m) + 1);  // each micro-batch's weighted loss, the running loss
-  // One moment: which gradients are in .grad, which pending, and the micro-batches' floats.
-  struct Moment {
-    double grads, pending, floats;
-  };
-  std::vector<Moment> moments;
-  const double every = kFloat * psi;
-  if (!one_f_one_b) {
-    const size_t j = m - 2;  // recomputed
-    double floats = 0;
-    for (size_t i = 0; i <= j; ++i) floats += r[i] * in;  // the checkpointed inputs 0..m-2
-    floats += r[j] * (2 * h1 + h0);                        // its root, the root's gradient, ReLU's input gradient
-    for (size_t i = 0; i < j; ++i) floats += r[i] * h1;   // stage 1's input gradients queued
-    moments.push_back({every, linear0, floats});
-    // micro-batch m-1's backward, the first: all its inputs, .grad of the first Linear not yet made
-    const size_t k = m - 1;
-    double first = 0;
-    for (size_t i = 0; i <= k; ++i) first += r[i] * in;
-    first += r[k] * (2 * h1 + h0);
-    for (size_t i = 0; i < k; ++i) first += r[i] * h1;
-    moments.push_back({every - linear0, linear0, first});
-  } else {
-    const size_t j = m - 2, k = m - 1;
-    // micro-batch m-2 recomputed beside m-1's graph: the inputs of both, m-1's ReLU output and
-    // root, m-2's root, its gradient and ReLU's input gradient, m-1's input gradient queued.
-    const double floats = (r[j] + r[k]) * in + r[k] * (h0 + h1) + r[j] * (2 * h1 + h0) + r[k] * h1;
-    moments.push_back({m >= 3 ? every : every - linear0 - linear1, linear0 + linear1, floats});
-    // micro-batch m-1's: its input, root, gradient and ReLU's input gradient; nothing queued.
-    moments.push_back({every, linear0, r[k] * (in + 2 * h1 + h0)});
+namespace {
+
+// One tensor-parallel rank's pass as the allocator sees it, in floats above what it holds
+// throughout: the levels between two barriers (a phase), and at the barriers themselves
+// (every rank's input to the all-reduce and the sum made for it).
+struct RankPass {
+  std::vector<std::vector<double>> phases{{0}};
+  std::vector<double> barriers;
+  void level(double floats) { phases.back().push_back(floats); }
+  // `before` beside the all-reduce's input, which the caller keeps or lets go after it.
+  void all_reduce(double before, double tensor, bool input_kept) {
+    barriers.push_back(before + 2 * tensor);
+    phases.push_back({before + (input_kept ? 2 : 1) * tensor});
   }
-  const Moment* peak = &moments.front();
-  for (const Moment& x : moments)
-    if (x.grads + x.pending + kFloat * x.floats > peak->grads + peak->pending + kFloat * peak->floats) peak = &x;
-  RankMemory out;
-  out.params = every;
-  out.grads = peak->grads;
-  out.optimizer = mlp_optimizer_bytes(optimizer, psi, static_cast<double>(numels.size()));
-  out.buffers = peak->pending;
-  out.activations = kFloat * (peak->floats + logits) + losses;
-  return out;
+};
+
+// parallelize_mlp's layers: Linear i a column layer (i even), a row layer (i odd) or the
+// classifier whole, a ReLU after every hidden one (none fused: the shards are not nn::Linear).
+enum class Layer { Column, Row, Whole };
+Layer layer_kind(size_t i, size_t paired) { return i >= paired ? Layer::Whole : i % 2 == 0 ? Layer::Column : Layer::Row; }
+
+// The forward above the rank's input copy: what the ops saved so far, each layer's output
+// beside it; a row layer's partial product goes into the all-reduce, its bias added to the
+// sum after (the partial product and the sum freed once the layer returns).
+RankPass rank_forward(const std::vector<int64_t>& outs, size_t paired, int tp, double b, double& saved) {
+  RankPass f;
+  saved = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const double out = b * static_cast<double>(outs[i]);
+    const bool relu = i + 1 < outs.size();
+    switch (layer_kind(i, paired)) {
+      case Layer::Whole:  // the classifier: its logits
+        f.level(saved + out);
+        saved += out;
+        break;
+      case Layer::Column:  // its slice of the output, then ReLU's of it (which ReLU saves)
+        f.level(saved + out / tp);
+        f.level(saved + 2 * out / tp);
+        saved += out / tp;
+        f.level(saved);
+        break;
+      case Layer::Row:
+        f.level(saved + out);
+        f.all_reduce(saved, out, /*input_kept=*/true);  // the layer's local until it returns
+        f.level(saved + 3 * out);  // the partial product, its sum and the bias added
+        f.level(saved + out);
+        if (relu) f.level(saved + 2 * out);  // ReLU's output beside its input
+        saved += out;
+        f.level(saved);
+        break;
+    }
+  }
+  return f;
+}
+
+// The backward (run_backward with retain_graph: the saved activations stay, constant
+// here): each layer's gradients made, the gradient arriving (`flowing`) freed once its node
+// returns; a column layer past the first all-reduces its input's gradient. The levels count
+// this step's gradients made so far.
+RankPass rank_backward(const std::vector<int64_t>& outs, size_t paired, int tp, double b, double inputs) {
+  RankPass f;
+  double grads = 0, flowing = 0;  // the seed is the caller's
+  for (size_t k = outs.size(); k-- > 0;) {
+    const double out = b * static_cast<double>(outs[k]);
+    const Layer kind = layer_kind(k, paired);
+    if (k + 1 < outs.size()) {  // ReLU's backward: the gradient of its input
+      const double dy = kind == Layer::Column ? out / tp : out;
+      f.level(grads + flowing + dy);
+      flowing = dy;
+    }
+    const double in = k == 0 ? inputs : static_cast<double>(outs[k - 1]);
+    const double weight = static_cast<double>(outs[k]) * in / (kind == Layer::Whole ? 1 : tp);
+    const double bias = static_cast<double>(outs[k]) / (kind == Layer::Column ? tp : 1);
+    const double dx = k == 0 ? 0 : b * in / (kind == Layer::Row ? tp : 1);
+    if (kind == Layer::Row) {  // AddBackward: the bias's gradient, the sum's passed on
+      f.level(grads + flowing + bias);
+      grads += bias;
+      f.level(grads + flowing + dx + weight);
+      grads += weight;
+    } else {
+      f.level(grads + flowing + dx + weight + bias);
+      grads += weight + bias;
+    }
+    if (kind == Layer::Column && k > 0) f.all_reduce(grads, dx, /*input_kept=*/false);  // CopyToParallelBackward
+    flowing = dx;
+    f.level(grads + flowing);
+  }
+  return f;
+}
+
+// The range of a pass's peak over the ranks' interleavings. Between barriers a rank may be
+// anywhere in its phase. When the first rank reaches a level, the others are at or before
+// it: at least their lowest since the phase began; when the last does, they are at or
+// after it: at least their lowest from there to the phase's end. Every interleaving passes
+// both moments (the low); the high puts every rank at its largest level at once. At a
+// barrier every rank is there.
+struct PassRange {
+  double low = 0, high = 0;
+};
+PassRange pass_range(const RankPass& f, int tp) {
+  const double N = tp;
+  PassRange r;
+  for (const double barrier : f.barriers) {
+    r.low = std::max(r.low, N * barrier);
+    r.high = std::max(r.high, N * barrier);
+  }
+  for (const std::vector<double>& phase : f.phases) {
+    std::vector<double> after(phase.size());  // the lowest from each level to the phase's end
+    double lowest = phase.back();
+    for (size_t t = phase.size(); t-- > 0;) after[t] = lowest = std::min(lowest, phase[t]);
+    double before = phase.front();
+    for (size_t t = 0; t < phase.size(); ++t) {
+      before = std::min(before, phase[t]);
+      r.low = std::max(r.low, phase[t] + (N - 1) * std::max(before, after[t]));
+    }
+    r.high = std::max(r.high, N * *std::max_element(phase.begin(), phase.end()));
+  }
+  return r;
+}
+
+}  // namespace
+
+std::optional<MLPTensorParallelInProcessMemory> mlp_tp_in_process_memory(const MLPConfig& config, int tp,
+                                                                         int64_t rows, MLPOptimizer optimizer) {
+  if (tp < 2 || rows < 1) return std::nullopt;
+  const std::vector<int64_t> numels = mlp_rank_parameter_numels(config, tp);
+  const double psi = sum(numels), N = tp, b = static_cast<double>(rows);
+  std::vector<int64_t> outs = config.hidden;
+  outs.push_back(config.classes);
+  const size_t paired = outs.size() - outs.size() % 2;
+  double saved = 0;  // a rank's activations saved at the forward's end, its logits among them
+  const PassRange forward = pass_range(rank_forward(outs, paired, tp, b, saved), tp);
+  const PassRange backward =
+      pass_range(rank_backward(outs, paired, tp, b, static_cast<double>(config.inputs)), tp);
+  const double logits = b * static_cast<double>(config.classes);
+  const double inputs = N * b * static_cast<double>(config.inputs);  // each rank's copy of the batch
+  // In forward: the last step's gradients (zero_grad follows the forward) and the running
+  // loss. In backward: what the ranks saved (retained until the region's node is freed;
+  // each rank's logits its root), the caller's gradient of the logits and its copy for each
+  // rank, the running loss, the loss and its seed; the gradients are in the ranks' levels.
+  const double grads = N * psi;
+  const double forward_low = grads + inputs + forward.low + 1, forward_high = grads + inputs + forward.high + 1;
+  const double held = inputs + N * saved + (N + 1) * logits + 3;
+  const double backward_low = held + backward.low, backward_high = held + backward.high;
+  MLPTensorParallelInProcessMemory m;
+  m.low.params = kFloat * (sum(mlp_parameter_numels(config)) + N * psi);  // the whole model kept, every rank's shards
+  m.low.grads = kFloat * grads;  // at either peak every rank's (the last step's, or this one's made)
+  m.low.optimizer = N * mlp_optimizer_bytes(optimizer, psi, static_cast<double>(numels.size()));
+  const double low = std::max(forward_low, backward_low), high = std::max(forward_high, backward_high);
+  m.low.activations = kFloat * (low - grads);
+  m.racing = kFloat * (high - low);
+  m.backward = backward_low > forward_low;
+  return m;
 }
 
 double mlp_data_bytes(const MLPConfig& config, int64_t train_images, int64_t test_images, int64_t rank_rows) {

@@ -25,13 +25,15 @@
 //   ZeRO-3's       the first Linear's reduce-scatter launched: its unit gathered, its flat
 //   launch         gradient, its weight's gradient, every gradient shard; a range, Gloo's
 //                  scratch for it racing the caller (mlp_zero3_memory)
-//   the pipeline's  in one process: stage 0's thread making the first Linear's weight
-//   backward        gradient in micro-batch m-2's backward, beside the stashed inputs, the
-//                   recompute and stage 1's queued gradients (mlp_pipe_memory)
+//   tp in one      the ranks' threads on one allocator, meeting at the all-reduces: a range,
+//   process        a row layer's bias add or the first Linear's backward (mlp_tp_in_process_memory)
+//   the pipeline's  in one process: its stages' threads replayed from the schedule, a
+//   stages          range over the states they can be in together (mlp_pipe_memory)
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <minigrad/plan/planner.h>
@@ -80,8 +82,9 @@ double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tenso
 // params also hold the whole model the shards were cut from, which the trainer keeps.
 // `replicas` > 1: DataParallel's in one process (the process's bytes: the original's
 // parameters, gradients and state, the replicas' copies and the reduce_add's buffers).
-// Empty for the splits not priced yet: pp (in one process: mlp_pipe_memory), ZeRO-3 (a range: mlp_zero3_memory), ZeRO with tp, and tp in one process (`replicas` > 1 with tp: its
-// ranks' threads add their moments on one allocator as they happen to meet).
+// Empty for the splits priced elsewhere or not yet: pp (in one process: mlp_pipe_memory), ZeRO-3
+// (a range: mlp_zero3_memory), tp in one process (`replicas` > 1 with tp, a range:
+// mlp_tp_in_process_memory), and ZeRO with tp (the trainer refuses it).
 std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
                                           MLPOptimizer optimizer, int replicas = 1);
 
@@ -105,32 +108,72 @@ struct MLPZero3Memory {
 std::optional<MLPZero3Memory> mlp_zero3_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
                                                MLPOptimizer optimizer);
 
-// The pipeline in one process (parallel::Pipe, --pipeline 2 --devices cpu,cpu): a thread a
-// stage on one allocator, torchgpipe's checkpoint=except_last, `rows` a step cut into
-// `chunks` micro-batches as torch.chunk cuts them. Priced for the cut the trainer makes of
-// two hidden layers over 2 stages (even_balance [3, 2]: stage 0 Linear0, ReLU, Linear1;
-// stage 1 ReLU, Linear2 and the loss), at least 2 micro-batches; empty otherwise. The peak
-// is stage 0's thread computing the first Linear's weight gradient in a step after the
-// first (the largest tensor made in backward), in the backward of
-//   GPipe  micro-batch m-2 (the first after m-1's made .grad): the checkpointed inputs of
-//          micro-batches 0..m-2, m-2's recomputed Linear1 output (the root), its gradient
-//          received from stage 1, ReLU's input gradient; the first Linear's weight and
-//          bias gradients pending beside .grad; stage 1's input gradients of micro-batches
-//          0..m-3, handed back and queued for stage 0;
-//   1F1B   micro-batch m-2 (m >= 3, after micro-batch 0's made .grad), with m-1's graph
-//          still alive: its input, ReLU's output and its root, and with it the second
-//          Linear's gradient accumulators (made at m-1's forward, before the recompute's
-//          nodes, so run after the first Linear's node: the engine runs the latest made
-//          first), so Linear1's weight and bias gradients are pending too; stage 1's input
-//          gradient of m-1 queued. (m = 2: the larger of that moment, micro-batch 0's,
-//          before any .grad, and micro-batch 1's, .grad made, one input, no recompute.)
-// Beside either: every parameter, its .grad and the optimizer's state, every micro-batch's
-// logits (the gathered output's pieces) and weighted loss, the running loss. Both assume
-// stage 1's thread, whose backward is a ReLU and a 10-wide Linear, has finished what it
-// can run before stage 0's thread reaches the moment (every run read: 6 of 6 a shape).
-// buffers: the pending weight gradients; activations: the rest of the micro-batches'.
-std::optional<RankMemory> mlp_pipe_memory(const MLPConfig& config, int64_t rows, int64_t chunks, bool one_f_one_b,
-                                          MLPOptimizer optimizer);
+// TensorParallel in one process (--tensor-parallel N --devices cpu,cpu: no --distributed):
+// the ranks are threads on one allocator, so the process's peak is what their moments add
+// to as they meet. They meet at barriers: the forward and the backward each run on the
+// ranks' threads from the region's start to its join (tensor_parallel.cpp), and every
+// all-reduce is one (in_process_group.cpp: the last rank to arrive sums the inputs and
+// copies the sum for every other rank): a row layer's in forward, a column layer's input
+// gradient (past the first) in backward. Between two barriers a rank may be anywhere in its
+// own phase while the others are anywhere in theirs, never in another. So the peak is a
+// range over the interleavings:
+//   low   when the first rank reaches a level the others are at or before it, at least at
+//         their lowest since the phase began; when the last does, at or after it, at least
+//         at their lowest from there to the phase's end: every interleaving passes both.
+//         In forward after a row layer's all-reduce: one rank adding its bias (its partial
+//         product, its sum and the output) beside the others' partial products and sums.
+//         In backward (run with retain_graph: every saved activation stays; the caller's
+//         gradient of the logits, copied for each rank): the last rank making its first
+//         Linear's weight gradient, its output's gradient alive, beside the others done;
+//   high  every rank at its phase's largest level at once: the racing terms are the others'
+//         share above that low, a bias-added output each, or a first Linear's output gradient.
+// Beside it the process holds the whole model the shards were cut from, each rank's shards
+// and optimizer state, the gradients (in forward the last step's: zero_grad follows the
+// forward; in backward this step's, made by then), each rank's copy of the batch, the
+// running loss (in backward the loss and its seed too). Empty unless tp > 1.
+struct MLPTensorParallelInProcessMemory {
+  RankMemory low;      // activations: the ranks' input copies, the running loss, the low moment
+  double racing = 0;   // what the high adds: the other ranks at their own largest moment
+  bool backward = false;  // the low's moment is the backward's (else the forward's)
+  double high() const { return low.total() + racing; }
+};
+std::optional<MLPTensorParallelInProcessMemory> mlp_tp_in_process_memory(const MLPConfig& config, int tp,
+                                                                         int64_t rows, MLPOptimizer optimizer);
+
+// The pipeline in one process (parallel::Pipe, --pipeline P --devices cpu,...): a thread a
+// stage on one allocator, the trainer's Sequential cut by even_balance, torchgpipe's
+// checkpoint=except_last, `rows` a step cut into `chunks` micro-batches as torch.chunk cuts
+// them, GPipe or 1F1B. Each stage's thread is replayed from its schedule
+// (parallel::stage_actions) as the levels its allocations pass through: a forward's input
+// (the batch's slice copied in, or the previous stage's output received), each op's output
+// (a Linear fused with the ReLU after it in the same stage; kept with grad, freed once the
+// next op made its own without), the last stage's logits (the caller's output) and weighted
+// loss; a backward's received gradient, the forward again (checkpointed), each node's
+// gradients made (an input's gradient, a weight's and a bias's) and the arriving gradient
+// and saved output let go after it, the weight gradients added into .grad at once, or, when
+// micro-batch m-1's graph is alive (1F1B, after its forward) and holds the accumulators,
+// after the chain (the engine runs the latest made first); the first backward's kept as
+// .grad. Hand-offs between stages are the channels' alone where the sender let go (a
+// checkpointed output, an input's gradient). The stages meet only where one receives what
+// a neighbour pushed, so the peak is a range over the states the threads can be in together
+// (a point of each, no stage past a receipt its neighbour has not pushed; neighbours only,
+// so a sweep along the chain finds them):
+//   low   the largest, over every stage's every point, of the least the stages can hold
+//         together with it: every run passes each point;
+//   high  the most they can hold together.
+// Beside it: every parameter and the optimizer's state, the running loss. After the
+// threads the outputs are gathered into one tensor (a moment of its own). Empty for fewer
+// than 2 stages or more than the layers.
+struct MLPPipeMemory {
+  RankMemory low;     // activations: the stages' threads (their gradients made among them) and channels
+  double racing = 0;  // what the high adds: the stages at the most they can hold together
+  double high() const { return low.total() + racing; }
+  // Each stage's place at the low's and the high's moments, by its schedule's names of the
+  // actions ("in F3", "after B2", "done"), or "gathering the outputs" after the threads.
+  std::vector<std::string> low_at, high_at;
+};
+std::optional<MLPPipeMemory> mlp_pipe_memory(const MLPConfig& config, int stages, int64_t rows, int64_t chunks,
+                                             bool one_f_one_b, MLPOptimizer optimizer);
 
 // What the trainer holds beside the step: the training and test sets (float32 images,
 // int64 labels) and the rank's batch of `rank_rows`.

@@ -8,13 +8,40 @@
 #include "memory_report.h"  // mib, range_verdict
 
 namespace mg::samples {
+namespace {
+
+// "stage 0 in B2, stage 1 after B1, stage 2 done": where each stage's thread is at a moment.
+std::string stage_places(const std::vector<std::string>& at) {
+  std::string out;
+  for (size_t s = 0; s < at.size(); ++s)
+    out += fmt::format("{}stage {} {}", s == 0 ? "" : ", ", s, at[s]);
+  return out;
+}
+
+}  // namespace
 
 std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& run) {
   const std::string measured = fmt::format("memory: peak {} on rank {}", mib(static_cast<double>(peak_bytes)), rank);
   if (!run.cpu) return measured + "; the planner prices the CPU's allocator only so far";
   if (!run.float32) return measured + "; the planner prices 32-true only so far";
-  if (run.devices_in_one_process > 1 && run.split.tp > 1)
-    return measured + "; the planner does not price tensor parallelism in one process yet";
+  if (run.devices_in_one_process > 1 && run.split.tp > 1) {
+    const auto t = plan::mlp_tp_in_process_memory(run.config, run.split.tp, run.rank_rows, run.optimizer);
+    if (!t) return measured + "; the planner does not price this tensor parallelism in one process";
+    // The ranks' threads meet at the all-reduces (mlp_formulas.h): a range.
+    const double data = plan::mlp_data_bytes(run.config, run.train_images, run.test_images, run.rank_rows);
+    const double low = t->low.total() + data, high = t->high() + data;
+    return fmt::format("{}; the planner: {:.2f} to {} (the low: params {}, grads {}, optimizer {}, activations {}, "
+                       "data {}: the ranks' threads together in {}, one at its largest moment, the others as low "
+                       "as they can be between the same two barriers; the high adds: the others at their largest "
+                       "moment too ({}) {} (a race between the ranks' threads)), {}",
+                       measured, low / (1024.0 * 1024.0), mib(high), mib(t->low.params), mib(t->low.grads),
+                       mib(t->low.optimizer), mib(t->low.activations), mib(data),
+                       t->backward ? "backward" : "forward",
+                       t->backward ? "each its first Linear's output gradient, beside its weight gradient"
+                                   : "each a row layer's bias-added output",
+                       mib(t->racing),
+                       range_verdict(static_cast<double>(peak_bytes), low, high));
+  }
   const std::optional<plan::RankMemory> r =
       plan::mlp_rank_memory(run.config, run.split, run.rank_rows, run.optimizer, run.devices_in_one_process);
   const double data = plan::mlp_data_bytes(run.config, run.train_images, run.test_images, run.rank_rows);
@@ -30,23 +57,24 @@ std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& ru
                          mib(z->scratch), range_verdict(static_cast<double>(peak_bytes), low, high));
     }
   }
-  if (!r && run.split.pp == 2 && run.split.dp == 1 && run.split.tp == 1 && run.split.zero == 0) {
-    if (const auto p = plan::mlp_pipe_memory(run.config, run.rank_rows, run.split.micro_batches, run.pipe_1f1b,
-                                             run.optimizer)) {
-      const double planned = p->total() + data;
-      const std::vector<int64_t> numels = plan::mlp_parameter_numels(run.config);
-      const double first_linear = 4.0 * static_cast<double>(numels[0] + numels[1]);
-      return fmt::format("{}; the planner: {} (params {}, grads {}, optimizer {}, buffers {} (the first Linear's "
-                         "weight and bias gradients pending{}), activations {}, data {}; the pipeline's stages "
-                         "together, stage 0 at its first Linear's weight gradient), measured / planned {:.3f}",
-                         measured, mib(planned), mib(p->params), mib(p->grads), mib(p->optimizer), mib(p->buffers),
-                         p->buffers > first_linear ? ", and the second's" : "", mib(p->activations), mib(data),
-                         static_cast<double>(peak_bytes) / planned);
+  if (!r && run.split.pp > 1 && run.split.dp == 1 && run.split.tp == 1 && run.split.zero == 0) {
+    if (const auto p = plan::mlp_pipe_memory(run.config, run.split.pp, run.rank_rows, run.split.micro_batches,
+                                             run.pipe_1f1b, run.optimizer)) {
+      // The stages' threads meet only at their hand-offs (mlp_formulas.h): a range.
+      const double low = p->low.total() + data, high = p->high() + data;
+      return fmt::format("{}; the planner: {:.2f} to {} (the low: params {}, optimizer {}, activations {} (the "
+                         "stages' threads, their gradients among them, and the channels), data {}: the least the "
+                         "stages can hold together at the point every run passes that needs most, {}; the high "
+                         "adds: the stages at the most they can hold together ({}) {} (a race between the stages' "
+                         "threads)), {}",
+                         measured, low / (1024.0 * 1024.0), mib(high), mib(p->low.params), mib(p->low.optimizer),
+                         mib(p->low.activations), mib(data), stage_places(p->low_at), stage_places(p->high_at),
+                         mib(p->racing), range_verdict(static_cast<double>(peak_bytes), low, high));
     }
   }
   if (!r)
     return fmt::format("{}; the planner does not price {} yet", measured,
-                       run.split.pp > 1 ? "this pipeline (2 stages of two hidden layers, 2 micro-batches or more)" : "ZeRO-3");
+                       run.split.pp > 1 ? "this pipeline" : "ZeRO-3");
   const double planned = r->total() + data;
   return fmt::format("{}; the planner: {} (params {}, grads {}, optimizer {}, buffers {}, activations {}, data {}), "
                      "measured / planned {:.3f}",

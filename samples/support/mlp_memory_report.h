@@ -10,10 +10,14 @@
 // rank's batch. ZeRO-3 over Gloo is a range (plan::mlp_zero3_memory: a race with the
 // communication thread): "the planner: 4.03 to 4.80 MiB (the low: ...; the high adds: the
 // reduce-scatter's scratch ...), measured within that range (measured / low 1.000, measured
-// / high 0.840)". The pipeline in one process (--pipeline 2, two hidden layers) is its stages
-// together (plan::mlp_pipe_memory), the buffers the weight gradients pending at stage 0's
-// moment. Splits (TensorParallel in one process, other pipelines), precisions and devices
-// the formulas do not price yet are said in the line (a GPU: its allocator holds the batch but not the data sets; not measured yet).
+// / high 0.840)". The pipeline in one process (--pipeline P) and TensorParallel in one
+// process are ranges too, their threads racing on one allocator (plan::mlp_pipe_memory:
+// the states the stages' threads can be in together; plan::mlp_tp_in_process_memory: the
+// ranks' moments between the all-reduces): "the planner: 7.31 to 7.37 MiB (the low: ... the
+// ranks' threads together in forward, ...; the high adds: the others at their largest moment
+// too (each a row layer's bias-added output) 0.06 MiB ...)". Precisions and devices the
+// formulas do not price yet are said in the line (a GPU: its allocator holds the batch but
+// not the data sets; not measured yet).
 #pragma once
 
 #include <cstddef>

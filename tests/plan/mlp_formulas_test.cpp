@@ -123,3 +123,58 @@ TEST_CASE("mlp formulas: ZeRO's buckets are compute_bucket_assignment_by_size's"
   REQUIRE(want.size() > 1);
   CHECK(plan::mlp_zero_bucket_numels(config, static_cast<double>(cap)) == want);
 }
+
+// TensorParallel in one process: the ranks' threads meet at the all-reduces, so the peak is
+// a range whose width is what the other ranks add above their lowest in the same phase.
+TEST_CASE("mlp formulas: TensorParallel in one process is a range of its ranks' moments between barriers") {
+  plan::MLPConfig config;
+  config.hidden = {256, 256};
+  const double b = 64;
+  const auto wide = plan::mlp_tp_in_process_memory(config, 2, 64, plan::MLPOptimizer::SGDMomentum);
+  REQUIRE(wide.has_value());
+  CHECK_FALSE(wide->backward);  // the row layer's moment: five [b, 256] tensors over both ranks
+  // each rank's copy of the batch, its ReLU output of the column layer, one rank's partial
+  // product, sum and bias-added output beside the other's partial product and sum, the running loss
+  CHECK(wide->low.activations == 4 * (2 * b * 784 + 2 * b * 128 + 5 * b * 256) + 4);
+  CHECK(wide->racing == 4 * b * 256);  // the other rank's bias-added output
+  const auto four = plan::mlp_tp_in_process_memory(config, 4, 64, plan::MLPOptimizer::SGDMomentum);
+  REQUIRE(four.has_value());
+  CHECK(four->racing == 3 * 4 * b * 256);  // the three others'
+  const double shards = 784 * 128 + 128 + 128 * 256 + 256 + 256 * 10 + 10;
+  CHECK(wide->low.grads == 2 * 4 * shards);
+  CHECK(wide->low.params == 4 * (784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10) + 2 * 4 * shards);
+
+  // One hidden layer: the classifier is the row layer, its forward moment [b, 10] tensors, so
+  // the backward's is the peak, each rank making its first Linear's gradients.
+  config.hidden = {96};
+  const auto narrow = plan::mlp_tp_in_process_memory(config, 2, 20, plan::MLPOptimizer::SGDMomentum);
+  REQUIRE(narrow.has_value());
+  CHECK(narrow->backward);
+  CHECK(narrow->racing == 4 * 20 * 48);  // the other rank's gradient of its column layer's output
+  CHECK_FALSE(plan::mlp_tp_in_process_memory(config, 1, 20, plan::MLPOptimizer::SGD).has_value());
+}
+
+// The pipeline in one process, its stages' threads replayed from the schedule: at 2 stages
+// of two hidden layers the low is the moment derived by hand from --memory-blocks (stage 0
+// making its first Linear's weight gradient in micro-batch m-2's backward, stage 1 done
+// with what it can run), and more stages only add to what can meet.
+TEST_CASE("mlp formulas: the pipeline's range holds the moment read off its blocks") {
+  plan::MLPConfig config;
+  config.hidden = {64, 32};
+  const auto p = plan::mlp_pipe_memory(config, 2, 20, 4, false, plan::MLPOptimizer::SGDMomentum);
+  REQUIRE(p.has_value());
+  const double psi = 784 * 64 + 64 + 64 * 32 + 32 + 32 * 10 + 10;
+  // every parameter, its .grad and momentum; the first Linear's gradients pending; the
+  // inputs of micro-batches 0..2, micro-batch 2's root, its gradient, ReLU's input gradient,
+  // stage 1's input gradients of 0 and 1 queued; the 4 logits, 4 weighted losses, the running one
+  const double moment = 3 * 4 * psi + 4.0 * (784 * 64 + 64) +
+                        4.0 * (3 * 5 * 784 + 5 * (2 * 32 + 64) + 2 * 5 * 32 + 4 * 5 * 10) + 4.0 * 5;
+  CHECK(p->low.total() == moment);
+  CHECK(p->racing >= 0);
+  CHECK(p->low.params == 4 * psi);
+  const auto three = plan::mlp_pipe_memory(config, 3, 20, 4, false, plan::MLPOptimizer::SGDMomentum);
+  REQUIRE(three.has_value());
+  CHECK(three->racing > 0);  // stage 1 may make its weight gradient while stage 0 makes its own
+  CHECK_FALSE(plan::mlp_pipe_memory(config, 6, 20, 4, false, plan::MLPOptimizer::SGD).has_value());  // 5 layers
+  CHECK_FALSE(plan::mlp_pipe_memory(config, 1, 20, 4, false, plan::MLPOptimizer::SGD).has_value());
+}
