@@ -87,18 +87,23 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
 // is bf16-true's: the unit gathered ahead (block L - 2, prefetched at block L - 1's
 // pre-backward hook) travels widened on Gloo's thread, which frees each of its buffers (the
 // rounded shard too: the work's closure holds it) when the gather ends.
-TrainerMoments fsdp_mp_policy_moments(const plan::RankMemory& r, const plan::GPTArithmetic& model,
-                                      const ModelSplit& split, int64_t batch, int64_t T) {
-  const models::GPTConfig& config = model.config();
+std::optional<TrainerMoments> fsdp_mp_policy_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
+                                                     const ModelSplit& split, int64_t batch, int64_t T) {
+  const auto* gpt = dynamic_cast<const plan::GPTArithmetic*>(&model);
   const plan::MeshShape shape = plan::mesh_shape(plan_split(split), plan::Workload{batch, T});
-  const plan::PrecisionExtraBytes compute = plan::gpt_bf16_true_extra_bytes(config, shape, 3, 0, false);
+  const std::optional<plan::PrecisionExtraBytes> priced =
+      model.precision_extra_bytes(shape, 0, 3, false, plan::Precision::BF16True);
+  if (!priced || gpt == nullptr) return std::nullopt;
+  const plan::PrecisionExtraBytes compute = *priced;
   const double dp = split.dp;
-  const double block_shard = std::ceil(model.block_param_elements(1) / dp);  // ceil(Psi_unit / N), padding in
-  const double block = block_shard * dp;                                        // a block's flat buffer, padded
-  const double root_elements = static_cast<double>(plan::gpt_fsdp_unit_numels(config).front());
+  const double block_elements = model.block_param_elements(split.tp);
+  const double block_shard = std::ceil(block_elements / dp);  // ceil(Psi_unit / N), padding in
+  const double block = block_shard * dp;                       // a block's flat buffer, padded
+  const double root_elements =
+      model.stage_param_elements(split.tp, 1, 0) - static_cast<double>(model.stage_blocks(1, 0)) * block_elements;
   const double root = std::ceil(root_elements / dp) * dp;
   // bf16-true's head gradient is the tied wte's 16-bit one and the root's 16-bit flat gradient.
-  const double wte_grad = compute.head_grad - 2 * root_elements;
+  const double wte_grad = compute.head_grad - 2 * static_cast<double>(plan::gpt_fsdp_unit_numels(gpt->config()).front());
 
   TrainerMoments m;
   m.always = memory_moment("always", {{"params", r.params}, {"optimizer", r.optimizer}});
@@ -110,18 +115,27 @@ TrainerMoments fsdp_mp_policy_moments(const plan::RankMemory& r, const plan::GPT
       {"the root's flat gradient, float32", 4 * root},
       {"ZeRO-3's gathered units in 16 bits (the root's, the last block's, the one gathered ahead)",
        2 * (root + 2 * block)}};
-  std::vector<MemoryTerm> c_fc = c_proj;
-  c_fc.push_back({"gone after c_proj's backward", -plan::gpt_zero2_released_bytes(config, shape, 2, false)});
-  c_fc.push_back({"the last block's flat gradient, float32", 4 * block});
   const MemoryTerm gather = {"the unit gathered ahead, widened for Gloo: this rank's shard rounded to 16 bits, it "
                              "widened to float32, the float32 output and it rounded back (on Gloo's thread)",
                              2 * block_shard + 4 * block_shard + 4 * block + 2 * block};
-  MemoryMoment at_c_proj = memory_moment("backward (the last block's c_proj)", c_proj);
-  MemoryMoment at_c_fc = memory_moment("backward (the last block's c_fc, its flat gradient made)", c_fc);
-  at_c_proj.racing.push_back(gather);
-  at_c_fc.racing.push_back(gather);
-  m.moments.push_back(std::move(at_c_proj));
-  m.moments.push_back(std::move(at_c_fc));
+  const MemoryTerm flat_gradient = {"the last block's flat gradient, float32", 4 * block};
+  if (split.cp > 1) {
+    std::vector<MemoryTerm> ring = c_proj;
+    ring.push_back(flat_gradient);
+    MemoryMoment at_ring = memory_moment("backward (the last block's ring attention, its flat gradient made)", ring);
+    at_ring.racing.push_back(gather);
+    m.moments.push_back(std::move(at_ring));
+  } else {
+    std::vector<MemoryTerm> c_fc = c_proj;
+    c_fc.push_back({"gone after c_proj's backward", -plan::gpt_zero2_released_bytes(gpt->config(), shape, 2, false)});
+    c_fc.push_back(flat_gradient);
+    MemoryMoment at_c_proj = memory_moment("backward (the last block's c_proj)", c_proj);
+    MemoryMoment at_c_fc = memory_moment("backward (the last block's c_fc, its flat gradient made)", c_fc);
+    at_c_proj.racing.push_back(gather);
+    at_c_fc.racing.push_back(gather);
+    m.moments.push_back(std::move(at_c_proj));
+    m.moments.push_back(std::move(at_c_fc));
+  }
   m.moments.push_back(memory_moment("gradients", {{"gradients", r.grads}}));
   return m;
 }

@@ -2,6 +2,8 @@
 // makes their peak a low and a high.
 #pragma once
 
+#include <optional>
+
 #include <minigrad/plan/model_arithmetic.h>
 #include <minigrad/plan/planner.h>
 
@@ -22,7 +24,7 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
 // FSDP's MixedPrecisionPolicy (train_gpt --fsdp-mp-policy), bf16-mixed or 16-mixed, the GPT's
 // ZeRO-3 over Gloo on dp alone: its 16-bit units and compute, float32 shards and flat
 // gradients; the race is the unit gathered ahead, widened to float32 on Gloo's thread.
-TrainerMoments fsdp_mp_policy_moments(const plan::RankMemory& r, const plan::GPTArithmetic& model,
-                                      const ModelSplit& split, int64_t batch, int64_t T);
+std::optional<TrainerMoments> fsdp_mp_policy_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
+                                                     const ModelSplit& split, int64_t batch, int64_t T);
 
 }  // namespace mg::samples

@@ -96,11 +96,10 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
                                               const ModelSplit& split, int stage, int64_t batch, int64_t T,
                                               Precision precision, bool fsdp_mp_policy, bool gloo) {
   if (fsdp_mp_policy) {  // FSDP's MixedPrecisionPolicy: ZeRO-3 over Gloo on dp alone, no recompute
-    const auto* gpt = dynamic_cast<const plan::GPTArithmetic*>(&model);
-    if (gpt == nullptr || (precision != Precision::BF16Mixed && precision != Precision::F16Mixed) ||
-        split.zero != 3 || split.dp < 2 || split.recompute || !gloo || split.tp > 1 || split.cp > 1 || split.pp > 1)
+    if ((precision != Precision::BF16Mixed && precision != Precision::F16Mixed) || split.zero != 3 ||
+        split.dp < 2 || split.recompute || !gloo || split.pp > 1)
       return std::nullopt;
-    return fsdp_mp_policy_moments(r, *gpt, split, batch, T);
+    return fsdp_mp_policy_moments(r, model, split, batch, T);
   }
   if (split.zero == 3 && split.recompute) {  // a range of its own (fsdp_recompute_moments)
     if (precision != Precision::True32 || !gloo || split.tp > 1 || split.cp > 1 || split.pp > 1) return std::nullopt;
