@@ -92,7 +92,9 @@ std::optional<TrainerMoments> fsdp_mp_policy_moments(const plan::RankMemory& r, 
   const auto* gpt = dynamic_cast<const plan::GPTArithmetic*>(&model);
   const plan::MeshShape shape = plan::mesh_shape(plan_split(split), plan::Workload{batch, T});
   const std::optional<plan::PrecisionExtraBytes> priced =
-      model.precision_extra_bytes(shape, 0, 3, false, plan::Precision::BF16True);
+      model.precision_extra_bytes(shape, 0, 0, false, plan::Precision::BF16True);
+  // The moment the last block's flat gradient is made is gpt_zero2_released_bytes' (the
+  // GPT's MLP): the Llama's SwiGLU has no such term yet.
   if (!priced || gpt == nullptr) return std::nullopt;
   const plan::PrecisionExtraBytes compute = *priced;
   const double dp = split.dp;
@@ -102,8 +104,6 @@ std::optional<TrainerMoments> fsdp_mp_policy_moments(const plan::RankMemory& r, 
   const double root_elements =
       model.stage_param_elements(split.tp, 1, 0) - static_cast<double>(model.stage_blocks(1, 0)) * block_elements;
   const double root = std::ceil(root_elements / dp) * dp;
-  // bf16-true's head gradient is the tied wte's 16-bit one and the root's 16-bit flat gradient.
-  const double wte_grad = compute.head_grad - 2 * static_cast<double>(plan::gpt_fsdp_unit_numels(gpt->config()).front());
 
   TrainerMoments m;
   m.always = memory_moment("always", {{"params", r.params}, {"optimizer", r.optimizer}});
@@ -111,7 +111,7 @@ std::optional<TrainerMoments> fsdp_mp_policy_moments(const plan::RankMemory& r, 
       {"activations", r.activations},
       {"bf16-true's float32 saved tensors", compute.float32_saved},
       {"float32 backward working set", compute.backward},
-      {"the tied wte's 16-bit gradient", wte_grad},
+      {"the head's 16-bit gradient", compute.head_grad},
       {"the root's flat gradient, float32", 4 * root},
       {"ZeRO-3's gathered units in 16 bits (the root's, the last block's, the one gathered ahead)",
        2 * (root + 2 * block)}};

@@ -279,7 +279,9 @@ TEST_CASE("train_gpt --model llama: each rank's peak within 5 % of the planner's
 // command); in bf16-true: whether the unit gathered ahead is in flight, widened to float32,
 // at the last block's c_proj backward (14.99 to 15.92); under FSDP's MixedPrecisionPolicy
 // (bf16-mixed and 16-mixed) the same gather with its 16-bit input shard, at the last block's
-// c_fc backward (14.62 to 15.47 against 13.75 to 15.46). The range is no wider than the named
+// c_fc backward (14.62 to 15.47 against 13.75 to 15.46), over dp 2 x tp 2 (8.28 to 9.04 against
+// 7.89 to 8.74), with SP (8.09 to 8.51 against 7.45 to 8.31) and over dp 2 x cp 2 at ring
+// attention's backward (12.65 to 13.53 against 11.81 to 13.51). The range is no wider than the named
 // buffers, and each bound is a moment's own terms: a wrong formula still fails.
 TEST_CASE("train_gpt: FSDP's races with Gloo's thread are priced as ranges and each run falls within them") {
   // The bounds at train_gpt's default shape, exactly: the high is the low's moment with the
@@ -297,12 +299,22 @@ TEST_CASE("train_gpt: FSDP's races with Gloo's thread are priced as ranges and e
   fsdp.zero = 3;
   samples::ModelSplit recomputed = fsdp;
   recomputed.recompute = true;
+  const double tp_elements = 6 * 128 * 128 + 9.5 * 128;  // a block's tp shard: 12C^2/2, its biases and LayerNorms
+  samples::ModelSplit policy_tp = fsdp;
+  policy_tp.tp = 2;
+  samples::ModelSplit policy_sp = policy_tp;
+  policy_sp.sequence_parallel = true;
+  samples::ModelSplit policy_cp = fsdp;
+  policy_cp.cp = 2;
+  const std::string policy_name = "the unit gathered ahead, widened for Gloo: this rank's shard rounded to 16 bits";
   struct Case {
     samples::ModelSplit split;
     samples::Precision precision;
     double racing;  // bytes
     std::string name, flags;
     bool fsdp_mp_policy = false;
+    int ranks = 2;     // dp 2, times tp or cp
+    int attempts = 3;  // runs of it: each may end the race otherwise
   };
   // With recompute: the reduce-scatter's float32 scratch, a unit. In bf16-true: the gathered
   // unit's float32 output (4 bytes an element), this rank's float32 shard (4 / 2) and the
@@ -319,7 +331,15 @@ TEST_CASE("train_gpt: FSDP's races with Gloo's thread are priced as ranges and e
        " --precision bf16-mixed --fsdp-mp-policy", true},
       {fsdp, samples::Precision::F16Mixed, (1 + 4 + 2 + 2) * elements,
        "the unit gathered ahead, widened for Gloo: this rank's shard rounded to 16 bits",
-       " --precision 16-mixed --fsdp-mp-policy", true}};
+       " --precision 16-mixed --fsdp-mp-policy", true},
+      // Over dp x tp (± SP) the units are the rank's tp shards, and over dp x cp the moment is
+      // ring attention's backward; the gather ahead is the same buffers.
+      {policy_tp, samples::Precision::BF16Mixed, (1 + 4 + 2 + 2) * tp_elements, policy_name,
+       " --tp 2 --precision bf16-mixed --fsdp-mp-policy", true, 4, 2},
+      {policy_sp, samples::Precision::F16Mixed, (1 + 4 + 2 + 2) * tp_elements, policy_name,
+       " --tp 2 --sequence-parallel --precision 16-mixed --fsdp-mp-policy", true, 4, 2},
+      {policy_cp, samples::Precision::BF16Mixed, (1 + 4 + 2 + 2) * elements, policy_name,
+       " --cp 2 --precision bf16-mixed --fsdp-mp-policy", true, 4, 2}};
   mg::testing::TempDir dir;
   const std::string fortunes = mg::testing::make_fortunes(dir);
   for (const Case& k : cases) {
@@ -342,11 +362,12 @@ TEST_CASE("train_gpt: FSDP's races with Gloo's thread are priced as ranges and e
         samples::trainer_moments(p.stages[0], model, k.split, 0, 12, 64, k.precision, k.fsdp_mp_policy, false);
     CHECK((!nccl || !nccl->is_range()));
 
-    const std::string command = mg::testing::program_path("minigrad-run") + " --nproc-per-node 2 " +
+    const std::string command = mg::testing::program_path("minigrad-run") + " --nproc-per-node " +
+                                std::to_string(k.ranks) + " " +
                                 mg::testing::program_path("train_gpt") +
                                 " --devices cpu --iters 4 --eval-iters 2 --eval-interval 4 --sample-chars 0 --data-dir " +
                                 fortunes + " --dp 2 --zero 3 --weight-decay 0" + k.flags;
-    for (int attempt = 0; attempt < 3; ++attempt) {
+    for (int attempt = 0; attempt < k.attempts; ++attempt) {
       const auto run = mg::testing::run_program(command);
       INFO(command << "\n" << run.output);
       REQUIRE(run.exit_code == 0);
@@ -357,7 +378,7 @@ TEST_CASE("train_gpt: FSDP's races with Gloo's thread are priced as ranges and e
         mg::testing::check_range_line(line, "at the trainer's moments: ", k.name, k.racing);
         ++lines;
       }
-      CHECK(lines == 2);
+      CHECK(lines == k.ranks);
     }
   }
 }
