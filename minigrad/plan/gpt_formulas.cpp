@@ -179,6 +179,12 @@ double gpt_activation_peak_floats(const models::GPTConfig& config, const MeshSha
 
 namespace {
 
+void check_dp_only(const models::GPTConfig& config, const MeshShape& mesh, const char* what) {
+  check_mesh(config, mesh, 0, what);
+  MG_CHECK(mesh.tp == 1 && mesh.pp == 1 && mesh.cp == 1,
+           "{}: priced on one device or over dp only, got tp {} pp {} cp {}", what, mesh.tp, mesh.pp, mesh.cp);
+}
+
 // The CPU 16-bit GEMM's float32 operands and result in c_proj's backward (row-parallel
 // under tp: its input and weight are the rank's shard, the gradient flowing in is whole).
 double gemm_float32_scratch(double C, double n, double t) { return 4 * (C * n + 4 * C * C / t + 4 * C * n / t); }
@@ -271,20 +277,14 @@ PrecisionExtraBytes gpt_bf16_true_extra_bytes(const models::GPTConfig& config, c
 
 double gpt_zero2_released_bytes(const models::GPTConfig& config, const MeshShape& mesh, double act_bytes,
                                 bool autocast) {
-  check_mesh(config, mesh, 0, "gpt_zero2_released_bytes");
-  MG_CHECK(mesh.pp == 1 && mesh.cp == 1, "gpt_zero2_released_bytes: priced on one stage without cp, got pp {} cp {}",
-           mesh.pp, mesh.cp);
+  check_dp_only(config, mesh, "gpt_zero2_released_bytes");
   MG_CHECK(act_bytes == 2 || act_bytes == 4, "gpt_zero2_released_bytes: act_bytes {} must be 2 or 4", act_bytes);
-  const double C = static_cast<double>(config.n_embd), Ab = act_bytes, t = mesh.tp;
-  const double sp = mesh.sequence_parallel ? t : 1;
+  const double C = static_cast<double>(config.n_embd), Ab = act_bytes;
   const double n = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T);
-  // Under tp the MLP's 4C are the rank's 4C/t; c_proj's bias and c_fc's input gradient (a
-  // partial sum before its all-reduce or reduce-scatter) are whole.
-  const double casts = autocast ? 2 * 4 * C * C / t + 2 * C * n / sp : 0;  // c_proj's weight cast, ln_f's gradient's
-  const double scratch = Ab == 2 ? gemm_float32_scratch(C, n, t) : 0;
-  const double gelu_backward = Ab * (4 * C * C / t + C) + scratch + casts;
-  const double c_fc_backward = Ab * (12 * C * n / t - 4 * C * n / t - C * n) +
-                               Ab * ((4 * C * C / t + C) - (4 * C * C / t + 4 * C / t)) + casts;
+  const double casts = autocast ? 2 * 4 * C * C + 2 * C * n : 0;  // c_proj's weight cast, ln_f's gradient's
+  const double scratch = Ab == 2 ? 4 * (C * n + 4 * C * C + 4 * C * n) : 0;
+  const double gelu_backward = Ab * (4 * C * C + C) + scratch + casts;
+  const double c_fc_backward = Ab * (12 * C * n - 5 * C * n) + Ab * ((4 * C * C + C) - (4 * C * C + 4 * C)) + casts;
   return std::min(gelu_backward, c_fc_backward);
 }
 

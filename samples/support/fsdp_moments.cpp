@@ -125,6 +125,16 @@ std::optional<TrainerMoments> fsdp_mp_policy_moments(const plan::RankMemory& r, 
     MemoryMoment at_ring = memory_moment("backward (the last block's ring attention, its flat gradient made)", ring);
     at_ring.racing.push_back(gather);
     m.moments.push_back(std::move(at_ring));
+  } else if (split.tp > 1) {
+    // RowParallelLinear adds c_proj's bias after the sum (layers.cpp): its gradient's hook
+    // runs before c_proj's GEMMs and makes the block's flat gradient, alive at their moment;
+    // c_fc's moment is then that less gpt_zero2_released_bytes, never the larger.
+    std::vector<MemoryTerm> at = c_proj;
+    at.push_back(flat_gradient);
+    MemoryMoment at_c_proj = memory_moment("backward (the last block's c_proj, its flat gradient made at c_proj's "
+                                           "bias)", at);
+    at_c_proj.racing.push_back(gather);
+    m.moments.push_back(std::move(at_c_proj));
   } else {
     std::vector<MemoryTerm> c_fc = c_proj;
     c_fc.push_back({"gone after c_proj's backward", -plan::gpt_zero2_released_bytes(gpt->config(), shape, 2, false)});
