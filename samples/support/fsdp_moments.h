@@ -21,9 +21,11 @@ namespace mg::samples {
 TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                       const ModelSplit& split, int64_t batch, int64_t T);
 
-// FSDP's MixedPrecisionPolicy (train_gpt --fsdp-mp-policy), bf16-mixed or 16-mixed, the GPT's
-// ZeRO-3 over Gloo on dp alone: its 16-bit units and compute, float32 shards and flat
-// gradients; the race is the unit gathered ahead, widened to float32 on Gloo's thread.
+// FSDP's MixedPrecisionPolicy (train_gpt --fsdp-mp-policy), bf16-mixed or 16-mixed, ZeRO-3
+// over Gloo on dp, dp x tp (± SP) or dp x cp, without recompute: its 16-bit units and
+// compute, float32 shards and flat gradients; the race is the unit gathered ahead, widened
+// to float32 on Gloo's thread. std::nullopt where the model does not price its 16-bit
+// compute or when its last layer's flat gradient is made (ModelArithmetic::flat_gradient_moment).
 std::optional<TrainerMoments> fsdp_mp_policy_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                                      const ModelSplit& split, int64_t batch, int64_t T);
 
