@@ -69,7 +69,7 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
 }
 
 // FSDP's MixedPrecisionPolicy (train_gpt --fsdp-mp-policy: torchtitan's), bf16-mixed or
-// 16-mixed, on dp over Gloo, alone or beside tp (± SP) or cp (fully_shard.cpp,
+// 16-mixed, on dp over Gloo, alone or beside tp (± SP), cp or both (fully_shard.cpp,
 // flat_parameter.cpp, sharded_grad_reducer.cpp, process_group_gloo.cpp; docs/planning.md,
 // "Planner against the trainer"). The shards and AdamW's state are float32 (the planner's
 // params and optimizer at 4 bytes); each unit, a layer's tp shard under tp, is gathered in

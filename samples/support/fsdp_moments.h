@@ -22,7 +22,7 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
                                       const ModelSplit& split, int64_t batch, int64_t T);
 
 // FSDP's MixedPrecisionPolicy (train_gpt --fsdp-mp-policy), bf16-mixed or 16-mixed, ZeRO-3
-// over Gloo on dp, dp x tp (± SP) or dp x cp, without recompute: its 16-bit units and
+// over Gloo on dp, alone or beside tp (± SP), cp or both, without recompute: its 16-bit units and
 // compute, float32 shards and flat gradients; the race is the unit gathered ahead, widened
 // to float32 on Gloo's thread. std::nullopt where the model does not price its 16-bit
 // compute or when its last layer's flat gradient is made (ModelArithmetic::flat_gradient_moment).

@@ -91,7 +91,7 @@ std::string memory_report(std::size_t peak_bytes, int rank, const parallel::Devi
                                             mib(r.total()), parts, static_cast<double>(peak_bytes) / r.total());
     if (!moments)
       return planned + "; not priced at the trainer's moments yet (FSDP's mixed precision policy with "
-                       "recompute, over NCCL or over tp x cp, FSDP with recompute but in 32-true over Gloo on dp alone, a "
+                       "recompute or over NCCL, FSDP with recompute but in 32-true over Gloo on dp alone, a "
                        "model whose formulas do not price the 16-bit precisions)";
     const double measured_bytes = static_cast<double>(peak_bytes);
     if (moments->is_range()) {  // a race with the communication thread (trainer_moments.h)

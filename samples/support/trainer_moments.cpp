@@ -95,9 +95,9 @@ std::string TrainerMoments::describe_range() const {
 std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                               const ModelSplit& split, int stage, int64_t batch, int64_t T,
                                               Precision precision, bool fsdp_mp_policy, bool gloo) {
-  if (fsdp_mp_policy) {  // FSDP's MixedPrecisionPolicy: ZeRO-3 over Gloo on dp, dp x tp or dp x cp, no recompute
+  if (fsdp_mp_policy) {  // FSDP's MixedPrecisionPolicy: ZeRO-3 over Gloo on dp (x tp, x cp), no recompute
     if ((precision != Precision::BF16Mixed && precision != Precision::F16Mixed) || split.zero != 3 ||
-        split.dp < 2 || split.recompute || !gloo || split.pp > 1 || (split.tp > 1 && split.cp > 1))
+        split.dp < 2 || split.recompute || !gloo || split.pp > 1)
       return std::nullopt;
     return fsdp_mp_policy_moments(r, model, split, batch, T);
   }

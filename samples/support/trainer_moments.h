@@ -82,8 +82,8 @@ MemoryMoment memory_moment(std::string name, std::vector<MemoryTerm> terms);
 // `r`: the planner's bytes for this rank's stage; `gloo`: the dp and cp groups are Gloo's (no 16-bit
 // sums: they travel as float32). FSDP with recompute and FSDP's MixedPrecisionPolicy
 // (`fsdp_mp_policy`) are ranges of their own (fsdp_moments.h). Empty where not
-// priced so yet: FSDP's MixedPrecisionPolicy with recompute or over NCCL (tp x cp unmeasured),
-// or for a model without flat_gradient_moment, FSDP with recompute in the 16-bit precisions, over tp or cp or over NCCL, and in 16 bits a
+// priced so yet: FSDP's MixedPrecisionPolicy with recompute or over NCCL, or for a model
+// without flat_gradient_moment, FSDP with recompute in the 16-bit precisions, over tp or cp or over NCCL, and in 16 bits a
 // model whose precision_extra_bytes does not price them (the GPT's and the Llama's do).
 std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                               const ModelSplit& split, int stage, int64_t batch, int64_t T,

@@ -282,7 +282,8 @@ TEST_CASE("train_gpt --model llama: each rank's peak within 5 % of the planner's
 // (bf16-mixed and 16-mixed) the same gather with its 16-bit input shard, at the last block's
 // c_fc backward (14.62 to 15.47 against 13.75 to 15.46), over dp 2 x tp 2 at c_proj's
 // backward (8.28 to 9.04 against 8.17 to 9.02), with SP (8.09 to 8.64 against 7.73 to 8.59),
-// over dp 2 x cp 2 at ring attention's backward (12.65 to 13.53 against 11.81 to 13.51); the
+// over dp 2 x cp 2 at ring attention's backward (12.65 to 13.53 against 11.81 to 13.51) and
+// dp 2 x tp 2 x cp 2 (6.78 to 7.12 against 6.30 to 7.15); the
 // Llama's on dp 2 at its gate's and up's backward (14.27 to 15.77 against 14.18 to 15.77),
 // dp 2 x tp 2 (8.51 to 8.85 against 8.05 to 8.84) and dp 2 x cp 2 (12.39 to 13.22 against
 // 11.77 to 13.35). The range is no wider than the named buffers, and each bound is a
@@ -310,6 +311,8 @@ TEST_CASE("train_gpt: FSDP's races with Gloo's thread are priced as ranges and e
   policy_sp.sequence_parallel = true;
   samples::ModelSplit policy_cp = fsdp;
   policy_cp.cp = 2;
+  samples::ModelSplit policy_tp_cp = policy_tp;
+  policy_tp_cp.cp = 2;
   const std::string policy_name = "the unit gathered ahead, widened for Gloo: this rank's shard rounded to 16 bits";
   // train_gpt --model llama's default: C 128, 4 heads, 2 key-value heads (k d 64), SwiGLU 352;
   // a layer is 2C^2 + 2C kd + 3CI + 2C elements.
@@ -330,7 +333,7 @@ TEST_CASE("train_gpt: FSDP's races with Gloo's thread are priced as ranges and e
     double racing;  // bytes
     std::string name, flags;
     bool fsdp_mp_policy = false;
-    int ranks = 2;     // dp 2, times tp or cp
+    int ranks = 2;     // dp 2, times tp and cp
     int attempts = 3;  // runs of it: each may end the race otherwise
     const plan::ModelArithmetic* arithmetic = nullptr;  // the GPT's unless named
   };
@@ -358,6 +361,8 @@ TEST_CASE("train_gpt: FSDP's races with Gloo's thread are priced as ranges and e
        " --tp 2 --sequence-parallel --precision 16-mixed --fsdp-mp-policy", true, 4, 1},
       {policy_cp, samples::Precision::BF16Mixed, (1 + 4 + 2 + 2) * elements, policy_name,
        " --cp 2 --precision bf16-mixed --fsdp-mp-policy", true, 4, 2},
+      {policy_tp_cp, samples::Precision::BF16Mixed, (1 + 4 + 2 + 2) * tp_elements, policy_name,
+       " --tp 2 --cp 2 --precision bf16-mixed --fsdp-mp-policy", true, 8, 1},
       // The Llama's layers are its units: the same gather, at its SwiGLU's moments.
       {fsdp, samples::Precision::BF16Mixed, (1 + 4 + 2 + 2) * llama_elements, policy_name,
        " --model llama --precision bf16-mixed --fsdp-mp-policy", true, 2, 2, &llama},
