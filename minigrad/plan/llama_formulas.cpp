@@ -215,6 +215,30 @@ std::map<std::string, CollectiveBytes> LlamaArithmetic::collective_bytes(const M
   return f;
 }
 
+// Read off train_gpt --model llama --dp 2 --zero 3 --fsdp-mp-policy's live blocks. The flat
+// gradient is made at down_proj's weight's hook (no biases), after its GEMMs, the 16-bit
+// peak; the moment it is alive is the last layer's gate's and up's backward, at a weight
+// gradient's GEMM: gone are down_proj's input (the product), the product's saved SiLU and
+// up outputs and SiLU's saved gate output (4 I/t a token), made are up's and gate's output
+// gradients (2 I/t) and that layer's input gradient (C, a partial sum under tp); its weight
+// gradient and GEMM working set are down_proj's size again. At 2 bytes: 4 I n/t - 2 C n.
+// Under cp ring attention's backward, the peak, comes after the MLP's and o_proj's: the flat
+// gradient is alive at it, and the weight gradients made, which activation_peak_floats
+// prices as 16-bit .grad there (3CI/t + C^2/t + C), are in it, freed at their hooks.
+std::optional<FlatGradientMoment> LlamaArithmetic::flat_gradient_moment(const MeshShape& mesh) const {
+  check_tp(mesh.tp);
+  if (mesh.pp > 1) return std::nullopt;
+  const double t = mesh.tp;
+  const ActivationMoments moments = activation_moments(mesh, 0, false);
+  if (mesh.cp > 1) {
+    if (moments.ring > 0 && moments.ring >= moments.backward)
+      return FlatGradientMoment{true, 2 * (3 * C_ * I_ / t + C_ * C_ / t + C_)};
+    return std::nullopt;
+  }
+  const double n = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T);
+  return FlatGradientMoment{false, 4 * I_ * n / t - 2 * C_ * n};
+}
+
 std::optional<PrecisionExtraBytes> LlamaArithmetic::precision_extra_bytes(const MeshShape& mesh, int stage, int zero,
                                                                           bool recompute, Precision precision) const {
   check_tp(mesh.tp);

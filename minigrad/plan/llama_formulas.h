@@ -87,6 +87,8 @@ class LlamaArithmetic final : public ModelArithmetic {
   // The 16-bit precisions' terms (this header's top).
   std::optional<PrecisionExtraBytes> precision_extra_bytes(const MeshShape& mesh, int stage, int zero, bool recompute,
                                                            Precision precision) const override;
+  // After the peak on dp and tp (SwiGLU's gate's and up's backward); before it under cp.
+  std::optional<FlatGradientMoment> flat_gradient_moment(const MeshShape& mesh) const override;
 
  private:
   models::LlamaConfig config_;

@@ -83,6 +83,27 @@ std::optional<PrecisionExtraBytes> ModelArithmetic::precision_extra_bytes(const 
   return std::nullopt;
 }
 
+std::optional<FlatGradientMoment> ModelArithmetic::flat_gradient_moment(const MeshShape& /*mesh*/) const {
+  return std::nullopt;
+}
+
+// Read off train_gpt --zero 3 --fsdp-mp-policy's live blocks (docs/planning.md, "Planner
+// against the trainer"). On dp the flat gradient is made at c_proj's weight's hook, after
+// its GEMMs: the moment is c_fc's backward (gpt_zero2_released_bytes at 2 bytes). Under tp
+// RowParallelLinear adds c_proj's bias after the sum (tensor_parallel/layers.cpp), so that
+// bias's gradient comes first and its hook makes the flat gradient before c_proj's GEMMs;
+// under cp ring attention's backward, the peak, comes after the MLP's: both hold it at the peak.
+std::optional<FlatGradientMoment> GPTArithmetic::flat_gradient_moment(const MeshShape& mesh) const {
+  if (mesh.pp > 1) return std::nullopt;
+  if (mesh.cp > 1) {
+    const ActivationMoments moments = gpt_activation_moments(config_, mesh, 0);
+    if (moments.ring > 0 && moments.ring >= moments.backward) return FlatGradientMoment{true, 0};
+    return std::nullopt;
+  }
+  if (mesh.tp > 1) return config_.bias ? std::optional<FlatGradientMoment>(FlatGradientMoment{true, 0}) : std::nullopt;
+  return FlatGradientMoment{false, gpt_zero2_released_bytes(config_, mesh, 2, false)};
+}
+
 std::optional<PrecisionExtraBytes> GPTArithmetic::precision_extra_bytes(const MeshShape& mesh, int stage, int zero,
                                                                         bool recompute, Precision precision) const {
   switch (precision) {

@@ -14,6 +14,14 @@
 
 namespace mg::plan {
 
+// When a layer's flat gradient is alive against the backward's peak (flat_gradient_moment).
+struct FlatGradientMoment {
+  bool before_peak = false;  // made before the peak: alive at it
+  // After the peak: what the peak holds that the moment it is made no longer holds. Before:
+  // what the peak prices as 16-bit .grad that FSDP's hooks took into it and freed. Bytes.
+  double released = 0;
+};
+
 class ModelArithmetic {
  public:
   virtual ~ModelArithmetic() = default;
@@ -50,6 +58,10 @@ class ModelArithmetic {
   // zero in 32-true; std::nullopt where the model does not price it (the default in 16 bits).
   virtual std::optional<PrecisionExtraBytes> precision_extra_bytes(const MeshShape& mesh, int stage, int zero,
                                                                    bool recompute, Precision precision) const;
+  // In a 16-bit compute without autocast (FSDP's MixedPrecisionPolicy: bf16-true's terms),
+  // the last layer's flat gradient (FSDP's, float32) is made at the first post-accumulate
+  // hook of its parameters; std::nullopt where the model does not price when (the default).
+  virtual std::optional<FlatGradientMoment> flat_gradient_moment(const MeshShape& mesh) const;
   // The dp rank's real micro-batches and layers of a stage (parallel::even_balance).
   int64_t stage_blocks(int pp, int stage) const;
 };
@@ -76,6 +88,9 @@ class GPTArithmetic final : public ModelArithmetic {
   // gpt_bf16_mixed_extra_bytes (bf16-mixed, 16-mixed) and gpt_bf16_true_extra_bytes.
   std::optional<PrecisionExtraBytes> precision_extra_bytes(const MeshShape& mesh, int stage, int zero, bool recompute,
                                                            Precision precision) const override;
+  // After the peak on dp (gpt_zero2_released_bytes's c_fc moment); before it over tp (c_proj's
+  // bias) and cp (ring attention).
+  std::optional<FlatGradientMoment> flat_gradient_moment(const MeshShape& mesh) const override;
 
  private:
   models::GPTConfig config_;

@@ -214,59 +214,68 @@ TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelAri
 }
 
 // FSDP's MixedPrecisionPolicy (train_gpt --fsdp-mp-policy: torchtitan's), bf16-mixed or
-// 16-mixed, on dp over Gloo (fully_shard.cpp, flat_parameter.cpp, sharded_grad_reducer.cpp,
-// process_group_gloo.cpp; docs/planning.md, "Planner against the trainer"). The shards and
-// AdamW's state are float32 (the planner's params and optimizer at 4 bytes); each unit is
-// gathered in the 16-bit param_dtype and forward and backward run on it without autocast:
-// a 16-bit model's compute, as bf16-true's (its LayerNorm statistics and log-sum-exps in
-// float32, the CPU's 16-bit GEMM's float32 working set: gpt_bf16_true_extra_bytes), the
-// activations at 2 bytes. What differs from bf16-true's ZeRO-3: the gathered units are the
-// planner's at 2 bytes (its bf16-mixed units are float32), the flat gradients are float32
-// (reduce_dtype: sharded_grad_reducer.cpp copies each 16-bit gradient into it), no masters,
-// and the gather's input is this rank's float32 shard rounded to 16 bits (flat_parameter.cpp).
-// Two moments of the last block's backward: c_proj's (the GEMM's working set; the block's
-// flat gradient not made yet), and c_fc's, once c_proj's gradients went into the block's
-// float32 flat gradient at their post-accumulate hooks (c_fc's and GELU's 16-bit outputs
-// gone: gpt_zero2_released_bytes's c_fc moment at 2 bytes, no autocast): 4 bytes an element
-// of the unit made against 2 a float of activations gone, so c_fc's is the larger. The race
-// is bf16-true's: the unit gathered ahead (block L - 2, prefetched at block L - 1's
+// 16-mixed, on dp over Gloo, alone or beside tp (± SP), cp or both (fully_shard.cpp,
+// flat_parameter.cpp, sharded_grad_reducer.cpp, process_group_gloo.cpp; docs/planning.md,
+// "Planner against the trainer"). The shards and AdamW's state are float32 (the planner's
+// params and optimizer at 4 bytes); each unit, a layer's tp shard under tp, is gathered in
+// the 16-bit param_dtype and forward and backward run on it without autocast: a 16-bit
+// model's compute, as bf16-true's (the model's precision_extra_bytes in bf16-true, at ZeRO 0:
+// its head gradient without bf16-true's 16-bit root flat gradient), the activations at 2
+// bytes. What differs from bf16-true's ZeRO-3: the gathered units are the planner's at 2
+// bytes (its bf16-mixed units are float32), the flat gradients are float32 (reduce_dtype:
+// sharded_grad_reducer.cpp copies each 16-bit gradient into it), no masters, and the
+// gather's input is this rank's float32 shard rounded to 16 bits (flat_parameter.cpp).
+// The last layer's float32 flat gradient is made at its first post-accumulate hook; the
+// model says when that is against the backward's peak (flat_gradient_moment): after it (the
+// GPT's c_fc, the Llama's gate and up, on dp and tp: two moments, the peak without it and
+// the later one with it, less what has gone since) or before it (the GPT's c_proj bias
+// under tp, ring attention's backward under cp: one moment, the peak with it). The race is
+// bf16-true's: the unit gathered ahead (layer L - 2, prefetched at layer L - 1's
 // pre-backward hook) travels widened on Gloo's thread, which frees each of its buffers (the
 // rounded shard too: the work's closure holds it) when the gather ends.
-TrainerMoments fsdp_mp_policy_moments(const plan::RankMemory& r, const plan::GPTArithmetic& model,
-                                      const ModelSplit& split, int64_t batch, int64_t T) {
-  const models::GPTConfig& config = model.config();
+std::optional<TrainerMoments> fsdp_mp_policy_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
+                                                     const ModelSplit& split, int64_t batch, int64_t T) {
   const plan::MeshShape shape = plan::mesh_shape(plan_split(split), plan::Workload{batch, T});
-  const plan::PrecisionExtraBytes compute = plan::gpt_bf16_true_extra_bytes(config, shape, 3, 0, false);
+  // bf16-true's compute at ZeRO 0: its head gradient without the root's 16-bit flat gradient
+  // (here float32, below).
+  const std::optional<plan::PrecisionExtraBytes> priced =
+      model.precision_extra_bytes(shape, 0, 0, false, plan::Precision::BF16True);
+  const std::optional<plan::FlatGradientMoment> flat = model.flat_gradient_moment(shape);
+  if (!priced || !flat) return std::nullopt;
+  const plan::PrecisionExtraBytes compute = *priced;
   const double dp = split.dp;
-  const double block_shard = std::ceil(model.block_param_elements(1) / dp);  // ceil(Psi_unit / N), padding in
-  const double block = block_shard * dp;                                        // a block's flat buffer, padded
-  const double root_elements = static_cast<double>(plan::gpt_fsdp_unit_numels(config).front());
+  const double block_elements = model.block_param_elements(split.tp);  // the rank's tp shard of a layer
+  const double block_shard = std::ceil(block_elements / dp);            // ceil(Psi_unit / N), padding in
+  const double block = block_shard * dp;                                // a layer's flat buffer, padded
+  const double root_elements =
+      model.stage_param_elements(split.tp, 1, 0) - static_cast<double>(model.stage_blocks(1, 0)) * block_elements;
   const double root = std::ceil(root_elements / dp) * dp;
-  // bf16-true's head gradient is the tied wte's 16-bit one and the root's 16-bit flat gradient.
-  const double wte_grad = compute.head_grad - 2 * root_elements;
 
   TrainerMoments m;
   m.always = memory_moment("always", {{"params", r.params}, {"optimizer", r.optimizer}});
-  const std::vector<MemoryTerm> c_proj = {
+  const std::vector<MemoryTerm> peak = {
       {"activations", r.activations},
       {"bf16-true's float32 saved tensors", compute.float32_saved},
       {"float32 backward working set", compute.backward},
-      {"the tied wte's 16-bit gradient", wte_grad},
+      {"the head's 16-bit gradient", compute.head_grad},
       {"the root's flat gradient, float32", 4 * root},
-      {"ZeRO-3's gathered units in 16 bits (the root's, the last block's, the one gathered ahead)",
+      {"ZeRO-3's gathered units in 16 bits (the root's, the last layer's, the one gathered ahead)",
        2 * (root + 2 * block)}};
-  std::vector<MemoryTerm> c_fc = c_proj;
-  c_fc.push_back({"gone after c_proj's backward", -plan::gpt_zero2_released_bytes(config, shape, 2, false)});
-  c_fc.push_back({"the last block's flat gradient, float32", 4 * block});
+  std::vector<MemoryTerm> made = peak;
+  made.push_back({flat->before_peak ? "the weight gradients made, in it (not 16-bit .grad)" : "gone since the peak",
+                  -flat->released});
+  made.push_back({"the last layer's flat gradient, float32", 4 * block});
   const MemoryTerm gather = {"the unit gathered ahead, widened for Gloo: this rank's shard rounded to 16 bits, it "
                              "widened to float32, the float32 output and it rounded back (on Gloo's thread)",
                              2 * block_shard + 4 * block_shard + 4 * block + 2 * block};
-  MemoryMoment at_c_proj = memory_moment("backward (the last block's c_proj)", c_proj);
-  MemoryMoment at_c_fc = memory_moment("backward (the last block's c_fc, its flat gradient made)", c_fc);
-  at_c_proj.racing.push_back(gather);
-  at_c_fc.racing.push_back(gather);
-  m.moments.push_back(std::move(at_c_proj));
-  m.moments.push_back(std::move(at_c_fc));
+  if (!flat->before_peak) {  // the peak without it, and the later moment with it
+    MemoryMoment at_peak = memory_moment("backward (the last layer's peak)", peak);
+    at_peak.racing.push_back(gather);
+    m.moments.push_back(std::move(at_peak));
+  }
+  MemoryMoment at_made = memory_moment("backward (the last layer's, its flat gradient made)", made);
+  at_made.racing.push_back(gather);
+  m.moments.push_back(std::move(at_made));
   m.moments.push_back(memory_moment("gradients", {{"gradients", r.grads}}));
   return m;
 }

@@ -2,6 +2,8 @@
 // makes their peak a low and a high.
 #pragma once
 
+#include <optional>
+
 #include <minigrad/plan/model_arithmetic.h>
 #include <minigrad/plan/planner.h>
 
@@ -28,10 +30,12 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
 TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                  const ModelSplit& split, int64_t batch, int64_t T);
 
-// FSDP's MixedPrecisionPolicy (train_gpt --fsdp-mp-policy), bf16-mixed or 16-mixed, the GPT's
-// ZeRO-3 over Gloo on dp alone: its 16-bit units and compute, float32 shards and flat
-// gradients; the race is the unit gathered ahead, widened to float32 on Gloo's thread.
-TrainerMoments fsdp_mp_policy_moments(const plan::RankMemory& r, const plan::GPTArithmetic& model,
-                                      const ModelSplit& split, int64_t batch, int64_t T);
+// FSDP's MixedPrecisionPolicy (train_gpt --fsdp-mp-policy), bf16-mixed or 16-mixed, ZeRO-3
+// over Gloo on dp, alone or beside tp (± SP), cp or both, without recompute: its 16-bit units and
+// compute, float32 shards and flat gradients; the race is the unit gathered ahead, widened
+// to float32 on Gloo's thread. std::nullopt where the model does not price its 16-bit
+// compute or when its last layer's flat gradient is made (ModelArithmetic::flat_gradient_moment).
+std::optional<TrainerMoments> fsdp_mp_policy_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
+                                                     const ModelSplit& split, int64_t batch, int64_t T);
 
 }  // namespace mg::samples

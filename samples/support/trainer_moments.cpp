@@ -107,12 +107,11 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
       return std::nullopt;
     return fsdp_recompute_moments(r, model, split, batch, T, precision, fsdp_mp_policy);
   }
-  if (fsdp_mp_policy) {  // FSDP's MixedPrecisionPolicy: ZeRO-3 over Gloo on dp alone, no recompute
-    const auto* gpt = dynamic_cast<const plan::GPTArithmetic*>(&model);
-    if (gpt == nullptr || (precision != Precision::BF16Mixed && precision != Precision::F16Mixed) ||
-        split.zero != 3 || split.dp < 2 || split.recompute || !gloo || split.tp > 1 || split.cp > 1 || split.pp > 1)
+  if (fsdp_mp_policy) {  // FSDP's MixedPrecisionPolicy: ZeRO-3 over Gloo on dp (x tp, x cp), no recompute
+    if ((precision != Precision::BF16Mixed && precision != Precision::F16Mixed) || split.zero != 3 ||
+        split.dp < 2 || !gloo || split.pp > 1)
       return std::nullopt;
-    return fsdp_mp_policy_moments(r, *gpt, split, batch, T);
+    return fsdp_mp_policy_moments(r, model, split, batch, T);
   }
   if (split.zero == 3 && split.cp > 1) {  // ring attention's moments (fsdp_ring_moments)
     // In 16 bits each block gone back also frees its own float32 and cast tensors, not priced

@@ -22,9 +22,9 @@
 //              root's, the gradient shards reduced; under the policy also block k's c_fc
 //              backward, its float32 flat gradient made
 //   FSDP's     (--fsdp-mp-policy: float32 shards, 16-bit units and compute, float32 flat
-//   mixed      gradients) the last block's c_proj backward, and its c_fc backward with
-//   precision  the block's float32 flat gradient made and c_fc's and GELU's outputs gone
-//   policy
+//   mixed      gradients) the backward's peak, and the moment the last layer's float32 flat
+//   precision  gradient is made if that is later (the GPT's c_fc, the Llama's gate and up;
+//   policy     over tp the GPT's c_proj bias and under cp ring attention hold it at the peak)
 // and two racing terms, which make the peak a range: FSDP with recompute's Gloo scratch for
 // block k + 1's reduce-scatter (in bf16-true widened), and under bf16-true ZeRO-3 and FSDP's
 // MixedPrecisionPolicy over Gloo the backward's unit gathered ahead, widened to float32 on
@@ -84,11 +84,11 @@ MemoryMoment memory_moment(std::string name, std::vector<MemoryTerm> terms);
 
 // `r`: the planner's bytes for this rank's stage; `gloo`: the dp and cp groups are Gloo's (no 16-bit
 // sums: they travel as float32). FSDP with recompute and FSDP's MixedPrecisionPolicy
-// (`fsdp_mp_policy`) and FSDP over dp x cp are ranges of their own (fsdp_moments.h). Empty where not
-// priced so yet: FSDP's MixedPrecisionPolicy over tp, cp or pp or over NCCL, FSDP with
-// recompute over NCCL or tp, and over cp in the 16-bit precisions (the planner prices a
-// recomputed block under cp at c_proj's moment, not ring attention's), FSDP over cp in the
-// 16-bit precisions or over NCCL, and in 16 bits a
+// (`fsdp_mp_policy`) and FSDP over dp x cp are ranges of their own (fsdp_moments.h). Empty
+// where not priced so yet: FSDP's MixedPrecisionPolicy over NCCL or for a model without
+// flat_gradient_moment, FSDP with recompute over NCCL or tp, or over cp in the 16-bit
+// precisions (the planner prices a recomputed block under cp at c_proj's moment, not ring
+// attention's), FSDP over cp in the 16-bit precisions or over NCCL, and in 16 bits a
 // model whose precision_extra_bytes does not price them (the GPT's and the Llama's do).
 std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                               const ModelSplit& split, int stage, int64_t batch, int64_t T,

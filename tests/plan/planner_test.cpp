@@ -432,6 +432,59 @@ TEST_CASE("planner: what ZeRO-2's moment with the flat gradients no longer holds
   CHECK_THROWS_WITH(plan::gpt_zero2_released_bytes(config, mesh, 3, false), MG_CONTAINS("act_bytes 3 must be 2 or 4"));
 }
 
+// FSDP's MixedPrecisionPolicy's float32 flat gradient of the last layer: made after the
+// 16-bit peak on dp (the GPT's c_fc moment, the Llama's gate and up), before it over tp for
+// the GPT (c_proj's bias, added after the sum, goes back first) and under cp (ring
+// attention's backward comes after the MLP's); not priced under pp or for a GPT without biases.
+TEST_CASE("planner: when the last layer's flat gradient is made against the 16-bit backward's peak") {
+  const models::GPTConfig config = train_gpt_default();
+  const plan::GPTArithmetic gpt(config);
+  plan::MeshShape mesh = twelve_rows_over_dp2();
+  const auto dp = gpt.flat_gradient_moment(mesh);
+  REQUIRE(dp);
+  CHECK_FALSE(dp->before_peak);
+  CHECK(dp->released == plan::gpt_zero2_released_bytes(config, mesh, 2, false));
+  plan::MeshShape tp = mesh;
+  tp.tp = 2;
+  REQUIRE(gpt.flat_gradient_moment(tp));
+  CHECK(gpt.flat_gradient_moment(tp)->before_peak);
+  CHECK(gpt.flat_gradient_moment(tp)->released == 0);
+  models::GPTConfig unbiased = config;
+  unbiased.bias = false;
+  CHECK_FALSE(plan::GPTArithmetic(unbiased).flat_gradient_moment(tp));
+  plan::MeshShape cp = mesh;
+  cp.cp = 2;
+  REQUIRE(gpt.flat_gradient_moment(cp));
+  CHECK(gpt.flat_gradient_moment(cp)->before_peak);
+  plan::MeshShape pp = mesh;
+  pp.pp = 2;
+  CHECK_FALSE(gpt.flat_gradient_moment(pp));
+
+  models::LlamaConfig c;
+  c.num_hidden_layers = 4;
+  c.hidden_size = 128;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.intermediate_size = 352;
+  c.vocab_size = 34;
+  c.max_position_embeddings = 64;
+  const plan::LlamaArithmetic llama(c);
+  const double C = 128, I = 352, n = 6 * 64;
+  // Gate's and up's backward: down_proj's input, SiLU's, up's and gate's outputs gone (4I),
+  // up's and gate's output gradients and the layer's input gradient made (2I + C), 2 bytes.
+  const auto swiglu = llama.flat_gradient_moment(mesh);
+  REQUIRE(swiglu);
+  CHECK_FALSE(swiglu->before_peak);
+  CHECK(swiglu->released == 2 * (4 * I - 2 * I - C) * n);
+  CHECK(llama.flat_gradient_moment(tp)->released == 2 * (4 * I / 2 - 2 * I / 2 - C) * n);
+  // Under cp the layer's weight gradients made are in the flat gradient, not 16-bit .grad.
+  const auto ring = llama.flat_gradient_moment(cp);
+  REQUIRE(ring);
+  CHECK(ring->before_peak);
+  CHECK(ring->released == 2 * (3 * C * I + C * C + C));
+  CHECK_FALSE(llama.flat_gradient_moment(pp));
+}
+
 // The Llama at train_gpt --model llama's shape (4 layers, C 128, 4 heads of d 32, 2 kv
 // heads, I 352, a vocabulary of 34; 12 rows of 64 tokens): what the 16-bit precisions hold
 // beyond activation_peak_floats at 2 bytes, term by term (llama_formulas.h).
