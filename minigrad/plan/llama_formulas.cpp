@@ -74,13 +74,17 @@ double LlamaArithmetic::activation_peak_floats(const MeshShape& mesh, int stage,
   return activation_moments(mesh, stage, recompute).peak();
 }
 
+double LlamaArithmetic::attention_backward_weight_grads(double t) const {
+  return 3 * C_ * I_ / t + C_ * C_ / t + C_;  // gate, up, down; o_proj; post_attention_layernorm
+}
+
 double LlamaArithmetic::ring_weight_gradient_floats(const MeshShape& mesh, int stage) const {
   if (mesh.cp == 1) return 0;
   const PipelinePeak peak = pipeline_peak(mesh, stage);
   // Held as .grad only in the stage's first backward (activation_moments' `made`).
   if (std::any_of(peak.gone_back.begin(), peak.gone_back.end(), [](bool b) { return b; })) return 0;
   const double t = mesh.tp;
-  return 3 * C_ * I_ / t + C_ * C_ / t + C_ + (stage == mesh.pp - 1 ? V_ * C_ / t + C_ : 0);
+  return attention_backward_weight_grads(t) + (stage == mesh.pp - 1 ? V_ * C_ / t + C_ : 0);
 }
 
 double LlamaArithmetic::block_activation_floats(const MeshShape& mesh) const {
@@ -232,7 +236,7 @@ std::optional<FlatGradientMoment> LlamaArithmetic::flat_gradient_moment(const Me
   const ActivationMoments moments = activation_moments(mesh, 0, false);
   if (mesh.cp > 1) {
     if (moments.ring > 0 && moments.ring >= moments.backward)
-      return FlatGradientMoment{true, 2 * (3 * C_ * I_ / t + C_ * C_ / t + C_)};
+      return FlatGradientMoment{true, 2 * attention_backward_weight_grads(t)};
     return std::nullopt;
   }
   const double n = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T);
@@ -286,7 +290,7 @@ std::optional<PrecisionExtraBytes> LlamaArithmetic::precision_extra_bytes(const 
     if (autocast) {
       e.weight_casts = 2 * (block_param_elements(mesh.tp) - 2 * C_) * (mesh.pp > 1 ? whole : blocks - 1) +
                        2 * (C_ * C_ + 2 * C_ * kd) / t;
-      e.backward += 2 * C_ / sp * n + (first_backward ? 2 * (3 * C_ * I_ / t + C_ * C_ / t + C_) : 0);
+      e.backward += 2 * C_ / sp * n + (first_backward ? 2 * attention_backward_weight_grads(t) : 0);
     }
     return e;
   }

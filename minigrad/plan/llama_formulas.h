@@ -98,6 +98,9 @@ class LlamaArithmetic final : public ModelArithmetic {
   ActivationMoments activation_moments(const MeshShape& mesh, int stage, bool recompute) const;
   // A layer's saved floats a token (activation_peak_floats has each term).
   double layer_floats(double t, bool sp) const;
+  // The weight gradients a layer has made when its attention goes back (its MLP's, o_proj's
+  // and its second norm's: 3CI/t + C²/t + C), in elements.
+  double attention_backward_weight_grads(double t) const;
 };
 
 }  // namespace mg::plan
