@@ -87,6 +87,8 @@ class LlamaArithmetic final : public ModelArithmetic {
   // The 16-bit precisions' terms (this header's top).
   std::optional<PrecisionExtraBytes> precision_extra_bytes(const MeshShape& mesh, int stage, int zero, bool recompute,
                                                            Precision precision) const override;
+  // A whole layer's share of precision_extra_bytes's ring moment.
+  std::optional<PrecisionExtraBytes> ring_block_extra_bytes(const MeshShape& mesh, Precision precision) const override;
 
  private:
   models::LlamaConfig config_;

@@ -83,6 +83,18 @@ std::optional<PrecisionExtraBytes> ModelArithmetic::precision_extra_bytes(const 
   return std::nullopt;
 }
 
+std::optional<PrecisionExtraBytes> ModelArithmetic::ring_block_extra_bytes(const MeshShape& /*mesh*/,
+                                                                           Precision precision) const {
+  if (precision == Precision::True32) return PrecisionExtraBytes{};
+  return std::nullopt;
+}
+
+std::optional<PrecisionExtraBytes> GPTArithmetic::ring_block_extra_bytes(const MeshShape& mesh,
+                                                                         Precision precision) const {
+  if (precision == Precision::True32) return PrecisionExtraBytes{};
+  return gpt_ring_block_extra_bytes(config_, mesh, precision != Precision::BF16True);
+}
+
 std::optional<PrecisionExtraBytes> GPTArithmetic::precision_extra_bytes(const MeshShape& mesh, int stage, int zero,
                                                                         bool recompute, Precision precision) const {
   switch (precision) {

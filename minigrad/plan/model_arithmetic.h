@@ -50,6 +50,11 @@ class ModelArithmetic {
   // zero in 32-true; std::nullopt where the model does not price it (the default in 16 bits).
   virtual std::optional<PrecisionExtraBytes> precision_extra_bytes(const MeshShape& mesh, int stage, int zero,
                                                                    bool recompute, Precision precision) const;
+  // One whole block's share of precision_extra_bytes's ring moment (cp, no recompute): what it
+  // keeps in `precision` beyond block_activation_floats at 2 bytes a float, and so frees too
+  // once it has gone back (FSDP's moments over cp). Zero in 32-true; std::nullopt where the
+  // model does not price it (the default in 16 bits).
+  virtual std::optional<PrecisionExtraBytes> ring_block_extra_bytes(const MeshShape& mesh, Precision precision) const;
   // The dp rank's real micro-batches and layers of a stage (parallel::even_balance).
   int64_t stage_blocks(int pp, int stage) const;
 };
@@ -76,6 +81,8 @@ class GPTArithmetic final : public ModelArithmetic {
   // gpt_bf16_mixed_extra_bytes (bf16-mixed, 16-mixed) and gpt_bf16_true_extra_bytes.
   std::optional<PrecisionExtraBytes> precision_extra_bytes(const MeshShape& mesh, int stage, int zero, bool recompute,
                                                            Precision precision) const override;
+  // gpt_ring_block_extra_bytes.
+  std::optional<PrecisionExtraBytes> ring_block_extra_bytes(const MeshShape& mesh, Precision precision) const override;
 
  private:
   models::GPTConfig config_;
