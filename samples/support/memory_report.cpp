@@ -91,8 +91,8 @@ std::string memory_report(std::size_t peak_bytes, int rank, const parallel::Devi
                                             mib(r.total()), parts, static_cast<double>(peak_bytes) / r.total());
     if (!moments)
       return planned + "; not priced at the trainer's moments yet (FSDP's mixed precision policy but on dp "
-                       "over Gloo, FSDP with recompute but over Gloo on dp, or in 32-true on dp x cp, FSDP over cp "
-                       "but in 32-true over Gloo, a model whose formulas do not price the 16-bit precisions)";
+                       "over Gloo, FSDP with recompute but over Gloo on dp or dp x cp, FSDP over cp but over Gloo, "
+                       "a model whose formulas do not price the 16-bit precisions)";
     const double measured_bytes = static_cast<double>(peak_bytes);
     if (moments->is_range()) {  // a race with the communication thread (trainer_moments.h)
       const double low = moments->low(), high = moments->high();

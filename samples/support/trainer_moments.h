@@ -20,7 +20,10 @@
 //   recompute  gathered ahead and the root's, the flat gradients of k (in 16 bits not yet:
 //              the peak is c_proj's GEMM), of k + 1 (its reduce-scatter in flight) and the
 //              root's, the gradient shards reduced; under the policy also block k's c_fc
-//              backward, its float32 flat gradient made
+//              backward, its float32 flat gradient made; over dp x cp in 16 bits ring
+//              attention's backward in the recomputed block k (as FSDP over cp's)
+//   FSDP over  ring attention's backward in block k (each k): the blocks after it gone back,
+//   cp         their activations and 16-bit terms freed, with FSDP with recompute's buffers
 //   FSDP's     (--fsdp-mp-policy: float32 shards, 16-bit units and compute, float32 flat
 //   mixed      gradients) the last block's c_proj backward, and its c_fc backward with
 //   precision  the block's float32 flat gradient made and c_fc's and GELU's outputs gone
@@ -86,10 +89,9 @@ MemoryMoment memory_moment(std::string name, std::vector<MemoryTerm> terms);
 // sums: they travel as float32). FSDP with recompute and FSDP's MixedPrecisionPolicy
 // (`fsdp_mp_policy`) and FSDP over dp x cp are ranges of their own (fsdp_moments.h). Empty where not
 // priced so yet: FSDP's MixedPrecisionPolicy over tp, cp or pp or over NCCL, FSDP with
-// recompute over NCCL or tp, and over cp in the 16-bit precisions (the planner prices a
-// recomputed block under cp at c_proj's moment, not ring attention's), FSDP over cp in the
-// 16-bit precisions or over NCCL, and in 16 bits a
-// model whose precision_extra_bytes does not price them (the GPT's and the Llama's do).
+// recompute over NCCL or tp, FSDP over cp over NCCL or tp, and in 16 bits a model whose
+// precision_extra_bytes (ring_block_extra_bytes over cp) does not price them (the GPT's and
+// the Llama's do).
 std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                               const ModelSplit& split, int stage, int64_t batch, int64_t T,
                                               Precision precision, bool fsdp_mp_policy, bool gloo);
