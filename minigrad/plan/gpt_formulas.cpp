@@ -210,8 +210,10 @@ StagePeak stage_peak(const models::GPTConfig& config, const MeshShape& mesh, int
 // (4C/t a token a block) and its working set and the gradients flowing in (23C/t) hold 2
 // bytes a float more; `whole` blocks keep everything, the one going back what its attention
 // saved (ln_1's input and statistics, the log-sum-exp: `first_kept` bytes over 16 bits).
+// `whole` is -1 where the ring is not the peak; `going_back` the ring's float32 terms of the
+// block going back: its q k v and output, the working set and the gradients flowing in.
 struct RingAt {
-  double whole, float32_ring;
+  double whole, going_back;
 };
 
 RingAt ring_at(const models::GPTConfig& config, const MeshShape& mesh, int stage, bool recompute) {
@@ -219,10 +221,21 @@ RingAt ring_at(const models::GPTConfig& config, const MeshShape& mesh, int stage
   if (moments.ring == 0 || moments.ring < moments.backward) return {-1, 0};
   const double C = static_cast<double>(config.n_embd), t = mesh.tp;
   const double whole = static_cast<double>(gpt_stage_blocks(config, mesh.pp, stage)) * pipeline_peak(mesh, stage).in_flight - 1;
-  return {whole, 2 * (4 * C / t * (whole + 1) + 23 * C / t)};
+  return {whole, 2 * (4 * C / t + 23 * C / t)};
 }
 
 }  // namespace
+
+PrecisionExtraBytes gpt_ring_block_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, bool autocast) {
+  const double C = static_cast<double>(config.n_embd), a = static_cast<double>(config.n_head);
+  const double t = mesh.tp, sp = mesh.sequence_parallel ? t : 1;
+  const double n = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T / mesh.cp) / micro_batches_of(mesh);
+  PrecisionExtraBytes e;
+  e.float32_saved = ((autocast ? (4 * C + 8) / sp : 8 / sp) + 2 * a / t) * n;
+  e.weight_casts = autocast ? 2 * 12 * C * C / t : 0;
+  e.backward = 2 * 4 * C / t * n;  // the ring's float32 q k v and output
+  return e;
+}
 
 PrecisionExtraBytes gpt_bf16_mixed_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero,
                                                int stage, bool recompute) {
@@ -238,9 +251,10 @@ PrecisionExtraBytes gpt_bf16_mixed_extra_bytes(const models::GPTConfig& config, 
                 (zero == 3 ? 4 * static_cast<double>(gpt_fsdp_unit_numels(config).front()) : 0);
   const RingAt ring = ring_at(config, mesh, stage, recompute);
   if (ring.whole >= 0) {  // its c_attn's cast alive in the block going back; the residual's gradient float32
-    e.float32_saved = (((4 * C + 8) / sp + 2 * a / t) * ring.whole + (2 * C + 4) / sp + 2 * a / t) * at.mb_tokens;
-    e.weight_casts = 2 * C * C / t * (12 * (mesh.pp > 1 ? ring.whole : at.blocks - 1) + 3);
-    e.backward = (ring.float32_ring + 2 * C / sp) * at.mb_tokens;
+    const PrecisionExtraBytes block = gpt_ring_block_extra_bytes(config, mesh, true);
+    e.float32_saved = block.float32_saved * ring.whole + ((2 * C + 4) / sp + 2 * a / t) * at.mb_tokens;
+    e.weight_casts = block.weight_casts * ring.whole + 2 * 3 * C * C / t;
+    e.backward = block.backward * ring.whole + (ring.going_back + 2 * C / sp) * at.mb_tokens;
     return e;
   }
   // A kept input is the float32 residual stream: 2C bytes a token over 16 bits.
@@ -266,8 +280,9 @@ PrecisionExtraBytes gpt_bf16_true_extra_bytes(const models::GPTConfig& config, c
                 (zero == 3 ? 2 * static_cast<double>(gpt_fsdp_unit_numels(config).front()) : 0);
   const RingAt ring = ring_at(config, mesh, stage, recompute);
   if (ring.whole >= 0) {
-    e.float32_saved = ((8 / sp + 2 * a / t) * ring.whole + 4 / sp + 2 * a / t) * at.mb_tokens;
-    e.backward = ring.float32_ring * at.mb_tokens;
+    const PrecisionExtraBytes block = gpt_ring_block_extra_bytes(config, mesh, false);
+    e.float32_saved = block.float32_saved * ring.whole + (4 / sp + 2 * a / t) * at.mb_tokens;
+    e.backward = block.backward * ring.whole + ring.going_back * at.mb_tokens;
     return e;
   }
   e.float32_saved = (8 / sp + 2 * a / t) * alive_blocks(gpt_stage_blocks(config, mesh.pp, stage), mesh, stage, recompute).whole * at.mb_tokens;

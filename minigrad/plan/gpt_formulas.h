@@ -205,6 +205,12 @@ PrecisionExtraBytes gpt_bf16_mixed_extra_bytes(const models::GPTConfig& config, 
 PrecisionExtraBytes gpt_bf16_true_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, int zero,
                                               int stage = 0, bool recompute = false);
 
+// One whole block's share of the 16-bit ring moment's terms above (under autocast, `autocast`,
+// or bf16-true): its float32 saved tensors ((4C + 8)/sp + 2a/t bytes a token under autocast,
+// 8/sp + 2a/t in bf16-true), its weight casts (autocast: 24C^2/t) and the ring's float32 q k v
+// and output it saved (8C/t a token): what it frees once it has gone back.
+PrecisionExtraBytes gpt_ring_block_extra_bytes(const models::GPTConfig& config, const MeshShape& mesh, bool autocast);
+
 // ZeRO-2 (minigrad's ShardedGradReducer) makes a bucket's flat gradient at the first
 // post-accumulate hook of its parameters, which fires once the last block's c_proj has gone
 // back: the flat gradient is not alive at gpt_activation_peak_floats's moment (c_proj's

@@ -243,6 +243,22 @@ std::optional<FlatGradientMoment> LlamaArithmetic::flat_gradient_moment(const Me
   return FlatGradientMoment{false, 4 * I_ * n / t - 2 * C_ * n};
 }
 
+std::optional<PrecisionExtraBytes> LlamaArithmetic::ring_block_extra_bytes(const MeshShape& mesh,
+                                                                           Precision precision) const {
+  if (precision == Precision::True32) return PrecisionExtraBytes{};
+  const bool autocast = precision != Precision::BF16True;
+  const double t = mesh.tp, sp = mesh.sequence_parallel ? t : 1;
+  const double a = static_cast<double>(config_.num_attention_heads);
+  const double n = static_cast<double>(mesh.batch / mesh.dp) * static_cast<double>(mesh.T / mesh.cp) / micro_batches_of(mesh);
+  PrecisionExtraBytes e;
+  // The whole layers' float32 saved tensors (precision_extra_bytes's below), the ring's float32
+  // q, k, v and output (2 bytes a float more, 4C/t a token) and under autocast the weights' casts.
+  e.float32_saved = ((autocast ? 4 * C_ / sp + (mesh.sequence_parallel ? 0 : 6 * C_) : 0) + 4 / sp + 2 * a / t) * n;
+  e.backward = 2 * 4 * C_ / t * n;
+  e.weight_casts = autocast ? 2 * (block_param_elements(mesh.tp) - 2 * C_) : 0;
+  return e;
+}
+
 std::optional<PrecisionExtraBytes> LlamaArithmetic::precision_extra_bytes(const MeshShape& mesh, int stage, int zero,
                                                                           bool recompute, Precision precision) const {
   check_tp(mesh.tp);
@@ -282,14 +298,12 @@ std::optional<PrecisionExtraBytes> LlamaArithmetic::precision_extra_bytes(const 
     // casts (2 (C^2 + 2Ckd)/t) and the weight gradients made so far as float32 .grad (the
     // layer's MLP's, o_proj's and post_attention_layernorm's: 2 (3CI/t + C^2/t + C) bytes).
     const double whole = blocks * peak.in_flight - 1;
-    const double whole_saved = (autocast ? 4 * C_ / sp + (mesh.sequence_parallel ? 0 : 6 * C_) : 0) + 4 / sp + 2 * a / t;
+    const PrecisionExtraBytes layer = *ring_block_extra_bytes(mesh, precision);
     const double going_back = (autocast ? 2 * C_ / sp + (mesh.sequence_parallel ? 0 : 4 * C_) : 0) + 2 / sp + 2 * a / t;
-    e.float32_saved = (whole_saved * whole + going_back) * n;
-    const double ring_float32 = 2 * (4 * C_ / t * (whole + 1) + 23 * C_ / t) * n;
-    e.backward = ring_float32;
+    e.float32_saved = layer.float32_saved * whole + going_back * n;
+    e.backward = layer.backward * whole + 2 * (4 * C_ / t + 23 * C_ / t) * n;
     if (autocast) {
-      e.weight_casts = 2 * (block_param_elements(mesh.tp) - 2 * C_) * (mesh.pp > 1 ? whole : blocks - 1) +
-                       2 * (C_ * C_ + 2 * C_ * kd) / t;
+      e.weight_casts = layer.weight_casts * whole + 2 * (C_ * C_ + 2 * C_ * kd) / t;
       e.backward += 2 * C_ / sp * n + (first_backward ? 2 * attention_backward_weight_grads(t) : 0);
     }
     return e;

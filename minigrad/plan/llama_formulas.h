@@ -89,6 +89,8 @@ class LlamaArithmetic final : public ModelArithmetic {
                                                            Precision precision) const override;
   // After the peak on dp and tp (SwiGLU's gate's and up's backward); before it under cp.
   std::optional<FlatGradientMoment> flat_gradient_moment(const MeshShape& mesh) const override;
+  // A whole layer's share of precision_extra_bytes's ring moment.
+  std::optional<PrecisionExtraBytes> ring_block_extra_bytes(const MeshShape& mesh, Precision precision) const override;
 
  private:
   models::LlamaConfig config_;

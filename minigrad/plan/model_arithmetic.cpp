@@ -104,6 +104,18 @@ std::optional<FlatGradientMoment> GPTArithmetic::flat_gradient_moment(const Mesh
   return FlatGradientMoment{false, gpt_zero2_released_bytes(config_, mesh, 2, false)};
 }
 
+std::optional<PrecisionExtraBytes> ModelArithmetic::ring_block_extra_bytes(const MeshShape& /*mesh*/,
+                                                                           Precision precision) const {
+  if (precision == Precision::True32) return PrecisionExtraBytes{};
+  return std::nullopt;
+}
+
+std::optional<PrecisionExtraBytes> GPTArithmetic::ring_block_extra_bytes(const MeshShape& mesh,
+                                                                         Precision precision) const {
+  if (precision == Precision::True32) return PrecisionExtraBytes{};
+  return gpt_ring_block_extra_bytes(config_, mesh, precision != Precision::BF16True);
+}
+
 std::optional<PrecisionExtraBytes> GPTArithmetic::precision_extra_bytes(const MeshShape& mesh, int stage, int zero,
                                                                         bool recompute, Precision precision) const {
   switch (precision) {

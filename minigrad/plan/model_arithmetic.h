@@ -62,6 +62,11 @@ class ModelArithmetic {
   // the last layer's flat gradient (FSDP's, float32) is made at the first post-accumulate
   // hook of its parameters; std::nullopt where the model does not price when (the default).
   virtual std::optional<FlatGradientMoment> flat_gradient_moment(const MeshShape& mesh) const;
+  // One whole block's share of precision_extra_bytes's ring moment (cp, no recompute): what it
+  // keeps in `precision` beyond block_activation_floats at 2 bytes a float, and so frees too
+  // once it has gone back (FSDP's moments over cp). Zero in 32-true; std::nullopt where the
+  // model does not price it (the default in 16 bits).
+  virtual std::optional<PrecisionExtraBytes> ring_block_extra_bytes(const MeshShape& mesh, Precision precision) const;
   // The dp rank's real micro-batches and layers of a stage (parallel::even_balance).
   int64_t stage_blocks(int pp, int stage) const;
 };
@@ -91,6 +96,8 @@ class GPTArithmetic final : public ModelArithmetic {
   // After the peak on dp (gpt_zero2_released_bytes's c_fc moment); before it over tp (c_proj's
   // bias) and cp (ring attention).
   std::optional<FlatGradientMoment> flat_gradient_moment(const MeshShape& mesh) const override;
+  // gpt_ring_block_extra_bytes.
+  std::optional<PrecisionExtraBytes> ring_block_extra_bytes(const MeshShape& mesh, Precision precision) const override;
 
  private:
   models::GPTConfig config_;

@@ -23,6 +23,51 @@ std::vector<MemoryMoment> possible_peaks(std::vector<MemoryMoment> all) {
   return kept;
 }
 
+// What Gloo's thread allocates for a collective of a block of `elements` (its flat buffer,
+// padded; `shard_elements` a rank's) whose units are `pb` bytes an element and flat gradients
+// `gb` (process_group_gloo.cpp): the reduce-scatter's `slices` (the flat gradient's elements
+// in float32); a 16-bit one (Gloo has no 16-bit sum) also its float32 copy `wire`, the
+// float32 shard it sums into and that rounded back; a 16-bit gather its float32 output and
+// input and the output rounded back (a float32 gather writes into the unit, allocated by the
+// caller: nothing on the thread). Under the policy the gather's input is this rank's float32
+// shard rounded to 16 bits, made at its launch and held by the work until it ends
+// (flat_parameter.cpp).
+struct GlooCollectives {
+  double reduce_scatter, gather;
+};
+
+GlooCollectives gloo_collectives(double elements, double shard_elements, double pb, double gb, bool fsdp_mp_policy) {
+  const bool widened = gb == 2;
+  return {widened ? 4 * elements + 4 * elements + 4 * shard_elements + gb * shard_elements : 4 * elements,
+          pb == 2 ? (fsdp_mp_policy ? 2 * shard_elements : 0) + 4 * elements + 4 * shard_elements + pb * elements : 0};
+}
+
+// Gloo's thread runs one collective at a time, block k + 1's reduce-scatter (when in flight)
+// and then block k - 1's gather ahead: the race at block k's moment is the larger of those
+// queued.
+void add_gloo_race(MemoryMoment& at, int64_t k, bool in_flight, const GlooCollectives& gloo, bool widened,
+                   bool fsdp_mp_policy) {
+  std::vector<MemoryTerm> queued;
+  if (in_flight)
+    queued.push_back({fmt::format(widened ? "the reduce-scatter's widened copy, scratch, float32 shard and it "
+                                            "rounded back (block {}'s, on Gloo's thread)"
+                                          : "the reduce-scatter's scratch (block {}'s, on Gloo's thread)",
+                                  k + 1),
+                      gloo.reduce_scatter});
+  if (k > 0 && gloo.gather > 0)
+    queued.push_back({fmt::format(fsdp_mp_policy ? "the gather ahead's input, this rank's shard rounded to 16 bits, "
+                                                   "its float32 output and input and it rounded back (block {}'s, "
+                                                   "on Gloo's thread)"
+                                                 : "the gather ahead's float32 output, this rank's float32 shard "
+                                                   "and it rounded back (block {}'s, on Gloo's thread)",
+                                  k - 1),
+                      gloo.gather});
+  if (!queued.empty())
+    at.racing.push_back(*std::max_element(queued.begin(), queued.end(), [](const MemoryTerm& x, const MemoryTerm& y) {
+      return x.bytes < y.bytes;
+    }));
+}
+
 }  // namespace
 
 // FSDP with recompute over Gloo (fully_shard.cpp, sharded_grad_reducer.cpp,
@@ -86,18 +131,7 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
     extra.head_grad -= pb * root_padded;
   }
   const std::string kind = autocast ? "autocast's" : "bf16-true's";
-  // What Gloo's thread allocates for a collective of a block (process_group_gloo.cpp): the
-  // reduce-scatter's `slices` (the flat gradient's elements in float32); a 16-bit one (Gloo
-  // has no 16-bit sum) also its float32 copy `wire`, the float32 shard it sums into and that
-  // rounded back; a 16-bit gather its float32 output and input and the output rounded back.
-  // Under the policy the gather's input is this rank's float32 shard rounded to 16 bits,
-  // made at its launch and held by the work until it ends (flat_parameter.cpp).
-  const bool widened = gb == 2;
-  const double reduce_scatter = widened ? 4 * elements + 4 * elements + 4 * shard_elements + gb * shard_elements
-                                        : 4 * elements;
-  // A float32 gather writes into the unit, allocated by the caller: nothing on the thread.
-  const double gather =
-      pb == 2 ? (fsdp_mp_policy ? 2 * shard_elements : 0) + 4 * elements + 4 * shard_elements + pb * elements : 0;
+  const GlooCollectives gloo = gloo_collectives(elements, shard_elements, pb, gb, fsdp_mp_policy);
 
   TrainerMoments m;
   m.always = memory_moment("always", {{"params", r.params}, {"masters", r.master / 2}, {"optimizer", r.optimizer}});
@@ -126,27 +160,7 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
                                in_flight ? flat_grad : 0},
                               {"gradient shards of the blocks after it (one the reduce-scatter's output)",
                                later * shard}});
-    // Gloo's thread runs one collective at a time, block k + 1's reduce-scatter and then
-    // block k - 1's gather ahead: the race is the larger of those queued.
-    std::vector<MemoryTerm> queued;
-    if (in_flight)
-      queued.push_back({fmt::format(widened ? "the reduce-scatter's widened copy, scratch, float32 shard and it "
-                                              "rounded back (block {}'s, on Gloo's thread)"
-                                            : "the reduce-scatter's scratch (block {}'s, on Gloo's thread)",
-                                    k + 1),
-                        reduce_scatter});
-    if (k > 0 && gather > 0)
-      queued.push_back({fmt::format(fsdp_mp_policy ? "the gather ahead's input, this rank's shard rounded to 16 bits, "
-                                                     "its float32 output and input and it rounded back (block {}'s, "
-                                                     "on Gloo's thread)"
-                                                   : "the gather ahead's float32 output, this rank's float32 shard "
-                                                     "and it rounded back (block {}'s, on Gloo's thread)",
-                                    k - 1),
-                        gather});
-    if (!queued.empty())
-      at.racing.push_back(*std::max_element(queued.begin(), queued.end(), [](const MemoryTerm& x, const MemoryTerm& y) {
-        return x.bytes < y.bytes;
-      }));
+    add_gloo_race(at, k, in_flight, gloo, gb == 2, fsdp_mp_policy);
     // The GPT's c_fc backward, later in block k (fsdp_mp_policy_moments' second moment): c_proj's
     // gradients went into block k's flat gradient at their hooks, c_fc's and GELU's outputs
     // and the GEMM's float32 working set are gone; larger where that flat gradient is float32
@@ -164,7 +178,7 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
   return m;
 }
 
-// FSDP over dp x cp, 32-true over Gloo, no recompute (fully_shard.cpp, ring_attention.cpp,
+// FSDP over dp x cp over Gloo, no recompute (fully_shard.cpp, ring_attention.cpp,
 // sharded_grad_reducer.cpp): the peak is ring attention's backward in some block k (the
 // planner's activations are that moment's for the last block, k = L - 1). A block's
 // attention goes back after its MLP and c_proj, so its flat gradient is made by then, and
@@ -173,29 +187,63 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
 // gradient, block k + 1's flat gradient held by its reduce-scatter in flight, the shards of
 // the blocks after; the race, that reduce-scatter's scratch on Gloo's thread. At the default
 // shape the last block's moment is the low and block L - 2's with the scratch the high.
+// In 16 bits the last block's moment holds the model's ring terms (precision_extra_bytes:
+// the ring's float32 tensors, autocast's float32 saved tensors and weight casts), and each
+// block gone back frees its share of them too (ring_block_extra_bytes). bf16-true's units,
+// flat gradients and shards are bfloat16 and Gloo's thread widens what it moves
+// (fsdp_recompute_moments': the larger of the reduce-scatter and the gather ahead queued).
+// With recompute (16 bits; 32-true is fsdp_recompute_moments') the recomputed block k peaks
+// in its ring attention's backward too: the same moment, the earlier blocks' activations not
+// recomputed yet, each keeping its input instead.
 TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
-                                 const ModelSplit& split, int64_t batch, int64_t T) {
+                                 const ModelSplit& split, int64_t batch, int64_t T, Precision precision) {
+  const bool sixteen = precision != Precision::True32;
+  const bool autocast = precision == Precision::BF16Mixed || precision == Precision::F16Mixed;
+  const double pb = precision == Precision::BF16True ? 2 : 4;  // a unit's, a flat gradient's and a shard's bytes
   const double dp = split.dp;
   const int64_t blocks = model.stage_blocks(1, 0);
   const double block_shard = std::ceil(model.block_param_elements(1) / dp);  // ceil(Psi_unit / N), padding in
-  const double unit = 4 * block_shard * dp;
-  const double shard = 4 * block_shard;
+  const double elements = block_shard * dp;
+  const double unit = pb * elements;
+  const double shard = pb * block_shard;
   const double root_elements = model.stage_param_elements(1, 1, 0) - static_cast<double>(blocks) * model.block_param_elements(1);
-  const double root_unit = 4 * std::ceil(root_elements / dp) * dp;
+  const double root_unit = pb * std::ceil(root_elements / dp) * dp;
   const plan::MeshShape shape = plan::mesh_shape(plan_split(split), plan::Workload{batch, T});
-  const double block_activations = 4 * model.block_activation_floats(shape);
+  const double act_bytes = sixteen ? 2 : 4;
+  // The last block's ring moment without recompute (the planner's, whatever split.recompute
+  // says: recompute's moment is that one with every other block's activations gone).
+  const double activations = act_bytes * model.activation_peak_floats(shape, 0, false);
+  // The ring moment's 16-bit terms, without ZeRO-3's root flat gradient (a term here), and a
+  // whole block's share of them.
+  const plan::PrecisionExtraBytes extra = *model.precision_extra_bytes(shape, 0, 0, false, plan_precision(precision));
+  const double block_freed = act_bytes * model.block_activation_floats(shape) +
+                             model.ring_block_extra_bytes(shape, plan_precision(precision))->total();
+  const std::string kind = precision == Precision::BF16True ? "bf16-true's" : "autocast's";
+  const GlooCollectives gloo = gloo_collectives(elements, block_shard, pb, pb, false);
 
   TrainerMoments m;
-  m.always = memory_moment("always", {{"params", r.params}, {"optimizer", r.optimizer}});
+  m.always = memory_moment("always", {{"params", r.params}, {"masters", r.master / 2}, {"optimizer", r.optimizer}});
   std::vector<MemoryMoment> all;
+  // Recomputed (models::GPT's per-block checkpoint), blocks 0..k - 1 keep only their input,
+  // the residual stream (float32 under autocast).
+  const double input = (autocast ? 4 : act_bytes) * static_cast<double>(model.hidden_size()) *
+                       static_cast<double>(batch / split.dp) * static_cast<double>(T / split.cp);
   for (int64_t k = blocks - 1; k >= 0; --k) {
     const double later = static_cast<double>(blocks - 1 - k);  // blocks gone back before it
     const bool in_flight = later > 0;                            // block k + 1's reduce-scatter
+    const double earlier = static_cast<double>(k);
     MemoryMoment at = memory_moment(
-        fmt::format("ring attention's backward in block {}", k),
-        {{"activations", r.activations},
-         {"the later blocks' activations, freed", -later * block_activations},
-         {"the weight gradients made, in the flat gradients instead", -4 * model.ring_weight_gradient_floats(shape, 0)},
+        fmt::format(split.recompute ? "ring attention's backward in block {}, recomputed" : "ring attention's backward in block {}", k),
+        {{"activations", activations},
+         {kind + " float32 saved tensors", extra.float32_saved},
+         {"16-bit weight casts", extra.weight_casts},
+         {"the ring's float32 tensors and the backward's", extra.backward},
+         {"head gradient", extra.head_grad},
+         {"the later blocks' activations, freed", -later * block_freed},
+         {"the earlier blocks' activations, not recomputed yet", split.recompute ? -earlier * block_freed : 0},
+         {"the earlier blocks' inputs, kept", split.recompute ? earlier * input : 0},
+         // the weight gradients the planner's ring moment holds, at their .grad's bytes
+         {"the weight gradients made, in the flat gradients instead", -pb * model.ring_weight_gradient_floats(shape, 0)},
          {"the root's unit gathered", root_unit},
          {fmt::format("block {}'s unit gathered", k), unit},
          {fmt::format("block {}'s unit gathered ahead", k - 1), k > 0 ? unit : 0},
@@ -203,12 +251,17 @@ TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelAri
          {fmt::format("block {}'s flat gradient", k), unit},
          {fmt::format("block {}'s flat gradient, its reduce-scatter in flight", k + 1), in_flight ? unit : 0},
          {"gradient shards of the blocks after it (one the reduce-scatter's output)", later * shard}});
-    if (in_flight)
-      at.racing.push_back({fmt::format("the reduce-scatter's scratch (block {}'s, on Gloo's thread)", k + 1), unit});
+    add_gloo_race(at, k, in_flight, gloo, pb == 2, false);
     all.push_back(std::move(at));
   }
-  // After backward the shards' gradients are summed over cp: a flat copy and the all-reduce's.
-  all.push_back(memory_moment("sum over cp", {{"gradients", r.grads}, {"their flat copy and the all-reduce's", 2 * r.grads}}));
+  // After backward the shards' gradients are summed over cp: a flat copy and the all-reduce's;
+  // over Gloo in bf16-true its float32 copy and the sum rounded back.
+  all.push_back(memory_moment("sum over cp", {{"gradients", r.grads},
+                                              {"their flat copy and the all-reduce's", 2 * r.grads},
+                                              {"over Gloo, its float32 copy and the sum rounded back",
+                                               pb == 2 ? 3 * r.grads : 0}}));
+  if (pb == 2)
+    all.push_back(memory_moment("step", {{"gradients", r.grads}, {"the masters' float32 gradients", r.master / 2}}));
   m.moments = possible_peaks(std::move(all));
   return m;
 }

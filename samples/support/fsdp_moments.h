@@ -13,7 +13,7 @@
 namespace mg::samples {
 
 // FSDP with recompute (ZeRO-3, one stage, over Gloo: dp in every precision and under
-// `fsdp_mp_policy`, dp x cp in 32-true) is a range: its peak is a "backward through block
+// `fsdp_mp_policy`, dp x cp in 32-true: in 16 bits fsdp_ring_moments) is a range: its peak is a "backward through block
 // k" (the recomputed block k going back, block k - 1 gathered ahead, block k + 1's
 // reduce-scatter in flight: its flat gradient and its output shard, and the shards of the
 // blocks reduced before), and whether Gloo's communication thread still holds a collective's
@@ -25,10 +25,13 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
                                       const ModelSplit& split, int64_t batch, int64_t T, Precision precision,
                                       bool fsdp_mp_policy);
 
-// FSDP over dp x cp (32-true over Gloo, no recompute) is a range likewise: its peak is ring
-// attention's backward in some block k, with the buffers of fsdp_recompute_moments' block k.
+// FSDP over dp x cp (over Gloo; in 16 bits a model whose ring_block_extra_bytes prices them)
+// is a range likewise: its peak is ring attention's backward in some block k, with the
+// buffers of fsdp_recompute_moments' block k, each block gone back having freed its
+// activations and its 16-bit terms; with recompute (16 bits) block k is the recomputed one,
+// the blocks before it holding their inputs alone.
 TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
-                                 const ModelSplit& split, int64_t batch, int64_t T);
+                                 const ModelSplit& split, int64_t batch, int64_t T, Precision precision);
 
 // FSDP's MixedPrecisionPolicy (train_gpt --fsdp-mp-policy), bf16-mixed or 16-mixed, ZeRO-3
 // over Gloo on dp, alone or beside tp (± SP), cp or both, without recompute: its 16-bit units and

@@ -99,8 +99,15 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
     const Precision compute = fsdp_mp_policy ? Precision::BF16True : precision;
     // Under cp in 16 bits the recomputed block peaks in ring attention's float32 backward,
     // which the planner prices under recompute as c_proj's moment with a ring term on top
-    // (gpt_activation_moments): its 16-bit terms are c_proj's, not the ring's.
-    if (!gloo || split.tp > 1 || split.pp > 1 || (split.cp > 1 && compute != Precision::True32)) return std::nullopt;
+    // (gpt_activation_moments), its 16-bit terms c_proj's: fsdp_ring_moments prices the ring's
+    // moment itself, from the planner's without recompute.
+    if (!gloo || split.tp > 1 || split.pp > 1 || (split.cp > 1 && fsdp_mp_policy)) return std::nullopt;
+    if (split.cp > 1 && compute != Precision::True32) {
+      if (!model.ring_block_extra_bytes(plan::mesh_shape(plan_split(split), plan::Workload{batch, T}),
+                                        plan_precision(precision)))
+        return std::nullopt;
+      return fsdp_ring_moments(r, model, split, batch, T, precision);
+    }
     if (compute != Precision::True32 &&
         !model.precision_extra_bytes(plan::mesh_shape(plan_split(split), plan::Workload{batch, T}), 0, 3, true,
                                      plan_precision(compute)))
@@ -114,10 +121,13 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
     return fsdp_mp_policy_moments(r, model, split, batch, T);
   }
   if (split.zero == 3 && split.cp > 1) {  // ring attention's moments (fsdp_ring_moments)
-    // In 16 bits each block gone back also frees its own float32 and cast tensors, not priced
-    // block by block yet.
-    if (precision != Precision::True32 || !gloo || split.tp > 1) return std::nullopt;
-    return fsdp_ring_moments(r, model, split, batch, T);
+    // In 16 bits each block gone back also frees its own float32 and cast tensors: the
+    // model's ring_block_extra_bytes.
+    if (!gloo || split.tp > 1 ||
+        !model.ring_block_extra_bytes(plan::mesh_shape(plan_split(split), plan::Workload{batch, T}),
+                                      plan_precision(precision)))
+      return std::nullopt;
+    return fsdp_ring_moments(r, model, split, batch, T, precision);
   }
   const bool mixed = precision == Precision::BF16Mixed || precision == Precision::F16Mixed;
   const bool bf16_true = precision == Precision::BF16True;

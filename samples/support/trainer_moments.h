@@ -20,7 +20,10 @@
 //   recompute  gathered ahead and the root's, the flat gradients of k (in 16 bits not yet:
 //              the peak is c_proj's GEMM), of k + 1 (its reduce-scatter in flight) and the
 //              root's, the gradient shards reduced; under the policy also block k's c_fc
-//              backward, its float32 flat gradient made
+//              backward, its float32 flat gradient made; over dp x cp in 16 bits ring
+//              attention's backward in the recomputed block k (as FSDP over cp's)
+//   FSDP over  ring attention's backward in block k (each k): the blocks after it gone back,
+//   cp         their activations and 16-bit terms freed, with FSDP with recompute's buffers
 //   FSDP's     (--fsdp-mp-policy: float32 shards, 16-bit units and compute, float32 flat
 //   mixed      gradients) the backward's peak, and the moment the last layer's float32 flat
 //   precision  gradient is made if that is later (the GPT's c_fc, the Llama's gate and up;
@@ -85,11 +88,10 @@ MemoryMoment memory_moment(std::string name, std::vector<MemoryTerm> terms);
 // `r`: the planner's bytes for this rank's stage; `gloo`: the dp and cp groups are Gloo's (no 16-bit
 // sums: they travel as float32). FSDP with recompute and FSDP's MixedPrecisionPolicy
 // (`fsdp_mp_policy`) and FSDP over dp x cp are ranges of their own (fsdp_moments.h). Empty
-// where not priced so yet: FSDP's MixedPrecisionPolicy over NCCL or for a model without
-// flat_gradient_moment, FSDP with recompute over NCCL or tp, or over cp in the 16-bit
-// precisions (the planner prices a recomputed block under cp at c_proj's moment, not ring
-// attention's), FSDP over cp in the 16-bit precisions or over NCCL, and in 16 bits a
-// model whose precision_extra_bytes does not price them (the GPT's and the Llama's do).
+// where not priced so yet: FSDP over NCCL (no Gloo thread's race; not measurable here), FSDP
+// over dp x tp x cp but under the policy, the policy with recompute over cp, and in 16 bits
+// a model whose precision_extra_bytes (flat_gradient_moment under the policy,
+// ring_block_extra_bytes over cp) does not price them (the GPT's and the Llama's do).
 std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                               const ModelSplit& split, int stage, int64_t batch, int64_t T,
                                               Precision precision, bool fsdp_mp_policy, bool gloo);
