@@ -18,8 +18,8 @@ import subprocess
 import sys
 import tempfile
 
-# (ranks, flags): every split train_gpt runs on up to 4 CPU ranks (ZeRO-2/3 with pp and
-# recompute with tp alone are refused by the trainer).
+# (ranks, flags): the splits train_gpt runs, up to the 4-D mesh on 16 CPU ranks (ZeRO-2/3
+# with pp and recompute with tp alone are refused by the trainer).
 SPLITS = [
     (1, ""), (1, "--recompute"),
     (2, "--dp 2"), (2, "--dp 2 --zero 1"), (2, "--dp 2 --zero 2"), (2, "--dp 2 --zero 3 --weight-decay 0"),
@@ -32,6 +32,10 @@ SPLITS = [
     (4, "--cp 2 --pp 2"), (4, "--tp 2 --cp 2 --sequence-parallel"),
     (4, "--dp 2 --tp 2 --zero 3 --weight-decay 0"), (4, "--dp 2 --cp 2 --zero 3 --weight-decay 0"),
     (4, "--dp 2 --cp 2 --zero 3 --weight-decay 0 --recompute"),
+    # the 3-D and 4-D meshes
+    (8, "--dp 2 --tp 2 --cp 2"), (8, "--dp 2 --tp 2 --cp 2 --sequence-parallel"), (8, "--dp 2 --tp 2 --pp 2"),
+    (8, "--dp 2 --tp 2 --pp 2 --zero 1"), (8, "--dp 2 --cp 2 --pp 2"), (8, "--tp 2 --cp 2 --pp 2"),
+    (8, "--dp 2 --tp 2 --cp 2 --zero 3 --weight-decay 0"), (16, "--dp 2 --tp 2 --cp 2 --pp 2"),
 ]
 # FSDP's MixedPrecisionPolicy: ZeRO-3's own way of the mixed precisions.
 POLICY_SPLITS = [
@@ -39,6 +43,8 @@ POLICY_SPLITS = [
     (2, "--dp 2 --zero 3 --weight-decay 0 --fsdp-mp-policy --recompute"),
     (4, "--dp 2 --tp 2 --zero 3 --weight-decay 0 --fsdp-mp-policy"),
     (4, "--dp 2 --cp 2 --zero 3 --weight-decay 0 --fsdp-mp-policy"),
+    (4, "--dp 2 --cp 2 --zero 3 --weight-decay 0 --fsdp-mp-policy --recompute"),
+    (8, "--dp 2 --tp 2 --cp 2 --zero 3 --weight-decay 0 --fsdp-mp-policy"),
 ]
 PRECISIONS = ["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
 
@@ -94,7 +100,7 @@ def main():
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         data = corpus(tmp)
-        print("| model | precision | split | rank 0 | rank 1 | rank 2 | rank 3 |\n|---|---|---|---|---|---|---|")
+        print("| model | precision | split | each rank, in order |\n|---|---|---|---|")
         for model in args.models.split(","):
             for precision in args.precisions.split(","):
                 splits = SPLITS + (POLICY_SPLITS if precision in ("bf16-mixed", "16-mixed") else [])
@@ -103,7 +109,7 @@ def main():
                         continue
                     lines, error = run(args.build, ranks, model, precision, flags, data)
                     if lines is None:
-                        print(f"| {model} | {precision} | `{flags or 'one device'}` | refused or failed: {error} | | | |")
+                        print(f"| {model} | {precision} | `{flags or 'one device'}` | refused or failed: {error} |")
                         continue
                     cells = []
                     for line in lines:
@@ -112,8 +118,7 @@ def main():
                         if verdict != "unpriced" and "in " not in text and "–" not in text:
                             ratios.append(float(text))
                         cells.append(text)
-                    cells += [""] * (4 - len(cells))
-                    print(f"| {model} | {precision} | `{flags or 'one device'}` | " + " | ".join(cells) + " |")
+                    print(f"| {model} | {precision} | `{flags or 'one device'}` | " + " · ".join(cells) + " |")
                     sys.stdout.flush()
     print(f"\nranks within 5 % (or within their range): {counts['in']}; outside: {counts['out']}; "
           f"not priced: {counts['unpriced']}" +

@@ -303,6 +303,15 @@ double gpt_zero2_released_bytes(const models::GPTConfig& config, const MeshShape
   return std::min(gelu_backward, c_fc_backward);
 }
 
+double gpt_ring_weight_grad_elements(const models::GPTConfig& config, const MeshShape& mesh, int stage) {
+  check_mesh(config, mesh, stage, "gpt_ring_weight_grad_elements");
+  if (mesh.cp == 1) return 0;
+  const PipelinePeak peak = pipeline_peak(mesh, stage);
+  if (std::any_of(peak.gone_back.begin(), peak.gone_back.end(), [](bool b) { return b; })) return 0;
+  const double C = static_cast<double>(config.n_embd), V = static_cast<double>(config.vocab_size), t = mesh.tp;
+  return 9 * C * C / t + 4 * C / t + 4 * C + (stage == mesh.pp - 1 ? V * C / t + 2 * C : 0);
+}
+
 double gpt_gradient_sum_peak_bytes(const models::GPTConfig& config, const MeshShape& mesh, int stage,
                                    double grad_bytes) {
   check_mesh(config, mesh, stage, "gpt_gradient_sum_peak_bytes");

@@ -148,6 +148,15 @@ struct ActivationMoments {
 ActivationMoments gpt_activation_moments(const models::GPTConfig& config, const MeshShape& mesh, int stage,
                                          bool recompute = false);
 
+// The weight gradients made when a block's attention goes back (its MLP's, attention's c_proj
+// and ln_2: 9C²/t + 4C/t + 4C elements) and, on the last stage, the head's (the tied wte's
+// V C/t and ln_f's 2C): under cp alive at ring attention's backward in a stage's first
+// backward of a step whose zero_grad set .grad to none (train_gpt's: AccumulateGrad keeps
+// each buffer as .grad). gpt_activation_peak_floats leaves them out: gpt-parallel-bench keeps
+// .grad across steps, into which each is added and freed. 0 without cp, or once a backward of
+// the stage's has gone before (pipeline_peak).
+double gpt_ring_weight_grad_elements(const models::GPTConfig& config, const MeshShape& mesh, int stage);
+
 // The moment after backward when dp and cp sum the stage's gradients
 // (parallel::reduce_partial_gradients): a flat copy of the stage's gradients and the
 // all-reduce's working copy of it, beside the loss (4 bytes); 0 when neither dp nor cp is

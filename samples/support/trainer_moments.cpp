@@ -175,6 +175,17 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
 
   std::vector<MemoryTerm> backward = {{"activations", r.activations}};
   backward.insert(backward.end(), extras.begin(), extras.end());
+  // Under cp the GPT's peak is ring attention's backward, by which a block's MLP and c_proj
+  // have made their weight gradients: in the step's first backward they are .grad already
+  // (the planner's activations leave them out; the Llama's count them). In 32-true: in the
+  // 16-bit precisions the same term over-prices cp 2 by 1.3 % (0.987; 1.000 to 1.029
+  // without it), not yet read off their blocks.
+  if (const auto* gpt = dynamic_cast<const plan::GPTArithmetic*>(&model);
+      gpt != nullptr && precision == Precision::True32 && split.cp > 1 && !split.recompute && split.zero <= 1 &&
+      plan::gpt_activation_moments(gpt->config(), shape, stage).ring >=
+          plan::gpt_activation_moments(gpt->config(), shape, stage).backward)
+    backward.push_back({"weight gradients made before ring attention's backward",
+                        pb * plan::gpt_ring_weight_grad_elements(gpt->config(), shape, stage)});
   // Under --pp a stage's activation peak is a backward late in its schedule; the chunks that
   // ran a backward before it (1F1B: when m > pp - stage) have their gradients in .grad.
   backward.push_back({"gradients of the backwards before",

@@ -565,3 +565,21 @@ TEST_CASE("planner: the Llama's 16-bit bytes beyond the activations at 2 bytes t
   CHECK(ring_mixed->backward == 2 * (4 * C * 4 + 23 * C) * h + 2 * C * h + 2 * (3 * C * I + C * C + C));
   CHECK(ring_mixed->head_grad == 2 * (V * C + C));
 }
+
+TEST_CASE("planner: the GPT's weight gradients made before ring attention's backward, in a stage's first backward") {
+  models::GPTConfig config;
+  config.n_layer = 4;
+  config.n_head = 4;
+  config.n_embd = 128;
+  config.vocab_size = 34;
+  config.block_size = 64;
+  plan::MeshShape mesh = twelve_rows_over_dp2();
+  const double C = 128, V = 34;
+  CHECK(plan::gpt_ring_weight_grad_elements(config, mesh, 0) == 0);  // no cp: no ring
+  mesh.cp = 2;
+  // c_fc's weight and bias, the MLP's c_proj, ln_2, attention's c_proj; the head's tied wte and ln_f
+  const double block = 4 * C * C + 4 * C + 4 * C * C + C + 2 * C + C * C + C;
+  CHECK(plan::gpt_ring_weight_grad_elements(config, mesh, 0) == block + V * C + 2 * C);
+  mesh.tp = 2;  // the matrices and the column biases sharded, the row biases and LayerNorms whole
+  CHECK(plan::gpt_ring_weight_grad_elements(config, mesh, 0) == 9 * C * C / 2 + 4 * C / 2 + 4 * C + V * C / 2 + 2 * C);
+}

@@ -184,8 +184,9 @@ void check_each_rank_within_5_percent(const std::string& command, const std::str
 
 // The figure at the trainer's moments (trainer_moments.h: what it always holds + the largest
 // of its moments) against each rank's allocator peak, train_gpt's default GPT (4 layers,
-// C 128, 12 rows of 64 tokens) in float32. Measured 0.996 to 1.037 on the splits below: cp 2
-// 1.024, dp 2 x cp 2 1.000, cp 2 x pp 2 1.037 / 1.001 (its first stage: bench/RESULTS.md),
+// C 128, 12 rows of 64 tokens) in float32. Measured 0.996 to 1.029 on the splits below: cp 2
+// 1.000, dp 2 x cp 2 1.000, cp 2 x pp 2 1.001 / 1.001 (with the weight gradients made before
+// ring attention's backward: 1.024 and 1.037 / 1.001 without),
 // ZeRO-2 1.001, ZeRO-3 1.029, the interleaved
 // schedule 0.996 to 1.001 (also on pp 4 x v 2 and dp 2 x pp 2 x v 2; and 1.001 on
 // dp 2 x pp 2, tp 2 x pp 2 and pp 4), and in the 16-bit precisions on one device and over dp:
