@@ -92,12 +92,65 @@ MLPForwardPeak mlp_forward_peak_floats(const MLPConfig& config, int tp, int64_t 
   return peak;
 }
 
+MLPForwardPeak mlp_forward_peak_16bit_bytes(const MLPConfig& config, int64_t rank_rows, bool autocast) {
+  constexpr double kHalf = 2;
+  std::vector<int64_t> outs = config.hidden;
+  outs.push_back(config.classes);
+  const double b = static_cast<double>(rank_rows);
+  double width = static_cast<double>(config.inputs);
+  double kept = kHalf * b * width;  // the batch in 16 bits, the first Linear's saved input
+  MLPForwardPeak peak;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const double out = static_cast<double>(outs[i]), weight = out * width;
+    if (autocast) kept += kHalf * (weight + out);  // the weight's and the bias's casts
+    // addmm in 16 bits: the output, its float32 stand-in, the bias, input and weight widened.
+    const double gemm = kHalf * b * out + kFloat * (b * out + out + b * width + weight);
+    peak.inside = std::max(peak.inside, kept + gemm);
+    if (i + 1 < outs.size()) kept += kHalf * b * out;  // the ReLU's output, the next input
+    width = out;
+  }
+  // The logits in 16 bits; under autocast the cross-entropy's float32 cast of them, saved.
+  const double classes = static_cast<double>(config.classes);
+  peak.end = kept + kHalf * b * classes + (autocast ? kFloat * b * classes : 0);
+  return peak;
+}
+
+namespace {
+
+// mlp_rank_memory in 16 bits: one device or DDP (mlp_formulas.h).
+std::optional<RankMemory> mlp_rank_memory_16bit(const MLPConfig& config, const Split& split, int64_t rank_rows,
+                                                MLPOptimizer optimizer, int replicas, MLPPrecision precision) {
+  if (replicas > 1 || split.tp > 1 || split.zero > 0) return std::nullopt;
+  const bool bf16_true = precision == MLPPrecision::BF16True;
+  const std::vector<int64_t> numels = mlp_parameter_numels(config);
+  const double psi = sum(numels);
+  const double tensors = static_cast<double>(numels.size());
+  const double weight_bytes = bf16_true ? 2 : kFloat;  // the model's parameters and gradients
+  const bool distributed = split.dp > 1;
+  // The running loss; once the loss is made, it (bf16-true: bfloat16), read in float32 and
+  // (distributed) copied to be summed over the ranks.
+  const double running = kFloat;
+  const double loss = (bf16_true ? 2 + kFloat : kFloat) + (distributed ? kFloat : 0);
+  const MLPForwardPeak forward = mlp_forward_peak_16bit_bytes(config, rank_rows, !bf16_true);
+  RankMemory r;
+  r.params = weight_bytes * psi;
+  r.master = bf16_true ? kFloat * psi : 0;            // MasterWeights' float32 masters
+  r.grads = weight_bytes * psi + r.master;            // the last step's, and the masters' float32 ones
+  r.optimizer = mlp_optimizer_bytes(optimizer, psi, tensors);  // over float32 (the masters)
+  r.buffers = distributed ? weight_bytes * psi : 0;   // DDP's bucket, in the gradients' dtype
+  r.activations = std::max(forward.inside + running, forward.end + running + loss);
+  return r;
+}
+
+}  // namespace
+
 std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
-                                          MLPOptimizer optimizer, int replicas) {
+                                          MLPOptimizer optimizer, int replicas, MLPPrecision precision) {
   MG_CHECK(split.zero >= 0 && split.zero <= 3, "mlp_rank_memory: ZeRO stage {} must be 0 to 3", split.zero);
   MG_CHECK(replicas >= 1, "mlp_rank_memory: {} replicas", replicas);
   if (split.pp > 1 || split.cp > 1 || split.zero == 3 || (split.tp > 1 && split.zero > 0)) return std::nullopt;
   if (replicas > 1 && (split.dp > 1 || split.tp > 1 || split.zero > 0)) return std::nullopt;
+  if (precision != MLPPrecision::True32) return mlp_rank_memory_16bit(config, split, rank_rows, optimizer, replicas, precision);
   const std::vector<int64_t> numels = mlp_rank_parameter_numels(config, split.tp);
   const double psi = sum(numels);
   const double tensors = static_cast<double>(numels.size());

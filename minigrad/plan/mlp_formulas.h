@@ -48,6 +48,12 @@ struct MLPConfig {
 
 enum class MLPOptimizer { SGD, SGDMomentum, AdamW };  // SGD: without momentum, no state
 
+// The trainer's --precision (samples/support/precision.h): 32-true; bf16-mixed and 16-mixed
+// (float32 parameters, gradients and state, the forward under CPU autocast); bf16-true
+// (bfloat16 parameters and gradients, optim::MasterWeights' float32 masters, their
+// gradients and the optimizer's state over them).
+enum class MLPPrecision { True32, BF16Mixed, F16Mixed, BF16True };
+
 // Each parameter's elements in the model's order: W0 [hidden0, inputs], b0, W1, b1, ...
 std::vector<int64_t> mlp_parameter_numels(const MLPConfig& config);
 
@@ -70,6 +76,17 @@ struct MLPForwardPeak {
 };
 MLPForwardPeak mlp_forward_peak_floats(const MLPConfig& config, int tp, int64_t rank_rows);
 
+// The same in 16 bits (bf16-mixed and 16-mixed under autocast, `autocast`, or bf16-true), on
+// a rank without tp, in bytes. Each Linear runs in 16 bits (autocast's Lower), and the CPU's
+// 16-bit GEMM runs the float32 kernel on widened copies (core/cpu/matmul.cpp): while it runs,
+// its input, weight and bias widened to float32 and its float32 result beside the 16-bit
+// output, so `inside` is the first Linear's GEMM wherever its weight is the largest. What
+// stays: the batch in 16 bits (autocast's cast, or bf16-true's images), each ReLU's 16-bit
+// output, under autocast each Linear's weight and bias cast to 16 bits (saved for backward,
+// in the cast cache while the region lasts); at `end` the 16-bit logits and under autocast
+// their float32 cast, which the cross-entropy (autocast's Float32) saves.
+MLPForwardPeak mlp_forward_peak_16bit_bytes(const MLPConfig& config, int64_t rank_rows, bool autocast);
+
 // The optimizer's state for `elements` float32 elements in `tensors` tensors: none for SGD
 // without momentum; SGD's momentum buffer (4 a element); AdamW's two moments and an int64
 // step a tensor.
@@ -85,8 +102,14 @@ double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tenso
 // Empty for the splits priced elsewhere or not yet: pp (in one process: mlp_pipe_memory), ZeRO-3
 // (a range: mlp_zero3_memory), tp in one process (`replicas` > 1 with tp, a range:
 // mlp_tp_in_process_memory), and ZeRO with tp (the trainer refuses it).
+// In 16 bits (`precision`) the peak is the forward's first GEMM (mlp_forward_peak_16bit_bytes)
+// beside the last step's gradients (float32 under autocast; bf16-true's bfloat16 and the
+// masters' float32 ones, in grads; the masters themselves in master) and DDP's bucket, in the
+// gradients' dtype; 16-mixed's GradScaler holds no tensor then (its scale a float member), so it
+// prices as bf16-mixed. Priced so far in 16 bits: one device and DDP; empty for the others.
 std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
-                                          MLPOptimizer optimizer, int replicas = 1);
+                                          MLPOptimizer optimizer, int replicas = 1,
+                                          MLPPrecision precision = MLPPrecision::True32);
 
 // ZeRO-3 (FullyShardedDataParallel: a unit a Linear, reduced last first) over Gloo: its peak
 // is a race with the communication thread, so it is a range. The moment is the first

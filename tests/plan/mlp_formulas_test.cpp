@@ -12,6 +12,7 @@
 #include <minigrad/autograd/functions.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/optim/adam.h>
+#include <minigrad/nn/optim/master_weights.h>
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/parallel/c10d/bucketing.h>
 #include <minigrad/parallel/tensor_parallel/tensor_parallel.h>
@@ -177,4 +178,60 @@ TEST_CASE("mlp formulas: the pipeline's range holds the moment read off its bloc
   CHECK(three->racing > 0);  // stage 1 may make its weight gradient while stage 0 makes its own
   CHECK_FALSE(plan::mlp_pipe_memory(config, 6, 20, 4, false, plan::MLPOptimizer::SGD).has_value());  // 5 layers
   CHECK_FALSE(plan::mlp_pipe_memory(config, 1, 20, 4, false, plan::MLPOptimizer::SGD).has_value());
+}
+
+// bf16-true: the model's bfloat16 parameters and gradients, MasterWeights' float32 masters
+// and their gradients, and the momentum over the masters, against a stepped model's tensors.
+TEST_CASE("mlp formulas: bf16-true's parameters, gradients, masters and state are the tensors' bytes") {
+  const plan::MLPConfig config = small_mlp();
+  auto mlp = make_mlp(config);
+  mlp->to(DType::BFloat16);
+  optim::MasterWeights master(mlp->parameters(), [](std::vector<Tensor> masters) {
+    return std::make_unique<optim::SGD>(masters, optim::SGDOptions(0.1, 0.9));
+  });
+  for (int step = 0; step < 2; ++step) {
+    master.zero_grad();
+    const Tensor x = ops::to_dtype(randn({5, config.inputs}), DType::BFloat16);
+    const Tensor y = from_vector(std::vector<int64_t>{0, 1, 2, 3, 0}, {5});
+    cross_entropy(mlp->forward(x), y).backward();
+    master.prepare_gradients();
+    master.step();
+  }
+  const auto r = plan::mlp_rank_memory(config, plan::Split{}, 5, plan::MLPOptimizer::SGDMomentum, 1,
+                                       plan::MLPPrecision::BF16True);
+  REQUIRE(r.has_value());
+  std::vector<Tensor> grads, master_grads;
+  for (const Tensor& p : mlp->parameters()) grads.push_back(p.grad());
+  for (const Tensor& m : master.parameters()) master_grads.push_back(m.grad());
+  CHECK(r->params == bytes(mlp->parameters()));
+  CHECK(r->master == bytes(master.parameters()));
+  CHECK(r->grads == bytes(grads) + bytes(master_grads));
+  CHECK(r->optimizer == 4 * bytes(mlp->parameters()) / 2);  // float32 momentum over the masters
+}
+
+// The 16-bit forward's largest moment, read off train_fashion_mnist --hidden 64,32
+// --batch-size 20 --precision bf16-mixed --memory-blocks: the first Linear's GEMM on
+// widened copies (the batch, W0 and b0 in float32, the float32 result beside the bfloat16
+// output), the batch's and the layer's weight and bias casts; bf16-true has no casts.
+TEST_CASE("mlp formulas: the 16-bit forward peaks at the first Linear's widened GEMM") {
+  plan::MLPConfig config;
+  config.hidden = {64, 32};
+  const double b = 20, w0 = 64 * 784;
+  const double gemm = 2 * b * 64 + 4 * (b * 64 + 64 + b * 784 + w0);
+  const auto mixed = plan::mlp_forward_peak_16bit_bytes(config, 20, true);
+  CHECK(mixed.inside == 2 * b * 784 + 2 * (w0 + 64) + gemm);
+  const auto bf16_true = plan::mlp_forward_peak_16bit_bytes(config, 20, false);
+  CHECK(bf16_true.inside == 2 * b * 784 + gemm);
+  // The end: the batch, the two ReLU outputs, the bfloat16 logits (and their float32 cast).
+  CHECK(bf16_true.end == 2 * b * (784 + 64 + 32 + 10));
+  CHECK(mixed.end - bf16_true.end == 2 * (w0 + 64 + 64 * 32 + 32 + 32 * 10 + 10) + 4 * b * 10);
+
+  // One device and DDP priced (DDP's bucket in the gradients' dtype); the others not yet.
+  plan::Split ddp;
+  ddp.dp = 2;
+  const auto r = plan::mlp_rank_memory(config, ddp, 10, plan::MLPOptimizer::SGD, 1, plan::MLPPrecision::BF16True);
+  REQUIRE(r.has_value());
+  CHECK(r->buffers == 2 * (w0 + 64 + 64 * 32 + 32 + 32 * 10 + 10));
+  ddp.zero = 1;
+  CHECK_FALSE(plan::mlp_rank_memory(config, ddp, 10, plan::MLPOptimizer::SGD, 1, plan::MLPPrecision::BF16Mixed));
 }
