@@ -117,28 +117,100 @@ MLPForwardPeak mlp_forward_peak_16bit_bytes(const MLPConfig& config, int64_t ran
 
 namespace {
 
-// mlp_rank_memory in 16 bits: one device or DDP (mlp_formulas.h).
+// The backward's first Linear making its weight gradient in 16 bits, in bytes: the arriving
+// gradient and the GEMM on widened copies (it and the input in float32, the float32 result
+// beside the 16-bit one), the saved input (the 16-bit batch; bf16-true holds it anyway:
+// not counted then) and under autocast the saved weight cast.
+double first_weight_grad_16bit_bytes(const MLPConfig& config, int64_t rank_rows, bool autocast) {
+  const double b = static_cast<double>(rank_rows), in = static_cast<double>(config.inputs);
+  const double out = static_cast<double>(config.hidden.empty() ? config.classes : config.hidden.front());
+  const double weight = out * in;
+  const double saved = autocast ? 2 * b * in + 2 * weight : 0;
+  return saved + 2 * b * out + kFloat * (b * out + b * in + weight) + 2 * weight;
+}
+
+// mlp_rank_memory in 16 bits: one device, DDP, ZeRO-1 and ZeRO-2 (mlp_formulas.h).
 std::optional<RankMemory> mlp_rank_memory_16bit(const MLPConfig& config, const Split& split, int64_t rank_rows,
                                                 MLPOptimizer optimizer, int replicas, MLPPrecision precision) {
-  if (replicas > 1 || split.tp > 1 || split.zero > 0) return std::nullopt;
+  if (replicas > 1 || split.tp > 1) return std::nullopt;
   const bool bf16_true = precision == MLPPrecision::BF16True;
   const std::vector<int64_t> numels = mlp_parameter_numels(config);
   const double psi = sum(numels);
   const double tensors = static_cast<double>(numels.size());
-  const double weight_bytes = bf16_true ? 2 : kFloat;  // the model's parameters and gradients
+  const double G = bf16_true ? 2 : kFloat;  // the model's parameters and gradients, a element
   const bool distributed = split.dp > 1;
   // The running loss; once the loss is made, it (bf16-true: bfloat16), read in float32 and
-  // (distributed) copied to be summed over the ranks.
+  // (distributed) copied to be summed over the ranks; in backward the loss 16-mixed scaled
+  // and the seed gradient of what backward was called on.
   const double running = kFloat;
   const double loss = (bf16_true ? 2 + kFloat : kFloat) + (distributed ? kFloat : 0);
-  const MLPForwardPeak forward = mlp_forward_peak_16bit_bytes(config, rank_rows, !bf16_true);
+  const double seed = (bf16_true ? 2 : kFloat) + (precision == MLPPrecision::F16Mixed ? kFloat : 0);
+  const MLPForwardPeak peak = mlp_forward_peak_16bit_bytes(config, rank_rows, !bf16_true);
+  const double forward_act = std::max(peak.inside + running, peak.end + running + loss);
+  // bf16-true's batch is the bfloat16 images themselves, held through the step (autocast's
+  // cast of it goes with the graph).
+  const double batch16 = bf16_true ? 2 * static_cast<double>(rank_rows * config.inputs) : 0;
   RankMemory r;
-  r.params = weight_bytes * psi;
-  r.master = bf16_true ? kFloat * psi : 0;            // MasterWeights' float32 masters
-  r.grads = weight_bytes * psi + r.master;            // the last step's, and the masters' float32 ones
-  r.optimizer = mlp_optimizer_bytes(optimizer, psi, tensors);  // over float32 (the masters)
-  r.buffers = distributed ? weight_bytes * psi : 0;   // DDP's bucket, in the gradients' dtype
-  r.activations = std::max(forward.inside + running, forward.end + running + loss);
+  if (split.zero == 0) {
+    r.params = G * psi;
+    r.master = bf16_true ? kFloat * psi : 0;  // MasterWeights' float32 masters
+    r.grads = G * psi + r.master;             // the last step's, and the masters' float32 ones
+    r.optimizer = mlp_optimizer_bytes(optimizer, psi, tensors);  // over float32 (the masters)
+    r.buffers = distributed ? G * psi : 0;    // DDP's bucket, in the gradients' dtype
+    r.activations = forward_act;
+    return r;
+  }
+  const std::vector<int64_t> buckets = mlp_zero_bucket_numels(config);
+  const double shards = shard_elements(buckets, split.dp);
+  const double N = split.dp;
+  r.params = G * N * shards;  // the padded flat buffers, whole on every rank
+  r.master = bf16_true ? kFloat * shards : 0;
+  r.optimizer = mlp_optimizer_bytes(optimizer, shards, static_cast<double>(buckets.size()));
+  // The masters' gradients live from the step to zero_grad, after the next forward.
+  const double master_grads = r.master;
+  if (split.zero == 1) {
+    // The step: under autocast each bucket's shard of the averaged gradient copied out (as
+    // in 32-true); in bf16-true the all-gather of the stepped bfloat16 shards, on Gloo's
+    // thread while the caller waits: float32 on the wire (the output and the shard widened)
+    // and the output rounded back to bfloat16, a bucket at a time.
+    double step_buffers = kFloat * shards;
+    if (bf16_true) {
+      step_buffers = 0;
+      for (const int64_t bucket : buckets) {
+        const double shard = std::ceil(static_cast<double>(bucket) / N);
+        step_buffers = std::max(step_buffers, kFloat * N * shard + kFloat * shard + 2 * N * shard);
+      }
+    }
+    const double step = step_buffers + batch16 + running + loss;
+    r.grads = G * psi + master_grads;
+    r.buffers = G * psi + (step > forward_act ? step_buffers : 0);  // DDP's bucket, and the step's
+    r.activations = step > forward_act ? batch16 + running + loss : forward_act;
+    return r;
+  }
+  // ZeRO-2's reduce-scatter: the flat gradient and Gloo's slices of it (as in 32-true), the
+  // first weight's gradient; in bf16-true the flat gradient widened to float32 for the wire,
+  // the slices float32, their sum float32 and rounded into the bfloat16 shard. The masters'
+  // gradients are gone by then (zero_grad), back at the forward.
+  const double flat = G * N * shards;
+  const double scratch = bf16_true ? 2 * kFloat * N * shards + kFloat * shards + 2 * shards : kFloat * N * shards;
+  const double first_weight = G * static_cast<double>(numels.front());
+  const double reduce_scatter = flat + scratch + first_weight + G * shards + batch16 + running + loss + seed;
+  // Before it, with no gradient shard yet (zero_grad) nor the last step's gradients to hold
+  // it down, the first Linear's weight-gradient GEMM beside the flat gradient the other
+  // layers' went into.
+  const double gemm = flat + first_weight_grad_16bit_bytes(config, rank_rows, !bf16_true) + batch16 + running + loss + seed;
+  const double forward = G * shards + master_grads + forward_act;
+  if (forward >= reduce_scatter && forward >= gemm) {
+    r.grads = G * shards + master_grads;
+    r.activations = forward_act;
+  } else if (reduce_scatter >= gemm) {
+    r.grads = G * shards;
+    r.buffers = flat + scratch + first_weight;
+    r.activations = batch16 + running + loss + seed;
+  } else {
+    r.buffers = flat;
+    r.activations = gemm - flat;
+  }
   return r;
 }
 

@@ -102,11 +102,18 @@ double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tenso
 // Empty for the splits priced elsewhere or not yet: pp (in one process: mlp_pipe_memory), ZeRO-3
 // (a range: mlp_zero3_memory), tp in one process (`replicas` > 1 with tp, a range:
 // mlp_tp_in_process_memory), and ZeRO with tp (the trainer refuses it).
-// In 16 bits (`precision`) the peak is the forward's first GEMM (mlp_forward_peak_16bit_bytes)
-// beside the last step's gradients (float32 under autocast; bf16-true's bfloat16 and the
-// masters' float32 ones, in grads; the masters themselves in master) and DDP's bucket, in the
-// gradients' dtype; 16-mixed's GradScaler holds no tensor then (its scale a float member), so it
-// prices as bf16-mixed. Priced so far in 16 bits: one device and DDP; empty for the others.
+// In 16 bits (`precision`) one device and DDP peak at the forward's first GEMM
+// (mlp_forward_peak_16bit_bytes) beside the last step's gradients (float32 under autocast;
+// bf16-true's bfloat16 and the masters' float32 ones, in grads; the masters themselves, of
+// the shards under ZeRO, in master) and DDP's bucket, in the gradients' dtype. ZeRO-1's step
+// in bf16-true is the all-gather of the stepped bfloat16 shards, float32 on Gloo's wire (its
+// output and the shard widened) and rounded back, a bucket at a time, while the caller waits.
+// ZeRO-2 in 16 bits adds a moment: the backward's first weight-gradient GEMM on widened
+// copies beside the flat gradient (no gradient shard, no last step's gradients then); and its
+// reduce-scatter in bf16-true the flat gradient widened for the wire, its float32 slices,
+// their float32 sum and its rounding into the shard. 16-mixed's GradScaler holds no tensor at
+// these moments (its scale is a float member) but the scaled loss in backward, so it prices as
+// bf16-mixed. Empty in 16 bits for DataParallel and tp so far.
 std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
                                           MLPOptimizer optimizer, int replicas = 1,
                                           MLPPrecision precision = MLPPrecision::True32);

@@ -232,6 +232,42 @@ TEST_CASE("mlp formulas: the 16-bit forward peaks at the first Linear's widened 
   const auto r = plan::mlp_rank_memory(config, ddp, 10, plan::MLPOptimizer::SGD, 1, plan::MLPPrecision::BF16True);
   REQUIRE(r.has_value());
   CHECK(r->buffers == 2 * (w0 + 64 + 64 * 32 + 32 + 32 * 10 + 10));
-  ddp.zero = 1;
-  CHECK_FALSE(plan::mlp_rank_memory(config, ddp, 10, plan::MLPOptimizer::SGD, 1, plan::MLPPrecision::BF16Mixed));
+  CHECK_FALSE(plan::mlp_rank_memory(config, plan::Split{}, 10, plan::MLPOptimizer::SGD, 2,
+                                     plan::MLPPrecision::BF16Mixed));  // DataParallel: not yet
+}
+
+// ZeRO-2 in 16 bits at --hidden 16, 25 rows a rank (read off --memory-blocks): no gradients
+// are held before the reduce-scatter, so the first weight-gradient GEMM is the peak; the
+// others at --hidden 64,32, 10 rows.
+TEST_CASE("mlp formulas: ZeRO in 16 bits, the weight-gradient GEMM and bf16-true's widened collectives") {
+  plan::MLPConfig config;
+  config.hidden = {16};
+  plan::Split split;
+  split.dp = 2;
+  split.zero = 2;
+  const double b = 25, w0 = 16 * 784, psi = w0 + 16 + 16 * 10 + 10;
+  const auto narrow = plan::mlp_rank_memory(config, split, 25, plan::MLPOptimizer::SGDMomentum, 1,
+                                            plan::MLPPrecision::BF16Mixed);
+  REQUIRE(narrow.has_value());
+  CHECK(narrow->grads == 0);             // the shards' gradients not made yet
+  CHECK(narrow->buffers == 4 * psi);     // the flat gradient the classifier's went into
+  // the batch's and W0's casts saved, the arriving gradient, dy and x widened, the float32
+  // and bfloat16 weight gradient; the running loss, the loss, its copy and the seed
+  CHECK(narrow->activations == 2 * b * 784 + 2 * w0 + 2 * b * 16 + 4 * (b * 16 + b * 784 + w0) + 2 * w0 + 16);
+
+  config.hidden = {64, 32};
+  const double psi2 = 784 * 64 + 64 + 64 * 32 + 32 + 32 * 10 + 10;  // even: shards of psi2 / 2
+  const auto reduce = plan::mlp_rank_memory(config, split, 10, plan::MLPOptimizer::SGDMomentum, 1,
+                                            plan::MLPPrecision::BF16True);
+  REQUIRE(reduce.has_value());
+  // the bfloat16 flat gradient, it widened, the float32 slices, their float32 sum and its
+  // rounding, the first weight's bfloat16 gradient
+  CHECK(reduce->buffers == 2 * psi2 + 2 * 4 * psi2 + 4 * psi2 / 2 + 2 * psi2 / 2 + 2 * 784 * 64);
+  split.zero = 1;
+  const auto gather = plan::mlp_rank_memory(config, split, 10, plan::MLPOptimizer::SGDMomentum, 1,
+                                            plan::MLPPrecision::BF16True);
+  REQUIRE(gather.has_value());
+  // DDP's bfloat16 bucket, the all-gather's float32 output and widened shard, the rounding
+  CHECK(gather->buffers == 2 * psi2 + 4 * psi2 + 4 * psi2 / 2 + 2 * psi2);
+  CHECK(gather->master == 4 * psi2 / 2);
 }
