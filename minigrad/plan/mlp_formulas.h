@@ -1,7 +1,7 @@
 // train_fashion_mnist's MLP (inputs -> hidden... -> classes, a Linear and a ReLU per hidden
 // width) priced as the planner prices the GPT: each rank's bytes of parameters, gradients,
-// optimizer state, buffers and activations at its training peak, in float32, with the
-// planner's RankMemory. Formulas only, read off train_fashion_mnist --memory-blocks
+// optimizer state, buffers and activations at its training peak, in float32 and (one
+// device, DDP, ZeRO-1 and ZeRO-2) in the 16-bit precisions, with the planner's RankMemory. Formulas only, read off train_fashion_mnist --memory-blocks
 // (docs/planning.md, "The MLP's formulas"); the trainer prints them beside its allocator's
 // peak.
 //
@@ -29,6 +29,9 @@
 //   process        a row layer's bias add or the first Linear's backward (mlp_tp_in_process_memory)
 //   the pipeline's  in one process: its stages' threads replayed from the schedule, a
 //   stages          range over the states they can be in together (mlp_pipe_memory)
+//   16 bits        the forward's first GEMM on widened float32 copies
+//                  (mlp_forward_peak_16bit_bytes), bf16-true's widened all-gather and
+//                  reduce-scatter, ZeRO-2's first weight-gradient GEMM (mlp_rank_memory)
 #pragma once
 
 #include <cstdint>
