@@ -92,26 +92,49 @@ MLPForwardPeak mlp_forward_peak_floats(const MLPConfig& config, int tp, int64_t 
   return peak;
 }
 
-MLPForwardPeak mlp_forward_peak_16bit_bytes(const MLPConfig& config, int64_t rank_rows, bool autocast) {
+MLPForwardPeak mlp_forward_peak_16bit_bytes(const MLPConfig& config, int tp, int64_t rank_rows, bool autocast) {
   constexpr double kHalf = 2;
   std::vector<int64_t> outs = config.hidden;
   outs.push_back(config.classes);
-  const double b = static_cast<double>(rank_rows);
+  const size_t linears = outs.size();
+  const size_t paired = tp > 1 ? linears - linears % 2 : 0;  // parallelize_mlp's column/row pairs
+  const double b = static_cast<double>(rank_rows), t = tp;
   double width = static_cast<double>(config.inputs);
   double kept = kHalf * b * width;  // the batch in 16 bits, the first Linear's saved input
+  double last = 0;                  // the last layer's output
+  bool float32_input = false;       // a row layer's output under autocast: float32
   MLPForwardPeak peak;
-  for (size_t i = 0; i < outs.size(); ++i) {
-    const double out = static_cast<double>(outs[i]), weight = out * width;
-    if (autocast) kept += kHalf * (weight + out);  // the weight's and the bias's casts
-    // addmm in 16 bits: the output, its float32 stand-in, the bias, input and weight widened.
-    const double gemm = kHalf * b * out + kFloat * (b * out + out + b * width + weight);
-    peak.inside = std::max(peak.inside, kept + gemm);
-    if (i + 1 < outs.size()) kept += kHalf * b * out;  // the ReLU's output, the next input
-    width = out;
+  const auto moment = [&peak](double bytes) { peak.inside = std::max(peak.inside, bytes); };
+  for (size_t i = 0; i < linears; ++i) {
+    const bool column = i < paired && i % 2 == 0, row = i < paired && i % 2 == 1;
+    const double out = static_cast<double>(outs[i]) / (column ? t : 1), in = width / (row ? t : 1);
+    const double weight = out * in, bias = row ? 0 : out;  // a row layer adds its bias after the sum
+    // Autocast's casts: the weight's and the bias's, and a float32 input's (saved).
+    if (autocast) kept += kHalf * (weight + bias) + (float32_input ? kHalf * b * in : 0);
+    // The GEMM in 16 bits: the output, its float32 stand-in, the bias, input and weight widened.
+    moment(kept + kHalf * b * out + kFloat * (b * out + bias + b * in + weight));
+    double y = kHalf * b * out;
+    if (row) {
+      // The all-reduce beside the partial product: its sum, and on Gloo's thread the sum
+      // widened to float32 for the wire and rounded back; then the bias added to the sum:
+      // under autocast a float32 bias promotes it, the sum copied to float32 beside the result.
+      moment(kept + 2 * y + kFloat * b * out + kHalf * b * out);
+      const double biased = (autocast ? kFloat : kHalf) * b * out;
+      moment(kept + 2 * y + (autocast ? kFloat * b * out : 0) + biased);
+      y = biased;
+    }
+    if (i + 1 < linears) {
+      if (tp > 1) moment(kept + 2 * y);  // the output and ReLU's of it (unfused under tp)
+      kept += y;                         // the ReLU's output (fused on one device), the next input
+    }
+    float32_input = row && autocast;
+    last = y;
+    width = static_cast<double>(outs[i]);
   }
-  // The logits in 16 bits; under autocast the cross-entropy's float32 cast of them, saved.
+  // The logits (a row layer's: its sum, bias added); in 16 bits under autocast the
+  // cross-entropy's float32 cast of them, saved.
   const double classes = static_cast<double>(config.classes);
-  peak.end = kept + kHalf * b * classes + (autocast ? kFloat * b * classes : 0);
+  peak.end = kept + last + (autocast && !float32_input ? kFloat * b * classes : 0);
   return peak;
 }
 
@@ -132,31 +155,33 @@ double first_weight_grad_16bit_bytes(const MLPConfig& config, int64_t rank_rows,
 // mlp_rank_memory in 16 bits: one device, DDP, ZeRO-1 and ZeRO-2 (mlp_formulas.h).
 std::optional<RankMemory> mlp_rank_memory_16bit(const MLPConfig& config, const Split& split, int64_t rank_rows,
                                                 MLPOptimizer optimizer, int replicas, MLPPrecision precision) {
-  if (replicas > 1 || split.tp > 1) return std::nullopt;
+  if (replicas > 1) return std::nullopt;
   const bool bf16_true = precision == MLPPrecision::BF16True;
-  const std::vector<int64_t> numels = mlp_parameter_numels(config);
+  const std::vector<int64_t> numels = mlp_rank_parameter_numels(config, split.tp);
   const double psi = sum(numels);
   const double tensors = static_cast<double>(numels.size());
   const double G = bf16_true ? 2 : kFloat;  // the model's parameters and gradients, a element
-  const bool distributed = split.dp > 1;
+  const bool distributed = split.dp > 1 || split.tp > 1;
   // The running loss; once the loss is made, it (bf16-true: bfloat16), read in float32 and
   // (distributed) copied to be summed over the ranks; in backward the loss 16-mixed scaled
   // and the seed gradient of what backward was called on.
   const double running = kFloat;
   const double loss = (bf16_true ? 2 + kFloat : kFloat) + (distributed ? kFloat : 0);
   const double seed = (bf16_true ? 2 : kFloat) + (precision == MLPPrecision::F16Mixed ? kFloat : 0);
-  const MLPForwardPeak peak = mlp_forward_peak_16bit_bytes(config, rank_rows, !bf16_true);
+  const MLPForwardPeak peak = mlp_forward_peak_16bit_bytes(config, split.tp, rank_rows, !bf16_true);
   const double forward_act = std::max(peak.inside + running, peak.end + running + loss);
   // bf16-true's batch is the bfloat16 images themselves, held through the step (autocast's
   // cast of it goes with the graph).
   const double batch16 = bf16_true ? 2 * static_cast<double>(rank_rows * config.inputs) : 0;
   RankMemory r;
   if (split.zero == 0) {
-    r.params = G * psi;
+    // Under tp the whole model the shards were cut from stays (bfloat16 in bf16-true: the
+    // trainer converts it before the cut).
+    r.params = G * psi + (split.tp > 1 ? G * sum(mlp_parameter_numels(config)) : 0);
     r.master = bf16_true ? kFloat * psi : 0;  // MasterWeights' float32 masters
     r.grads = G * psi + r.master;             // the last step's, and the masters' float32 ones
     r.optimizer = mlp_optimizer_bytes(optimizer, psi, tensors);  // over float32 (the masters)
-    r.buffers = distributed ? G * psi : 0;    // DDP's bucket, in the gradients' dtype
+    r.buffers = split.dp > 1 ? G * psi : 0;   // DDP's bucket, in the gradients' dtype
     r.activations = forward_act;
     return r;
   }

@@ -79,16 +79,20 @@ struct MLPForwardPeak {
 };
 MLPForwardPeak mlp_forward_peak_floats(const MLPConfig& config, int tp, int64_t rank_rows);
 
-// The same in 16 bits (bf16-mixed and 16-mixed under autocast, `autocast`, or bf16-true), on
-// a rank without tp, in bytes. Each Linear runs in 16 bits (autocast's Lower), and the CPU's
-// 16-bit GEMM runs the float32 kernel on widened copies (core/cpu/matmul.cpp): while it runs,
-// its input, weight and bias widened to float32 and its float32 result beside the 16-bit
-// output, so `inside` is the first Linear's GEMM wherever its weight is the largest. What
-// stays: the batch in 16 bits (autocast's cast, or bf16-true's images), each ReLU's 16-bit
-// output, under autocast each Linear's weight and bias cast to 16 bits (saved for backward,
-// in the cast cache while the region lasts); at `end` the 16-bit logits and under autocast
-// their float32 cast, which the cross-entropy (autocast's Float32) saves.
-MLPForwardPeak mlp_forward_peak_16bit_bytes(const MLPConfig& config, int64_t rank_rows, bool autocast);
+// The same in 16 bits (bf16-mixed and 16-mixed under autocast, `autocast`, or bf16-true), in
+// bytes. Each Linear runs in 16 bits (autocast's Lower), and the CPU's 16-bit GEMM runs the
+// float32 kernel on widened copies (core/cpu/matmul.cpp): while it runs, its input, weight
+// and bias widened to float32 and its float32 result beside the 16-bit output, so `inside`
+// is the first Linear's GEMM wherever its weight is the largest. What stays: the batch in 16
+// bits (autocast's cast, or bf16-true's images), each ReLU's output, under autocast each
+// Linear's weight and bias cast to 16 bits (saved for backward, in the cast cache while the
+// region lasts); at `end` the logits and under autocast their float32 cast, which the
+// cross-entropy (autocast's Float32) saves. Under tp (a rank of parallelize_mlp's, the ReLU
+// unfused) a row layer's GEMM has no bias; its all-reduce holds the partial product, the sum,
+// and on Gloo's thread the sum widened to float32 and rounded back; its bias is added after
+// the sum and, float32 under autocast, promotes it to float32 (a float32 copy of the sum
+// beside the result), so the ReLU after it is float32 and the next Linear casts it (saved).
+MLPForwardPeak mlp_forward_peak_16bit_bytes(const MLPConfig& config, int tp, int64_t rank_rows, bool autocast);
 
 // The optimizer's state for `elements` float32 elements in `tensors` tensors: none for SGD
 // without momentum; SGD's momentum buffer (4 a element); AdamW's two moments and an int64
@@ -116,7 +120,8 @@ double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tenso
 // reduce-scatter in bf16-true the flat gradient widened for the wire, its float32 slices,
 // their float32 sum and its rounding into the shard. 16-mixed's GradScaler holds no tensor at
 // these moments (its scale is a float member) but the scaled loss in backward, so it prices as
-// bf16-mixed. Empty in 16 bits for DataParallel and tp so far.
+// bf16-mixed. Under tp (DDP over dp) the whole model kept is in the parameters' dtype. Empty
+// in 16 bits for DataParallel so far.
 std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
                                           MLPOptimizer optimizer, int replicas = 1,
                                           MLPPrecision precision = MLPPrecision::True32);

@@ -24,10 +24,10 @@ std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& ru
   const std::string measured = fmt::format("memory: peak {} on rank {}", mib(static_cast<double>(peak_bytes)), rank);
   if (!run.cpu) return measured + "; the planner prices the CPU's allocator only so far";
   if (run.precision != plan::MLPPrecision::True32) {
-    // 16 bits: one device, DDP, ZeRO-1 and ZeRO-2 so far (mlp_formulas.h).
+    // 16 bits: one device, DDP, ZeRO-1, ZeRO-2 and tp over ranks so far (mlp_formulas.h).
     const std::optional<plan::RankMemory> r = plan::mlp_rank_memory(
         run.config, run.split, run.rank_rows, run.optimizer, run.devices_in_one_process, run.precision);
-    if (!r) return measured + "; the planner prices 16 bits on one device, DDP, ZeRO-1 and ZeRO-2 only so far";
+    if (!r) return measured + "; the planner prices 16 bits on one device, DDP, ZeRO-1, ZeRO-2 and tp over ranks only so far";
     const double planned = r->total() + plan::mlp_data_bytes(run.config, run.train_images, run.test_images, run.rank_rows);
     return fmt::format("{}; the planner: {} (params {}, masters {}, grads {}, optimizer {}, buffers {}, activations {}, "
                        "data {}), measured / planned {:.3f}",

@@ -218,9 +218,9 @@ TEST_CASE("mlp formulas: the 16-bit forward peaks at the first Linear's widened 
   config.hidden = {64, 32};
   const double b = 20, w0 = 64 * 784;
   const double gemm = 2 * b * 64 + 4 * (b * 64 + 64 + b * 784 + w0);
-  const auto mixed = plan::mlp_forward_peak_16bit_bytes(config, 20, true);
+  const auto mixed = plan::mlp_forward_peak_16bit_bytes(config, 1, 20, true);
   CHECK(mixed.inside == 2 * b * 784 + 2 * (w0 + 64) + gemm);
-  const auto bf16_true = plan::mlp_forward_peak_16bit_bytes(config, 20, false);
+  const auto bf16_true = plan::mlp_forward_peak_16bit_bytes(config, 1, 20, false);
   CHECK(bf16_true.inside == 2 * b * 784 + gemm);
   // The end: the batch, the two ReLU outputs, the bfloat16 logits (and their float32 cast).
   CHECK(bf16_true.end == 2 * b * (784 + 64 + 32 + 10));
@@ -270,4 +270,21 @@ TEST_CASE("mlp formulas: ZeRO in 16 bits, the weight-gradient GEMM and bf16-true
   // DDP's bfloat16 bucket, the all-gather's float32 output and widened shard, the rounding
   CHECK(gather->buffers == 2 * psi2 + 4 * psi2 + 4 * psi2 / 2 + 2 * psi2);
   CHECK(gather->master == 4 * psi2 / 2);
+}
+
+// tp in 16 bits at --hidden 16,2048, 50 rows (read off --memory-blocks): the row layer's
+// moments are the peak; under autocast its bias add (the partial product and the sum in
+// bfloat16, the sum copied to float32 and the float32 result), in bf16-true its all-reduce
+// (the partial product, the sum, Gloo's float32 wire and the rounding back).
+TEST_CASE("mlp formulas: tp in 16 bits, the row layer's all-reduce and bias add") {
+  plan::MLPConfig config;
+  config.hidden = {16, 2048};
+  const double b = 50, out = 2048;
+  // kept before the row layer: the 16-bit batch, the column layer's ReLU output
+  const double kept = 2 * b * 784 + 2 * b * 8;
+  const auto bf16_true = plan::mlp_forward_peak_16bit_bytes(config, 2, 50, false);
+  CHECK(bf16_true.inside == kept + 2 * b * out + 2 * b * out + 4 * b * out + 2 * b * out);
+  const auto mixed = plan::mlp_forward_peak_16bit_bytes(config, 2, 50, true);
+  const double casts = 2 * (8 * 784 + 8) + 2 * (2048 * 8);  // the column's weight and bias, the row's weight
+  CHECK(mixed.inside == kept + casts + 2 * b * out + 2 * b * out + 4 * b * out + 4 * b * out);
 }

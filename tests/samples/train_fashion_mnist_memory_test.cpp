@@ -155,7 +155,7 @@ TEST_CASE("train_fashion_mnist: the memory line says which splits it does not pr
   const auto bf16 = run_program(tiny_run(dir.path()) + " --precision bf16-mixed --devices cpu,cpu");
   INFO(bf16.output);
   REQUIRE(bf16.exit_code == 0);
-  REQUIRE_THAT(bf16.output, MG_CONTAINS("the planner prices 16 bits on one device, DDP, ZeRO-1 and ZeRO-2 only so far"));
+  REQUIRE_THAT(bf16.output, MG_CONTAINS("the planner prices 16 bits on one device, DDP, ZeRO-1, ZeRO-2 and tp over ranks only so far"));
 }
 
 #if MINIGRAD_WITH_GLOO
@@ -236,6 +236,25 @@ TEST_CASE("train_fashion_mnist --distributed --zero 3: the memory line prices it
     }
     CHECK(lines == 2);
   }
+}
+
+// tp over ranks in 16 bits: the column layer's GEMM on widened copies (64,32), the row
+// layer's (bf16-true at 64,2048), the classifier's after the row layer's float32 output
+// (bf16-mixed at 64,2048) and the row layer's bias add promoting the sum to float32
+// (bf16-mixed at 16,2048, 50 rows); 2 x 2 with DDP over dp.
+TEST_CASE("train_fashion_mnist --distributed --tensor-parallel 2: the memory line prices every rank within "
+          "5 % in bf16-mixed, 16-mixed and bf16-true") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 100, 20, false);
+  const std::string run = mg::testing::program_path("minigrad-run");
+  const std::string two = run + " --nproc-per-node 2 ";
+  const std::string base = kProgram + " --data-dir " + dir.path() + " --epochs 1 --distributed --tensor-parallel 2";
+  for (const char* precision : {"bf16-mixed", "16-mixed", "bf16-true"})
+    require_priced(two + tiny_run(dir.path()) + " --distributed --tensor-parallel 2 --precision " + precision, 2);
+  for (const char* precision : {"bf16-mixed", "bf16-true"})
+    require_priced(two + base + " --hidden 64,2048 --batch-size 20 --precision " + precision, 2);
+  require_priced(two + base + " --hidden 16,2048 --batch-size 50 --precision bf16-mixed", 2);
+  require_priced(run + " --nproc-per-node 4 " + tiny_run(dir.path()) + " --distributed --tensor-parallel 2 --precision bf16-true", 4);
 }
 
 TEST_CASE("train_fashion_mnist --distributed --tensor-parallel 2: the memory line prices every rank within "
