@@ -1,7 +1,8 @@
 // train_fashion_mnist's MLP (inputs -> hidden... -> classes, a Linear and a ReLU per hidden
 // width) priced as the planner prices the GPT: each rank's bytes of parameters, gradients,
 // optimizer state, buffers and activations at its training peak, in float32 and (one
-// device, DDP, ZeRO-1 and ZeRO-2) in the 16-bit precisions, with the planner's RankMemory. Formulas only, read off train_fashion_mnist --memory-blocks
+// device, DDP, ZeRO-1, ZeRO-2, tp over ranks) in the 16-bit precisions, with the planner's
+// RankMemory. Formulas only, read off train_fashion_mnist --memory-blocks
 // (docs/planning.md, "The MLP's formulas"); the trainer prints them beside its allocator's
 // peak.
 //

@@ -15,8 +15,8 @@
 // the states the stages' threads can be in together; plan::mlp_tp_in_process_memory: the
 // ranks' moments between the all-reduces): "the planner: 7.31 to 7.37 MiB (the low: ... the
 // ranks' threads together in forward, ...; the high adds: the others at their largest moment
-// too (each a row layer's bias-added output) 0.06 MiB ...)". In 16 bits (one device, DDP)
-// the masters of bf16-true are named beside the parameters. Splits, precisions and devices
+// too (each a row layer's bias-added output) 0.06 MiB ...)". In 16 bits (one device, DDP,
+// ZeRO-1, ZeRO-2, tp over ranks) the masters of bf16-true are named beside the parameters. Splits, precisions and devices
 // the formulas do not price yet are said in the line (a GPU: its allocator holds the batch
 // but not the data sets; not measured yet).
 #pragma once
