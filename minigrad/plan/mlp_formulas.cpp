@@ -15,6 +15,10 @@ constexpr double kFloat = 4;
 
 double sum(const std::vector<int64_t>& v) { return static_cast<double>(std::accumulate(v.begin(), v.end(), int64_t{0})); }
 
+// A [m, k] @ [k, n] GEMM (+ a bias of n) in 16 bits on the CPU runs the float32 kernel on
+// widened copies (core/cpu/matmul.cpp): its operands, bias and result in float32 while it runs.
+double widened_gemm_bytes(double m, double k, double n, double bias) { return kFloat * (m * k + k * n + m * n + bias); }
+
 }  // namespace
 
 std::vector<int64_t> mlp_parameter_numels(const MLPConfig& config) {
@@ -111,8 +115,8 @@ MLPForwardPeak mlp_forward_peak_16bit_bytes(const MLPConfig& config, int tp, int
     const double weight = out * in, bias = row ? 0 : out;  // a row layer adds its bias after the sum
     // Autocast's casts: the weight's and the bias's, and a float32 input's (saved).
     if (autocast) kept += kHalf * (weight + bias) + (float32_input ? kHalf * b * in : 0);
-    // The GEMM in 16 bits: the output, its float32 stand-in, the bias, input and weight widened.
-    moment(kept + kHalf * b * out + kFloat * (b * out + bias + b * in + weight));
+    // The GEMM in 16 bits: its 16-bit output beside the widened copies.
+    moment(kept + kHalf * b * out + widened_gemm_bytes(b, in, out, bias));
     double y = kHalf * b * out;
     if (row) {
       // The all-reduce beside the partial product: its sum, and on Gloo's thread the sum
@@ -149,7 +153,7 @@ double first_weight_grad_16bit_bytes(const MLPConfig& config, int64_t rank_rows,
   const double out = static_cast<double>(config.hidden.empty() ? config.classes : config.hidden.front());
   const double weight = out * in;
   const double saved = autocast ? 2 * b * in + 2 * weight : 0;
-  return saved + 2 * b * out + kFloat * (b * out + b * in + weight) + 2 * weight;
+  return saved + 2 * b * out + widened_gemm_bytes(out, b, in, 0) + 2 * weight;  // dy^T @ x
 }
 
 // mlp_rank_memory in 16 bits: one device, DDP, ZeRO-1 and ZeRO-2 (mlp_formulas.h).
