@@ -455,7 +455,12 @@ samples::MLPRun mlp_run(const Run& run, const data::Dataset& train_set, const da
   m.split.micro_batches = o.pipeline > 0 ? o.chunks : 0;
   m.pipe_1f1b = o.pipeline > 0 && o.schedule == "1f1b";
   m.devices_in_one_process = run.dist.active() || o.pipeline > 0 ? 1 : static_cast<int>(o.device_list.size());
-  m.float32 = o.precision == "32-true";
+  switch (run.amp->precision()) {
+    case samples::Precision::True32: m.precision = plan::MLPPrecision::True32; break;
+    case samples::Precision::BF16Mixed: m.precision = plan::MLPPrecision::BF16Mixed; break;
+    case samples::Precision::F16Mixed: m.precision = plan::MLPPrecision::F16Mixed; break;
+    case samples::Precision::BF16True: m.precision = plan::MLPPrecision::BF16True; break;
+  }
   m.cpu = run.device.is_cpu();
   m.rank_rows = o.batch_size / m.split.dp;
   m.train_images = train_set.size();

@@ -15,6 +15,10 @@ constexpr double kFloat = 4;
 
 double sum(const std::vector<int64_t>& v) { return static_cast<double>(std::accumulate(v.begin(), v.end(), int64_t{0})); }
 
+// A [m, k] @ [k, n] GEMM (+ a bias of n) in 16 bits on the CPU runs the float32 kernel on
+// widened copies (core/cpu/matmul.cpp): its operands, bias and result in float32 while it runs.
+double widened_gemm_bytes(double m, double k, double n, double bias) { return kFloat * (m * k + k * n + m * n + bias); }
+
 }  // namespace
 
 std::vector<int64_t> mlp_parameter_numels(const MLPConfig& config) {
@@ -92,12 +96,162 @@ MLPForwardPeak mlp_forward_peak_floats(const MLPConfig& config, int tp, int64_t 
   return peak;
 }
 
+MLPForwardPeak mlp_forward_peak_16bit_bytes(const MLPConfig& config, int tp, int64_t rank_rows, bool autocast) {
+  constexpr double kHalf = 2;
+  std::vector<int64_t> outs = config.hidden;
+  outs.push_back(config.classes);
+  const size_t linears = outs.size();
+  const size_t paired = tp > 1 ? linears - linears % 2 : 0;  // parallelize_mlp's column/row pairs
+  const double b = static_cast<double>(rank_rows), t = tp;
+  double width = static_cast<double>(config.inputs);
+  double kept = kHalf * b * width;  // the batch in 16 bits, the first Linear's saved input
+  double last = 0;                  // the last layer's output
+  bool float32_input = false;       // a row layer's output under autocast: float32
+  MLPForwardPeak peak;
+  const auto moment = [&peak](double bytes) { peak.inside = std::max(peak.inside, bytes); };
+  for (size_t i = 0; i < linears; ++i) {
+    const bool column = i < paired && i % 2 == 0, row = i < paired && i % 2 == 1;
+    const double out = static_cast<double>(outs[i]) / (column ? t : 1), in = width / (row ? t : 1);
+    const double weight = out * in, bias = row ? 0 : out;  // a row layer adds its bias after the sum
+    // Autocast's casts: the weight's and the bias's, and a float32 input's (saved).
+    if (autocast) kept += kHalf * (weight + bias) + (float32_input ? kHalf * b * in : 0);
+    // The GEMM in 16 bits: its 16-bit output beside the widened copies.
+    moment(kept + kHalf * b * out + widened_gemm_bytes(b, in, out, bias));
+    double y = kHalf * b * out;
+    if (row) {
+      // The all-reduce beside the partial product: its sum, and on Gloo's thread the sum
+      // widened to float32 for the wire and rounded back; then the bias added to the sum:
+      // under autocast a float32 bias promotes it, the sum copied to float32 beside the result.
+      moment(kept + 2 * y + kFloat * b * out + kHalf * b * out);
+      const double biased = (autocast ? kFloat : kHalf) * b * out;
+      moment(kept + 2 * y + (autocast ? kFloat * b * out : 0) + biased);
+      y = biased;
+    }
+    if (i + 1 < linears) {
+      if (tp > 1) moment(kept + 2 * y);  // the output and ReLU's of it (unfused under tp)
+      kept += y;                         // the ReLU's output (fused on one device), the next input
+    }
+    float32_input = row && autocast;
+    last = y;
+    width = static_cast<double>(outs[i]);
+  }
+  // The logits (a row layer's: its sum, bias added); in 16 bits under autocast the
+  // cross-entropy's float32 cast of them, saved.
+  const double classes = static_cast<double>(config.classes);
+  peak.end = kept + last + (autocast && !float32_input ? kFloat * b * classes : 0);
+  return peak;
+}
+
+namespace {
+
+// The backward's first Linear making its weight gradient in 16 bits, in bytes: the arriving
+// gradient and the GEMM on widened copies (it and the input in float32, the float32 result
+// beside the 16-bit one), the saved input (the 16-bit batch; bf16-true holds it anyway:
+// not counted then) and under autocast the saved weight cast.
+double first_weight_grad_16bit_bytes(const MLPConfig& config, int64_t rank_rows, bool autocast) {
+  const double b = static_cast<double>(rank_rows), in = static_cast<double>(config.inputs);
+  const double out = static_cast<double>(config.hidden.empty() ? config.classes : config.hidden.front());
+  const double weight = out * in;
+  const double saved = autocast ? 2 * b * in + 2 * weight : 0;
+  return saved + 2 * b * out + widened_gemm_bytes(out, b, in, 0) + 2 * weight;  // dy^T @ x
+}
+
+// mlp_rank_memory in 16 bits: one device, DDP, ZeRO-1 and ZeRO-2 (mlp_formulas.h).
+std::optional<RankMemory> mlp_rank_memory_16bit(const MLPConfig& config, const Split& split, int64_t rank_rows,
+                                                MLPOptimizer optimizer, int replicas, MLPPrecision precision) {
+  if (replicas > 1) return std::nullopt;
+  const bool bf16_true = precision == MLPPrecision::BF16True;
+  const std::vector<int64_t> numels = mlp_rank_parameter_numels(config, split.tp);
+  const double psi = sum(numels);
+  const double tensors = static_cast<double>(numels.size());
+  const double G = bf16_true ? 2 : kFloat;  // the model's parameters and gradients, a element
+  const bool distributed = split.dp > 1 || split.tp > 1;
+  // The running loss; once the loss is made, it (bf16-true: bfloat16), read in float32 and
+  // (distributed) copied to be summed over the ranks; in backward the loss 16-mixed scaled
+  // and the seed gradient of what backward was called on.
+  const double running = kFloat;
+  const double loss = (bf16_true ? 2 + kFloat : kFloat) + (distributed ? kFloat : 0);
+  const double seed = (bf16_true ? 2 : kFloat) + (precision == MLPPrecision::F16Mixed ? kFloat : 0);
+  const MLPForwardPeak peak = mlp_forward_peak_16bit_bytes(config, split.tp, rank_rows, !bf16_true);
+  const double forward_act = std::max(peak.inside + running, peak.end + running + loss);
+  // bf16-true's batch is the bfloat16 images themselves, held through the step (autocast's
+  // cast of it goes with the graph).
+  const double batch16 = bf16_true ? 2 * static_cast<double>(rank_rows * config.inputs) : 0;
+  RankMemory r;
+  if (split.zero == 0) {
+    // Under tp the whole model the shards were cut from stays (bfloat16 in bf16-true: the
+    // trainer converts it before the cut).
+    r.params = G * psi + (split.tp > 1 ? G * sum(mlp_parameter_numels(config)) : 0);
+    r.master = bf16_true ? kFloat * psi : 0;  // MasterWeights' float32 masters
+    r.grads = G * psi + r.master;             // the last step's, and the masters' float32 ones
+    r.optimizer = mlp_optimizer_bytes(optimizer, psi, tensors);  // over float32 (the masters)
+    r.buffers = split.dp > 1 ? G * psi : 0;   // DDP's bucket, in the gradients' dtype
+    r.activations = forward_act;
+    return r;
+  }
+  const std::vector<int64_t> buckets = mlp_zero_bucket_numels(config);
+  const double shards = shard_elements(buckets, split.dp);
+  const double N = split.dp;
+  r.params = G * N * shards;  // the padded flat buffers, whole on every rank
+  r.master = bf16_true ? kFloat * shards : 0;
+  r.optimizer = mlp_optimizer_bytes(optimizer, shards, static_cast<double>(buckets.size()));
+  // The masters' gradients live from the step to zero_grad, after the next forward.
+  const double master_grads = r.master;
+  if (split.zero == 1) {
+    // The step: under autocast each bucket's shard of the averaged gradient copied out (as
+    // in 32-true); in bf16-true the all-gather of the stepped bfloat16 shards, on Gloo's
+    // thread while the caller waits: float32 on the wire (the output and the shard widened)
+    // and the output rounded back to bfloat16, a bucket at a time.
+    double step_buffers = kFloat * shards;
+    if (bf16_true) {
+      step_buffers = 0;
+      for (const int64_t bucket : buckets) {
+        const double shard = std::ceil(static_cast<double>(bucket) / N);
+        step_buffers = std::max(step_buffers, kFloat * N * shard + kFloat * shard + 2 * N * shard);
+      }
+    }
+    const double step = step_buffers + batch16 + running + loss;
+    r.grads = G * psi + master_grads;
+    r.buffers = G * psi + (step > forward_act ? step_buffers : 0);  // DDP's bucket, and the step's
+    r.activations = step > forward_act ? batch16 + running + loss : forward_act;
+    return r;
+  }
+  // ZeRO-2's reduce-scatter: the flat gradient and Gloo's slices of it (as in 32-true), the
+  // first weight's gradient; in bf16-true the flat gradient widened to float32 for the wire,
+  // the slices float32, their sum float32 and rounded into the bfloat16 shard. The masters'
+  // gradients are gone by then (zero_grad), back at the forward.
+  const double flat = G * N * shards;
+  const double scratch = bf16_true ? 2 * kFloat * N * shards + kFloat * shards + 2 * shards : kFloat * N * shards;
+  const double first_weight = G * static_cast<double>(numels.front());
+  const double reduce_scatter = flat + scratch + first_weight + G * shards + batch16 + running + loss + seed;
+  // Before it, with no gradient shard yet (zero_grad) nor the last step's gradients to hold
+  // it down, the first Linear's weight-gradient GEMM beside the flat gradient the other
+  // layers' went into.
+  const double gemm = flat + first_weight_grad_16bit_bytes(config, rank_rows, !bf16_true) + batch16 + running + loss + seed;
+  const double forward = G * shards + master_grads + forward_act;
+  if (forward >= reduce_scatter && forward >= gemm) {
+    r.grads = G * shards + master_grads;
+    r.activations = forward_act;
+  } else if (reduce_scatter >= gemm) {
+    r.grads = G * shards;
+    r.buffers = flat + scratch + first_weight;
+    r.activations = batch16 + running + loss + seed;
+  } else {
+    r.buffers = flat;
+    r.activations = gemm - flat;
+  }
+  return r;
+}
+
+}  // namespace
+
 std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
-                                          MLPOptimizer optimizer, int replicas) {
+                                          MLPOptimizer optimizer, int replicas, MLPPrecision precision) {
   MG_CHECK(split.zero >= 0 && split.zero <= 3, "mlp_rank_memory: ZeRO stage {} must be 0 to 3", split.zero);
   MG_CHECK(replicas >= 1, "mlp_rank_memory: {} replicas", replicas);
   if (split.pp > 1 || split.cp > 1 || split.zero == 3 || (split.tp > 1 && split.zero > 0)) return std::nullopt;
   if (replicas > 1 && (split.dp > 1 || split.tp > 1 || split.zero > 0)) return std::nullopt;
+  if (precision != MLPPrecision::True32) return mlp_rank_memory_16bit(config, split, rank_rows, optimizer, replicas, precision);
   const std::vector<int64_t> numels = mlp_rank_parameter_numels(config, split.tp);
   const double psi = sum(numels);
   const double tensors = static_cast<double>(numels.size());

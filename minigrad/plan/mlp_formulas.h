@@ -1,7 +1,8 @@
 // train_fashion_mnist's MLP (inputs -> hidden... -> classes, a Linear and a ReLU per hidden
 // width) priced as the planner prices the GPT: each rank's bytes of parameters, gradients,
-// optimizer state, buffers and activations at its training peak, in float32, with the
-// planner's RankMemory. Formulas only, read off train_fashion_mnist --memory-blocks
+// optimizer state, buffers and activations at its training peak, in float32 and (one
+// device, DDP, ZeRO-1, ZeRO-2, tp over ranks) in the 16-bit precisions, with the planner's
+// RankMemory. Formulas only, read off train_fashion_mnist --memory-blocks
 // (docs/planning.md, "The MLP's formulas"); the trainer prints them beside its allocator's
 // peak.
 //
@@ -29,6 +30,9 @@
 //   process        a row layer's bias add or the first Linear's backward (mlp_tp_in_process_memory)
 //   the pipeline's  in one process: its stages' threads replayed from the schedule, a
 //   stages          range over the states they can be in together (mlp_pipe_memory)
+//   16 bits        the forward's first GEMM on widened float32 copies
+//                  (mlp_forward_peak_16bit_bytes), bf16-true's widened all-gather and
+//                  reduce-scatter, ZeRO-2's first weight-gradient GEMM (mlp_rank_memory)
 #pragma once
 
 #include <cstdint>
@@ -47,6 +51,12 @@ struct MLPConfig {
 };
 
 enum class MLPOptimizer { SGD, SGDMomentum, AdamW };  // SGD: without momentum, no state
+
+// The trainer's --precision (samples/support/precision.h): 32-true; bf16-mixed and 16-mixed
+// (float32 parameters, gradients and state, the forward under CPU autocast); bf16-true
+// (bfloat16 parameters and gradients, optim::MasterWeights' float32 masters, their
+// gradients and the optimizer's state over them).
+enum class MLPPrecision { True32, BF16Mixed, F16Mixed, BF16True };
 
 // Each parameter's elements in the model's order: W0 [hidden0, inputs], b0, W1, b1, ...
 std::vector<int64_t> mlp_parameter_numels(const MLPConfig& config);
@@ -70,6 +80,21 @@ struct MLPForwardPeak {
 };
 MLPForwardPeak mlp_forward_peak_floats(const MLPConfig& config, int tp, int64_t rank_rows);
 
+// The same in 16 bits (bf16-mixed and 16-mixed under autocast, `autocast`, or bf16-true), in
+// bytes. Each Linear runs in 16 bits (autocast's Lower), and the CPU's 16-bit GEMM runs the
+// float32 kernel on widened copies (core/cpu/matmul.cpp): while it runs, its input, weight
+// and bias widened to float32 and its float32 result beside the 16-bit output, so `inside`
+// is the first Linear's GEMM wherever its weight is the largest. What stays: the batch in 16
+// bits (autocast's cast, or bf16-true's images), each ReLU's output, under autocast each
+// Linear's weight and bias cast to 16 bits (saved for backward, in the cast cache while the
+// region lasts); at `end` the logits and under autocast their float32 cast, which the
+// cross-entropy (autocast's Float32) saves. Under tp (a rank of parallelize_mlp's, the ReLU
+// unfused) a row layer's GEMM has no bias; its all-reduce holds the partial product, the sum,
+// and on Gloo's thread the sum widened to float32 and rounded back; its bias is added after
+// the sum and, float32 under autocast, promotes it to float32 (a float32 copy of the sum
+// beside the result), so the ReLU after it is float32 and the next Linear casts it (saved).
+MLPForwardPeak mlp_forward_peak_16bit_bytes(const MLPConfig& config, int tp, int64_t rank_rows, bool autocast);
+
 // The optimizer's state for `elements` float32 elements in `tensors` tensors: none for SGD
 // without momentum; SGD's momentum buffer (4 a element); AdamW's two moments and an int64
 // step a tensor.
@@ -85,8 +110,22 @@ double mlp_optimizer_bytes(MLPOptimizer optimizer, double elements, double tenso
 // Empty for the splits priced elsewhere or not yet: pp (in one process: mlp_pipe_memory), ZeRO-3
 // (a range: mlp_zero3_memory), tp in one process (`replicas` > 1 with tp, a range:
 // mlp_tp_in_process_memory), and ZeRO with tp (the trainer refuses it).
+// In 16 bits (`precision`) one device and DDP peak at the forward's first GEMM
+// (mlp_forward_peak_16bit_bytes) beside the last step's gradients (float32 under autocast;
+// bf16-true's bfloat16 and the masters' float32 ones, in grads; the masters themselves, of
+// the shards under ZeRO, in master) and DDP's bucket, in the gradients' dtype. ZeRO-1's step
+// in bf16-true is the all-gather of the stepped bfloat16 shards, float32 on Gloo's wire (its
+// output and the shard widened) and rounded back, a bucket at a time, while the caller waits.
+// ZeRO-2 in 16 bits adds a moment: the backward's first weight-gradient GEMM on widened
+// copies beside the flat gradient (no gradient shard, no last step's gradients then); and its
+// reduce-scatter in bf16-true the flat gradient widened for the wire, its float32 slices,
+// their float32 sum and its rounding into the shard. 16-mixed's GradScaler holds no tensor at
+// these moments (its scale is a float member) but the scaled loss in backward, so it prices as
+// bf16-mixed. Under tp (DDP over dp) the whole model kept is in the parameters' dtype. Empty
+// in 16 bits for DataParallel so far.
 std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
-                                          MLPOptimizer optimizer, int replicas = 1);
+                                          MLPOptimizer optimizer, int replicas = 1,
+                                          MLPPrecision precision = MLPPrecision::True32);
 
 // ZeRO-3 (FullyShardedDataParallel: a unit a Linear, reduced last first) over Gloo: its peak
 // is a race with the communication thread, so it is a range. The moment is the first

@@ -23,7 +23,19 @@ std::string stage_places(const std::vector<std::string>& at) {
 std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& run) {
   const std::string measured = fmt::format("memory: peak {} on rank {}", mib(static_cast<double>(peak_bytes)), rank);
   if (!run.cpu) return measured + "; the planner prices the CPU's allocator only so far";
-  if (!run.float32) return measured + "; the planner prices 32-true only so far";
+  if (run.precision != plan::MLPPrecision::True32) {
+    // 16 bits: one device, DDP, ZeRO-1, ZeRO-2 and tp over ranks so far (mlp_formulas.h).
+    const std::optional<plan::RankMemory> r = plan::mlp_rank_memory(
+        run.config, run.split, run.rank_rows, run.optimizer, run.devices_in_one_process, run.precision);
+    if (!r) return measured + "; the planner prices 16 bits on one device, DDP, ZeRO-1, ZeRO-2 and tp over ranks only so far";
+    const double planned = r->total() + plan::mlp_data_bytes(run.config, run.train_images, run.test_images, run.rank_rows);
+    return fmt::format("{}; the planner: {} (params {}, masters {}, grads {}, optimizer {}, buffers {}, activations {}, "
+                       "data {}), measured / planned {:.3f}",
+                       measured, mib(planned), mib(r->params), mib(r->master), mib(r->grads), mib(r->optimizer),
+                       mib(r->buffers), mib(r->activations),
+                       mib(plan::mlp_data_bytes(run.config, run.train_images, run.test_images, run.rank_rows)),
+                       static_cast<double>(peak_bytes) / planned);
+  }
   if (run.devices_in_one_process > 1 && run.split.tp > 1) {
     const auto t = plan::mlp_tp_in_process_memory(run.config, run.split.tp, run.rank_rows, run.optimizer);
     if (!t) return measured + "; the planner does not price this tensor parallelism in one process";

@@ -15,9 +15,10 @@
 // the states the stages' threads can be in together; plan::mlp_tp_in_process_memory: the
 // ranks' moments between the all-reduces): "the planner: 7.31 to 7.37 MiB (the low: ... the
 // ranks' threads together in forward, ...; the high adds: the others at their largest moment
-// too (each a row layer's bias-added output) 0.06 MiB ...)". Precisions and devices the
-// formulas do not price yet are said in the line (a GPU: its allocator holds the batch but
-// not the data sets; not measured yet).
+// too (each a row layer's bias-added output) 0.06 MiB ...)". In 16 bits (one device, DDP,
+// ZeRO-1, ZeRO-2, tp over ranks) the masters of bf16-true are named beside the parameters. Splits, precisions and devices
+// the formulas do not price yet are said in the line (a GPU: its allocator holds the batch
+// but not the data sets; not measured yet).
 #pragma once
 
 #include <cstddef>
@@ -33,7 +34,7 @@ struct MLPRun {
   plan::MLPConfig config;
   plan::Split split;        // dp: the data-parallel ranks of --distributed; tp, pp, zero
   int devices_in_one_process = 1;  // DataParallel's or TensorParallel's (--devices cpu,cpu)
-  bool float32 = true;      // --precision 32-true
+  plan::MLPPrecision precision = plan::MLPPrecision::True32;  // --precision
   bool cpu = true;          // the CPU allocator's peak (the data sets live there too)
   int64_t rank_rows = 0;    // a step's rows on this rank
   int64_t train_images = 0, test_images = 0;

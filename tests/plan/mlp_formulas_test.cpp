@@ -12,6 +12,7 @@
 #include <minigrad/autograd/functions.h>
 #include <minigrad/nn/layers.h>
 #include <minigrad/nn/optim/adam.h>
+#include <minigrad/nn/optim/master_weights.h>
 #include <minigrad/nn/optim/sgd.h>
 #include <minigrad/parallel/c10d/bucketing.h>
 #include <minigrad/parallel/tensor_parallel/tensor_parallel.h>
@@ -177,4 +178,113 @@ TEST_CASE("mlp formulas: the pipeline's range holds the moment read off its bloc
   CHECK(three->racing > 0);  // stage 1 may make its weight gradient while stage 0 makes its own
   CHECK_FALSE(plan::mlp_pipe_memory(config, 6, 20, 4, false, plan::MLPOptimizer::SGD).has_value());  // 5 layers
   CHECK_FALSE(plan::mlp_pipe_memory(config, 1, 20, 4, false, plan::MLPOptimizer::SGD).has_value());
+}
+
+// bf16-true: the model's bfloat16 parameters and gradients, MasterWeights' float32 masters
+// and their gradients, and the momentum over the masters, against a stepped model's tensors.
+TEST_CASE("mlp formulas: bf16-true's parameters, gradients, masters and state are the tensors' bytes") {
+  const plan::MLPConfig config = small_mlp();
+  auto mlp = make_mlp(config);
+  mlp->to(DType::BFloat16);
+  optim::MasterWeights master(mlp->parameters(), [](std::vector<Tensor> masters) {
+    return std::make_unique<optim::SGD>(masters, optim::SGDOptions(0.1, 0.9));
+  });
+  for (int step = 0; step < 2; ++step) {
+    master.zero_grad();
+    const Tensor x = ops::to_dtype(randn({5, config.inputs}), DType::BFloat16);
+    const Tensor y = from_vector(std::vector<int64_t>{0, 1, 2, 3, 0}, {5});
+    cross_entropy(mlp->forward(x), y).backward();
+    master.prepare_gradients();
+    master.step();
+  }
+  const auto r = plan::mlp_rank_memory(config, plan::Split{}, 5, plan::MLPOptimizer::SGDMomentum, 1,
+                                       plan::MLPPrecision::BF16True);
+  REQUIRE(r.has_value());
+  std::vector<Tensor> grads, master_grads;
+  for (const Tensor& p : mlp->parameters()) grads.push_back(p.grad());
+  for (const Tensor& m : master.parameters()) master_grads.push_back(m.grad());
+  CHECK(r->params == bytes(mlp->parameters()));
+  CHECK(r->master == bytes(master.parameters()));
+  CHECK(r->grads == bytes(grads) + bytes(master_grads));
+  CHECK(r->optimizer == 4 * bytes(mlp->parameters()) / 2);  // float32 momentum over the masters
+}
+
+// The 16-bit forward's largest moment, read off train_fashion_mnist --hidden 64,32
+// --batch-size 20 --precision bf16-mixed --memory-blocks: the first Linear's GEMM on
+// widened copies (the batch, W0 and b0 in float32, the float32 result beside the bfloat16
+// output), the batch's and the layer's weight and bias casts; bf16-true has no casts.
+TEST_CASE("mlp formulas: the 16-bit forward peaks at the first Linear's widened GEMM") {
+  plan::MLPConfig config;
+  config.hidden = {64, 32};
+  const double b = 20, w0 = 64 * 784;
+  const double gemm = 2 * b * 64 + 4 * (b * 64 + 64 + b * 784 + w0);
+  const auto mixed = plan::mlp_forward_peak_16bit_bytes(config, 1, 20, true);
+  CHECK(mixed.inside == 2 * b * 784 + 2 * (w0 + 64) + gemm);
+  const auto bf16_true = plan::mlp_forward_peak_16bit_bytes(config, 1, 20, false);
+  CHECK(bf16_true.inside == 2 * b * 784 + gemm);
+  // The end: the batch, the two ReLU outputs, the bfloat16 logits (and their float32 cast).
+  CHECK(bf16_true.end == 2 * b * (784 + 64 + 32 + 10));
+  CHECK(mixed.end - bf16_true.end == 2 * (w0 + 64 + 64 * 32 + 32 + 32 * 10 + 10) + 4 * b * 10);
+
+  // One device and DDP priced (DDP's bucket in the gradients' dtype); the others not yet.
+  plan::Split ddp;
+  ddp.dp = 2;
+  const auto r = plan::mlp_rank_memory(config, ddp, 10, plan::MLPOptimizer::SGD, 1, plan::MLPPrecision::BF16True);
+  REQUIRE(r.has_value());
+  CHECK(r->buffers == 2 * (w0 + 64 + 64 * 32 + 32 + 32 * 10 + 10));
+  CHECK_FALSE(plan::mlp_rank_memory(config, plan::Split{}, 10, plan::MLPOptimizer::SGD, 2,
+                                     plan::MLPPrecision::BF16Mixed));  // DataParallel: not yet
+}
+
+// ZeRO-2 in 16 bits at --hidden 16, 25 rows a rank (read off --memory-blocks): no gradients
+// are held before the reduce-scatter, so the first weight-gradient GEMM is the peak; the
+// others at --hidden 64,32, 10 rows.
+TEST_CASE("mlp formulas: ZeRO in 16 bits, the weight-gradient GEMM and bf16-true's widened collectives") {
+  plan::MLPConfig config;
+  config.hidden = {16};
+  plan::Split split;
+  split.dp = 2;
+  split.zero = 2;
+  const double b = 25, w0 = 16 * 784, psi = w0 + 16 + 16 * 10 + 10;
+  const auto narrow = plan::mlp_rank_memory(config, split, 25, plan::MLPOptimizer::SGDMomentum, 1,
+                                            plan::MLPPrecision::BF16Mixed);
+  REQUIRE(narrow.has_value());
+  CHECK(narrow->grads == 0);             // the shards' gradients not made yet
+  CHECK(narrow->buffers == 4 * psi);     // the flat gradient the classifier's went into
+  // the batch's and W0's casts saved, the arriving gradient, dy and x widened, the float32
+  // and bfloat16 weight gradient; the running loss, the loss, its copy and the seed
+  CHECK(narrow->activations == 2 * b * 784 + 2 * w0 + 2 * b * 16 + 4 * (b * 16 + b * 784 + w0) + 2 * w0 + 16);
+
+  config.hidden = {64, 32};
+  const double psi2 = 784 * 64 + 64 + 64 * 32 + 32 + 32 * 10 + 10;  // even: shards of psi2 / 2
+  const auto reduce = plan::mlp_rank_memory(config, split, 10, plan::MLPOptimizer::SGDMomentum, 1,
+                                            plan::MLPPrecision::BF16True);
+  REQUIRE(reduce.has_value());
+  // the bfloat16 flat gradient, it widened, the float32 slices, their float32 sum and its
+  // rounding, the first weight's bfloat16 gradient
+  CHECK(reduce->buffers == 2 * psi2 + 2 * 4 * psi2 + 4 * psi2 / 2 + 2 * psi2 / 2 + 2 * 784 * 64);
+  split.zero = 1;
+  const auto gather = plan::mlp_rank_memory(config, split, 10, plan::MLPOptimizer::SGDMomentum, 1,
+                                            plan::MLPPrecision::BF16True);
+  REQUIRE(gather.has_value());
+  // DDP's bfloat16 bucket, the all-gather's float32 output and widened shard, the rounding
+  CHECK(gather->buffers == 2 * psi2 + 4 * psi2 + 4 * psi2 / 2 + 2 * psi2);
+  CHECK(gather->master == 4 * psi2 / 2);
+}
+
+// tp in 16 bits at --hidden 16,2048, 50 rows (read off --memory-blocks): the row layer's
+// moments are the peak; under autocast its bias add (the partial product and the sum in
+// bfloat16, the sum copied to float32 and the float32 result), in bf16-true its all-reduce
+// (the partial product, the sum, Gloo's float32 wire and the rounding back).
+TEST_CASE("mlp formulas: tp in 16 bits, the row layer's all-reduce and bias add") {
+  plan::MLPConfig config;
+  config.hidden = {16, 2048};
+  const double b = 50, out = 2048;
+  // kept before the row layer: the 16-bit batch, the column layer's ReLU output
+  const double kept = 2 * b * 784 + 2 * b * 8;
+  const auto bf16_true = plan::mlp_forward_peak_16bit_bytes(config, 2, 50, false);
+  CHECK(bf16_true.inside == kept + 2 * b * out + 2 * b * out + 4 * b * out + 2 * b * out);
+  const auto mixed = plan::mlp_forward_peak_16bit_bytes(config, 2, 50, true);
+  const double casts = 2 * (8 * 784 + 8) + 2 * (2048 * 8);  // the column's weight and bias, the row's weight
+  CHECK(mixed.inside == kept + casts + 2 * b * out + 2 * b * out + 4 * b * out + 4 * b * out);
 }

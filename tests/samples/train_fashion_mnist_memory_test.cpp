@@ -136,15 +136,26 @@ TEST_CASE("train_fashion_mnist --tensor-parallel 2 in one process: the memory li
     }
 }
 
-// Not priced yet, and the line says so: the 16-bit precisions. (ZeRO-3, a race with the
+// In 16 bits the forward's peak is the first Linear's GEMM on widened float32 copies, beside
+// the last step's gradients (bf16-true: bfloat16 and the masters' float32 ones).
+TEST_CASE("train_fashion_mnist: the memory line prices one device within 5 % in bf16-mixed, 16-mixed and "
+          "bf16-true") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 100, 20, false);
+  for (const char* precision : {"bf16-mixed", "16-mixed", "bf16-true"})
+    require_priced(tiny_run(dir.path()) + " --precision " + precision, 1);
+  require_priced(tiny_run(dir.path()) + " --precision bf16-true --optimizer adamw", 1);
+}
+
+// Not priced yet, and the line says so: DataParallel in 16 bits. (ZeRO-3, a race with the
 // communication thread, is priced as a range: below.)
 TEST_CASE("train_fashion_mnist: the memory line says which splits it does not price") {
   TempDir dir;
   mg::testing::write_synthetic_fashion_mnist(dir.path(), 100, 20, false);
-  const auto bf16 = run_program(tiny_run(dir.path()) + " --precision bf16-mixed");
+  const auto bf16 = run_program(tiny_run(dir.path()) + " --precision bf16-mixed --devices cpu,cpu");
   INFO(bf16.output);
   REQUIRE(bf16.exit_code == 0);
-  REQUIRE_THAT(bf16.output, MG_CONTAINS("the planner prices 32-true only so far"));
+  REQUIRE_THAT(bf16.output, MG_CONTAINS("the planner prices 16 bits on one device, DDP, ZeRO-1, ZeRO-2 and tp over ranks only so far"));
 }
 
 #if MINIGRAD_WITH_GLOO
@@ -158,6 +169,32 @@ TEST_CASE("train_fashion_mnist --distributed: the memory line prices every rank 
   require_priced(run + tiny_run(dir.path()) + " --distributed --zero 2", 2);
   require_priced(run + tiny_run(dir.path()) + " --distributed --zero 1 --optimizer adamw", 2);
   require_priced(run + tiny_run(dir.path()) + " --distributed --zero 2 --optimizer adamw", 2);
+}
+
+// DDP in 16 bits: its bucket in the gradients' dtype (float32 under autocast, bfloat16 in
+// bf16-true), beside one device's forward peak.
+TEST_CASE("train_fashion_mnist --distributed: the memory line prices every rank within 5 % under DDP in "
+          "bf16-mixed, 16-mixed and bf16-true") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 100, 20, false);
+  const std::string run = mg::testing::program_path("minigrad-run") + " --nproc-per-node 2 ";
+  for (const char* precision : {"bf16-mixed", "16-mixed", "bf16-true"})
+    require_priced(run + tiny_run(dir.path()) + " --distributed --precision " + precision, 2);
+}
+
+// ZeRO-1 and ZeRO-2 in 16 bits: bf16-true's all-gather and reduce-scatter widened to float32
+// on Gloo's wire; at --hidden 16 ZeRO-2's peak is the first weight-gradient GEMM instead.
+TEST_CASE("train_fashion_mnist --distributed: the memory line prices every rank within 5 % under ZeRO-1 and "
+          "ZeRO-2 in bf16-mixed, 16-mixed and bf16-true") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 100, 20, false);
+  const std::string run = mg::testing::program_path("minigrad-run") + " --nproc-per-node 2 ";
+  for (const char* precision : {"bf16-mixed", "16-mixed", "bf16-true"})
+    for (const char* zero : {" --zero 1", " --zero 2"})
+      require_priced(run + tiny_run(dir.path()) + " --distributed --precision " + precision + zero, 2);
+  const std::string narrow = kProgram + " --data-dir " + dir.path() + " --hidden 16 --batch-size 50 --epochs 1";
+  require_priced(run + narrow + " --distributed --zero 2 --precision bf16-mixed", 2);
+  require_priced(run + narrow + " --distributed --zero 2 --precision bf16-true --optimizer adamw", 2);
 }
 
 // ZeRO-3's peak is the first Linear's reduce-scatter launched (its gathered unit, its flat
@@ -199,6 +236,25 @@ TEST_CASE("train_fashion_mnist --distributed --zero 3: the memory line prices it
     }
     CHECK(lines == 2);
   }
+}
+
+// tp over ranks in 16 bits: the column layer's GEMM on widened copies (64,32), the row
+// layer's (bf16-true at 64,2048), the classifier's after the row layer's float32 output
+// (bf16-mixed at 64,2048) and the row layer's bias add promoting the sum to float32
+// (bf16-mixed at 16,2048, 50 rows); 2 x 2 with DDP over dp.
+TEST_CASE("train_fashion_mnist --distributed --tensor-parallel 2: the memory line prices every rank within "
+          "5 % in bf16-mixed, 16-mixed and bf16-true") {
+  TempDir dir;
+  mg::testing::write_synthetic_fashion_mnist(dir.path(), 100, 20, false);
+  const std::string run = mg::testing::program_path("minigrad-run");
+  const std::string two = run + " --nproc-per-node 2 ";
+  const std::string base = kProgram + " --data-dir " + dir.path() + " --epochs 1 --distributed --tensor-parallel 2";
+  for (const char* precision : {"bf16-mixed", "16-mixed", "bf16-true"})
+    require_priced(two + tiny_run(dir.path()) + " --distributed --tensor-parallel 2 --precision " + precision, 2);
+  for (const char* precision : {"bf16-mixed", "bf16-true"})
+    require_priced(two + base + " --hidden 64,2048 --batch-size 20 --precision " + precision, 2);
+  require_priced(two + base + " --hidden 16,2048 --batch-size 50 --precision bf16-mixed", 2);
+  require_priced(run + " --nproc-per-node 4 " + tiny_run(dir.path()) + " --distributed --tensor-parallel 2 --precision bf16-true", 4);
 }
 
 TEST_CASE("train_fashion_mnist --distributed --tensor-parallel 2: the memory line prices every rank within "
