@@ -202,11 +202,14 @@ TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelAri
   const double pb = precision == Precision::BF16True ? 2 : 4;  // a unit's, a flat gradient's and a shard's bytes
   const double dp = split.dp;
   const int64_t blocks = model.stage_blocks(1, 0);
-  const double block_shard = std::ceil(model.block_param_elements(1) / dp);  // ceil(Psi_unit / N), padding in
+  // Under tp a unit is the rank's tp shard of a layer (fully_shard over dp on the tp model).
+  const double block_elements = model.block_param_elements(split.tp);
+  const double block_shard = std::ceil(block_elements / dp);  // ceil(Psi_unit / N), padding in
   const double elements = block_shard * dp;
   const double unit = pb * elements;
   const double shard = pb * block_shard;
-  const double root_elements = model.stage_param_elements(1, 1, 0) - static_cast<double>(blocks) * model.block_param_elements(1);
+  const double root_elements =
+      model.stage_param_elements(split.tp, 1, 0) - static_cast<double>(blocks) * block_elements;
   const double root_unit = pb * std::ceil(root_elements / dp) * dp;
   const plan::MeshShape shape = plan::mesh_shape(plan_split(split), plan::Workload{batch, T});
   const double act_bytes = sixteen ? 2 : 4;
@@ -226,8 +229,9 @@ TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelAri
   std::vector<MemoryMoment> all;
   // Recomputed (models::GPT's per-block checkpoint), blocks 0..k - 1 keep only their input,
   // the residual stream (float32 under autocast).
-  const double input = (autocast ? 4 : act_bytes) * static_cast<double>(model.hidden_size()) *
-                       static_cast<double>(batch / split.dp) * static_cast<double>(T / split.cp);
+  const double input = (autocast ? 4 : act_bytes) * static_cast<double>(model.hidden_size()) /
+                       (split.sequence_parallel ? split.tp : 1) * static_cast<double>(batch / split.dp) *
+                       static_cast<double>(T / split.cp);
   for (int64_t k = blocks - 1; k >= 0; --k) {
     const double later = static_cast<double>(blocks - 1 - k);  // blocks gone back before it
     const bool in_flight = later > 0;                            // block k + 1's reduce-scatter

@@ -123,7 +123,7 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
   if (split.zero == 3 && split.cp > 1) {  // ring attention's moments (fsdp_ring_moments)
     // In 16 bits each block gone back also frees its own float32 and cast tensors: the
     // model's ring_block_extra_bytes.
-    if (!gloo || split.tp > 1 ||
+    if (!gloo ||
         !model.ring_block_extra_bytes(plan::mesh_shape(plan_split(split), plan::Workload{batch, T}),
                                       plan_precision(precision)))
       return std::nullopt;
