@@ -186,6 +186,23 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
   // some runs' peaks hold all of it, some part, some none (a race: the backward's racing
   // terms; the rest of the moment is the low).
   backward.push_back({"ZeRO-3's gathered units", split.zero == 3 ? r.buffers : 0});
+  if (split.zero == 3) {
+    // FSDP's flat gradients (fully_shard.cpp, sharded_grad_reducer.cpp): the root's is made
+    // at the start of backward (in 16 bits the model's head_grad holds it); the last layer's
+    // at its first post-accumulate hook, alive at the peak where the model says it comes
+    // before it (the GPT's c_proj bias under tp: flat_gradient_moment), less the weight
+    // gradients that peak prices as .grad (`released`, at 2 bytes an element).
+    const double layer = std::ceil(model.block_param_elements(split.tp) / split.dp) * split.dp;
+    const double root = std::ceil((model.stage_param_elements(split.tp, 1, 0) -
+                                   static_cast<double>(model.stage_blocks(1, 0)) * model.block_param_elements(split.tp)) /
+                                  split.dp) * split.dp;
+    backward.push_back({"the root's flat gradient", precision == Precision::True32 ? 4 * root : 0});
+    const std::optional<plan::FlatGradientMoment> made_at = model.flat_gradient_moment(shape);
+    if (made_at && made_at->before_peak && split.pp == 1) {
+      backward.push_back({"the last layer's flat gradient", pb * layer});
+      backward.push_back({"its weight gradients, in it (not .grad)", -made_at->released * pb / 2});
+    }
+  }
   MemoryMoment backward_moment = memory_moment("backward", backward);
   if (split.zero == 3 && widened)
     backward_moment.racing.push_back({"the unit gathered ahead, widened for Gloo: its float32 output, this rank's "
