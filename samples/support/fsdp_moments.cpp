@@ -196,10 +196,15 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
 // in its ring attention's backward too: the same moment, the earlier blocks' activations not
 // recomputed yet, each keeping its input instead.
 TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
-                                 const ModelSplit& split, int64_t batch, int64_t T, Precision precision) {
+                                 const ModelSplit& split, int64_t batch, int64_t T, Precision precision,
+                                 bool fsdp_mp_policy) {
+  // The policy's compute is a 16-bit model's (bf16-true's terms) on 16-bit units, its flat
+  // gradients and shards float32.
+  const Precision compute = fsdp_mp_policy ? Precision::BF16True : precision;
   const bool sixteen = precision != Precision::True32;
-  const bool autocast = precision == Precision::BF16Mixed || precision == Precision::F16Mixed;
-  const double pb = precision == Precision::BF16True ? 2 : 4;  // a unit's, a flat gradient's and a shard's bytes
+  const bool autocast = compute == Precision::BF16Mixed || compute == Precision::F16Mixed;
+  const double pb = compute == Precision::BF16True ? 2 : 4;    // a gathered unit's bytes an element
+  const double gb = precision == Precision::BF16True ? 2 : 4;  // a flat gradient's and a shard's
   const double dp = split.dp;
   const int64_t blocks = model.stage_blocks(1, 0);
   // Under tp a unit is the rank's tp shard of a layer (fully_shard over dp on the tp model).
@@ -207,10 +212,11 @@ TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelAri
   const double block_shard = std::ceil(block_elements / dp);  // ceil(Psi_unit / N), padding in
   const double elements = block_shard * dp;
   const double unit = pb * elements;
-  const double shard = pb * block_shard;
+  const double flat_grad = gb * elements;
+  const double shard = gb * block_shard;
   const double root_elements =
       model.stage_param_elements(split.tp, 1, 0) - static_cast<double>(blocks) * block_elements;
-  const double root_unit = pb * std::ceil(root_elements / dp) * dp;
+  const double root_padded = std::ceil(root_elements / dp) * dp;
   const plan::MeshShape shape = plan::mesh_shape(plan_split(split), plan::Workload{batch, T});
   const double act_bytes = sixteen ? 2 : 4;
   // The last block's ring moment without recompute (the planner's, whatever split.recompute
@@ -218,11 +224,11 @@ TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelAri
   const double activations = act_bytes * model.activation_peak_floats(shape, 0, false);
   // The ring moment's 16-bit terms, without ZeRO-3's root flat gradient (a term here), and a
   // whole block's share of them.
-  const plan::PrecisionExtraBytes extra = *model.precision_extra_bytes(shape, 0, 0, false, plan_precision(precision));
+  const plan::PrecisionExtraBytes extra = *model.precision_extra_bytes(shape, 0, 0, false, plan_precision(compute));
   const double block_freed = act_bytes * model.block_activation_floats(shape) +
-                             model.ring_block_extra_bytes(shape, plan_precision(precision))->total();
-  const std::string kind = precision == Precision::BF16True ? "bf16-true's" : "autocast's";
-  const GlooCollectives gloo = gloo_collectives(elements, block_shard, pb, pb, false);
+                             model.ring_block_extra_bytes(shape, plan_precision(compute))->total();
+  const std::string kind = autocast ? "autocast's" : "bf16-true's";
+  const GlooCollectives gloo = gloo_collectives(elements, block_shard, pb, gb, fsdp_mp_policy);
 
   TrainerMoments m;
   m.always = memory_moment("always", {{"params", r.params}, {"masters", r.master / 2}, {"optimizer", r.optimizer}});
@@ -248,14 +254,14 @@ TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelAri
          {"the earlier blocks' inputs, kept", split.recompute ? earlier * input : 0},
          // the weight gradients the planner's ring moment holds, at their .grad's bytes
          {"the weight gradients made, in the flat gradients instead", -pb * model.ring_weight_gradient_floats(shape, 0)},
-         {"the root's unit gathered", root_unit},
+         {"the root's unit gathered", pb * root_padded},
          {fmt::format("block {}'s unit gathered", k), unit},
          {fmt::format("block {}'s unit gathered ahead", k - 1), k > 0 ? unit : 0},
-         {"the root's flat gradient", root_unit},
-         {fmt::format("block {}'s flat gradient", k), unit},
-         {fmt::format("block {}'s flat gradient, its reduce-scatter in flight", k + 1), in_flight ? unit : 0},
+         {"the root's flat gradient", gb * root_padded},
+         {fmt::format("block {}'s flat gradient", k), flat_grad},
+         {fmt::format("block {}'s flat gradient, its reduce-scatter in flight", k + 1), in_flight ? flat_grad : 0},
          {"gradient shards of the blocks after it (one the reduce-scatter's output)", later * shard}});
-    add_gloo_race(at, k, in_flight, gloo, pb == 2, false);
+    add_gloo_race(at, k, in_flight, gloo, gb == 2, fsdp_mp_policy);
     all.push_back(std::move(at));
   }
   // After backward the shards' gradients are summed over cp: a flat copy and the all-reduce's;
@@ -263,8 +269,8 @@ TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelAri
   all.push_back(memory_moment("sum over cp", {{"gradients", r.grads},
                                               {"their flat copy and the all-reduce's", 2 * r.grads},
                                               {"over Gloo, its float32 copy and the sum rounded back",
-                                               pb == 2 ? 3 * r.grads : 0}}));
-  if (pb == 2)
+                                               gb == 2 ? 3 * r.grads : 0}}));
+  if (gb == 2)
     all.push_back(memory_moment("step", {{"gradients", r.grads}, {"the masters' float32 gradients", r.master / 2}}));
   m.moments = possible_peaks(std::move(all));
   return m;

@@ -31,7 +31,8 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
 // activations and its 16-bit terms; with recompute (16 bits) block k is the recomputed one,
 // the blocks before it holding their inputs alone.
 TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
-                                 const ModelSplit& split, int64_t batch, int64_t T, Precision precision);
+                                 const ModelSplit& split, int64_t batch, int64_t T, Precision precision,
+                                 bool fsdp_mp_policy);
 
 // FSDP's MixedPrecisionPolicy (train_gpt --fsdp-mp-policy), bf16-mixed or 16-mixed, ZeRO-3
 // over Gloo on dp, alone or beside tp (± SP), cp or both, without recompute: its 16-bit units and

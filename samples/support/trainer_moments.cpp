@@ -100,13 +100,14 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
     // Under cp in 16 bits the recomputed block peaks in ring attention's float32 backward,
     // which the planner prices under recompute as c_proj's moment with a ring term on top
     // (gpt_activation_moments), its 16-bit terms c_proj's: fsdp_ring_moments prices the ring's
-    // moment itself, from the planner's without recompute.
-    if (!gloo || split.tp > 1 || split.pp > 1 || (split.cp > 1 && fsdp_mp_policy)) return std::nullopt;
+    // moment itself, from the planner's without recompute (under the policy too: its
+    // 16-bit compute's terms, bf16-true's).
+    if (!gloo || split.tp > 1 || split.pp > 1) return std::nullopt;
     if (split.cp > 1 && compute != Precision::True32) {
       if (!model.ring_block_extra_bytes(plan::mesh_shape(plan_split(split), plan::Workload{batch, T}),
-                                        plan_precision(precision)))
+                                        plan_precision(compute)))
         return std::nullopt;
-      return fsdp_ring_moments(r, model, split, batch, T, precision);
+      return fsdp_ring_moments(r, model, split, batch, T, precision, fsdp_mp_policy);
     }
     if (compute != Precision::True32 &&
         !model.precision_extra_bytes(plan::mesh_shape(plan_split(split), plan::Workload{batch, T}), 0, 3, true,
@@ -127,7 +128,7 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
         !model.ring_block_extra_bytes(plan::mesh_shape(plan_split(split), plan::Workload{batch, T}),
                                       plan_precision(precision)))
       return std::nullopt;
-    return fsdp_ring_moments(r, model, split, batch, T, precision);
+    return fsdp_ring_moments(r, model, split, batch, T, precision, false);
   }
   const bool mixed = precision == Precision::BF16Mixed || precision == Precision::F16Mixed;
   const bool bf16_true = precision == Precision::BF16True;
