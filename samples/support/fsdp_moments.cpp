@@ -194,7 +194,12 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
 // (fsdp_recompute_moments': the larger of the reduce-scatter and the gather ahead queued).
 // With recompute (16 bits; 32-true is fsdp_recompute_moments') the recomputed block k peaks
 // in its ring attention's backward too: the same moment, the earlier blocks' activations not
-// recomputed yet, each keeping its input instead.
+// recomputed yet, each keeping its input instead. Under the policy (with recompute: without,
+// fsdp_mp_policy_moments) the units and compute are 16-bit (bf16-true's terms), the flat
+// gradients and shards float32, and the race the larger of the reduce-scatter's scratch and
+// the gather ahead widened with its rounded input. Beside tp (fully_shard over dp on the tp
+// model) every unit, flat gradient and shard is the rank's tp shard of a layer, and the
+// planner's activations and ring terms are the tp rank's (the mesh's tp, ± SP).
 TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                  const ModelSplit& split, int64_t batch, int64_t T, Precision precision,
                                  bool fsdp_mp_policy) {
