@@ -151,8 +151,8 @@ TEST_CASE("train_gpt: FSDP over dp x tp holds the last layer's and the root's fl
 
 // The policy with recompute over dp 2 x cp 2: the recomputed block peaks in its ring
 // attention's backward, on 16-bit units with float32 flat gradients; the race is the gather
-// ahead, widened (9 bytes an element of a unit over 2 ranks: 1.70 MiB). 2026-12-07: 10.42
-// to 12.07 MiB a rank over 12 runs against 10.40 to 12.10.
+// ahead, widened (9 bytes an element of a unit over 2 ranks: 1.70 MiB). 2026-12-07: 10.36
+// to 12.07 MiB a rank over 8 runs each of bf16-mixed and 16-mixed against 10.40 to 12.10.
 TEST_CASE("train_gpt: FSDP's policy with recompute over dp x cp peaks at the recomputed block's ring backward") {
   const plan::GPTArithmetic model = default_gpt();
   samples::ModelSplit split;
