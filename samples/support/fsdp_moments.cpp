@@ -194,20 +194,34 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
 // (fsdp_recompute_moments': the larger of the reduce-scatter and the gather ahead queued).
 // With recompute (16 bits; 32-true is fsdp_recompute_moments') the recomputed block k peaks
 // in its ring attention's backward too: the same moment, the earlier blocks' activations not
-// recomputed yet, each keeping its input instead.
+// recomputed yet, each keeping its input instead. Under the policy (with recompute: without,
+// fsdp_mp_policy_moments) the units and compute are 16-bit (bf16-true's terms), the flat
+// gradients and shards float32, and the race the larger of the reduce-scatter's scratch and
+// the gather ahead widened with its rounded input. Beside tp (fully_shard over dp on the tp
+// model) every unit, flat gradient and shard is the rank's tp shard of a layer, and the
+// planner's activations and ring terms are the tp rank's (the mesh's tp, ± SP).
 TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
-                                 const ModelSplit& split, int64_t batch, int64_t T, Precision precision) {
+                                 const ModelSplit& split, int64_t batch, int64_t T, Precision precision,
+                                 bool fsdp_mp_policy) {
+  // The policy's compute is a 16-bit model's (bf16-true's terms) on 16-bit units, its flat
+  // gradients and shards float32.
+  const Precision compute = fsdp_mp_policy ? Precision::BF16True : precision;
   const bool sixteen = precision != Precision::True32;
-  const bool autocast = precision == Precision::BF16Mixed || precision == Precision::F16Mixed;
-  const double pb = precision == Precision::BF16True ? 2 : 4;  // a unit's, a flat gradient's and a shard's bytes
+  const bool autocast = compute == Precision::BF16Mixed || compute == Precision::F16Mixed;
+  const double pb = compute == Precision::BF16True ? 2 : 4;    // a gathered unit's bytes an element
+  const double gb = precision == Precision::BF16True ? 2 : 4;  // a flat gradient's and a shard's
   const double dp = split.dp;
   const int64_t blocks = model.stage_blocks(1, 0);
-  const double block_shard = std::ceil(model.block_param_elements(1) / dp);  // ceil(Psi_unit / N), padding in
+  // Under tp a unit is the rank's tp shard of a layer (fully_shard over dp on the tp model).
+  const double block_elements = model.block_param_elements(split.tp);
+  const double block_shard = std::ceil(block_elements / dp);  // ceil(Psi_unit / N), padding in
   const double elements = block_shard * dp;
   const double unit = pb * elements;
-  const double shard = pb * block_shard;
-  const double root_elements = model.stage_param_elements(1, 1, 0) - static_cast<double>(blocks) * model.block_param_elements(1);
-  const double root_unit = pb * std::ceil(root_elements / dp) * dp;
+  const double flat_grad = gb * elements;
+  const double shard = gb * block_shard;
+  const double root_elements =
+      model.stage_param_elements(split.tp, 1, 0) - static_cast<double>(blocks) * block_elements;
+  const double root_padded = std::ceil(root_elements / dp) * dp;
   const plan::MeshShape shape = plan::mesh_shape(plan_split(split), plan::Workload{batch, T});
   const double act_bytes = sixteen ? 2 : 4;
   // The last block's ring moment without recompute (the planner's, whatever split.recompute
@@ -215,19 +229,20 @@ TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelAri
   const double activations = act_bytes * model.activation_peak_floats(shape, 0, false);
   // The ring moment's 16-bit terms, without ZeRO-3's root flat gradient (a term here), and a
   // whole block's share of them.
-  const plan::PrecisionExtraBytes extra = *model.precision_extra_bytes(shape, 0, 0, false, plan_precision(precision));
+  const plan::PrecisionExtraBytes extra = *model.precision_extra_bytes(shape, 0, 0, false, plan_precision(compute));
   const double block_freed = act_bytes * model.block_activation_floats(shape) +
-                             model.ring_block_extra_bytes(shape, plan_precision(precision))->total();
-  const std::string kind = precision == Precision::BF16True ? "bf16-true's" : "autocast's";
-  const GlooCollectives gloo = gloo_collectives(elements, block_shard, pb, pb, false);
+                             model.ring_block_extra_bytes(shape, plan_precision(compute))->total();
+  const std::string kind = autocast ? "autocast's" : "bf16-true's";
+  const GlooCollectives gloo = gloo_collectives(elements, block_shard, pb, gb, fsdp_mp_policy);
 
   TrainerMoments m;
   m.always = memory_moment("always", {{"params", r.params}, {"masters", r.master / 2}, {"optimizer", r.optimizer}});
   std::vector<MemoryMoment> all;
   // Recomputed (models::GPT's per-block checkpoint), blocks 0..k - 1 keep only their input,
   // the residual stream (float32 under autocast).
-  const double input = (autocast ? 4 : act_bytes) * static_cast<double>(model.hidden_size()) *
-                       static_cast<double>(batch / split.dp) * static_cast<double>(T / split.cp);
+  const double input = (autocast ? 4 : act_bytes) * static_cast<double>(model.hidden_size()) /
+                       (split.sequence_parallel ? split.tp : 1) * static_cast<double>(batch / split.dp) *
+                       static_cast<double>(T / split.cp);
   for (int64_t k = blocks - 1; k >= 0; --k) {
     const double later = static_cast<double>(blocks - 1 - k);  // blocks gone back before it
     const bool in_flight = later > 0;                            // block k + 1's reduce-scatter
@@ -244,14 +259,14 @@ TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelAri
          {"the earlier blocks' inputs, kept", split.recompute ? earlier * input : 0},
          // the weight gradients the planner's ring moment holds, at their .grad's bytes
          {"the weight gradients made, in the flat gradients instead", -pb * model.ring_weight_gradient_floats(shape, 0)},
-         {"the root's unit gathered", root_unit},
+         {"the root's unit gathered", pb * root_padded},
          {fmt::format("block {}'s unit gathered", k), unit},
          {fmt::format("block {}'s unit gathered ahead", k - 1), k > 0 ? unit : 0},
-         {"the root's flat gradient", root_unit},
-         {fmt::format("block {}'s flat gradient", k), unit},
-         {fmt::format("block {}'s flat gradient, its reduce-scatter in flight", k + 1), in_flight ? unit : 0},
+         {"the root's flat gradient", gb * root_padded},
+         {fmt::format("block {}'s flat gradient", k), flat_grad},
+         {fmt::format("block {}'s flat gradient, its reduce-scatter in flight", k + 1), in_flight ? flat_grad : 0},
          {"gradient shards of the blocks after it (one the reduce-scatter's output)", later * shard}});
-    add_gloo_race(at, k, in_flight, gloo, pb == 2, false);
+    add_gloo_race(at, k, in_flight, gloo, gb == 2, fsdp_mp_policy);
     all.push_back(std::move(at));
   }
   // After backward the shards' gradients are summed over cp: a flat copy and the all-reduce's;
@@ -259,8 +274,8 @@ TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelAri
   all.push_back(memory_moment("sum over cp", {{"gradients", r.grads},
                                               {"their flat copy and the all-reduce's", 2 * r.grads},
                                               {"over Gloo, its float32 copy and the sum rounded back",
-                                               pb == 2 ? 3 * r.grads : 0}}));
-  if (pb == 2)
+                                               gb == 2 ? 3 * r.grads : 0}}));
+  if (gb == 2)
     all.push_back(memory_moment("step", {{"gradients", r.grads}, {"the masters' float32 gradients", r.master / 2}}));
   m.moments = possible_peaks(std::move(all));
   return m;

@@ -25,13 +25,16 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
                                       const ModelSplit& split, int64_t batch, int64_t T, Precision precision,
                                       bool fsdp_mp_policy);
 
-// FSDP over dp x cp (over Gloo; in 16 bits a model whose ring_block_extra_bytes prices them)
-// is a range likewise: its peak is ring attention's backward in some block k, with the
-// buffers of fsdp_recompute_moments' block k, each block gone back having freed its
-// activations and its 16-bit terms; with recompute (16 bits) block k is the recomputed one,
-// the blocks before it holding their inputs alone.
+// FSDP over dp x cp, beside tp (± SP) too (over Gloo; in 16 bits a model whose
+// ring_block_extra_bytes prices them) is a range likewise: its peak is ring attention's
+// backward in some block k, with the buffers of fsdp_recompute_moments' block k (beside tp
+// the rank's tp shards of them), each block gone back having freed its activations and its
+// 16-bit terms; with recompute (16 bits, or `fsdp_mp_policy`: its 16-bit units and compute,
+// float32 flat gradients and shards, the gather ahead widened) block k is the recomputed
+// one, the blocks before it holding their inputs alone.
 TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
-                                 const ModelSplit& split, int64_t batch, int64_t T, Precision precision);
+                                 const ModelSplit& split, int64_t batch, int64_t T, Precision precision,
+                                 bool fsdp_mp_policy);
 
 // FSDP's MixedPrecisionPolicy (train_gpt --fsdp-mp-policy), bf16-mixed or 16-mixed, ZeRO-3
 // over Gloo on dp, alone or beside tp (± SP), cp or both, without recompute: its 16-bit units and

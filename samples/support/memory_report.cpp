@@ -90,9 +90,8 @@ std::string memory_report(std::size_t peak_bytes, int rank, const parallel::Devi
     const std::string planned = fmt::format("{}; the planner: {} ({}), measured / planned {:.3f}", measured,
                                             mib(r.total()), parts, static_cast<double>(peak_bytes) / r.total());
     if (!moments)
-      return planned + "; not priced at the trainer's moments yet (FSDP over NCCL, FSDP over dp x tp x cp but "
-                       "under the policy, FSDP's mixed precision policy with recompute over cp, a model whose formulas "
-                       "do not price the 16-bit precisions)";
+      return planned + "; not priced at the trainer's moments yet (FSDP over NCCL, a model whose formulas do "
+                       "not price the 16-bit precisions)";
     const double measured_bytes = static_cast<double>(peak_bytes);
     if (moments->is_range()) {  // a race with the communication thread (trainer_moments.h)
       const double low = moments->low(), high = moments->high();

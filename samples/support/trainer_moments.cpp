@@ -100,13 +100,14 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
     // Under cp in 16 bits the recomputed block peaks in ring attention's float32 backward,
     // which the planner prices under recompute as c_proj's moment with a ring term on top
     // (gpt_activation_moments), its 16-bit terms c_proj's: fsdp_ring_moments prices the ring's
-    // moment itself, from the planner's without recompute.
-    if (!gloo || split.tp > 1 || split.pp > 1 || (split.cp > 1 && fsdp_mp_policy)) return std::nullopt;
+    // moment itself, from the planner's without recompute (under the policy too: its
+    // 16-bit compute's terms, bf16-true's).
+    if (!gloo || split.tp > 1 || split.pp > 1) return std::nullopt;
     if (split.cp > 1 && compute != Precision::True32) {
       if (!model.ring_block_extra_bytes(plan::mesh_shape(plan_split(split), plan::Workload{batch, T}),
-                                        plan_precision(precision)))
+                                        plan_precision(compute)))
         return std::nullopt;
-      return fsdp_ring_moments(r, model, split, batch, T, precision);
+      return fsdp_ring_moments(r, model, split, batch, T, precision, fsdp_mp_policy);
     }
     if (compute != Precision::True32 &&
         !model.precision_extra_bytes(plan::mesh_shape(plan_split(split), plan::Workload{batch, T}), 0, 3, true,
@@ -123,11 +124,11 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
   if (split.zero == 3 && split.cp > 1) {  // ring attention's moments (fsdp_ring_moments)
     // In 16 bits each block gone back also frees its own float32 and cast tensors: the
     // model's ring_block_extra_bytes.
-    if (!gloo || split.tp > 1 ||
+    if (!gloo ||
         !model.ring_block_extra_bytes(plan::mesh_shape(plan_split(split), plan::Workload{batch, T}),
                                       plan_precision(precision)))
       return std::nullopt;
-    return fsdp_ring_moments(r, model, split, batch, T, precision);
+    return fsdp_ring_moments(r, model, split, batch, T, precision, false);
   }
   const bool mixed = precision == Precision::BF16Mixed || precision == Precision::F16Mixed;
   const bool bf16_true = precision == Precision::BF16True;
@@ -197,6 +198,23 @@ std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const p
   // some runs' peaks hold all of it, some part, some none (a race: the backward's racing
   // terms; the rest of the moment is the low).
   backward.push_back({"ZeRO-3's gathered units", split.zero == 3 ? r.buffers : 0});
+  if (split.zero == 3) {
+    // FSDP's flat gradients (fully_shard.cpp, sharded_grad_reducer.cpp): the root's is made
+    // at the start of backward (in 16 bits the model's head_grad holds it); the last layer's
+    // at its first post-accumulate hook, alive at the peak where the model says it comes
+    // before it (the GPT's c_proj bias under tp: flat_gradient_moment), less the weight
+    // gradients that peak prices as .grad (`released`, at 2 bytes an element).
+    const double layer = std::ceil(model.block_param_elements(split.tp) / split.dp) * split.dp;
+    const double root = std::ceil((model.stage_param_elements(split.tp, 1, 0) -
+                                   static_cast<double>(model.stage_blocks(1, 0)) * model.block_param_elements(split.tp)) /
+                                  split.dp) * split.dp;
+    backward.push_back({"the root's flat gradient", precision == Precision::True32 ? 4 * root : 0});
+    const std::optional<plan::FlatGradientMoment> made_at = model.flat_gradient_moment(shape);
+    if (made_at && made_at->before_peak && split.pp == 1) {
+      backward.push_back({"the last layer's flat gradient", pb * layer});
+      backward.push_back({"its weight gradients, in it (not .grad)", -made_at->released * pb / 2});
+    }
+  }
   MemoryMoment backward_moment = memory_moment("backward", backward);
   if (split.zero == 3 && widened)
     backward_moment.racing.push_back({"the unit gathered ahead, widened for Gloo: its float32 output, this rank's "

@@ -6,8 +6,10 @@
 //              was cut from (kept for checkpoints)
 //   backward   the activations at their peak, what the 16-bit precisions keep beside them,
 //              the gradients of the pipeline's backwards before it, FSDP's gathered units
-//              (no gradient otherwise: zero_grad sets them to none, and the engine adds each
-//              weight's into .grad at the end of backward)
+//              and flat gradients (the root's; the last layer's where the model makes it
+//              before the peak: the GPT's c_proj bias under tp) (no gradient otherwise:
+//              zero_grad sets them to none, and the engine adds each weight's into .grad at
+//              the end of backward)
 //   recompute  models::GPT's per-block checkpoint: the first block going back, the later
 //              blocks' inputs freed and their gradients in .grad; the pipeline's (the whole
 //              stage redone per micro-batch): its last backward, every earlier one's
@@ -24,6 +26,8 @@
 //              attention's backward in the recomputed block k (as FSDP over cp's)
 //   FSDP over  ring attention's backward in block k (each k): the blocks after it gone back,
 //   cp         their activations and 16-bit terms freed, with FSDP with recompute's buffers
+//              (beside tp the rank's tp shards; under the policy with recompute its 16-bit
+//              units and float32 flat gradients, in the recomputed block k)
 //   FSDP's     (--fsdp-mp-policy: float32 shards, 16-bit units and compute, float32 flat
 //   mixed      gradients) the backward's peak, and the moment the last layer's float32 flat
 //   precision  gradient is made if that is later (the GPT's c_fc, the Llama's gate and up;
@@ -87,11 +91,12 @@ MemoryMoment memory_moment(std::string name, std::vector<MemoryTerm> terms);
 
 // `r`: the planner's bytes for this rank's stage; `gloo`: the dp and cp groups are Gloo's (no 16-bit
 // sums: they travel as float32). FSDP with recompute and FSDP's MixedPrecisionPolicy
-// (`fsdp_mp_policy`) and FSDP over dp x cp are ranges of their own (fsdp_moments.h). Empty
-// where not priced so yet: FSDP over NCCL (no Gloo thread's race; not measurable here), FSDP
-// over dp x tp x cp but under the policy, the policy with recompute over cp, and in 16 bits
-// a model whose precision_extra_bytes (flat_gradient_moment under the policy,
-// ring_block_extra_bytes over cp) does not price them (the GPT's and the Llama's do).
+// (`fsdp_mp_policy`) and FSDP over dp x cp (beside tp too) are ranges of their own
+// (fsdp_moments.h). Empty where not priced so yet: FSDP over NCCL (no Gloo thread's race;
+// not measurable here), FSDP with recompute beside tp (train_gpt refuses --recompute with
+// --tp but without --pp, and ZeRO-3 with --pp), and in 16 bits a model whose
+// precision_extra_bytes (flat_gradient_moment under the policy, ring_block_extra_bytes over
+// cp) does not price them (the GPT's and the Llama's do).
 std::optional<TrainerMoments> trainer_moments(const plan::RankMemory& r, const plan::ModelArithmetic& model,
                                               const ModelSplit& split, int stage, int64_t batch, int64_t T,
                                               Precision precision, bool fsdp_mp_policy, bool gloo);
