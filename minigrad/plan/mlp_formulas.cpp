@@ -375,11 +375,12 @@ std::optional<MLPZero3Memory> mlp_zero3_memory(const MLPConfig& config, const Sp
     m.low.buffers = first_unit + second_flat + (cast >= gemm ? first_unit : 0);
     m.low.activations = low - m.low.grads - m.low.buffers;
   }
-  // The highs before the launch are below the launch's (the second unit is smaller): the
-  // high is the launch with its scratch.
-  m.scratch = launch_racing;
-  m.launch_below_low = low - launch;
-  MG_CHECK(std::max(gemm, cast) + second_racing <= m.high(), "mlp_zero3_memory: a moment before the launch races higher");
+  // The high: the launch with Gloo's buffers for the first unit, or (a small first Linear)
+  // the moment before it with those for the second.
+  const double before_low = std::max(gemm, cast);
+  m.high_at_launch = launch + launch_racing >= before_low + second_racing;
+  m.scratch = m.high_at_launch ? launch_racing : second_racing;
+  m.high_below_low = low - (m.high_at_launch ? launch : before_low);
   return m;
 }
 

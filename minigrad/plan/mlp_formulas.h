@@ -147,14 +147,16 @@ std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& 
 // it racing) and the first's shard not made: the first weight-gradient GEMM on widened
 // copies (bf16-true's low at --hidden 64,32), and under autocast the weight's bfloat16
 // gradient cast back to float32 beside the flat gradient the bias went into (the low).
-// Their highs are below the launch's, so the high is the launch with its scratch: where the
-// low is one of them, the range is the scratch less how far the launch is below that low
-// (`launch_below_low`). Empty under tp, pp or cp, and with `replicas` > 1.
+// The high is the launch with its buffers, or, where the first Linear is small (--hidden
+// 16 under autocast), the moment before it with the second unit's: the range is those
+// buffers less how far the high's moment is below the low (`high_below_low`). Empty under
+// tp, pp or cp, and with `replicas` > 1.
 struct MLPZero3Memory {
   RankMemory low;  // params and grads: the shards; buffers: the unit(s) and flat gradients held
-  double scratch = 0;           // Gloo's buffers for the first Linear's reduce-scatter
-  double launch_below_low = 0;  // 0 where the low is the launch (32-true)
-  double high() const { return low.total() - launch_below_low + scratch; }
+  double scratch = 0;          // Gloo's buffers for the reduce-scatter at the high's moment
+  double high_below_low = 0;   // 0 where the high's moment is the low's (32-true)
+  bool high_at_launch = true;  // the first unit's reduce-scatter (else the second's, before the launch)
+  double high() const { return low.total() - high_below_low + scratch; }
 };
 std::optional<MLPZero3Memory> mlp_zero3_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
                                                MLPOptimizer optimizer,

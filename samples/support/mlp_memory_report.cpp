@@ -29,14 +29,15 @@ std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& ru
       const double data = plan::mlp_data_bytes(run.config, run.train_images, run.test_images, run.rank_rows);
       const double low = z->low.total() + data, high = z->high() + data;
       return fmt::format("{}; the planner: {:.2f} to {} (the low: params {}, masters {}, grads {}, optimizer {}, buffers {}, "
-                         "activations {}, data {}; the high adds: the reduce-scatter's scratch (the first Linear's, on "
+                         "activations {}, data {}; the high adds: the reduce-scatter's scratch (the {} Linear's, on "
                          "Gloo's thread) {}{} (a race with Gloo's communication thread)), {}",
                          measured, low / (1024.0 * 1024.0), mib(high), mib(z->low.params), mib(z->low.master), mib(z->low.grads),
                          mib(z->low.optimizer), mib(z->low.buffers), mib(z->low.activations), mib(data),
-                         mib(z->scratch - z->launch_below_low),
-                         z->launch_below_low > 0
-                             ? fmt::format(" (its buffers {} at the launch, which is {} below the low's moment before it)",
-                                           mib(z->scratch), mib(z->launch_below_low))
+                         z->high_at_launch ? "first" : "second", mib(z->scratch - z->high_below_low),
+                         z->high_below_low > 0
+                             ? fmt::format(" (its buffers {} at {}, which is {} below the low's moment)", mib(z->scratch),
+                                           z->high_at_launch ? "the first Linear's launch" : "the moment before it",
+                                           mib(z->high_below_low))
                              : std::string(),
                          range_verdict(static_cast<double>(peak_bytes), low, high));
     }

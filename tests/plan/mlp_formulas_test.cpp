@@ -293,7 +293,8 @@ TEST_CASE("mlp formulas: ZeRO-3 in 16 bits, the weight gradient's cast and Gloo'
   CHECK(mixed->low.activations == 2 * w0 + 4 * w0 + 16);         // the cast, the loss's scalars
   CHECK(mixed->scratch == 4 * unit0);                             // Gloo's slices at the launch
   // the launch holds the first shard and drops the cast and the second unit's flat gradient
-  CHECK(mixed->launch_below_low == 2 * w0 + 4 * unit1 - 4 * unit0 / 2);
+  CHECK(mixed->high_at_launch);
+  CHECK(mixed->high_below_low == 2 * w0 + 4 * unit1 - 4 * unit0 / 2);
   const auto f16 = plan::mlp_zero3_memory(config, split, 10, plan::MLPOptimizer::SGDMomentum,
                                           plan::MLPPrecision::F16Mixed);
   REQUIRE(f16.has_value());
@@ -307,11 +308,21 @@ TEST_CASE("mlp formulas: ZeRO-3 in 16 bits, the weight gradient's cast and Gloo'
   CHECK(bf16->scratch == 2 * 4 * unit0 + 4 * unit0 / 2 + 2 * unit0 / 2);
   // the launch in bf16-true: the unit gathered, its flat gradient, W0's gradient, every shard's
   const double launch = 2 * 2 * unit0 + 2 * w0 + 2 * shards + 2 * 10 * 784 + 16;
-  CHECK(bf16->low.total() - bf16->launch_below_low ==
+  CHECK(bf16->high_at_launch);
+  CHECK(bf16->low.total() - bf16->high_below_low ==
         launch + bf16->low.params + bf16->low.master + bf16->low.optimizer);
   const auto f32 = plan::mlp_zero3_memory(config, split, 10, plan::MLPOptimizer::SGDMomentum);
   REQUIRE(f32.has_value());
-  CHECK(f32->launch_below_low == 0);  // 32-true's low is the launch
+  CHECK(f32->high_below_low == 0);  // 32-true's low is the launch
+  // A small first Linear (--hidden 16): under autocast the high is the cast with the
+  // second unit's slices on Gloo's thread, the low's own moment.
+  config.hidden = {16};
+  const auto small = plan::mlp_zero3_memory(config, split, 25, plan::MLPOptimizer::SGDMomentum,
+                                            plan::MLPPrecision::BF16Mixed);
+  REQUIRE(small.has_value());
+  CHECK(!small->high_at_launch);
+  CHECK(small->high_below_low == 0);
+  CHECK(small->scratch == 4 * (16 * 10 + 10));
 }
 
 // tp in 16 bits at --hidden 16,2048, 50 rows (read off --memory-blocks): the row layer's

@@ -259,10 +259,8 @@ TEST_CASE("train_fashion_mnist --distributed --zero 3: the memory line prices it
       {"bf16-mixed", mg::plan::MLPPrecision::BF16Mixed},
       {"16-mixed", mg::plan::MLPPrecision::F16Mixed},
       {"bf16-true", mg::plan::MLPPrecision::BF16True}};
-  for (const auto& [name, precision] : precisions) {
-    const auto z = mg::plan::mlp_zero3_memory(config, split, 10, mg::plan::MLPOptimizer::SGDMomentum, precision);
-    REQUIRE(z.has_value());
-    const std::string command = run + tiny_run(dir.path()) + " --distributed --zero 3 --precision " + name;
+  // Each rank's line in the range of `z`, its width Gloo's buffers for the `unit`'s reduce-scatter.
+  const auto check_lines = [](const std::string& command, const mg::plan::MLPZero3Memory& z, const std::string& unit) {
     const auto out = run_program(command);
     INFO(command);
     INFO(out.output);
@@ -271,12 +269,26 @@ TEST_CASE("train_fashion_mnist --distributed --zero 3: the memory line prices it
     int lines = 0;
     for (std::string line; std::getline(in, line);) {
       if (line.find("memory: peak ") == std::string::npos) continue;
-      mg::testing::check_range_line(line, "the planner: ", "the reduce-scatter's scratch (the first Linear's, on Gloo's thread)",
-                                    z->scratch - z->launch_below_low);
+      mg::testing::check_range_line(line, "the planner: ", "the reduce-scatter's scratch (the " + unit +
+                                    " Linear's, on Gloo's thread)", z.scratch - z.high_below_low);
       ++lines;
     }
     CHECK(lines == 2);
+  };
+  for (const auto& [name, precision] : precisions) {
+    const auto z = mg::plan::mlp_zero3_memory(config, split, 10, mg::plan::MLPOptimizer::SGDMomentum, precision);
+    REQUIRE(z.has_value());
+    check_lines(run + tiny_run(dir.path()) + " --distributed --zero 3 --precision " + name, *z, "first");
   }
+  // A small first Linear: the high is the weight gradient's cast with the second unit's slices.
+  config.hidden = {16};
+  const auto narrow = mg::plan::mlp_zero3_memory(config, split, 25, mg::plan::MLPOptimizer::SGDMomentum,
+                                                 mg::plan::MLPPrecision::BF16Mixed);
+  REQUIRE(narrow.has_value());
+  REQUIRE(!narrow->high_at_launch);
+  check_lines(run + kProgram + " --data-dir " + dir.path() + " --hidden 16 --batch-size 50 --epochs 1 --distributed " +
+                  "--zero 3 --precision bf16-mixed",
+              *narrow, "second");
 }
 
 // tp over ranks in 16 bits: the column layer's GEMM on widened copies (64,32), the row
