@@ -314,22 +314,73 @@ std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& 
   return r;
 }
 
+namespace {
+
+// Gloo's buffers for a reduce-scatter of `padded` gradient elements into a shard of `shard`
+// (process_group_gloo.cpp): its `slices`, the input's size; in 16 bits the input widened to
+// float32 for the wire, float32 slices, their float32 sum and its rounding into the shard.
+double gloo_reduce_scatter_bytes(double padded, double shard, bool bf16) {
+  return bf16 ? 2 * kFloat * padded + kFloat * shard + 2 * shard : kFloat * padded;
+}
+
+}  // namespace
+
 std::optional<MLPZero3Memory> mlp_zero3_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
-                                               MLPOptimizer optimizer) {
+                                               MLPOptimizer optimizer, MLPPrecision precision) {
   if (split.zero != 3 || split.tp > 1 || split.pp > 1 || split.cp > 1 || split.dp < 2) return std::nullopt;
-  (void)rank_rows;  // the activations are gone at the moment: the loss's scalars alone
+  const bool bf16_true = precision == MLPPrecision::BF16True;
+  const bool autocast = precision == MLPPrecision::BF16Mixed || precision == MLPPrecision::F16Mixed;
+  const double G = bf16_true ? 2 : kFloat;  // the parameters' and gradients' dtype, a element
   const std::vector<int64_t> numels = mlp_parameter_numels(config);
   const double N = split.dp;
-  double shards = 0;  // a Linear's unit: its weight and bias, ceil(Ψ_u / N) a rank
-  for (size_t i = 0; i + 1 < numels.size(); i += 2) shards += std::ceil(static_cast<double>(numels[i] + numels[i + 1]) / N);
-  const double first_unit = kFloat * N * std::ceil(static_cast<double>(numels[0] + numels[1]) / N);
+  // A Linear's unit: its weight and bias, ceil(Ψ_u / N) a rank, N of them gathered.
+  std::vector<double> unit_shards;
+  for (size_t i = 0; i + 1 < numels.size(); i += 2)
+    unit_shards.push_back(std::ceil(static_cast<double>(numels[i] + numels[i + 1]) / N));
+  const double shards = std::accumulate(unit_shards.begin(), unit_shards.end(), 0.0);
+  const double first_shard = unit_shards.front(), first_unit = G * N * first_shard;
+  const double first_weight = G * static_cast<double>(numels.front());
+  // The loss's scalars (running, the loss and its copy summed over the ranks, the seed; in
+  // bf16-true the bfloat16 loss read in float32, under 16-mixed the scaled loss) and
+  // bf16-true's bfloat16 batch, held through the step.
+  const double scalars = kFloat * 3 + (bf16_true ? 2 + 2 : kFloat) + (precision == MLPPrecision::F16Mixed ? kFloat : 0);
+  const double batch16 = bf16_true ? 2 * static_cast<double>(rank_rows * config.inputs) : 0;
+  // The second unit's reduce-scatter, launched before the first's, is in flight until the
+  // first's launch: its flat gradient held, its output made, Gloo's buffers racing.
+  const bool second = unit_shards.size() > 1;
+  const double second_flat = second ? G * N * unit_shards[1] : 0;
+  const double second_racing = second ? gloo_reduce_scatter_bytes(N * unit_shards[1], unit_shards[1], bf16_true) : 0;
+
   MLPZero3Memory m;
-  m.low.params = kFloat * shards;
-  m.low.grads = kFloat * shards;
-  m.low.optimizer = mlp_optimizer_bytes(optimizer, shards, static_cast<double>(numels.size() / 2));
-  m.low.buffers = 2 * first_unit + kFloat * static_cast<double>(numels.front());
-  m.low.activations = kFloat * 4;  // the running loss, the loss and its copy summed over the ranks, its seed
-  m.scratch = first_unit;
+  m.low.params = G * shards;
+  m.low.master = bf16_true ? kFloat * shards : 0;  // MasterWeights' float32 master shards
+  m.low.optimizer = mlp_optimizer_bytes(optimizer, shards, static_cast<double>(unit_shards.size()));
+  // The launch: the unit gathered, its flat gradient, its weight's gradient, every shard's.
+  const double launch = 2 * first_unit + first_weight + G * shards + scalars + batch16;
+  const double launch_racing = gloo_reduce_scatter_bytes(N * first_shard, first_shard, bf16_true);
+  // Before it, the second unit in flight and the first's shard not made: in 16 bits the
+  // first weight-gradient GEMM on widened copies (the unit gathered), and under autocast the
+  // weight's bfloat16 gradient cast back to float32 (beside it the flat gradient the bias
+  // went into).
+  const double before = first_unit + second_flat + G * (shards - first_shard) + scalars + batch16;
+  const double gemm = precision == MLPPrecision::True32 ? 0 : before + first_weight_grad_16bit_bytes(config, rank_rows, autocast);
+  const double cast = autocast ? before + first_unit + 2 * static_cast<double>(numels.front()) + first_weight : 0;
+  const double low = std::max({launch, gemm, cast});
+  if (launch >= gemm && launch >= cast) {
+    m.low.grads = G * shards;
+    m.low.buffers = 2 * first_unit + first_weight;
+    m.low.activations = scalars + batch16;
+  } else {
+    m.low.grads = G * (shards - first_shard);
+    m.low.buffers = first_unit + second_flat + (cast >= gemm ? first_unit : 0);
+    m.low.activations = low - m.low.grads - m.low.buffers;
+  }
+  // The high: the launch with Gloo's buffers for the first unit, or (a small first Linear)
+  // the moment before it with those for the second.
+  const double before_low = std::max(gemm, cast);
+  m.high_at_launch = launch + launch_racing >= before_low + second_racing;
+  m.scratch = m.high_at_launch ? launch_racing : second_racing;
+  m.high_below_low = low - (m.high_at_launch ? launch : before_low);
   return m;
 }
 

@@ -1,7 +1,7 @@
 // train_fashion_mnist's MLP (inputs -> hidden... -> classes, a Linear and a ReLU per hidden
 // width) priced as the planner prices the GPT: each rank's bytes of parameters, gradients,
 // optimizer state, buffers and activations at its training peak, in float32 and (one
-// device, DDP, ZeRO-1, ZeRO-2, tp over ranks) in the 16-bit precisions, with the planner's
+// device, DDP, ZeRO-1, ZeRO-2, ZeRO-3, tp over ranks) in the 16-bit precisions, with the planner's
 // RankMemory. Formulas only, read off train_fashion_mnist --memory-blocks
 // (docs/planning.md, "The MLP's formulas"); the trainer prints them beside its allocator's
 // peak.
@@ -32,7 +32,8 @@
 //   stages          range over the states they can be in together (mlp_pipe_memory)
 //   16 bits        the forward's first GEMM on widened float32 copies
 //                  (mlp_forward_peak_16bit_bytes), bf16-true's widened all-gather and
-//                  reduce-scatter, ZeRO-2's first weight-gradient GEMM (mlp_rank_memory)
+//                  reduce-scatter, ZeRO-2's first weight-gradient GEMM (mlp_rank_memory),
+//                  ZeRO-3's moments before its launch (mlp_zero3_memory)
 #pragma once
 
 #include <cstdint>
@@ -134,18 +135,32 @@ std::optional<RankMemory> mlp_rank_memory(const MLPConfig& config, const Split& 
 // gathered (freed only after the launch), its flat gradient (the reduce-scatter's input),
 // the weight's gradient (the engine holds it while its hook runs), every unit's gradient
 // shard (the first's the reduce-scatter's output, made at the launch; the others' done:
-// one reduce-scatter in flight), the loss's scalars. `low`: those terms, the communication
-// thread not yet started on the reduce-scatter; `scratch`: what the high adds, the
-// reduce-scatter's `slices` (the flat gradient's size), which Gloo's thread allocates as
-// soon as the work is queued and may do before the caller frees the gathered unit and
-// returns from the hook. Empty under tp, pp or cp, and with `replicas` > 1.
+// one reduce-scatter in flight), the loss's scalars. `low`: the largest moment without
+// Gloo's thread; `scratch`: what the high adds, the largest moment with Gloo's buffers
+// for the reduce-scatter in flight (`slices`, the flat gradient's size; in bf16-true the
+// flat gradient widened to float32 for the wire, float32 slices, their float32 sum and its
+// rounding into the shard), which Gloo's thread allocates as soon as the work is queued
+// and may do before the caller frees the gathered unit and returns from the hook. In 16
+// bits (`precision`: the parameters, shards and gradients bfloat16 in bf16-true, with
+// float32 master shards; float32 under autocast) two moments come before the launch, the
+// second unit's reduce-scatter still in flight (its flat gradient held, Gloo's buffers for
+// it racing) and the first's shard not made: the first weight-gradient GEMM on widened
+// copies (bf16-true's low at --hidden 64,32), and under autocast the weight's bfloat16
+// gradient cast back to float32 beside the flat gradient the bias went into (the low).
+// The high is the launch with its buffers, or, where the first Linear is small (--hidden
+// 16 under autocast), the moment before it with the second unit's: the range is those
+// buffers less how far the high's moment is below the low (`high_below_low`). Empty under
+// tp, pp or cp, and with `replicas` > 1.
 struct MLPZero3Memory {
-  RankMemory low;  // params and grads: the shards; buffers: the unit, its flat gradient, the weight's gradient
-  double scratch = 0;
-  double high() const { return low.total() + scratch; }
+  RankMemory low;  // params and grads: the shards; buffers: the unit(s) and flat gradients held
+  double scratch = 0;          // Gloo's buffers for the reduce-scatter at the high's moment
+  double high_below_low = 0;   // 0 where the high's moment is the low's (32-true)
+  bool high_at_launch = true;  // the first unit's reduce-scatter (else the second's, before the launch)
+  double high() const { return low.total() - high_below_low + scratch; }
 };
 std::optional<MLPZero3Memory> mlp_zero3_memory(const MLPConfig& config, const Split& split, int64_t rank_rows,
-                                               MLPOptimizer optimizer);
+                                               MLPOptimizer optimizer,
+                                               MLPPrecision precision = MLPPrecision::True32);
 
 // TensorParallel in one process (--tensor-parallel N --devices cpu,cpu: no --distributed):
 // the ranks are threads on one allocator, so the process's peak is what their moments add

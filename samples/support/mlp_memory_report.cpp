@@ -23,11 +23,30 @@ std::string stage_places(const std::vector<std::string>& at) {
 std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& run) {
   const std::string measured = fmt::format("memory: peak {} on rank {}", mib(static_cast<double>(peak_bytes)), rank);
   if (!run.cpu) return measured + "; the planner prices the CPU's allocator only so far";
+  if (run.split.zero == 3 && run.split.pp == 1 && run.gloo) {
+    if (const auto z = plan::mlp_zero3_memory(run.config, run.split, run.rank_rows, run.optimizer, run.precision)) {
+      // A race with Gloo's communication thread (mlp_formulas.h): a range.
+      const double data = plan::mlp_data_bytes(run.config, run.train_images, run.test_images, run.rank_rows);
+      const double low = z->low.total() + data, high = z->high() + data;
+      return fmt::format("{}; the planner: {:.2f} to {} (the low: params {}, masters {}, grads {}, optimizer {}, buffers {}, "
+                         "activations {}, data {}; the high adds: the reduce-scatter's scratch (the {} Linear's, on "
+                         "Gloo's thread) {}{} (a race with Gloo's communication thread)), {}",
+                         measured, low / (1024.0 * 1024.0), mib(high), mib(z->low.params), mib(z->low.master), mib(z->low.grads),
+                         mib(z->low.optimizer), mib(z->low.buffers), mib(z->low.activations), mib(data),
+                         z->high_at_launch ? "first" : "second", mib(z->scratch - z->high_below_low),
+                         z->high_below_low > 0
+                             ? fmt::format(" (its buffers {} at {}, which is {} below the low's moment)", mib(z->scratch),
+                                           z->high_at_launch ? "the first Linear's launch" : "the moment before it",
+                                           mib(z->high_below_low))
+                             : std::string(),
+                         range_verdict(static_cast<double>(peak_bytes), low, high));
+    }
+  }
   if (run.precision != plan::MLPPrecision::True32) {
-    // 16 bits: one device, DDP, ZeRO-1, ZeRO-2 and tp over ranks so far (mlp_formulas.h).
+    // 16 bits: one device, DDP, ZeRO-1, ZeRO-2, ZeRO-3 (above) and tp over ranks so far (mlp_formulas.h).
     const std::optional<plan::RankMemory> r = plan::mlp_rank_memory(
         run.config, run.split, run.rank_rows, run.optimizer, run.devices_in_one_process, run.precision);
-    if (!r) return measured + "; the planner prices 16 bits on one device, DDP, ZeRO-1, ZeRO-2 and tp over ranks only so far";
+    if (!r) return measured + "; the planner prices 16 bits on one device, DDP, ZeRO-1, ZeRO-2, ZeRO-3 and tp over ranks only so far";
     const double planned = r->total() + plan::mlp_data_bytes(run.config, run.train_images, run.test_images, run.rank_rows);
     return fmt::format("{}; the planner: {} (params {}, masters {}, grads {}, optimizer {}, buffers {}, activations {}, "
                        "data {}), measured / planned {:.3f}",
@@ -57,18 +76,6 @@ std::string mlp_memory_report(std::size_t peak_bytes, int rank, const MLPRun& ru
   const std::optional<plan::RankMemory> r =
       plan::mlp_rank_memory(run.config, run.split, run.rank_rows, run.optimizer, run.devices_in_one_process);
   const double data = plan::mlp_data_bytes(run.config, run.train_images, run.test_images, run.rank_rows);
-  if (!r && run.split.zero == 3 && run.split.pp == 1 && run.gloo) {
-    if (const auto z = plan::mlp_zero3_memory(run.config, run.split, run.rank_rows, run.optimizer)) {
-      // A race with Gloo's communication thread (mlp_formulas.h): a range.
-      const double low = z->low.total() + data, high = z->high() + data;
-      return fmt::format("{}; the planner: {:.2f} to {} (the low: params {}, grads {}, optimizer {}, buffers {}, "
-                         "activations {}, data {}; the high adds: the reduce-scatter's scratch (the first Linear's, on "
-                         "Gloo's thread) {} (a race with Gloo's communication thread)), {}",
-                         measured, low / (1024.0 * 1024.0), mib(high), mib(z->low.params), mib(z->low.grads),
-                         mib(z->low.optimizer), mib(z->low.buffers), mib(z->low.activations), mib(data),
-                         mib(z->scratch), range_verdict(static_cast<double>(peak_bytes), low, high));
-    }
-  }
   if (!r && run.split.pp > 1 && run.split.dp == 1 && run.split.tp == 1 && run.split.zero == 0) {
     if (const auto p = plan::mlp_pipe_memory(run.config, run.split.pp, run.rank_rows, run.split.micro_batches,
                                              run.pipe_1f1b, run.optimizer)) {

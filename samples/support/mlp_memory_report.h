@@ -16,7 +16,8 @@
 // ranks' moments between the all-reduces): "the planner: 7.31 to 7.37 MiB (the low: ... the
 // ranks' threads together in forward, ...; the high adds: the others at their largest moment
 // too (each a row layer's bias-added output) 0.06 MiB ...)". In 16 bits (one device, DDP,
-// ZeRO-1, ZeRO-2, tp over ranks) the masters of bf16-true are named beside the parameters. Splits, precisions and devices
+// ZeRO-1, ZeRO-2, ZeRO-3, tp over ranks) the masters of bf16-true are named beside the
+// parameters; ZeRO-3's low there may come before its launch, and the line says by how much. Splits, precisions and devices
 // the formulas do not price yet are said in the line (a GPU: its allocator holds the batch
 // but not the data sets; not measured yet).
 #pragma once

@@ -272,6 +272,59 @@ TEST_CASE("mlp formulas: ZeRO in 16 bits, the weight-gradient GEMM and bf16-true
   CHECK(gather->master == 4 * psi2 / 2);
 }
 
+// ZeRO-3 in 16 bits at --hidden 64,32, 10 rows a rank (read off --memory-blocks): under
+// autocast the low is the first weight's bfloat16 gradient cast back to float32 (the unit
+// gathered, the flat gradient the bias went into, the second unit's flat gradient still in
+// flight, the first unit's shard not made); in bf16-true the scratch is Gloo's widened
+// reduce-scatter (the flat gradient in float32, float32 slices, their sum and its rounding).
+TEST_CASE("mlp formulas: ZeRO-3 in 16 bits, the weight gradient's cast and Gloo's widened reduce-scatter") {
+  plan::MLPConfig config;
+  config.hidden = {64, 32};
+  plan::Split split;
+  split.dp = 2;
+  split.zero = 3;
+  const double w0 = 784 * 64, unit0 = w0 + 64, unit1 = 64 * 32 + 32, unit2 = 32 * 10 + 10;  // even: no padding
+  const double shards = (unit0 + unit1 + unit2) / 2;
+  const auto mixed = plan::mlp_zero3_memory(config, split, 10, plan::MLPOptimizer::SGDMomentum,
+                                            plan::MLPPrecision::BF16Mixed);
+  REQUIRE(mixed.has_value());
+  CHECK(mixed->low.grads == 4 * (shards - unit0 / 2));          // the first unit's shard not made
+  CHECK(mixed->low.buffers == 4 * unit0 + 4 * unit1 + 4 * unit0);  // gathered, in flight, flat
+  CHECK(mixed->low.activations == 2 * w0 + 4 * w0 + 16);         // the cast, the loss's scalars
+  CHECK(mixed->scratch == 4 * unit0);                             // Gloo's slices at the launch
+  // the launch holds the first shard and drops the cast and the second unit's flat gradient
+  CHECK(mixed->high_at_launch);
+  CHECK(mixed->high_below_low == 2 * w0 + 4 * unit1 - 4 * unit0 / 2);
+  const auto f16 = plan::mlp_zero3_memory(config, split, 10, plan::MLPOptimizer::SGDMomentum,
+                                          plan::MLPPrecision::F16Mixed);
+  REQUIRE(f16.has_value());
+  CHECK(f16->low.total() == mixed->low.total() + 4);  // GradScaler's scaled loss
+
+  const auto bf16 = plan::mlp_zero3_memory(config, split, 10, plan::MLPOptimizer::SGDMomentum,
+                                           plan::MLPPrecision::BF16True);
+  REQUIRE(bf16.has_value());
+  CHECK(bf16->low.params == 2 * shards);
+  CHECK(bf16->low.master == 4 * shards);
+  CHECK(bf16->scratch == 2 * 4 * unit0 + 4 * unit0 / 2 + 2 * unit0 / 2);
+  // the launch in bf16-true: the unit gathered, its flat gradient, W0's gradient, every shard's
+  const double launch = 2 * 2 * unit0 + 2 * w0 + 2 * shards + 2 * 10 * 784 + 16;
+  CHECK(bf16->high_at_launch);
+  CHECK(bf16->low.total() - bf16->high_below_low ==
+        launch + bf16->low.params + bf16->low.master + bf16->low.optimizer);
+  const auto f32 = plan::mlp_zero3_memory(config, split, 10, plan::MLPOptimizer::SGDMomentum);
+  REQUIRE(f32.has_value());
+  CHECK(f32->high_below_low == 0);  // 32-true's low is the launch
+  // A small first Linear (--hidden 16): under autocast the high is the cast with the
+  // second unit's slices on Gloo's thread, the low's own moment.
+  config.hidden = {16};
+  const auto small = plan::mlp_zero3_memory(config, split, 25, plan::MLPOptimizer::SGDMomentum,
+                                            plan::MLPPrecision::BF16Mixed);
+  REQUIRE(small.has_value());
+  CHECK(!small->high_at_launch);
+  CHECK(small->high_below_low == 0);
+  CHECK(small->scratch == 4 * (16 * 10 + 10));
+}
+
 // tp in 16 bits at --hidden 16,2048, 50 rows (read off --memory-blocks): the row layer's
 // moments are the peak; under autocast its bias add (the partial product and the sum in
 // bfloat16, the sum copied to float32 and the float32 result), in bf16-true its all-reduce
