@@ -68,6 +68,38 @@ void add_gloo_race(MemoryMoment& at, int64_t k, bool in_flight, const GlooCollec
     }));
 }
 
+// A rank's FSDP units (fully_shard per layer over dp, beside tp a layer's tp shard): a
+// layer's flat buffer padded to dp shards, its shard, and the root's flat buffer padded.
+struct UnitSizes {
+  double shard_elements, elements, root_elements;
+};
+
+UnitSizes unit_sizes(const plan::ModelArithmetic& model, const ModelSplit& split) {
+  const double dp = split.dp;
+  const double block_elements = model.block_param_elements(split.tp);
+  const double shard = std::ceil(block_elements / dp);  // ceil(Psi_unit / N), padding in
+  const double root = model.stage_param_elements(split.tp, 1, 0) -
+                      static_cast<double>(model.stage_blocks(1, 0)) * block_elements;
+  return {shard, shard * dp, std::ceil(root / dp) * dp};
+}
+
+// FSDP's buffers at block k's moment of the backward, `later` blocks gone back before it:
+// the root's unit gathered and its flat gradient (made at ln_f's hook, at the start of
+// backward), unit k gathered and k - 1 gathered ahead, block k's flat gradient (where
+// `flat_k_made`), block k + 1's held by its reduce-scatter in flight, and the gradient shards
+// of the blocks after it. Units are `pb` bytes an element, flat gradients and shards `gb`.
+std::vector<MemoryTerm> block_buffers(int64_t k, double later, const UnitSizes& u, double pb, double gb,
+                                      bool flat_k_made) {
+  const double flat_grad = gb * u.elements;
+  return {{"the root's unit gathered", pb * u.root_elements},
+          {fmt::format("block {}'s unit gathered", k), pb * u.elements},
+          {fmt::format("block {}'s unit gathered ahead", k - 1), k > 0 ? pb * u.elements : 0},
+          {"the root's flat gradient", gb * u.root_elements},
+          {fmt::format("block {}'s flat gradient", k), flat_k_made ? flat_grad : 0},
+          {fmt::format("block {}'s flat gradient, its reduce-scatter in flight", k + 1), later > 0 ? flat_grad : 0},
+          {"gradient shards of the blocks after it (one the reduce-scatter's output)", later * gb * u.shard_elements}};
+}
+
 }  // namespace
 
 // FSDP with recompute over Gloo (fully_shard.cpp, sharded_grad_reducer.cpp,
@@ -109,15 +141,8 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
   const bool sixteen = precision != Precision::True32;
   const double pb = compute == Precision::BF16True ? 2 : 4;  // a gathered unit's bytes an element
   const double gb = precision == Precision::BF16True ? 2 : 4;  // a flat gradient's and a gradient shard's
-  const double dp = split.dp;
   const int64_t blocks = model.stage_blocks(1, 0);
-  const double block_shard = std::ceil(model.block_param_elements(1) / dp);  // ceil(Psi_unit / N), padding in
-  const double elements = block_shard * dp, shard_elements = block_shard;
-  const double unit = pb * elements;  // a block's gathered flat buffer
-  const double flat_grad = gb * elements;
-  const double shard = gb * shard_elements;
-  const double root_elements = model.stage_param_elements(1, 1, 0) - static_cast<double>(blocks) * model.block_param_elements(1);
-  const double root_padded = std::ceil(root_elements / dp) * dp;
+  const UnitSizes u = unit_sizes(model, split);
   // A block's kept input: the residual stream, float32 under autocast.
   const double input = (autocast ? 4 : pb) * static_cast<double>(model.hidden_size()) *
                        static_cast<double>(batch / split.dp) * static_cast<double>(T / split.cp);
@@ -128,10 +153,10 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
   if (sixteen) {
     const plan::MeshShape shape = plan::mesh_shape(plan_split(split), plan::Workload{batch, T});
     extra = *model.precision_extra_bytes(shape, 0, 3, true, plan_precision(compute));
-    extra.head_grad -= pb * root_padded;
+    extra.head_grad -= pb * u.root_elements;
   }
   const std::string kind = autocast ? "autocast's" : "bf16-true's";
-  const GlooCollectives gloo = gloo_collectives(elements, shard_elements, pb, gb, fsdp_mp_policy);
+  const GlooCollectives gloo = gloo_collectives(u.elements, u.shard_elements, pb, gb, fsdp_mp_policy);
 
   TrainerMoments m;
   m.always = memory_moment("always", {{"params", r.params}, {"masters", r.master / 2}, {"optimizer", r.optimizer}});
@@ -143,23 +168,16 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
   for (int64_t k = blocks - 1; k >= 0; --k) {
     const double later = static_cast<double>(blocks - 1 - k);  // blocks gone back before it
     const bool in_flight = later > 0;                            // block k + 1's reduce-scatter
-    MemoryMoment at = memory_moment(fmt::format("backward through block {}", k),
-                             {{"activations", r.activations},
-                              {kind + " float32 saved tensors", extra.float32_saved},
-                              {"16-bit weight casts", extra.weight_casts},
-                              {"float32 backward working set", extra.backward},
-                              {"head gradient", extra.head_grad},
-                              {"the later blocks' inputs, freed", -later * input},
-                              {"the root's unit gathered", pb * root_padded},
-                              {fmt::format("block {}'s unit gathered", k), unit},
-                              {fmt::format("block {}'s unit gathered ahead", k - 1), k > 0 ? unit : 0},
-                              {"the root's flat gradient", gb * root_padded},
-                              // in 16 bits the peak is c_proj's backward GEMM, before its hook makes it
-                              {fmt::format("block {}'s flat gradient", k), sixteen ? 0 : flat_grad},
-                              {fmt::format("block {}'s flat gradient, its reduce-scatter in flight", k + 1),
-                               in_flight ? flat_grad : 0},
-                              {"gradient shards of the blocks after it (one the reduce-scatter's output)",
-                               later * shard}});
+    std::vector<MemoryTerm> terms = {{"activations", r.activations},
+                                     {kind + " float32 saved tensors", extra.float32_saved},
+                                     {"16-bit weight casts", extra.weight_casts},
+                                     {"float32 backward working set", extra.backward},
+                                     {"head gradient", extra.head_grad},
+                                     {"the later blocks' inputs, freed", -later * input}};
+    // in 16 bits the peak is c_proj's backward GEMM, before its hook makes block k's flat gradient
+    const std::vector<MemoryTerm> buffers = block_buffers(k, later, u, pb, gb, !sixteen);
+    terms.insert(terms.end(), buffers.begin(), buffers.end());
+    MemoryMoment at = memory_moment(fmt::format("backward through block {}", k), std::move(terms));
     add_gloo_race(at, k, in_flight, gloo, gb == 2, fsdp_mp_policy);
     // The GPT's c_fc backward, later in block k (fsdp_mp_policy_moments' second moment): c_proj's
     // gradients went into block k's flat gradient at their hooks, c_fc's and GELU's outputs
@@ -169,7 +187,7 @@ TrainerMoments fsdp_recompute_moments(const plan::RankMemory& r, const plan::Mod
       MemoryMoment later_in_block = at;
       later_in_block.name = fmt::format("backward through block {}'s c_fc, its flat gradient made", k);
       later_in_block.terms.push_back({"gone after c_proj's backward", -c_fc_released});
-      later_in_block.terms.push_back({fmt::format("block {}'s flat gradient", k), flat_grad});
+      later_in_block.terms.push_back({fmt::format("block {}'s flat gradient", k), gb * u.elements});
       all.push_back(std::move(later_in_block));
     }
     all.push_back(std::move(at));
@@ -210,18 +228,8 @@ TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelAri
   const bool autocast = compute == Precision::BF16Mixed || compute == Precision::F16Mixed;
   const double pb = compute == Precision::BF16True ? 2 : 4;    // a gathered unit's bytes an element
   const double gb = precision == Precision::BF16True ? 2 : 4;  // a flat gradient's and a shard's
-  const double dp = split.dp;
   const int64_t blocks = model.stage_blocks(1, 0);
-  // Under tp a unit is the rank's tp shard of a layer (fully_shard over dp on the tp model).
-  const double block_elements = model.block_param_elements(split.tp);
-  const double block_shard = std::ceil(block_elements / dp);  // ceil(Psi_unit / N), padding in
-  const double elements = block_shard * dp;
-  const double unit = pb * elements;
-  const double flat_grad = gb * elements;
-  const double shard = gb * block_shard;
-  const double root_elements =
-      model.stage_param_elements(split.tp, 1, 0) - static_cast<double>(blocks) * block_elements;
-  const double root_padded = std::ceil(root_elements / dp) * dp;
+  const UnitSizes u = unit_sizes(model, split);  // under tp the rank's tp shard of a layer
   const plan::MeshShape shape = plan::mesh_shape(plan_split(split), plan::Workload{batch, T});
   const double act_bytes = sixteen ? 2 : 4;
   // The last block's ring moment without recompute (the planner's, whatever split.recompute
@@ -233,7 +241,7 @@ TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelAri
   const double block_freed = act_bytes * model.block_activation_floats(shape) +
                              model.ring_block_extra_bytes(shape, plan_precision(compute))->total();
   const std::string kind = autocast ? "autocast's" : "bf16-true's";
-  const GlooCollectives gloo = gloo_collectives(elements, block_shard, pb, gb, fsdp_mp_policy);
+  const GlooCollectives gloo = gloo_collectives(u.elements, u.shard_elements, pb, gb, fsdp_mp_policy);
 
   TrainerMoments m;
   m.always = memory_moment("always", {{"params", r.params}, {"masters", r.master / 2}, {"optimizer", r.optimizer}});
@@ -247,9 +255,8 @@ TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelAri
     const double later = static_cast<double>(blocks - 1 - k);  // blocks gone back before it
     const bool in_flight = later > 0;                            // block k + 1's reduce-scatter
     const double earlier = static_cast<double>(k);
-    MemoryMoment at = memory_moment(
-        fmt::format(split.recompute ? "ring attention's backward in block {}, recomputed" : "ring attention's backward in block {}", k),
-        {{"activations", activations},
+    std::vector<MemoryTerm> terms = {
+        {"activations", activations},
          {kind + " float32 saved tensors", extra.float32_saved},
          {"16-bit weight casts", extra.weight_casts},
          {"the ring's float32 tensors and the backward's", extra.backward},
@@ -258,14 +265,13 @@ TrainerMoments fsdp_ring_moments(const plan::RankMemory& r, const plan::ModelAri
          {"the earlier blocks' activations, not recomputed yet", split.recompute ? -earlier * block_freed : 0},
          {"the earlier blocks' inputs, kept", split.recompute ? earlier * input : 0},
          // the weight gradients the planner's ring moment holds, at their .grad's bytes
-         {"the weight gradients made, in the flat gradients instead", -pb * model.ring_weight_gradient_floats(shape, 0)},
-         {"the root's unit gathered", pb * root_padded},
-         {fmt::format("block {}'s unit gathered", k), unit},
-         {fmt::format("block {}'s unit gathered ahead", k - 1), k > 0 ? unit : 0},
-         {"the root's flat gradient", gb * root_padded},
-         {fmt::format("block {}'s flat gradient", k), flat_grad},
-         {fmt::format("block {}'s flat gradient, its reduce-scatter in flight", k + 1), in_flight ? flat_grad : 0},
-         {"gradient shards of the blocks after it (one the reduce-scatter's output)", later * shard}});
+         {"the weight gradients made, in the flat gradients instead", -pb * model.ring_weight_gradient_floats(shape, 0)}};
+    // block k's MLP went back before its attention: its flat gradient is made
+    const std::vector<MemoryTerm> buffers = block_buffers(k, later, u, pb, gb, true);
+    terms.insert(terms.end(), buffers.begin(), buffers.end());
+    MemoryMoment at = memory_moment(
+        fmt::format(split.recompute ? "ring attention's backward in block {}, recomputed" : "ring attention's backward in block {}", k),
+        std::move(terms));
     add_gloo_race(at, k, in_flight, gloo, gb == 2, fsdp_mp_policy);
     all.push_back(std::move(at));
   }
@@ -311,13 +317,8 @@ std::optional<TrainerMoments> fsdp_mp_policy_moments(const plan::RankMemory& r, 
   const std::optional<plan::FlatGradientMoment> flat = model.flat_gradient_moment(shape);
   if (!priced || !flat) return std::nullopt;
   const plan::PrecisionExtraBytes compute = *priced;
-  const double dp = split.dp;
-  const double block_elements = model.block_param_elements(split.tp);  // the rank's tp shard of a layer
-  const double block_shard = std::ceil(block_elements / dp);            // ceil(Psi_unit / N), padding in
-  const double block = block_shard * dp;                                // a layer's flat buffer, padded
-  const double root_elements =
-      model.stage_param_elements(split.tp, 1, 0) - static_cast<double>(model.stage_blocks(1, 0)) * block_elements;
-  const double root = std::ceil(root_elements / dp) * dp;
+  const UnitSizes u = unit_sizes(model, split);  // the rank's tp shard of a layer
+  const double block_shard = u.shard_elements, block = u.elements, root = u.root_elements;
 
   TrainerMoments m;
   m.always = memory_moment("always", {{"params", r.params}, {"optimizer", r.optimizer}});
